@@ -1,0 +1,172 @@
+"""Sampler: one generation engine plus the answer verifier.
+
+`generate(requests=...)` turns generation requests into verified `Group`s tagged with the policy
+version of the weights that sampled them, and pushes them to the replay shards. New weights are
+applied between engine calls (Ray runs one call at a time on this actor, in submission order, so
+a weight load submitted before a generate call is always applied before it).
+
+A plain class: `run.py` makes it the Ray actor `exgrpo-sampler-<i>`; tests run it in-process.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from actors.engines import GenerationEngine, make_engine
+from exgrpo.rewards import Verifier
+from exgrpo.templates import render_prompt, reward_mode
+from exgrpo.types import GenerationRequest, Group, Prompt, Trajectory
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """How a sampler builds its engine inside its own process."""
+
+    kind: str  # "hf" or "vllm"
+    model_path: str
+    dtype: str = "float32"
+    seed: int = 0
+    gpu_memory_utilization: float = 0.85
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    """What a generate call reports back to the driver (the groups themselves go to the shards)."""
+
+    sampler: str
+    request_ids: tuple[int, ...]
+    policy_version: int
+    tokens: int  # generated tokens
+    rewards: tuple[float, ...]  # mean reward of each group, in request order
+    gen_time_s: float
+    verify_time_s: float
+    push_time_s: float
+    groups: tuple[Group, ...] = ()  # filled only when the sampler has no replay service (tests)
+
+
+class Sampler:
+    def __init__(self, *, name: str, engine: EngineSpec, template: str, max_response_len: int,
+                 temperature: float = 1.0, top_p: float = 1.0, verify_timeout_s: float = 5.0,
+                 replay: Any = None, seed: int = 0) -> None:
+        torch.set_num_threads(1)
+        self.name = name
+        self.engine: GenerationEngine = make_engine(engine.kind, engine.model_path, dtype=engine.dtype,
+                                                    seed=seed, **_engine_kwargs(engine))
+        self.template = template
+        self.max_response_len = max_response_len
+        self.temperature, self.top_p = temperature, top_p
+        self.verifier = Verifier(mode=reward_mode(template), timeout_s=verify_timeout_s)
+        self.replay = replay
+        self._tokenizer = _load_tokenizer(engine.model_path) if template in ("chat", "think") else None
+        self._seed = seed
+        self._calls = 0
+        self._receiver = None
+        self.weight_load_s = 0.0  # time spent applying the last weights
+
+    # -- fault-tolerance hooks used by ray.rllib's FaultTolerantActorManager --------------------------
+    def ping(self) -> str:
+        return "pong"
+
+    def apply(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return func(self, *args, **kwargs)
+
+    # -- the verb ----------------------------------------------------------------------------------
+    def generate(self, *, requests: Sequence[GenerationRequest]) -> GenerateResult:
+        """Sample, verify and push one batch of requests; returns a small summary."""
+        texts = [self.render(r.prompt) for r in requests]
+        version = self.engine.version
+        self._calls += 1
+        t0 = time.perf_counter()
+        outs = self.engine.generate(texts, n=[r.n for r in requests], max_tokens=self.max_response_len,
+                                    temperature=self.temperature, top_p=self.top_p,
+                                    seed=self._seed * 1_000_003 + self._calls)
+        t1 = time.perf_counter()
+        flat = [c for comps in outs for c in comps]
+        golds = [r.prompt.answer for r, comps in zip(requests, outs, strict=True) for _ in comps]
+        rewards = self.verifier.score_many([c.text for c in flat], golds)
+        t2 = time.perf_counter()
+        groups, i = [], 0
+        for req, text, comps in zip(requests, texts, outs, strict=True):
+            gid = uuid.uuid4().hex[:12]
+            trajs = []
+            for c in comps:
+                trajs.append(Trajectory(qid=req.prompt.qid, response_ids=tuple(c.token_ids), logprobs=tuple(c.logprobs),
+                                        reward=rewards[i], policy_version=version, text=c.text, group_id=gid))
+                i += 1
+            groups.append(Group(qid=req.prompt.qid, prompt_ids=self.engine.tokenize(text), trajectories=tuple(trajs),
+                                kind=req.kind, gold=req.prompt.answer, group_id=gid, request_id=req.request_id,
+                                policy_version=version, admitted_version=req.admitted_version))
+        if self.replay is not None:
+            self.replay.push(groups=groups)
+        t3 = time.perf_counter()
+        return GenerateResult(
+            sampler=self.name, request_ids=tuple(r.request_id for r in requests), policy_version=version,
+            tokens=sum(len(c.token_ids) for c in flat),
+            rewards=tuple(float(np.mean([t.reward for t in g.trajectories])) if g.trajectories else 0.0 for g in groups),
+            gen_time_s=t1 - t0, verify_time_s=t2 - t1, push_time_s=t3 - t2,
+            groups=tuple(groups) if self.replay is None else ())
+
+    def evaluate(self, *, prompts: Sequence[Prompt], n: int = 1, temperature: float | None = None,
+                 max_tokens: int | None = None) -> list[tuple[float, ...]]:
+        """Rewards of n samples per prompt (for Avg@n / Pass@n); nothing is pushed to replay."""
+        outs = self.engine.generate([self.render(p) for p in prompts], n=n,
+                                    max_tokens=max_tokens or self.max_response_len,
+                                    temperature=self.temperature if temperature is None else temperature,
+                                    top_p=self.top_p, seed=self._seed)
+        flat = [c.text for comps in outs for c in comps]
+        golds = [p.answer for p, comps in zip(prompts, outs, strict=True) for _ in comps]
+        scores = self.verifier.score_many(flat, golds)
+        return [tuple(scores[i * n:(i + 1) * n]) for i in range(len(prompts))]
+
+    def render(self, prompt: Prompt) -> str:
+        return render_prompt(prompt.question, template=self.template, tokenizer=self._tokenizer)
+
+    # -- weights -----------------------------------------------------------------------------------
+    def load_weights(self, *, weights: Mapping[str, np.ndarray], version: int) -> float:
+        """Object-store transport: apply a full HF-named state dict; returns seconds spent."""
+        t0 = time.perf_counter()
+        self.engine.load_weights(weights, version=version)
+        self.weight_load_s = time.perf_counter() - t0
+        return self.weight_load_s
+
+    def join_sync_group(self, *, info: Any, rank: int, specs: Sequence[Any]) -> None:
+        """Collective transport: join the learner-rank-0 + samplers gloo group (blocks until all join)."""
+        from learners.weight_sync import CollectiveReceiver
+
+        self._receiver = CollectiveReceiver(info=info, rank=rank, specs=list(specs))
+        self._receiver.connect()
+
+    def receive_weights(self, *, version: int) -> float:
+        """Collective transport: take part in one broadcast and apply it; returns seconds spent."""
+        if self._receiver is None:
+            raise RuntimeError(f"{self.name}: receive_weights before join_sync_group")
+        t0 = time.perf_counter()
+        self.engine.load_weights(self._receiver.receive(), version=version)
+        self.weight_load_s = time.perf_counter() - t0
+        return self.weight_load_s
+
+    def version(self) -> int:
+        return self.engine.version
+
+    def checksum(self) -> float:
+        return self.engine.checksum()
+
+    def close(self) -> None:
+        self.verifier.close()
+
+
+def _engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
+    return {"gpu_memory_utilization": spec.gpu_memory_utilization} if spec.kind == "vllm" else {}
+
+
+def _load_tokenizer(model_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)

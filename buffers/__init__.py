@@ -1,0 +1,1 @@
+"""Replay side: the experience pool, replay shards and the sharded replay client."""

@@ -1,0 +1,529 @@
+"""The ExGRPO experience pool: question statistics, difficulty buckets, retirement, bucket-weighted
+question sampling and trajectory selection (DESIGN.md section 4). Pure: numpy + pyarrow only.
+
+Statistics. After each finished group of a question, k = its correct rollouts (a replay slot
+counts) and K = rollouts per question:
+  0 < k < K   the question moves to bucket k (latest k wins);
+  k == 0      nothing changes (the old bucket and stored trajectories are kept);
+  k == K      the question is retired for good: dropped at once with its trajectories, never
+              sampled again, and later groups of it are ignored.
+
+Sampleable questions. Replay needs a candidate, so a question is sampleable only when it is in a
+bucket 1..K-1 AND has at least one stored trajectory. `bucket_sizes()`, `len()` and sampling count
+sampleable questions only; `bucket_of()` reports the statistical bucket, sampleable or not.
+
+Storage. Correct, non-replayed trajectories of a group are stored when `record(..., collect=True)`
+(collection starts with replay, the delayed start). Per question they are deduplicated by token ids
+against those currently stored (the first copy is kept) and capped at
+`max_trajectories_per_question`, oldest evicted. Token ids are kept as int32 and log-probs as
+float32 numpy arrays (8 bytes per token instead of ~60 for tuples of Python numbers), so
+`candidates()` returns log-probs rounded to float32.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+
+from exgrpo.types import Group, Trajectory
+
+SelectionMode = Literal["lowest_entropy", "highest_entropy", "random"]
+SNAPSHOT_FORMAT = "exgrpo.experience_pool/1"  # schema metadata of to_arrow() tables
+
+
+def bucket_weights(
+    sizes: Mapping[int, int],
+    *,
+    k_rollouts: int,
+    mu: float | None = None,
+    sigma: float = 1.0,
+    uniform: bool = False,
+) -> dict[int, float]:
+    """Sampling weight of each non-empty bucket, normalised to sum 1 (empty buckets absent).
+
+    w_k = exp(-(k - mu)^2 / (2 sigma^2)) with mu = K/2 by default and sigma in units of k;
+    `uniform=True` gives every non-empty bucket 1/#buckets (the "no question selection" ablation).
+    Computed relative to the largest term, so far-away buckets may underflow to exactly 0.
+    """
+    _check_k(k_rollouts)
+    if not sigma > 0:
+        raise ValueError(f"sigma={sigma} must be > 0")
+    if any(n < 0 for n in sizes.values()):
+        raise ValueError(f"bucket sizes must be >= 0, got {dict(sizes)}")
+    buckets = sorted(k for k, n in sizes.items() if n > 0)
+    bad = [k for k in buckets if not 0 < k < k_rollouts]
+    if bad:
+        raise ValueError(f"buckets {bad} are outside 1..{k_rollouts - 1} (K={k_rollouts})")
+    if not buckets:
+        return {}
+    if uniform:
+        return {k: 1.0 / len(buckets) for k in buckets}
+    centre = k_rollouts / 2 if mu is None else mu
+    log_w = {k: -((k - centre) ** 2) / (2 * sigma**2) for k in buckets}
+    top = max(log_w.values())
+    w = {k: math.exp(v - top) for k, v in log_w.items()}
+    total = sum(w.values())
+    return {k: v / total for k, v in w.items()}
+
+
+def allocate(
+    weights: Mapping[int, float], sizes: Mapping[int, int], n: int, *, rng: np.random.Generator
+) -> dict[int, int]:
+    """How many questions to draw from each bucket: multinomial with capping.
+
+    n <- min(n, total size). Draw bucket counts ~ Multinomial(n, w / sum w); cap each count at its
+    bucket's size and re-draw the excess over the buckets not yet full with renormalised weights,
+    until all n are placed. A zero-weight bucket receives questions only once every positive-weight
+    bucket is full; the rest is then spread uniformly over the buckets with room. Every round fills
+    at least one bucket or places everything, so there are at most #buckets rounds.
+    Returns the positive counts only, keyed by bucket.
+    """
+    if n < 0:
+        raise ValueError(f"n={n} must be >= 0")
+    buckets = sorted(k for k, s in sizes.items() if s > 0)
+    missing = [k for k in buckets if k not in weights]
+    if missing:
+        raise ValueError(f"no weight for non-empty buckets {missing}")
+    w = np.array([weights[k] for k in buckets], dtype=np.float64)
+    if not np.all(np.isfinite(w) & (w >= 0)):
+        raise ValueError(f"weights must be finite and >= 0, got {dict(weights)}")
+    cap = np.array([sizes[k] for k in buckets], dtype=np.int64)
+    counts = np.zeros_like(cap)
+    remaining = min(n, int(cap.sum()))
+    while remaining > 0:
+        room = counts < cap
+        p = np.where(room, w, 0.0)
+        if p.sum() <= 0:
+            p = room.astype(np.float64)
+        counts += rng.multinomial(remaining, p / p.sum())
+        excess = np.maximum(counts - cap, 0)
+        counts -= excess
+        remaining = int(excess.sum())
+    return {k: int(c) for k, c in zip(buckets, counts, strict=True) if c > 0}
+
+
+def select_lowest_entropy(entropies: Sequence[float]) -> int:
+    """Index of the smallest mean token entropy (first on ties); NaN entries are never chosen."""
+    values, ok = _valid_entropies(entropies)
+    return int(ok[np.argmin(values[ok])])
+
+
+def select_trajectory(entropies: Sequence[float], *, mode: SelectionMode, rng: np.random.Generator) -> int:
+    """Pick a candidate: argmin or argmax entropy (first on ties), or uniform at random;
+    NaN entries are never chosen in any mode."""
+    values, ok = _valid_entropies(entropies)
+    if mode == "lowest_entropy":
+        return int(ok[np.argmin(values[ok])])
+    if mode == "highest_entropy":
+        return int(ok[np.argmax(values[ok])])
+    if mode == "random":
+        return int(ok[rng.integers(len(ok))])
+    raise ValueError(f"mode={mode!r}; choose lowest_entropy, highest_entropy or random")
+
+
+def _valid_entropies(entropies: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    values = np.asarray(entropies, dtype=np.float64).reshape(-1)
+    if values.size == 0:
+        raise ValueError("no candidate entropies to select from")
+    ok = np.flatnonzero(~np.isnan(values))
+    if ok.size == 0:
+        raise ValueError(f"all {values.size} candidate entropies are NaN")
+    return values, ok
+
+
+def _check_k(k_rollouts: int) -> None:
+    if k_rollouts < 2:
+        raise ValueError(f"k_rollouts={k_rollouts} must be >= 2")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Stored:
+    """One stored correct trajectory, compact."""
+
+    response_ids: np.ndarray  # (T,) int32
+    logprobs: np.ndarray  # (T,) float32
+    reward: float
+    policy_version: int
+    text: str
+    group_id: str
+
+    def same(self, other: _Stored) -> bool:
+        return (
+            np.array_equal(self.response_ids, other.response_ids)
+            and np.array_equal(self.logprobs, other.logprobs)
+            and (self.reward, self.policy_version, self.text, self.group_id)
+            == (other.reward, other.policy_version, other.text, other.group_id)
+        )
+
+    def to_trajectory(self, qid: str) -> Trajectory:
+        return Trajectory(
+            qid=qid,
+            response_ids=tuple(self.response_ids.tolist()),
+            logprobs=tuple(self.logprobs.tolist()),
+            reward=self.reward,
+            policy_version=self.policy_version,
+            text=self.text,
+            group_id=self.group_id,
+        )
+
+
+class _Question:
+    __slots__ = ("bucket", "indexed", "prompt_ids", "stored")
+
+    def __init__(self, prompt_ids: np.ndarray, bucket: int | None = None) -> None:
+        self.prompt_ids = prompt_ids  # (P,) int32
+        self.bucket = bucket  # statistical bucket 1..K-1, None before any 0 < k < K
+        self.stored: list[_Stored] = []  # oldest first
+        self.indexed: int | None = None  # the bucket index holding it (sampleable), else None
+
+
+class _IndexedSet:
+    """Members in a list plus their positions: O(1) add and remove, O(n) uniform draws."""
+
+    __slots__ = ("items", "pos")
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+        self.pos: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, qid: str) -> None:
+        self.pos[qid] = len(self.items)
+        self.items.append(qid)
+
+    def remove(self, qid: str) -> None:
+        i = self.pos.pop(qid)
+        last = self.items.pop()
+        if i < len(self.items):  # move the last member into the hole
+            self.items[i] = last
+            self.pos[last] = i
+
+    def sample(self, n: int, rng: np.random.Generator) -> list[str]:
+        return [self.items[i] for i in rng.choice(len(self.items), size=n, replace=False)]
+
+
+class ExperiencePool:
+    """Question statistics and stored correct trajectories of one replay shard (or all of them)."""
+
+    def __init__(
+        self,
+        k_rollouts: int,
+        max_trajectories_per_question: int = 8,
+        *,
+        mu: float | None = None,
+        sigma: float = 1.0,
+        uniform: bool = False,
+    ) -> None:
+        _check_k(k_rollouts)
+        if max_trajectories_per_question < 1:
+            raise ValueError(f"max_trajectories_per_question={max_trajectories_per_question} must be >= 1")
+        if not sigma > 0:
+            raise ValueError(f"sigma={sigma} must be > 0")
+        self.k_rollouts = k_rollouts
+        self.max_trajectories_per_question = max_trajectories_per_question
+        self.mu, self.sigma, self.uniform = mu, sigma, uniform
+        self._questions: dict[str, _Question] = {}
+        self._buckets = {k: _IndexedSet() for k in range(1, k_rollouts)}  # sampleable qids
+        self._retired: set[str] = set()
+        self._num_trajectories = 0
+
+    # -- updates ---------------------------------------------------------------------------------
+
+    def record(self, group: Group, *, collect: bool) -> None:
+        """Update the statistics of `group.qid` with k = group.num_correct (see the module doc);
+        with `collect`, also store the group's correct, non-replayed trajectories."""
+        if group.group_size != self.k_rollouts:
+            raise ValueError(
+                f"group {group.qid!r} has {group.group_size} rollouts (replay slot included); "
+                f"this pool is for K={self.k_rollouts}"
+            )
+        qid, k = group.qid, group.num_correct
+        if qid in self._retired:
+            return
+        if k == self.k_rollouts:
+            self._retire(qid)
+            return
+        if k == 0:
+            return  # a group with no correct rollout has nothing to collect either
+        q = self._questions.get(qid)
+        if q is None:
+            q = self._questions[qid] = _Question(np.asarray(group.prompt_ids, dtype=np.int32))
+        q.bucket = k
+        if collect:
+            for t in group.trajectories:
+                if t.correct and not t.replayed:
+                    if t.qid != qid:
+                        raise ValueError(f"trajectory of {t.qid!r} in the group of {qid!r}")
+                    self._store(q, _compact(t))
+        self._reindex(qid, q)
+
+    def _retire(self, qid: str) -> None:
+        self._retired.add(qid)
+        q = self._questions.pop(qid, None)
+        if q is not None:
+            self._num_trajectories -= len(q.stored)
+            if q.indexed is not None:
+                self._buckets[q.indexed].remove(qid)
+
+    def _store(self, q: _Question, s: _Stored) -> None:
+        for old in q.stored:
+            if np.array_equal(old.response_ids, s.response_ids):
+                return  # duplicate token ids: keep the first copy
+        q.stored.append(s)
+        self._num_trajectories += 1
+        if len(q.stored) > self.max_trajectories_per_question:
+            del q.stored[0]
+            self._num_trajectories -= 1
+
+    def _reindex(self, qid: str, q: _Question) -> None:
+        target = q.bucket if q.stored else None
+        if target != q.indexed:
+            if q.indexed is not None:
+                self._buckets[q.indexed].remove(qid)
+            if target is not None:
+                self._buckets[target].add(qid)
+            q.indexed = target
+
+    # -- sampling --------------------------------------------------------------------------------
+
+    def sample_questions(self, n: int, *, rng: np.random.Generator) -> list[str]:
+        """min(n, len(self)) distinct sampleable qids: bucket counts by `allocate` with
+        `bucket_weights`, then uniformly without replacement inside each bucket.
+        Cost O(#buckets + sum of sizes of the buckets drawn from), never O(pool) per draw."""
+        if n < 0:
+            raise ValueError(f"n={n} must be >= 0")
+        sizes = self.bucket_sizes()
+        if n == 0 or not sizes:
+            return []
+        weights = bucket_weights(
+            sizes, k_rollouts=self.k_rollouts, mu=self.mu, sigma=self.sigma, uniform=self.uniform
+        )
+        return self.sample_from_buckets(allocate(weights, sizes, n, rng=rng), rng=rng)
+
+    def sample_from_buckets(self, counts: Mapping[int, int], *, rng: np.random.Generator) -> list[str]:
+        """Draw exactly counts[k] distinct sampleable qids from each bucket k (ascending k);
+        ValueError if a count exceeds the bucket's size."""
+        out: list[str] = []
+        for k in sorted(counts):
+            c = counts[k]
+            members = self._buckets.get(k)
+            size = 0 if members is None else len(members)
+            if not 0 <= c <= size:
+                raise ValueError(f"cannot draw {c} questions from bucket {k} of size {size}")
+            if c:
+                out.extend(members.sample(c, rng))
+        return out
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def candidates(self, qid: str) -> list[Trajectory]:
+        """Stored trajectories of `qid`, oldest first ([] for unknown or retired qids)."""
+        q = self._questions.get(qid)
+        return [] if q is None else [s.to_trajectory(qid) for s in q.stored]
+
+    def prompt_ids(self, qid: str) -> tuple[int, ...]:
+        """Prompt token ids of a tracked question (KeyError if unknown or retired)."""
+        q = self._questions.get(qid)
+        if q is None:
+            raise KeyError(f"question {qid!r} is not in the pool")
+        return tuple(q.prompt_ids.tolist())
+
+    def bucket_of(self, qid: str) -> int | None:
+        """The statistical bucket of `qid`, sampleable or not (None if none or retired)."""
+        q = self._questions.get(qid)
+        return None if q is None else q.bucket
+
+    def is_retired(self, qid: str) -> bool:
+        return qid in self._retired
+
+    def retired(self) -> frozenset[str]:
+        return frozenset(self._retired)
+
+    def bucket_sizes(self) -> dict[int, int]:
+        """Number of sampleable questions per non-empty bucket (empty buckets absent)."""
+        return {k: len(b) for k, b in self._buckets.items() if len(b)}
+
+    def __len__(self) -> int:
+        """Number of sampleable questions."""
+        return sum(len(b) for b in self._buckets.values())
+
+    def num_trajectories(self) -> int:
+        return self._num_trajectories
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ExperiencePool):
+            return NotImplemented
+        settings = ("k_rollouts", "max_trajectories_per_question", "mu", "sigma", "uniform")
+        if any(getattr(self, a) != getattr(other, a) for a in settings):
+            return False
+        if self._retired != other._retired or self._questions.keys() != other._questions.keys():
+            return False
+        for qid, q in self._questions.items():
+            o = other._questions[qid]
+            if (q.bucket, q.indexed, len(q.stored)) != (o.bucket, o.indexed, len(o.stored)):
+                return False
+            if not np.array_equal(q.prompt_ids, o.prompt_ids):
+                return False
+            if not all(a.same(b) for a, b in zip(q.stored, o.stored, strict=True)):
+                return False
+        return True
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return (
+            f"ExperiencePool(K={self.k_rollouts}, sampleable={len(self)}, buckets={self.bucket_sizes()}, "
+            f"trajectories={self._num_trajectories}, retired={len(self._retired)})"
+        )
+
+    # -- snapshots -------------------------------------------------------------------------------
+
+    def to_arrow(self) -> pa.Table:
+        """The whole pool as one table, schema `SNAPSHOT_SCHEMA`, rows in this order:
+        per question a "question" row (qid, bucket, prompt_ids) followed by its "trajectory" rows
+        oldest first (qid, response_ids, logprobs, reward, policy_version, text, group_id);
+        sampleable questions come first in bucket-index order, so a restored pool draws the same
+        questions from the same RNG state; then one "retired" row per retired qid (sorted)."""
+        order = [qid for b in self._buckets.values() for qid in b.items]
+        order += [qid for qid, q in self._questions.items() if q.indexed is None]
+        rows: list[tuple] = []  # one tuple per row, fields in SNAPSHOT_SCHEMA order
+        for qid in order:
+            q = self._questions[qid]
+            rows.append(("question", qid, q.bucket, q.prompt_ids, None, None, None, None, None, None))
+            rows += [
+                (
+                    "trajectory",
+                    qid,
+                    None,
+                    None,
+                    s.response_ids,
+                    s.logprobs,
+                    s.reward,
+                    s.policy_version,
+                    s.text,
+                    s.group_id,
+                )  # fmt: skip
+                for s in q.stored
+            ]
+        rows += [("retired", qid, *[None] * 8) for qid in sorted(self._retired)]
+        columns = list(zip(*rows, strict=True)) if rows else [()] * len(SNAPSHOT_SCHEMA)
+        arrays = [
+            _list_array(values, f.type.value_type) if pa.types.is_list(f.type) else pa.array(values, f.type)
+            for f, values in zip(SNAPSHOT_SCHEMA, columns, strict=True)
+        ]
+        return pa.Table.from_arrays(arrays, names=SNAPSHOT_SCHEMA.names, metadata=self._metadata())
+
+    def _metadata(self) -> dict[str, str]:
+        return {"exgrpo.format": SNAPSHOT_FORMAT, "exgrpo.k_rollouts": str(self.k_rollouts)}
+
+    @classmethod
+    def from_arrow(
+        cls,
+        table: pa.Table,
+        *,
+        k_rollouts: int,
+        max_trajectories_per_question: int = 8,
+        mu: float | None = None,
+        sigma: float = 1.0,
+        uniform: bool = False,
+    ) -> ExperiencePool:
+        """Rebuild a pool from `to_arrow()` output (e.g. read back from parquet). The cap applies
+        while loading (a smaller cap keeps the newest trajectories)."""
+        meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+        if meta.get("exgrpo.format", SNAPSHOT_FORMAT) != SNAPSHOT_FORMAT:
+            raise ValueError(f"not an experience pool snapshot: format {meta['exgrpo.format']!r}")
+        if meta.get("exgrpo.k_rollouts", str(k_rollouts)) != str(k_rollouts):
+            raise ValueError(f"snapshot was taken with K={meta['exgrpo.k_rollouts']}, not K={k_rollouts}")
+        pool = cls(k_rollouts, max_trajectories_per_question, mu=mu, sigma=sigma, uniform=uniform)
+        col = {name: table.column(name).to_pylist() for name in ("row", "qid", "bucket", "reward")}
+        col |= {name: table.column(name).to_pylist() for name in ("policy_version", "text", "group_id")}
+        prompts = _ListReader(table.column("prompt_ids"), np.int32)
+        responses = _ListReader(table.column("response_ids"), np.int32)
+        logprobs = _ListReader(table.column("logprobs"), np.float32)
+        for i, (kind, qid) in enumerate(zip(col["row"], col["qid"], strict=True)):
+            if kind == "question":
+                bucket = col["bucket"][i]
+                if bucket is not None and not 0 < bucket < k_rollouts:
+                    raise ValueError(f"row {i}: bucket {bucket} of {qid!r} is outside 1..{k_rollouts - 1}")
+                pool._questions[qid] = _Question(prompts[i], bucket)
+            elif kind == "trajectory":
+                if qid not in pool._questions:
+                    raise ValueError(f"row {i}: trajectory of {qid!r} before its question row")
+                ids, lps = responses[i], logprobs[i]
+                if len(ids) != len(lps):
+                    raise ValueError(f"row {i}: {len(ids)} response ids but {len(lps)} log-probs")
+                s = _Stored(ids, lps, col["reward"][i], col["policy_version"][i], col["text"][i] or "",
+                            col["group_id"][i] or "")  # fmt: skip
+                pool._store(pool._questions[qid], s)
+            elif kind == "retired":
+                pool._retired.add(qid)
+            else:
+                raise ValueError(f"row {i}: unknown row kind {kind!r}")
+        both = pool._retired & pool._questions.keys()
+        if both:
+            raise ValueError(f"questions {sorted(both)} are both retired and in the pool")
+        for qid, q in pool._questions.items():
+            pool._reindex(qid, q)
+        return pool
+
+
+SNAPSHOT_SCHEMA = pa.schema(
+    [
+        ("row", pa.string()),  # "question" | "trajectory" | "retired"
+        ("qid", pa.string()),
+        ("bucket", pa.int16()),  # question rows: statistical bucket (null: none yet)
+        ("prompt_ids", pa.list_(pa.int32())),  # question rows
+        ("response_ids", pa.list_(pa.int32())),  # trajectory rows, (T,)
+        ("logprobs", pa.list_(pa.float32())),  # trajectory rows, (T,) behaviour log-probs
+        ("reward", pa.float64()),  # trajectory rows
+        ("policy_version", pa.int64()),  # trajectory rows
+        ("text", pa.string()),  # trajectory rows
+        ("group_id", pa.string()),  # trajectory rows
+    ]
+)
+
+
+def _compact(t: Trajectory) -> _Stored:
+    return _Stored(
+        np.asarray(t.response_ids, dtype=np.int32),
+        np.asarray(t.logprobs, dtype=np.float32),
+        float(t.reward),
+        int(t.policy_version),
+        t.text,
+        t.group_id,
+    )
+
+
+def _list_array(parts: Sequence[np.ndarray | None], value_type: pa.DataType) -> pa.Array:
+    """A list<value_type> column from per-row numpy arrays (None = null row), without Python lists;
+    64-bit offsets (large_list) only when the column holds more than 2^31 - 1 values."""
+    dtype = value_type.to_pandas_dtype()
+    lengths = np.fromiter((0 if p is None else len(p) for p in parts), dtype=np.int64, count=len(parts))
+    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    present = [p for p in parts if p is not None]
+    values = pa.array(np.concatenate(present).astype(dtype, copy=False) if present else np.empty(0, dtype))
+    mask = pa.array(np.fromiter((p is None for p in parts), dtype=bool, count=len(parts)))
+    if offsets[-1] > np.iinfo(np.int32).max:
+        return pa.LargeListArray.from_arrays(pa.array(offsets), values, mask=mask)
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values, mask=mask)
+
+
+class _ListReader:
+    """Row i of a list column as an owned numpy array (empty for null rows)."""
+
+    def __init__(self, column: pa.ChunkedArray, dtype: type) -> None:
+        arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        self.offsets = arr.offsets.to_numpy()
+        self.values = arr.values.to_numpy(zero_copy_only=False)
+        self.dtype = dtype
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.array(self.values[self.offsets[i] : self.offsets[i + 1]], dtype=self.dtype, copy=True)

@@ -1,0 +1,127 @@
+"""One replay shard: an ExperiencePool plus the queue of finished groups waiting for the learner.
+
+A plain class; `run.py` turns it into the Ray actor `exgrpo-replay-<i>`. Questions are routed to
+shards by a stable hash of their qid (see `buffers/sharded.py`), so every statistic of a question
+lives in exactly one shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from buffers.experience import ExperiencePool
+from exgrpo.types import Group, Trajectory
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    """What one shard reports for metrics."""
+
+    bucket_sizes: dict[int, int]  # sampleable questions per bucket k
+    active: int  # sampleable questions
+    retired: int  # questions solved K/K (never replayed again)
+    trajectories: int  # stored correct trajectories
+    ready: int  # finished groups waiting to be pulled
+
+
+@dataclass(frozen=True)
+class ReadyEntry:
+    request_id: int
+    kind: str
+
+
+class ReplayShard:
+    """An `ExperiencePool` and a ready queue of finished groups, keyed by request id."""
+
+    def __init__(
+        self,
+        *,
+        k_rollouts: int,
+        max_trajectories_per_question: int = 8,
+        mu: float | None = None,
+        sigma: float = 1.0,
+        uniform: bool = False,
+        seed: int = 0,
+    ) -> None:
+        self._pool_kwargs = dict(
+            max_trajectories_per_question=max_trajectories_per_question, mu=mu, sigma=sigma, uniform=uniform
+        )
+        self.k_rollouts = k_rollouts
+        self.pool = ExperiencePool(k_rollouts, **self._pool_kwargs)
+        self.collect = False  # switched on for good at the delayed start
+        self._ready: dict[int, Group] = {}
+        self._rng = np.random.default_rng(seed)
+
+    def ping(self) -> str:
+        return "pong"
+
+    def set_collect(self, *, on: bool) -> None:
+        """Start (or stop) storing correct trajectories; the driver flips it at the delayed start."""
+        self.collect = on
+
+    def push(self, *, groups: Sequence[Group]) -> int:
+        """Record finished groups and queue them for the learner. Returns the number queued.
+
+        A replay group gets the question's stored candidates attached *before* the group itself is
+        recorded, so candidates never include trajectories of the same group.
+        """
+        for group in groups:
+            if group.kind == "replay":
+                cands = tuple(self.pool.candidates(group.qid))
+                group = replace(group, candidates=cands) if cands else replace(group, kind="fresh")
+                # A replayed question retired meanwhile has no candidates left: its K - 1 fresh
+                # rollouts are trained as a (smaller) fresh group rather than dropped.
+            if group.group_size == self.k_rollouts:
+                self.pool.record(group, collect=self.collect)
+            self._ready[group.request_id] = group
+        return len(groups)
+
+    def ready(self) -> list[ReadyEntry]:
+        return [ReadyEntry(rid, g.kind) for rid, g in self._ready.items()]
+
+    def take(self, *, request_ids: Sequence[int]) -> list[Group]:
+        """Remove and return the named finished groups (KeyError names a missing id)."""
+        missing = [r for r in request_ids if r not in self._ready]
+        if missing:
+            raise KeyError(f"requests {missing} are not finished in this shard")
+        return [self._ready.pop(r) for r in request_ids]
+
+    def bucket_sizes(self) -> dict[int, int]:
+        return self.pool.bucket_sizes()
+
+    def sample_from_buckets(self, *, counts: Mapping[int, int], seed: int) -> list[str]:
+        """Uniformly pick `counts[k]` distinct sampleable questions from each bucket k."""
+        return self.pool.sample_from_buckets(counts, rng=np.random.default_rng(seed))
+
+    def candidates(self, *, qid: str) -> list[Trajectory]:
+        return self.pool.candidates(qid)
+
+    def retired(self) -> frozenset[str]:
+        return self.pool.retired()
+
+    def stats(self) -> ShardStats:
+        return ShardStats(
+            bucket_sizes=self.pool.bucket_sizes(),
+            active=len(self.pool),
+            retired=len(self.pool.retired()),
+            trajectories=self.pool.num_trajectories(),
+            ready=len(self._ready),
+        )
+
+    def snapshot(self, *, path: str) -> int:
+        """Write the pool to a parquet file (atomically); returns bytes written."""
+        target = Path(path)
+        tmp = target.with_suffix(".tmp")
+        pq.write_table(self.pool.to_arrow(), tmp)
+        tmp.replace(target)
+        return target.stat().st_size
+
+    def restore(self, *, path: str) -> None:
+        self.pool = ExperiencePool.from_arrow(
+            pq.read_table(path), k_rollouts=self.k_rollouts, **self._pool_kwargs
+        )

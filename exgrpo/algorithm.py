@@ -1,0 +1,286 @@
+"""ExGRPO maths in pure torch: advantages, policy shaping, the token loss, the delayed-start switch.
+
+No Ray, vLLM or DeepSpeed here; every function is unit-tested on tiny hand-written tensors.
+
+Notation: N sequences (rows) of T response positions, G groups of K rollouts, V vocabulary size.
+
+Advantage (Dr.GRPO)
+    A_i = r_i - mean_{j in group} r_j                                   (no std division)
+    optional GRPO variant: A_i = (r_i - mean) / (std + eps), std = sample std (unbiased, divisor K - 1,
+    as torch.std and the GRPO reference implementations use). Zero-variance groups give A = 0 either way.
+
+Loss per response token t of row i (``m_it`` = response mask, ``A_i`` = row advantage)
+    fresh row:    w = exp(logp - old_logp)        old_logp = the learner's log-probs before this update
+                  l = -min(w A, clip(w, 1-eps, 1+eps) A)     while clipping is on (before replay starts)
+                  l = -w A                                   once clipping is removed (after replay starts)
+                  l *= tis_it                                optional truncated importance weight (staleness)
+    replayed row: w* = exp(logp - logp_behaviour)            logp_behaviour = log-probs stored with the trajectory
+                  l = -A f(w*),  f(x) = x / (x + beta)       policy shaping, never clipped
+                  (shaping off, the ablation: l = -A w*)
+    pg_loss = (1/N) sum_i (sum_t m_it l_it) / L              constant normaliser L = max response length
+            or  (sum_it m_it l_it) / (sum_it m_it)           token mean (norm_len=None)
+    loss = pg_loss - c_H * (sum_it m_it H_it) / (sum_it m_it)   entropy bonus, H = token entropy at T=1
+
+    The gradient of f is f'(w) = beta / (w + beta)^2: it damps replayed tokens the current policy already
+    likes (w* >> beta) and amplifies rare ones, which is why replay needs no clipping.
+
+Deviations from the paper (arXiv 2510.02245) and its official code
+    * Normaliser: the paper averages over the maximum response length; we use Dr.GRPO's constant
+      normaliser ``norm_len`` (= ``model.max_response_len``) per sequence, then average over sequences.
+      The official code divides each micro-batch's token sum by a fixed 8192 instead. ``norm_len=None``
+      gives a plain token mean.
+    * Entropy follows the paper's definition (mean softmax entropy over response tokens only). The
+      official code's entropy has a masking bug (its issue #57); we do not reproduce it.
+    * Clipping is removed on all tokens once replay starts (the official ``loss_remove_clip``); the
+      caller passes ``clip=False`` then. Before replay starts fresh tokens use the PPO clip (eps 0.2).
+    * No KL term and no reference model, as in the official recipe.
+    * ``std_normalize`` (off by default) restores the GRPO std division.
+    * ``tis_weight``: with asynchronous sampling, fresh tokens may be multiplied by a truncated importance
+      weight min(exp(old_logp - sampler_logp), C) computed by the caller. It is detached here (a weight,
+      not a path for gradients). Not in the paper.
+
+Numerics: ratios are computed in float32; the log-ratio is zeroed at padded positions *before* exp, so
+garbage there (e.g. logp = 1e4) can neither overflow nor leak NaN into values or gradients.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "DelayedStart",
+    "exgrpo_loss",
+    "group_advantages",
+    "masked_mean",
+    "policy_shape",
+    "token_entropy",
+    "token_logprobs",
+]
+
+
+def group_advantages(rewards: Tensor, *, std_normalize: bool = False, eps: float = 1e-6) -> Tensor:
+    """Per-group advantages: rewards (G, K) -> (G, K), A = r - mean_group(r) (Dr.GRPO).
+
+    With ``std_normalize`` divide by (sample std + eps), std with divisor K - 1 (torch's default,
+    as in GRPO reference code). A zero-variance group gives exactly 0 with or without it; K = 1 gives 0.
+    """
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be (G, K), got shape {tuple(rewards.shape)}")
+    r = rewards.float()  # (G, K)
+    centred = r - r.mean(dim=1, keepdim=True)  # (G, K)
+    if not std_normalize or r.shape[1] < 2:
+        return centred
+    std = r.std(dim=1, keepdim=True, unbiased=True)  # (G, 1)
+    return centred / (std + eps)  # (G, K)
+
+
+def policy_shape(w: Tensor, *, beta: float = 0.1) -> Tensor:
+    """Policy shaping f(w) = w / (w + beta), with f'(w) = beta / (w + beta)^2. Elementwise."""
+    return w / (w + beta)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``x`` over positions where ``mask`` is true (along ``dim``, or over everything).
+
+    Masked-out positions contribute exactly nothing (selected with ``where``, so NaN/inf there is harmless).
+    An empty mask gives 0 (safe inside a loss).
+    """
+    m = mask.bool()
+    total = torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    count = m.sum() if dim is None else m.sum(dim=dim)
+    summed = total.sum() if dim is None else total.sum(dim=dim)
+    return summed / count.clamp(min=1).to(summed.dtype)
+
+
+def token_entropy(logits: Tensor) -> Tensor:
+    """Softmax entropy at temperature 1: (..., V) -> (...), H = -sum_v p_v log p_v, p = softmax(z).
+
+    Computed in float32 from log_softmax, which subtracts the max first: stable for large logits and
+    free of the cancellation in logsumexp(z) - sum_v p_v z_v when all logits share a large offset.
+    Logits must be finite (a -inf logit gives 0 * -inf).
+    """
+    logq = torch.log_softmax(logits.float(), dim=-1)  # (..., V)
+    return -(logq.exp() * logq).sum(dim=-1)  # (...)
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
+    """log softmax(logits)[token]: (B, T, V), (B, T) -> (B, T), float32.
+
+    Computed as gathered logit minus logsumexp, without materialising a full log_softmax. For
+    half-precision logits the float32 logsumexp runs one row at a time, so at most one (T, V)
+    float32 copy exists at once.
+    """
+    if logits.shape[:-1] != tokens.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and tokens {tuple(tokens.shape)} disagree")
+    picked = logits.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1).float()  # (B, T)
+    if logits.dtype in (torch.float32, torch.float64):
+        lse = torch.logsumexp(logits, dim=-1).float()  # (B, T)
+    else:
+        lse = torch.stack([torch.logsumexp(row.float(), dim=-1) for row in logits])  # (B, T)
+    return picked - lse  # (B, T)
+
+
+def _check_shapes(logp: Tensor, named: dict[str, Tensor | None], rows: dict[str, Tensor]) -> None:
+    if logp.dim() != 2:
+        raise ValueError(f"logp must be (N, T), got shape {tuple(logp.shape)}")
+    for name, t in named.items():
+        if t is not None and t.shape != logp.shape:
+            raise ValueError(f"{name} must have logp's shape {tuple(logp.shape)}, got {tuple(t.shape)}")
+    for name, t in rows.items():
+        if t.shape != logp.shape[:1]:
+            raise ValueError(f"{name} must be (N,) = ({logp.shape[0]},), got {tuple(t.shape)}")
+
+
+def _mean_or_nan(x: Tensor, mask: Tensor) -> float:
+    """Detached masked mean as a python float; NaN when the mask is empty (no such tokens)."""
+    n = int(mask.sum())
+    return float(torch.where(mask, x, 0.0).sum()) / n if n else math.nan
+
+
+def exgrpo_loss(
+    *,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    replayed: Tensor,
+    clip: bool,
+    clip_eps: float = 0.2,
+    beta: float = 0.1,
+    norm_len: int | None,
+    entropy: Tensor | None = None,
+    entropy_coef: float = 0.0,
+    shaping: bool = True,
+    tis_weight: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """ExGRPO token loss over a batch of fresh and replayed rows (maths in the module docstring).
+
+    Args:
+        logp: (N, T) log-probs of the response tokens under the current weights (with grad).
+        old_logp: (N, T) fresh rows: the learner's log-probs before this update; replayed rows: the
+            behaviour log-probs stored with the trajectory.
+        advantages: (N,) one advantage per row.
+        response_mask: (N, T) true on response tokens, false on padding.
+        replayed: (N,) bool, true for rows that are replayed trajectories.
+        clip: PPO-clip fresh tokens (true before replay starts); replayed tokens are never clipped.
+        norm_len: constant normaliser (max response length); None = mean over all response tokens.
+        entropy: (N, T) token entropies under the current weights (with grad) for the bonus.
+        shaping: f(w*) on replayed tokens; False = plain -A w* (the "no policy shaping" ablation).
+        tis_weight: (N, T) multiplier on fresh tokens' loss, already truncated by the caller.
+
+    Returns:
+        (loss, metrics). Metrics are detached python floats: ``loss``, ``pg_loss``, ``entropy`` (if
+        given), ``clip_frac`` (share of fresh tokens whose clipped branch was taken, i.e. its gradient
+        was zeroed), ``ratio_fresh_mean``, ``ratio_replay_mean`` (w*, before shaping),
+        ``shaped_replay_mean``, ``approx_kl`` (k3 estimator (w - 1) - log w over fresh tokens),
+        ``num_tokens``, ``num_fresh_tokens``, ``num_replay_tokens``. Token means over an empty set
+        (e.g. no replayed rows) are NaN, not 0, so they cannot pass for real values; average them across
+        micro-batches with a NaN-aware mean weighted by the token counts.
+    """
+    _check_shapes(
+        logp,
+        {"old_logp": old_logp, "response_mask": response_mask, "entropy": entropy, "tis_weight": tis_weight},
+        {"advantages": advantages, "replayed": replayed},
+    )
+    if norm_len is not None and norm_len <= 0:
+        raise ValueError(f"norm_len must be a positive token count or None, got {norm_len}")
+    mask = response_mask.bool()  # (N, T)
+    rep = replayed.bool().unsqueeze(1) & mask  # (N, T) replayed response tokens
+    fresh = ~replayed.bool().unsqueeze(1) & mask  # (N, T) fresh response tokens
+    adv = advantages.float().unsqueeze(1)  # (N, 1)
+
+    # Zero the log-ratio at padding before exp: garbage there cannot overflow or produce NaN.
+    log_ratio = torch.where(mask, logp.float() - old_logp.float(), 0.0)  # (N, T)
+    ratio = torch.exp(log_ratio)  # (N, T), exactly 1 at padding
+
+    # Fresh tokens: PPO-clip surrogate, or the plain surrogate -w A once clipping is removed.
+    unclipped = -ratio * adv  # (N, T)
+    if clip:
+        clipped = -ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv  # (N, T)
+        fresh_loss = torch.maximum(unclipped, clipped)  # (N, T) = -min(wA, clip(w)A)
+        clip_active = fresh & (clipped > unclipped)  # (N, T)
+    else:
+        fresh_loss = unclipped  # (N, T)
+        clip_active = torch.zeros_like(fresh)  # (N, T)
+    if tis_weight is not None:
+        fresh_loss = fresh_loss * torch.where(fresh, tis_weight.detach().float(), 1.0)  # (N, T)
+
+    # Replayed tokens: shaped ratio f(w*), never clipped.
+    shaped = policy_shape(ratio, beta=beta) if shaping else ratio  # (N, T)
+    replay_loss = -shaped * adv  # (N, T)
+
+    token_loss = torch.where(rep, replay_loss, torch.where(fresh, fresh_loss, 0.0))  # (N, T)
+    n_tokens = int(mask.sum())
+    if norm_len is not None:
+        pg_loss = (token_loss.sum(dim=1) / norm_len).mean()  # () mean over the N sequences
+    else:
+        pg_loss = token_loss.sum() / max(n_tokens, 1)  # () mean over response tokens
+
+    loss = pg_loss
+    metrics: dict[str, float] = {}
+    if entropy is not None:
+        mean_entropy = masked_mean(entropy.float(), mask)  # ()
+        loss = loss - entropy_coef * mean_entropy
+        metrics["entropy"] = float(mean_entropy.detach())
+
+    with torch.no_grad():
+        r = ratio.detach()  # (N, T)
+        metrics.update(
+            loss=float(loss.detach()),
+            pg_loss=float(pg_loss.detach()),
+            clip_frac=_mean_or_nan(clip_active.float(), fresh),
+            ratio_fresh_mean=_mean_or_nan(r, fresh),
+            ratio_replay_mean=_mean_or_nan(r, rep),
+            shaped_replay_mean=_mean_or_nan(shaped.detach(), rep),
+            approx_kl=_mean_or_nan((r - 1.0) - log_ratio.detach(), fresh),
+            num_tokens=float(n_tokens),
+            num_fresh_tokens=float(fresh.sum()),
+            num_replay_tokens=float(rep.sum()),
+        )
+    return loss, metrics
+
+
+class DelayedStart:
+    """Latching switch for the delayed start of replay.
+
+    ``update(solve_ratio=...)`` turns it on for good once a step's fresh solve ratio is strictly greater
+    than ``threshold``. ``threshold <= 0`` means "on from the start": ``started`` is already true at
+    construction (a strict comparison alone would never fire on a step that solves nothing).
+    """
+
+    def __init__(self, threshold: float) -> None:
+        if not math.isfinite(threshold):
+            raise ValueError(f"threshold must be finite, got {threshold}")
+        self.threshold = float(threshold)
+        self._started = self.threshold <= 0.0
+
+    @property
+    def started(self) -> bool:
+        """Whether replay has started (never goes back to false)."""
+        return self._started
+
+    def update(self, *, solve_ratio: float) -> bool:
+        """Record one step's fresh solve ratio in [0, 1]; returns ``started`` after the update."""
+        if not 0.0 <= solve_ratio <= 1.0:  # also rejects NaN
+            raise ValueError(f"solve_ratio must lie in [0, 1], got {solve_ratio}")
+        if solve_ratio > self.threshold:
+            self._started = True
+        return self._started
+
+    def state_dict(self) -> dict[str, Any]:
+        """Checkpoint state: the threshold and the latch."""
+        return {"threshold": self.threshold, "started": self._started}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the latch; the threshold stays the one this object was built with (from the config).
+
+        A started run stays started. A not-yet-started run resumed under a threshold <= 0 starts at once.
+        """
+        self._started = bool(state["started"]) or self.threshold <= 0.0
+
+    def __repr__(self) -> str:
+        return f"DelayedStart(threshold={self.threshold}, started={self._started})"

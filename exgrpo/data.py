@@ -1,0 +1,381 @@
+"""Dataset readers: parquet and JSON-lines files into `Prompt` records (pyarrow + stdlib only).
+
+Layouts (`layout="auto"` picks one from the column names, in this order):
+
+- `openr1`: OpenR1-Math-46k as used by the ExGRPO paper (and LUFFY before it). That file is a
+  verl-style parquet with columns `data_source`, `prompt` (chat messages), `target` (chat
+  messages whose content is a full reference solution), `reward_model` (`ground_truth`, the
+  gold answer) and `extra_info` (`index`). Also accepted: the raw OpenR1 release's `problem` +
+  `answer` columns. Detected by a `target` column next to `prompt`, or by a `problem` column
+  when there is no `question_key` column. Question: `problem`, else the last user message of
+  `prompt`. Answer, first present of: `answer`, `reward_model.ground_truth`, the last
+  `\\boxed{...}` in the last `target` message, the whole last `target` message. The last two
+  are our assumption for files that carry no separate gold answer; the published file has
+  `reward_model.ground_truth`, so they are a fallback only.
+- `verl`: `prompt` (chat messages; the question is the last user message's content) and
+  `reward_model` with `ground_truth`; optional `data_source` and `extra_info.index`.
+- `plain`: one question column and one answer column (`question_key`, `answer_key`).
+
+Question ids: a `qid` or `id` column as given; else `extra_info.index` as `"{source}:{index}"`;
+else `"{source}:{row}"`, where `source` is `source_name` or the file's stem. Rows are 0-based:
+the record index of a parquet file, the line index of a JSON-lines file (blank lines carry no
+record and are passed over). A row with no usable question or answer, or a duplicate qid, is a
+bad row: reported in `ReadResult.skipped` (`on_bad_row="skip"`) or raised as a `DataError`
+naming the first few rows (`on_bad_row="error"`). Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from exgrpo.types import Prompt
+
+Layout = Literal["plain", "verl", "openr1"]
+LayoutArg = Literal["auto", "plain", "verl", "openr1"]
+BadRowPolicy = Literal["skip", "error"]
+
+PARQUET_SUFFIXES = (".parquet",)
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+_MAX_LISTED = 5  # bad rows named in an error message
+_BOXED = re.compile(r"\\boxed\s*\{")
+
+
+class DataError(ValueError):
+    """An unreadable dataset: unknown format or layout, malformed rows (with their row numbers)."""
+
+
+@dataclass(frozen=True)
+class BadRow:
+    """One row that could not become a Prompt, with a human-readable reason."""
+
+    row: int  # 0-based row number in the file
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """The prompts read from one file and the rows that were skipped."""
+
+    prompts: tuple[Prompt, ...]
+    skipped: tuple[BadRow, ...]
+    layout: Layout = "plain"  # the layout the rows were read with (after auto-detection)
+
+
+class _RowError(Exception):
+    """Internal: this row is malformed; the message is the reason."""
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_prompts(
+    path: str | Path,
+    *,
+    question_key: str = "question",
+    answer_key: str = "answer",
+    layout: LayoutArg = "auto",
+    on_bad_row: BadRowPolicy = "skip",
+    source_name: str | None = None,
+) -> ReadResult:
+    """Read a parquet or JSON-lines file into prompts; see the module docstring for the layouts.
+
+    Raises `DataError` for an unknown suffix, a missing file, a layout that does not fit the
+    columns, a file with no valid row, or (with `on_bad_row="error"`) any bad row.
+    """
+    path = Path(path)
+    if on_bad_row not in ("skip", "error"):
+        raise DataError(f"on_bad_row={on_bad_row!r} must be 'skip' or 'error'")
+    if not path.is_file():
+        raise DataError(f"dataset file {str(path)!r} does not exist")
+    source = source_name or path.stem
+    suffix = path.suffix.lower()
+    bad: list[BadRow] = []
+    if suffix in PARQUET_SUFFIXES:
+        columns = pq.read_schema(path).names
+        chosen = _choose_layout(layout, columns, question_key=question_key, path=path)
+        rows: Iterable[tuple[int, dict[str, Any]]] = _parquet_rows(path, _needed_columns(chosen, columns))
+    elif suffix in JSONL_SUFFIXES:
+        records, bad = _read_jsonl(path)
+        if not records:
+            detail = f": {_bad_rows_message(path, bad, len(bad))}" if bad else ""
+            raise DataError(f"{str(path)!r} holds no JSON record{detail}")
+        columns = sorted({key for _, rec in records for key in rec})
+        chosen = _choose_layout(layout, columns, question_key=question_key, path=path)
+        rows = records
+    else:
+        raise DataError(
+            f"cannot read {str(path)!r}: unknown suffix {path.suffix!r}; "
+            f"use one of {', '.join(PARQUET_SUFFIXES + JSONL_SUFFIXES)}"
+        )
+
+    prompts: list[Prompt] = []
+    seen: dict[str, int] = {}
+    n_rows = len(bad)
+    for row, record in rows:
+        n_rows += 1
+        try:
+            prompt = _to_prompt(record, row=row, layout=chosen, source=source,
+                                question_key=question_key, answer_key=answer_key)
+        except _RowError as err:
+            bad.append(BadRow(row, str(err)))
+            continue
+        if prompt.qid in seen:
+            bad.append(BadRow(row, f"duplicate qid {prompt.qid!r} (first seen in row {seen[prompt.qid]})"))
+            continue
+        seen[prompt.qid] = row
+        prompts.append(prompt)
+
+    bad.sort(key=lambda b: b.row)
+    if bad and on_bad_row == "error":
+        raise DataError(_bad_rows_message(path, bad, n_rows) + "; pass on_bad_row='skip' to skip them")
+    if not prompts:
+        detail = f": {_bad_rows_message(path, bad, n_rows)}" if bad else ""
+        raise DataError(f"{str(path)!r} holds no valid prompt ({n_rows} rows, layout {chosen}){detail}")
+    return ReadResult(prompts=tuple(prompts), skipped=tuple(bad), layout=chosen)
+
+
+def _bad_rows_message(path: Path, bad: Sequence[BadRow], n_rows: int) -> str:
+    listed = "; ".join(f"row {b.row}: {b.reason}" for b in bad[:_MAX_LISTED])
+    more = f"; and {len(bad) - _MAX_LISTED} more" if len(bad) > _MAX_LISTED else ""
+    return f"{len(bad)} of {n_rows} rows in {str(path)!r} are malformed: {listed}{more}"
+
+
+def _choose_layout(layout: LayoutArg, columns: Sequence[str], *, question_key: str, path: Path) -> Layout:
+    """The layout asked for (checked against the columns), or the one the columns imply."""
+    cols = set(columns)
+    needs: dict[Layout, str] = {
+        "openr1": "'problem', or 'prompt' and 'target'",
+        "verl": "'prompt' and 'reward_model'",
+        "plain": f"{question_key!r}",
+    }
+    fits: dict[Layout, bool] = {
+        "openr1": ("prompt" in cols and "target" in cols) or ("problem" in cols and question_key not in cols),
+        "verl": "prompt" in cols and "reward_model" in cols,
+        "plain": question_key in cols,
+    }
+    if layout == "auto":
+        for name in ("openr1", "verl", "plain"):
+            if fits[name]:
+                return name
+        raise DataError(
+            f"cannot detect the layout of {str(path)!r} from its columns {sorted(cols)}: "
+            f"plain needs {needs['plain']} (set question_key/answer_key), verl needs {needs['verl']}, "
+            f"openr1 needs {needs['openr1']}"
+        )
+    if layout not in fits:
+        raise DataError(f"layout={layout!r} is not one of auto, plain, verl, openr1")
+    if not fits[layout] and not (layout == "openr1" and "problem" in cols):
+        raise DataError(
+            f"{str(path)!r} does not fit layout {layout!r}: it needs columns {needs[layout]}, "
+            f"the file has {sorted(cols)}"
+        )
+    return layout
+
+
+_LAYOUT_COLUMNS: dict[Layout, tuple[str, ...]] = {
+    "openr1": ("problem", "answer", "prompt", "reward_model", "data_source", "extra_info", "qid", "id"),
+    "verl": ("prompt", "reward_model", "data_source", "extra_info", "qid", "id"),
+    "plain": ("data_source", "extra_info", "qid", "id"),
+}
+
+
+def _needed_columns(layout: Layout, columns: Sequence[str]) -> list[str] | None:
+    """Parquet columns to load; openr1's long `target` solutions only when there is no gold column."""
+    if layout == "plain":
+        return None  # question_key/answer_key are user-chosen; plain files are small
+    wanted = set(_LAYOUT_COLUMNS[layout])
+    if layout == "openr1" and "answer" not in columns and "reward_model" not in columns:
+        wanted.add("target")
+    return [c for c in columns if c in wanted]
+
+
+def _parquet_rows(path: Path, columns: list[str] | None) -> Iterator[tuple[int, dict[str, Any]]]:
+    row = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=4096, columns=columns):
+        for record in batch.to_pylist():
+            yield row, record
+            row += 1
+
+
+def _read_jsonl(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[BadRow]]:
+    """JSON lines (row = 0-based line index); a `.json` file holding one array is also accepted."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{str(path)!r} is not valid JSON: {err}") from err
+        good, bad = [], []
+        for row, item in enumerate(items):
+            if isinstance(item, dict):
+                good.append((row, item))
+            else:
+                bad.append(BadRow(row, f"expected a JSON object, got {type(item).__name__}"))
+        return good, bad
+    good, bad = [], []
+    for row, line in enumerate(text.splitlines()):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as err:
+            bad.append(BadRow(row, f"invalid JSON on line {row + 1}: {err.msg} at column {err.colno}"))
+            continue
+        if not isinstance(item, dict):
+            bad.append(BadRow(row, f"expected a JSON object on line {row + 1}, got {type(item).__name__}"))
+            continue
+        good.append((row, item))
+    return good, bad
+
+
+# --------------------------------------------------------------------------- one row
+
+
+def _to_prompt(
+    record: dict[str, Any], *, row: int, layout: Layout, source: str, question_key: str, answer_key: str
+) -> Prompt:
+    if layout == "plain":
+        question = _question_text(record.get(question_key), f"column {question_key!r}")
+        answer = _answer_text(record.get(answer_key), f"column {answer_key!r}")
+    elif layout == "verl":
+        question = _last_user_message(record.get("prompt"))
+        answer = _answer_text(_ground_truth(record), "reward_model.ground_truth")
+    else:
+        if record.get("problem") is not None:
+            question = _question_text(record["problem"], "column 'problem'")
+        else:
+            question = _last_user_message(record.get("prompt"))
+        answer = _openr1_answer(record)
+    data_source = record.get("data_source")
+    return Prompt(
+        qid=_qid(record, row=row, source=source),
+        question=question,
+        answer=answer,
+        data_source=data_source if isinstance(data_source, str) and data_source else source,
+    )
+
+
+def _qid(record: dict[str, Any], *, row: int, source: str) -> str:
+    for key in ("qid", "id"):
+        value = record.get(key)
+        if value is not None and value != "":
+            return str(value)
+    extra = record.get("extra_info")
+    if isinstance(extra, dict) and extra.get("index") is not None:
+        return f"{source}:{extra['index']}"
+    return f"{source}:{row}"
+
+
+def _question_text(value: Any, where: str) -> str:
+    if value is None:
+        raise _RowError(f"missing question ({where} is null or absent)")
+    if not isinstance(value, str):
+        raise _RowError(f"question must be a string, got {type(value).__name__} in {where}")
+    if not value.strip():
+        raise _RowError(f"empty question in {where}")
+    return value
+
+
+def _answer_text(value: Any, where: str) -> str:
+    """Gold answers are strings; JSON numbers are accepted and written as text (42 -> "42")."""
+    if value is None:
+        raise _RowError(f"missing answer ({where} is null or absent)")
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise _RowError(f"answer must be a string or a number, got {type(value).__name__} in {where}")
+    text = str(value).strip()
+    if not text:
+        raise _RowError(f"empty answer in {where}")
+    return text
+
+
+def _messages(value: Any, where: str) -> list[dict[str, Any]]:
+    if value is None:
+        raise _RowError(f"missing {where}")
+    if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
+        raise _RowError(f"{where} must be a list of {{role, content}} messages, got {type(value).__name__}")
+    return value
+
+
+def _last_user_message(value: Any) -> str:
+    users = [m for m in _messages(value, "column 'prompt'") if m.get("role") == "user"]
+    if not users:
+        raise _RowError("column 'prompt' has no user message")
+    return _question_text(users[-1].get("content"), "the last user message of 'prompt'")
+
+
+def _ground_truth(record: dict[str, Any]) -> Any:
+    reward_model = record.get("reward_model")
+    if reward_model is None:
+        return None
+    if not isinstance(reward_model, dict):
+        raise _RowError(f"column 'reward_model' must be a struct with ground_truth, got {type(reward_model).__name__}")
+    return reward_model.get("ground_truth")
+
+
+def _openr1_answer(record: dict[str, Any]) -> str:
+    if record.get("answer") is not None:
+        return _answer_text(record["answer"], "column 'answer'")
+    truth = _ground_truth(record)
+    if truth is not None:
+        return _answer_text(truth, "reward_model.ground_truth")
+    if record.get("target") is None:
+        raise _RowError("missing answer (no 'answer', reward_model.ground_truth or 'target')")
+    messages = _messages(record["target"], "column 'target'")
+    if not messages:
+        raise _RowError("missing answer (column 'target' is empty)")
+    content = _answer_text(messages[-1].get("content"), "the last message of 'target'")
+    boxed = last_boxed(content)
+    return boxed if boxed is not None else content
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` in text, braces balanced; None if there is none."""
+    starts = [m.end() for m in _BOXED.finditer(text)]
+    for start in reversed(starts):
+        depth = 1
+        for i in range(start, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                inner = text[start:i].strip()
+                if inner:
+                    return inner
+                break
+    return None
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def write_prompts(prompts: Iterable[Prompt], path: str | Path) -> Path:
+    """Write prompts in the plain layout (columns qid, question, answer, data_source).
+
+    `read_prompts` gives the same records back. The format follows the suffix like the reader.
+    """
+    path = Path(path)
+    rows = [
+        {"qid": p.qid, "question": p.question, "answer": p.answer, "data_source": p.data_source}
+        for p in prompts
+    ]
+    suffix = path.suffix.lower()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if suffix in PARQUET_SUFFIXES:
+        schema = pa.schema([(name, pa.string()) for name in ("qid", "question", "answer", "data_source")])
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    elif suffix in JSONL_SUFFIXES:
+        with path.open("w", encoding="utf-8") as f:
+            for r in rows:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    else:
+        raise DataError(
+            f"cannot write {str(path)!r}: unknown suffix {path.suffix!r}; "
+            f"use one of {', '.join(PARQUET_SUFFIXES + JSONL_SUFFIXES)}"
+        )
+    return path

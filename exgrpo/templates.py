@@ -1,0 +1,83 @@
+"""Prompt templates: a question in, the exact text the model continues from out.
+
+- `plain`: `"Q: {question}\\nA: "`, a compact frame for the tiny character-level model; the
+  expected answer is `\\boxed{...}` right after it.
+- `chat`: the tokenizer's own chat template, the question as the user message followed by an
+  instruction to put the final answer in `\\boxed{}`, with the generation prompt appended.
+- `think`: the ExGRPO paper's setting: a system prompt asking the model to reason inside
+  `<think> </think>` and then give the final answer in `\\boxed{}` (our wording), rendered with
+  the tokenizer's chat template when it has one, else with a plain `System/User/Assistant` frame.
+- `llama-base`: the question followed by "Let's think step by step and output the final answer
+  within \\boxed{}." for base models without a chat template.
+
+`reward_mode(template)` tells the verifier where the final answer is: after `</think>` for the
+think template, the last `\\boxed{}` otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+TemplateName = Literal["plain", "chat", "think", "llama-base"]
+RewardMode = Literal["think", "boxed"]
+TEMPLATES: tuple[str, ...] = get_args(TemplateName)
+
+BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+THINK_SYSTEM_PROMPT = (
+    "You are a careful problem solver. First think the problem through: reason step by step, "
+    "check your work and correct mistakes, writing all of this inside <think> </think> tags. "
+    "After </think>, write a short, clear solution that follows from your reasoning and put "
+    "the final answer within \\boxed{}."
+)
+LLAMA_BASE_SUFFIX = "Let's think step by step and output the final answer within \\boxed{}."
+
+
+class TemplateError(ValueError):
+    """An unknown template, or a template the given tokenizer cannot render."""
+
+
+def render_prompt(question: str, *, template: TemplateName, tokenizer: Any = None) -> str:
+    """The prompt text for one question; the model's response starts right after it.
+
+    `tokenizer` is a transformers tokenizer (only its `chat_template` and
+    `apply_chat_template` are used); it is required by `chat` and optional for `think`.
+    """
+    if template == "plain":
+        return f"Q: {question}\nA: "
+    if template == "llama-base":
+        return f"{question} {LLAMA_BASE_SUFFIX}\n"
+    if template == "chat":
+        if not _has_chat_template(tokenizer):
+            raise TemplateError(
+                "template 'chat' needs a tokenizer with a chat template; "
+                "use template 'plain' or 'llama-base' for models without one"
+            )
+        return _apply_chat(tokenizer, [{"role": "user", "content": f"{question}\n{BOXED_INSTRUCTION}"}])
+    if template == "think":
+        if not _has_chat_template(tokenizer):
+            return f"System: {THINK_SYSTEM_PROMPT}\n\nUser: {question}\n\nAssistant: "
+        messages = [{"role": "system", "content": THINK_SYSTEM_PROMPT}, {"role": "user", "content": question}]
+        try:
+            return _apply_chat(tokenizer, messages)
+        except Exception:  # some chat templates reject a system role: fold it into the user turn
+            merged = f"{THINK_SYSTEM_PROMPT}\n\n{question}"
+            return _apply_chat(tokenizer, [{"role": "user", "content": merged}])
+    raise TemplateError(f"unknown template {template!r}; choose one of {', '.join(TEMPLATES)}")
+
+
+def reward_mode(template: TemplateName) -> RewardMode:
+    """`"think"` (answer after `</think>`) for the think template, else `"boxed"` (last `\\boxed{}`)."""
+    if template not in TEMPLATES:
+        raise TemplateError(f"unknown template {template!r}; choose one of {', '.join(TEMPLATES)}")
+    return "think" if template == "think" else "boxed"
+
+
+def _has_chat_template(tokenizer: Any) -> bool:
+    return tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
+
+
+def _apply_chat(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if not isinstance(text, str):
+        raise TemplateError(f"apply_chat_template returned {type(text).__name__}, expected the prompt text")
+    return text

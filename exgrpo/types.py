@@ -1,0 +1,122 @@
+"""Typed records that cross process boundaries.
+
+Every object sent between the driver, samplers, replay shards and learners is one of these small
+frozen dataclasses (or an Arrow table built from them), never a loose dict. Every trajectory
+carries the policy version that produced it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+GroupKind = Literal["fresh", "replay"]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One training or evaluation question with its reference answer."""
+
+    qid: str  # stable question id (used for replay routing and retirement)
+    question: str  # the question text, before any chat template
+    answer: str  # the gold answer (LaTeX or plain text), e.g. "\\frac{1}{2}"
+    data_source: str = "default"  # dataset name, for per-source evaluation tables
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One sampled response to a question, with its reward and behaviour log-probs."""
+
+    qid: str
+    response_ids: tuple[int, ...]  # generated token ids (response only, no prompt)
+    logprobs: tuple[float, ...]  # behaviour log-prob of each response token, same length
+    reward: float  # 1.0 if the final answer verified, else 0.0
+    policy_version: int  # learner version of the weights that sampled it
+    replayed: bool = False  # True for the stored trajectory placed in slot 0 of a mixed group
+    text: str = ""  # decoded response (for logs and debugging; not used by the loss)
+    group_id: str = ""  # id of the group that produced it (candidates exclude the same group)
+
+    def __post_init__(self) -> None:
+        if len(self.response_ids) != len(self.logprobs):
+            raise ValueError(
+                f"Trajectory {self.qid!r}: {len(self.response_ids)} response ids but "
+                f"{len(self.logprobs)} log-probs; they must have the same length"
+            )
+
+    @property
+    def correct(self) -> bool:
+        return self.reward > 0.5
+
+
+@dataclass(frozen=True)
+class Group:
+    """The rollouts of one question produced by one generation request.
+
+    A fresh group holds K rollouts. A replay group holds K - 1 fresh rollouts plus the stored
+    candidate trajectories (captured when the request was scheduled, so never from this group);
+    the learner picks one candidate (lowest entropy) and puts it in slot 0 with replayed=True.
+    """
+
+    qid: str
+    prompt_ids: tuple[int, ...]
+    trajectories: tuple[Trajectory, ...]
+    kind: GroupKind = "fresh"
+    gold: str = ""
+    group_id: str = ""
+    request_id: int = -1  # driver-assigned, increasing in issue order
+    policy_version: int = 0  # version of the weights that sampled the fresh rollouts
+    admitted_version: int = 0  # learner version when the driver admitted the request
+    candidates: tuple[Trajectory, ...] = ()  # replay groups: stored correct trajectories
+
+    @property
+    def num_correct(self) -> int:
+        """k for the question statistics; a replayed slot (correct by construction) counts."""
+        k = sum(t.correct for t in self.trajectories)
+        if self.kind == "replay" and not any(t.replayed for t in self.trajectories):
+            k += 1  # the stored trajectory that will fill slot 0
+        return k
+
+    @property
+    def group_size(self) -> int:
+        """K: fresh rollouts plus the replay slot."""
+        extra = 1 if self.kind == "replay" and not any(t.replayed for t in self.trajectories) else 0
+        return len(self.trajectories) + extra
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A driver's request to a sampler: n rollouts of one question."""
+
+    request_id: int
+    prompt: Prompt
+    n: int  # K for fresh questions, K - 1 for replayed ones
+    kind: GroupKind = "fresh"
+    admitted_version: int = 0
+    candidates: tuple[Trajectory, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReplayCandidate:
+    """A stored trajectory offered for a replayed question, with its prompt for scoring."""
+
+    qid: str
+    prompt_ids: tuple[int, ...]
+    trajectory: Trajectory
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """One learner step's groups: fresh groups and mixed groups (slot 0 replayed)."""
+
+    groups: tuple[Group, ...]
+    version: int  # learner version the batch is trained at
+    clip: bool = True  # PPO clipping on fresh tokens (switched off once replay starts)
+    metadata: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def n_replay(self) -> int:
+        return sum(g.kind == "replay" for g in self.groups)
+
+    @property
+    def n_fresh(self) -> int:
+        return len(self.groups) - self.n_replay
