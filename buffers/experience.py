@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -152,23 +152,18 @@ class _Stored:
     text: str
     group_id: str
 
+    def fields(self) -> dict[str, object]:
+        return {f: getattr(self, f) for f in self.__slots__}
+
     def same(self, other: _Stored) -> bool:
-        return (
-            np.array_equal(self.response_ids, other.response_ids)
-            and np.array_equal(self.logprobs, other.logprobs)
-            and (self.reward, self.policy_version, self.text, self.group_id)
-            == (other.reward, other.policy_version, other.text, other.group_id)
-        )
+        mine, theirs = self.fields(), other.fields()
+        return all(np.array_equal(v, theirs[f]) if isinstance(v, np.ndarray) else v == theirs[f]
+                   for f, v in mine.items())  # fmt: skip
 
     def to_trajectory(self, qid: str) -> Trajectory:
+        ids, lps = tuple(self.response_ids.tolist()), tuple(self.logprobs.tolist())
         return Trajectory(
-            qid=qid,
-            response_ids=tuple(self.response_ids.tolist()),
-            logprobs=tuple(self.logprobs.tolist()),
-            reward=self.reward,
-            policy_version=self.policy_version,
-            text=self.text,
-            group_id=self.group_id,
+            qid, ids, lps, self.reward, self.policy_version, text=self.text, group_id=self.group_id
         )
 
 
@@ -393,26 +388,12 @@ class ExperiencePool:
         questions from the same RNG state; then one "retired" row per retired qid (sorted)."""
         order = [qid for b in self._buckets.values() for qid in b.items]
         order += [qid for qid, q in self._questions.items() if q.indexed is None]
-        rows: list[tuple] = []  # one tuple per row, fields in SNAPSHOT_SCHEMA order
+        rows: list[_Row] = []
         for qid in order:
             q = self._questions[qid]
-            rows.append(("question", qid, q.bucket, q.prompt_ids, None, None, None, None, None, None))
-            rows += [
-                (
-                    "trajectory",
-                    qid,
-                    None,
-                    None,
-                    s.response_ids,
-                    s.logprobs,
-                    s.reward,
-                    s.policy_version,
-                    s.text,
-                    s.group_id,
-                )  # fmt: skip
-                for s in q.stored
-            ]
-        rows += [("retired", qid, *[None] * 8) for qid in sorted(self._retired)]
+            rows.append(_Row("question", qid, bucket=q.bucket, prompt_ids=q.prompt_ids))
+            rows += [_Row("trajectory", qid, **s.fields()) for s in q.stored]
+        rows += [_Row("retired", qid) for qid in sorted(self._retired)]
         columns = list(zip(*rows, strict=True)) if rows else [()] * len(SNAPSHOT_SCHEMA)
         arrays = [
             _list_array(values, f.type.value_type) if pa.types.is_list(f.type) else pa.array(values, f.type)
@@ -474,6 +455,21 @@ class ExperiencePool:
         return pool
 
 
+class _Row(NamedTuple):
+    """One snapshot row; fields in SNAPSHOT_SCHEMA order."""
+
+    row: str
+    qid: str
+    bucket: int | None = None
+    prompt_ids: np.ndarray | None = None
+    response_ids: np.ndarray | None = None
+    logprobs: np.ndarray | None = None
+    reward: float | None = None
+    policy_version: int | None = None
+    text: str | None = None
+    group_id: str | None = None
+
+
 SNAPSHOT_SCHEMA = pa.schema(
     [
         ("row", pa.string()),  # "question" | "trajectory" | "retired"
@@ -491,14 +487,8 @@ SNAPSHOT_SCHEMA = pa.schema(
 
 
 def _compact(t: Trajectory) -> _Stored:
-    return _Stored(
-        np.asarray(t.response_ids, dtype=np.int32),
-        np.asarray(t.logprobs, dtype=np.float32),
-        float(t.reward),
-        int(t.policy_version),
-        t.text,
-        t.group_id,
-    )
+    ids, lps = np.asarray(t.response_ids, dtype=np.int32), np.asarray(t.logprobs, dtype=np.float32)
+    return _Stored(ids, lps, float(t.reward), int(t.policy_version), t.text, t.group_id)
 
 
 def _list_array(parts: Sequence[np.ndarray | None], value_type: pa.DataType) -> pa.Array:

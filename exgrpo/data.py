@@ -99,7 +99,10 @@ def read_prompts(
     suffix = path.suffix.lower()
     bad: list[BadRow] = []
     if suffix in PARQUET_SUFFIXES:
-        columns = pq.read_schema(path).names
+        try:
+            columns = pq.read_schema(path).names
+        except (pa.ArrowException, OSError) as err:
+            raise DataError(f"{str(path)!r} is not a readable parquet file: {err}") from err
         chosen = _choose_layout(layout, columns, question_key=question_key, path=path)
         rows: Iterable[tuple[int, dict[str, Any]]] = _parquet_rows(path, _needed_columns(chosen, columns))
     elif suffix in JSONL_SUFFIXES:
@@ -122,8 +125,14 @@ def read_prompts(
     for row, record in rows:
         n_rows += 1
         try:
-            prompt = _to_prompt(record, row=row, layout=chosen, source=source,
-                                question_key=question_key, answer_key=answer_key)
+            prompt = _to_prompt(
+                record,
+                row=row,
+                layout=chosen,
+                source=source,
+                question_key=question_key,
+                answer_key=answer_key,
+            )
         except _RowError as err:
             bad.append(BadRow(row, str(err)))
             continue
@@ -199,10 +208,13 @@ def _needed_columns(layout: Layout, columns: Sequence[str]) -> list[str] | None:
 
 def _parquet_rows(path: Path, columns: list[str] | None) -> Iterator[tuple[int, dict[str, Any]]]:
     row = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=4096, columns=columns):
-        for record in batch.to_pylist():
-            yield row, record
-            row += 1
+    try:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=4096, columns=columns):
+            for record in batch.to_pylist():
+                yield row, record
+                row += 1
+    except (pa.ArrowException, OSError) as err:
+        raise DataError(f"{str(path)!r}: parquet data unreadable at row {row} or after: {err}") from err
 
 
 def _read_jsonl(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[BadRow]]:
@@ -316,7 +328,9 @@ def _ground_truth(record: dict[str, Any]) -> Any:
     if reward_model is None:
         return None
     if not isinstance(reward_model, dict):
-        raise _RowError(f"column 'reward_model' must be a struct with ground_truth, got {type(reward_model).__name__}")
+        raise _RowError(
+            f"column 'reward_model' must be a struct with ground_truth, got {type(reward_model).__name__}"
+        )
     return reward_model.get("ground_truth")
 
 

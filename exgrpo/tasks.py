@@ -145,7 +145,7 @@ class ArithTask:
 
 
 def _parse(question: str) -> list[int]:
-    """"347+85-19" -> [347, 85, -19]."""
+    """ "347+85-19" -> [347, 85, -19]."""
     text = question.strip()
     if not _QUESTION.fullmatch(text):
         raise ValueError(f"{question!r} is not an arith question (like '347+85-19')")
@@ -161,10 +161,7 @@ def _column_carries(a: int, b: int, *, subtract: bool) -> int:
     count = carry = 0
     while a or b:
         da, db = a % 10, b % 10
-        if subtract:
-            carry = int(da - db - carry < 0)
-        else:
-            carry = int(da + db + carry >= 10)
+        carry = int(da - db - carry < 0) if subtract else int(da + db + carry >= 10)
         count += carry
         a, b = a // 10, b // 10
     return count

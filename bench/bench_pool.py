@@ -1,0 +1,100 @@
+"""Experience-pool micro-benchmark: sampling time and memory per stored trajectory.
+
+    .venv/bin/python bench/bench_pool.py
+
+Prints the time of `sample_questions(64)` on a pool of 50,000 sampleable questions (K = 8), and the
+bytes per stored trajectory of 1,000 tokens, in memory (tracemalloc, numpy buffers included) and
+in a parquet snapshot (pyarrow defaults: snappy; random token ids and log-probs barely compress).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+import tracemalloc
+
+import numpy as np
+import pyarrow.parquet as pq
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from buffers.experience import ExperiencePool  # noqa: E402
+from exgrpo.types import Group, Trajectory  # noqa: E402
+
+K = 8
+
+
+def make_group(qid: str, k: int, length: int, rng: np.random.Generator, version: int = 0) -> Group:
+    """K rollouts of `length` random tokens (vocabulary 50k), the first k correct."""
+    trajectories = tuple(
+        Trajectory(
+            qid,
+            tuple(rng.integers(0, 50_000, size=length).tolist()),
+            tuple((-rng.exponential(size=length)).tolist()),
+            float(i < k),
+            version,
+        )
+        for i in range(K)
+    )
+    return Group(qid, tuple(range(100)), trajectories, policy_version=version)
+
+
+def bench_sampling(n_questions: int = 50_000, repeats: int = 2000) -> None:
+    rng = np.random.default_rng(0)
+    pool = ExperiencePool(K)
+    t0 = time.perf_counter()
+    for i in range(n_questions):
+        pool.record(make_group(f"q{i}", int(rng.integers(1, K)), 4, rng), collect=True)
+    build = time.perf_counter() - t0
+    print(f"pool: {len(pool)} sampleable questions, buckets {pool.bucket_sizes()}, built in {build:.1f} s")
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        got = pool.sample_questions(64, rng=rng)
+        times.append(time.perf_counter() - t)
+    assert len(set(got)) == 64
+    us = np.array(times) * 1e6
+    print(
+        f"sample_questions(64): median {np.median(us):.0f} us, mean {us.mean():.0f} us, "
+        f"p99 {np.percentile(us, 99):.0f} us over {repeats} calls"
+    )
+
+
+def bench_memory(n_questions: int = 200, length: int = 1000) -> None:
+    rng = np.random.default_rng(1)
+    groups = [make_group(f"q{i}", K - 1, length, rng) for i in range(n_questions)]
+    pool = ExperiencePool(K)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for g in groups:
+        pool.record(g, collect=True)
+    in_memory = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    n = pool.num_trajectories()
+    print(f"memory: {n} stored trajectories of {length} tokens")
+    print(f"  in memory as stored: {in_memory / n:,.0f} bytes per trajectory (question overhead included)")
+    table = pool.to_arrow()
+    print(f"  Arrow table in memory: {table.nbytes / n:,.0f} bytes per trajectory")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "pool.parquet")
+        t0 = time.perf_counter()
+        pq.write_table(table, path)
+        write = time.perf_counter() - t0
+        size = os.path.getsize(path)
+        t0 = time.perf_counter()
+        back = ExperiencePool.from_arrow(pq.read_table(path), k_rollouts=K)
+        read = time.perf_counter() - t0
+    assert back == pool
+    print(f"  parquet snapshot: {size / n:,.0f} bytes per trajectory (file {size / 1e6:.1f} MB)")
+    print(f"  snapshot write {write * 1e3:.0f} ms, read + restore {read * 1e3:.0f} ms")
+    as_tuples = sum(sys.getsizeof(x) for t in groups[0].trajectories[:1] for x in (t.response_ids, t.logprobs))
+    as_tuples += sum(sys.getsizeof(v) for v in groups[0].trajectories[0].response_ids)
+    as_tuples += sum(sys.getsizeof(v) for v in groups[0].trajectories[0].logprobs)
+    print(f"  for comparison, the same trajectory as Python tuples: ~{as_tuples:,} bytes")
+
+
+if __name__ == "__main__":
+    bench_sampling()
+    bench_memory()

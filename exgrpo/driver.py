@@ -1,0 +1,239 @@
+"""The training loop (DESIGN.md 2 and 5), top to bottom.
+
+Per step t:
+  1. admit: requests for step t may be issued once the learner version v >= t - eta, so every
+     group is trained at most eta versions after the weights that sampled it (AReaL-style
+     admission control; nothing stale is dropped, admission is paced instead);
+  2. schedule: after the delayed start, n_replay = min(floor(rho * B), replayable questions) are
+     drawn from replay (K - 1 fresh rollouts each), the rest are fresh questions (K rollouts);
+  3. wait for step t's groups, pull them from the replay service;
+  4. pick each replayed question's stored trajectory (lowest entropy under the current learner
+     weights) and put it in slot 0 of its group;
+  5. update the learner group; version += 1; broadcast the weights to the samplers.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import ray
+
+from buffers.experience import select_trajectory
+from exgrpo import metrics as M
+from exgrpo.algorithm import DelayedStart
+from exgrpo.config import Config
+from exgrpo.stream import PromptStream
+from exgrpo.types import GenerationRequest, Group, Prompt, ReplayCandidate, TrainBatch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepPlan:
+    """The requests admitted for one step."""
+
+    step: int
+    admitted_version: int
+    request_ids: set[int]
+    n_fresh: int
+    n_replay: int
+    done: set[int] = field(default_factory=set)
+    tokens: int = 0
+
+
+class Driver:
+    def __init__(self, *, cfg: Config, samplers: Any, replay: Any, learners: Any, train: Sequence[Prompt],
+                 evaluation: Sequence[Prompt] = (), logger: M.MetricsLogger | None = None, progress: Any = None,
+                 controller: Any = None) -> None:
+        self.cfg = cfg
+        self.samplers, self.replay, self.learners = samplers, replay, learners
+        self.logger, self.progress, self.controller = logger, progress, controller
+        self.K = cfg.trainer.rollouts_per_question
+        self.B = cfg.trainer.questions_per_step
+        self.eta = cfg.async_.max_staleness
+        self.rng = np.random.default_rng(cfg.trainer.seed)
+        self.prompts = {p.qid: p for p in train}
+        self.stream = PromptStream(list(train), seed=cfg.data.seed, retired=replay.retired)
+        self.evaluation = list(evaluation)
+        threshold = cfg.replay.start_solve_ratio if cfg.replay.enabled else math.inf
+        self.delayed_start = DelayedStart(threshold)
+        if self.delayed_start.started:
+            replay.set_collect(on=True)
+        self.version = 0
+        self.next_request_id = 0
+        self.plans: dict[int, StepPlan] = {}
+        self.owner: dict[int, int] = {}  # request id -> step
+        self.eval_history: list[dict[str, float]] = []
+        self.staleness: list[int] = []
+        self._last_step_end = time.perf_counter()
+        self._weight_loads: list[float] = []
+
+    # -- the loop --------------------------------------------------------------------------------------
+    def train(self) -> list[dict[str, Any]]:
+        steps = self.cfg.trainer.steps
+        records: list[dict[str, Any]] = []
+        self.evaluate()
+        next_step = 0
+        for step in range(steps):
+            t0 = time.perf_counter()
+            self.apply_scaling()
+            while next_step < steps and next_step <= self.version + self.eta:
+                self.schedule(next_step)
+                next_step += 1
+            plan = self.wait(step)
+            t_wait = time.perf_counter()
+            groups = self.replay.pull_batch(n_fresh=plan.n_fresh, n_replay=plan.n_replay)
+            groups, t_entropy = self.mix(groups)
+            solve_ratio = _solve_ratio([g for g in groups if g.kind == "fresh"])
+            started_before = self.delayed_start.started
+            self.delayed_start.update(solve_ratio=solve_ratio)
+            clip = not (self.delayed_start.started and self.cfg.loss.remove_clip_after_replay)
+            t1 = time.perf_counter()
+            learner_metrics = self.learners.update(batch=TrainBatch(groups=tuple(groups), version=self.version, clip=clip))
+            t_update = time.perf_counter() - t1
+            staleness = [self.version - g.policy_version for g in groups]
+            self.staleness += staleness
+            self.version += 1
+            t_sync = self.broadcast()
+            if self.delayed_start.started and not started_before:
+                self.replay.set_collect(on=True)
+                log.info("replay started at step %d (fresh solve ratio %.3f)", step, solve_ratio)
+            t_end = time.perf_counter()
+            record = {M.STEP: step, **learner_metrics, **self.rollout_metrics(groups, plan, solve_ratio),
+                      **self.replay_metrics(), M.VERSION: self.version,
+                      M.STALENESS_MEAN: float(np.mean(staleness)), M.STALENESS_MAX: int(max(staleness)),
+                      M.STEP_TIME: t_end - t0, M.WAIT_TIME: t_wait - t0, M.ENTROPY_TIME: t_entropy,
+                      M.UPDATE_TIME: t_update, M.SYNC_TIME: t_sync,
+                      M.IDLE_TIME: (t_end - t0) - (t_wait - t0) - t_entropy - t_update - t_sync,
+                      M.SAMPLERS: self.samplers.size(), M.SAMPLER_RESTARTS: self.samplers.restarts}
+            self._weight_loads += self.samplers.weight_load_times()
+            record[M.WEIGHT_LOAD] = float(np.mean(self._weight_loads[-8:])) if self._weight_loads else 0.0
+            every = self.cfg.trainer.eval_every
+            if (every and (step + 1) % every == 0) or step == steps - 1:
+                record.update(self.evaluate())
+            records.append(record)
+            if self.logger:
+                self.logger.log(record)
+            if self.progress is not None:
+                self.progress(record)
+            del self.plans[step]
+        return records
+
+    def apply_scaling(self) -> None:
+        """Follow the sampler count an operator set through `python -m exgrpo.scale`."""
+        if self.controller is None:
+            return
+        desired = ray.get(self.controller.desired_samplers.remote())
+        if desired != self.samplers.size():
+            log.info("scaling samplers %d -> %d", self.samplers.size(), desired)
+            self.samplers.scale(desired)
+
+    # -- 1-2. admission and scheduling -----------------------------------------------------------------
+    def schedule(self, step: int) -> StepPlan:
+        """Admit step `step`'s B requests at the current learner version."""
+        replay_qids: list[str] = []
+        if self.delayed_start.started and self.cfg.replay.rho > 0:
+            replay_qids = self.replay.sample_questions(int(math.floor(self.cfg.replay.rho * self.B)), rng=self.rng)
+        fresh = self.stream.next(self.B - len(replay_qids))
+        requests = [self._request(p, kind="fresh", n=self.K) for p in fresh]
+        requests += [self._request(self.prompts[q], kind="replay", n=self.K - 1) for q in replay_qids]
+        plan = StepPlan(step=step, admitted_version=self.version, request_ids={r.request_id for r in requests},
+                        n_fresh=len(fresh), n_replay=len(replay_qids))
+        self.plans[step] = plan
+        for r in requests:
+            self.owner[r.request_id] = step
+        self.samplers.submit(requests)
+        return plan
+
+    def _request(self, prompt: Prompt, *, kind: str, n: int) -> GenerationRequest:
+        self.next_request_id += 1
+        return GenerationRequest(request_id=self.next_request_id, prompt=prompt, n=n, kind=kind,
+                                 admitted_version=self.version)
+
+    # -- 3. waiting ------------------------------------------------------------------------------------
+    def wait(self, step: int) -> StepPlan:
+        plan = self.plans[step]
+        while plan.done != plan.request_ids:
+            for result in self.samplers.poll(timeout_s=0.05):
+                # tokens are attributed to the step of the call's first request
+                first = self.plans.get(self.owner.get(result.request_ids[0], step))
+                (first or plan).tokens += result.tokens
+                for rid in result.request_ids:
+                    owner = self.plans.get(self.owner.pop(rid, -1))
+                    if owner is not None:
+                        owner.done.add(rid)
+        return plan
+
+    # -- 4. mixing -------------------------------------------------------------------------------------
+    def mix(self, groups: Sequence[Group]) -> tuple[list[Group], float]:
+        """Fill slot 0 of each replay group with its chosen stored trajectory."""
+        replay = [g for g in groups if g.kind == "replay"]
+        if not replay:
+            return list(groups), 0.0
+        t0 = time.perf_counter()
+        mode = self.cfg.replay.trajectory_selection
+        flat = [ReplayCandidate(qid=g.qid, prompt_ids=g.prompt_ids, trajectory=c) for g in replay for c in g.candidates]
+        ent = self.learners.entropies(candidates=flat) if mode != "random" else [0.0] * len(flat)
+        chosen: dict[int, Group] = {}
+        i = 0
+        for g in replay:
+            scores = ent[i:i + len(g.candidates)]
+            i += len(g.candidates)
+            pick = g.candidates[select_trajectory(scores, mode=mode, rng=self.rng)]
+            slot0 = replace(pick, replayed=True)
+            chosen[g.request_id] = replace(g, trajectories=(slot0, *g.trajectories), candidates=())
+        return [chosen.get(g.request_id, g) for g in groups], time.perf_counter() - t0
+
+    # -- 5. weights ------------------------------------------------------------------------------------
+    def broadcast(self) -> float:
+        t0 = time.perf_counter()
+        if self.cfg.async_.weight_sync == "object_store":
+            ref = self.learners.get_weights_ref()
+            ray.wait([ref])
+            self.samplers.set_weights(ref=ref, version=self.version)
+        else:
+            self.samplers.broadcast_collective(learners=self.learners, version=self.version)
+        return time.perf_counter() - t0
+
+    # -- evaluation and metrics ------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        if not self.evaluation:
+            return {}
+        handles = self.samplers.handles()
+        n = self.cfg.trainer.eval_samples
+        chunks = [self.evaluation[i::len(handles)] for i in range(len(handles))]
+        refs = [h.evaluate.remote(prompts=c, n=n) for h, c in zip(handles, chunks, strict=True) if c]
+        scores = [s for part in ray.get(refs) for s in part]
+        out = {M.EVAL_ACCURACY: float(np.mean([np.mean(s) for s in scores])),
+               M.EVAL_PASS: float(np.mean([max(s) for s in scores])), "eval/version": self.version}
+        self.eval_history.append(out)
+        return out
+
+    def rollout_metrics(self, groups: Sequence[Group], plan: StepPlan, solve_ratio: float) -> dict[str, float]:
+        now = time.perf_counter()
+        dt, self._last_step_end = now - self._last_step_end, now
+        fresh = [t for g in groups for t in g.trajectories if not t.replayed]
+        return {M.MEAN_REWARD: float(np.mean([t.reward for t in fresh])) if fresh else 0.0,
+                M.SOLVE_RATIO: solve_ratio, M.TOKENS: plan.tokens, M.TOKENS_PER_S: plan.tokens / max(dt, 1e-9),
+                M.GROUPS_PER_S: len(groups) / max(dt, 1e-9),
+                M.RESPONSE_LEN: float(np.mean([len(t.response_ids) for t in fresh])) if fresh else 0.0,
+                M.N_FRESH: plan.n_fresh, M.N_REPLAY: plan.n_replay}
+
+    def replay_metrics(self) -> dict[str, float]:
+        st = self.replay.stats()
+        out = {M.REPLAY_STARTED: int(self.delayed_start.started), M.REPLAY_SIZE: st.active, M.RETIRED: st.retired,
+               M.TRAJECTORIES: st.trajectories}
+        for k in range(1, self.K):
+            out[M.REPLAY_BUCKET.format(k=k)] = st.bucket_sizes.get(k, 0)
+        return out
+
+
+def _solve_ratio(groups: Sequence[Group]) -> float:
+    rewards = [t.reward for g in groups for t in g.trajectories if not t.replayed]
+    return float(np.mean(rewards)) if rewards else 0.0

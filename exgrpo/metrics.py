@@ -1,0 +1,99 @@
+"""Metric names (a documented contract, see docs/metrics.md), the JSONL log and Ray metrics.
+
+Keys are namespaced `rollout/`, `replay/`, `learner/`, `system/`, `eval/`. Every step's record is
+one JSON line in `<run_dir>/metrics.jsonl`; the same figures are exported through
+`ray.util.metrics` as gauges named `exgrpo_<namespace>_<name>` (e.g. `exgrpo_rollout_mean_reward`)
+so they show in the Ray dashboard's Metrics view / Prometheus.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+STEP = "step"
+# rollout/
+MEAN_REWARD = "rollout/mean_reward"  # mean reward of this step's fresh rollouts
+SOLVE_RATIO = "rollout/solve_ratio"  # fraction of correct responses in this step's fresh groups
+TOKENS = "rollout/tokens"  # tokens generated for this step's batch
+TOKENS_PER_S = "rollout/tokens_per_s"  # generated tokens per wall second since the last step
+GROUPS_PER_S = "rollout/groups_per_s"  # finished groups per wall second since the last step
+RESPONSE_LEN = "rollout/response_len"  # mean response length (tokens) in the batch
+# replay/
+REPLAY_STARTED = "replay/started"  # 1 once the delayed start has switched replay on
+REPLAY_SIZE = "replay/size"  # questions that can be replayed (bucket 1..K-1 with a stored trajectory)
+REPLAY_BUCKET = "replay/bucket_{k}"  # questions in bucket k
+RETIRED = "replay/retired"  # questions solved K/K, retired for good
+TRAJECTORIES = "replay/trajectories"  # stored correct trajectories
+N_REPLAY = "replay/n_replay"  # replayed groups in this step's batch
+N_FRESH = "replay/n_fresh"  # fresh groups in this step's batch
+# system/
+VERSION = "system/policy_version"  # learner version after this step
+STALENESS_MEAN = "system/staleness_mean"  # mean (training version - sampling version) over the batch
+STALENESS_MAX = "system/staleness_max"  # max of the same; never above async.max_staleness
+STEP_TIME = "system/step_time_s"  # wall time of the step
+WAIT_TIME = "system/wait_s"  # waiting for the step's generations
+ENTROPY_TIME = "system/entropy_s"  # scoring replay candidates on the learner
+UPDATE_TIME = "system/update_s"  # learner update
+SYNC_TIME = "system/sync_s"  # weight export + broadcast issue on the driver side
+IDLE_TIME = "system/idle_s"  # everything else (scheduling, pulling, logging)
+WEIGHT_LOAD = "system/weight_load_s"  # mean time a sampler took to apply new weights
+SAMPLERS = "system/samplers"  # live sampler actors
+SAMPLER_RESTARTS = "system/sampler_restarts"  # samplers replaced after a failure
+# eval/
+EVAL_ACCURACY = "eval/accuracy"  # held-out Avg@n (mean reward over samples and questions)
+EVAL_PASS = "eval/pass_at_n"  # held-out Pass@n
+
+_NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def prometheus_name(key: str) -> str:
+    return "exgrpo_" + _NAME_RE.sub("_", key)
+
+
+class MetricsLogger:
+    """Writes one JSON line per record and mirrors numeric values to Ray gauges."""
+
+    def __init__(self, run_dir: Path, *, ray_metrics: bool = True) -> None:
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", buffering=1)
+        self._ray = ray_metrics
+        self._gauges: dict[str, Any] = {}
+        self.history: list[dict[str, Any]] = []
+
+    def log(self, record: dict[str, Any]) -> None:
+        clean = {k: _jsonable(v) for k, v in record.items()}
+        self._file.write(json.dumps(clean) + "\n")
+        self.history.append(clean)
+        if self._ray:
+            self._export(clean)
+
+    def _export(self, record: dict[str, Any]) -> None:
+        from ray.util.metrics import Gauge
+
+        for key, value in record.items():
+            if key == STEP or not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+                continue
+            gauge = self._gauges.get(key)
+            if gauge is None:
+                gauge = self._gauges[key] = Gauge(prometheus_name(key), description=key)
+            gauge.set(float(value))
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if hasattr(v, "item"):
+        return v.item()
+    return v
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

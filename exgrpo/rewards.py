@@ -1,0 +1,433 @@
+"""Rewards: final-answer extraction and math verification with a hard wall-clock timeout.
+
+reward(response, gold) = 1.0 if the final answer extracted from the response is mathematically
+equivalent to the gold answer, else 0.0. Equivalence is math-verify's: both sides are parsed from
+LaTeX into sympy (latex2sympy) and compared numerically (floats to 6 decimals), symbolically
+(simplify(a - b) == 0), as sets, intervals or relations. The gold goes first (verify is not
+symmetric: `x = 3` as an answer to the gold `3` is accepted, and so on).
+
+Extraction (`extract_answer`) is one linear scan with a brace stack (no recursive regex): the
+answer is the content of the last `\\boxed{...}` to close (`\\{` and `\\}` are literal braces)
+or the token after a brace-less `\\boxed 5`. In "think" mode a `<think>` must precede the first
+`</think>` and only the text after that `</think>` is searched.
+
+Verification runs in worker processes (multiprocessing forkserver with math-verify pre-imported),
+so the deadline holds in any thread, unlike math-verify's SIGALRM timeouts (main thread only):
+the parent waits on the pipe with a timeout and SIGKILLs a worker that overruns. That item scores
+0 and a fresh worker is forked on the next dispatch. Workers die with their parent
+(PR_SET_PDEATHSIG on Linux), are joined when killed, and are closed at interpreter exit.
+
+Safety: the parent never parses model text. It sends a worker a JSON array of two strings and
+reads back one byte; no pickle of model-derived data in either direction. In the worker,
+math-verify parses LaTeX with its ANTLR grammar; its plain-expression fallback only sees strings
+of digits and operators matched by its own regex. Nothing reaches eval or exec.
+
+Fast paths, which never turn a wrong answer right: identical strings score 1, two plain integers
+are compared digit by digit without a worker, and answers longer than `max_answer_chars` score 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import multiprocessing
+import os
+import re
+import signal
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from multiprocessing.connection import Connection, wait
+from typing import Literal
+
+logger = logging.getLogger(__name__)
+
+Mode = Literal["boxed", "think"]
+
+_TOKEN = re.compile(r"\\boxed(?![A-Za-z])|\\.|[{}]", re.DOTALL)  # box command, escape, brace
+_SPACES = re.compile(r"\s*")
+_BARE_ARG = re.compile(r"[ \t]+([^\s${}]+)")  # `\boxed 5`
+_INTEGER = re.compile(r"([+-]?)0*(\d+)")
+_READY = b"ready"
+_STARTUP_TIMEOUT_S = 120.0  # first start also launches the fork server and imports sympy
+
+
+# ----------------------------------------------------------------------------------- extraction
+
+
+def extract_answer(response: str, *, mode: Mode = "boxed") -> str | None:
+    """The final answer of `response` (stripped), or None when there is none.
+
+    "boxed": the content of the last `\\boxed{...}` to close (nested braces matched; an unclosed
+    box at the end is ignored, so an earlier complete one wins) or of `\\boxed 5`.
+    "think": the same, searched only after the first `</think>`, which a `<think>` must precede.
+    Linear time in len(response).
+    """
+    if mode == "think":
+        close = response.find("</think>")
+        if close < 0 or response.find("<think>", 0, close) < 0:
+            return None
+        response = response[close + len("</think>") :]
+    elif mode != "boxed":
+        raise ValueError(f"mode must be 'boxed' or 'think', got {mode!r}")
+    return _last_boxed(response)
+
+
+def _last_boxed(text: str) -> str | None:
+    span: tuple[int, int] | None = None  # (start, end) of the last box content closed so far
+    opens: list[int] = []  # per open brace: start of the box content it opens, or -1
+    box_brace = -1  # position of the `{` that follows the latest `\boxed`
+    for m in _TOKEN.finditer(text):
+        token = m.group()
+        if token == "{":
+            opens.append(m.end() if m.start() == box_brace else -1)
+        elif token == "}":
+            if opens and (start := opens.pop()) >= 0:
+                span = (start, m.start())
+        elif token == "\\boxed":
+            after = _SPACES.match(text, m.end()).end()
+            if after < len(text) and text[after] == "{":
+                box_brace = after
+            elif bare := _BARE_ARG.match(text, m.end()):
+                span = bare.span(1)
+    if span is None:
+        return None
+    return text[span[0] : span[1]].strip() or None
+
+
+def _clean_gold(gold: str) -> str:
+    """Strip whitespace and enclosing `$...$`; a gold written as `\\boxed{...}` is unboxed."""
+    gold = gold.strip()
+    while len(gold) >= 2 and gold[0] == "$" and gold[-1] == "$":
+        gold = gold[1:-1].strip()
+    if "\\boxed" in gold:
+        gold = _last_boxed(gold) or gold
+    return gold
+
+
+def _fast_verdict(answer: str, gold: str) -> bool | None:
+    """True/False when decidable without parsing (identical strings, two integers), else None."""
+    if answer == gold:
+        return True
+    a, g = _INTEGER.fullmatch(answer), _INTEGER.fullmatch(gold)
+    if a is None or g is None:
+        return None
+    a_sign = a.group(1) == "-" and a.group(2) != "0"
+    g_sign = g.group(1) == "-" and g.group(2) != "0"
+    return a_sign == g_sign and a.group(2) == g.group(2)
+
+
+# --------------------------------------------------------------------------------------- worker
+
+
+def _worker_main(conn: Connection, max_memory_mb: int | None) -> None:
+    """Worker loop: receive JSON [answer, gold], reply b"1" if math-verify finds them equal."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    _die_with_parent()
+    if max_memory_mb:
+        import resource
+
+        limit = max_memory_mb * 2**20
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    # math-verify warns that its own timeouts are off; the parent owns the deadline.
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    configs = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+
+    @lru_cache(maxsize=1024)  # the K rollouts of a question share one gold
+    def parse_boxed(text: str) -> list:
+        return parse(f"\\boxed{{{text}}}", extraction_config=configs, parsing_timeout=None)
+
+    def equivalent(message: bytes) -> bool:
+        answer, gold = json.loads(message)
+        gold_parsed = parse_boxed(gold)
+        answer_parsed = parse(f"\\boxed{{{answer}}}", extraction_config=configs, parsing_timeout=None)
+        return bool(
+            gold_parsed and answer_parsed and verify(gold_parsed, answer_parsed, timeout_seconds=None)
+        )
+
+    equivalent(b'["1", "1"]')  # warm-up (regex compilation) before the first deadline starts
+    conn.send_bytes(_READY)
+    while True:
+        try:
+            message = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        try:
+            ok = equivalent(message)
+        except Exception:  # unparsable or pathological text: not equivalent
+            ok = False
+        conn.send_bytes(b"1" if ok else b"0")
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent exits (Linux; no-op elsewhere)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+
+
+class _Worker:
+    """One verification process and the parent's end of its pipe; ready when constructed."""
+
+    def __init__(self, ctx: multiprocessing.context.BaseContext, *, max_memory_mb: int | None) -> None:
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(
+            target=_worker_main, args=(child, max_memory_mb), name="exgrpo-verify", daemon=True
+        )
+        self.process.start()
+        child.close()
+        if not self.conn.poll(_STARTUP_TIMEOUT_S) or self.recv() != _READY:
+            self.kill()
+            raise RuntimeError(
+                f"the math-verify worker did not start within {_STARTUP_TIMEOUT_S:.0f} s; "
+                "check that math-verify imports in this environment"
+            )
+
+    def recv(self) -> bytes | None:
+        """The worker's reply, or None if it died."""
+        try:
+            return self.conn.recv_bytes()
+        except (EOFError, OSError):
+            return None
+
+    def kill(self) -> None:
+        """SIGKILL the process and reap it (no zombie)."""
+        with contextlib.suppress(OSError):
+            self.conn.close()
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(timeout=10)
+
+
+def _kill_all(workers: list[_Worker]) -> None:
+    for worker in workers:
+        worker.kill()
+    workers.clear()
+
+
+class _Pool:
+    """Up to `size` workers, forked lazily; one caller at a time (calls from threads serialise)."""
+
+    def __init__(self, *, size: int, max_memory_mb: int | None) -> None:
+        self._size = size
+        self._max_memory_mb = max_memory_mb
+        self._ctx = multiprocessing.get_context("forkserver")
+        # Only effective if this process has not started the fork server yet (else: slower forks).
+        self._ctx.set_forkserver_preload(["math_verify", "exgrpo.rewards"])
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._closed = False
+        self.timeouts = 0
+        self._finalizer = weakref.finalize(self, _kill_all, self._workers)  # also runs at exit
+
+    def run(self, jobs: Sequence[tuple[str, str]], *, timeout_s: float) -> list[bool]:
+        """Verdict per (answer, gold); a job with no reply timeout_s after dispatch is False."""
+        verdicts = [False] * len(jobs)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this Verifier is closed")
+            if os.getpid() != self._pid:  # forked: the workers belong to the parent process
+                self._workers.clear()
+                self._pid = os.getpid()
+            pending = list(reversed(range(len(jobs))))  # pop() yields jobs in order
+            free = [w for w in self._workers if w.process.is_alive()]
+            for dead in set(self._workers) - set(free):
+                self._discard(dead)
+            busy: dict[Connection, tuple[_Worker, int, float]] = {}
+            try:
+                while pending or busy:
+                    while pending and (free or len(busy) < self._size):
+                        worker = free.pop() if free else self._spawn()
+                        index = pending.pop()
+                        try:
+                            worker.conn.send_bytes(json.dumps(jobs[index]).encode())
+                        except OSError:  # died while idle: this job scores 0
+                            self._discard(worker)
+                            continue
+                        busy[worker.conn] = (worker, index, time.monotonic() + timeout_s)
+                    first_deadline = min(deadline for _, _, deadline in busy.values())
+                    for conn in wait(list(busy), timeout=max(0.0, first_deadline - time.monotonic())):
+                        worker, index, _ = busy.pop(conn)  # type: ignore[index]
+                        reply = worker.recv()
+                        if reply is None:  # crashed on this job: it scores 0
+                            self._discard(worker)
+                        else:
+                            verdicts[index] = reply == b"1"
+                            free.append(worker)
+                    now = time.monotonic()
+                    for conn, (worker, index, deadline) in list(busy.items()):
+                        if deadline <= now and not conn.poll(0):
+                            del busy[conn]
+                            self._discard(worker)
+                            self.timeouts += 1
+                            logger.debug("verification of job %d timed out after %.1f s", index, timeout_s)
+            finally:  # on an exception, workers in the middle of a job cannot be reused
+                for worker, _, _ in busy.values():
+                    self._discard(worker)
+        return verdicts
+
+    def close(self) -> None:
+        self._closed = True
+        self._finalizer()
+
+    def _spawn(self) -> _Worker:
+        worker = _Worker(self._ctx, max_memory_mb=self._max_memory_mb)
+        self._workers.append(worker)
+        return worker
+
+    def _discard(self, worker: _Worker) -> None:
+        worker.kill()
+        self._workers.remove(worker)
+
+
+# ------------------------------------------------------------------------------------- scoring
+
+
+@dataclass(frozen=True)
+class VerifierStats:
+    """Counters since the Verifier was made (for `rollout/` metrics)."""
+
+    scored: int  # responses scored
+    fast: int  # decided without a worker: no answer, identical, two integers, or too long
+    timeouts: int  # worker verifications killed at the deadline (each scored 0)
+
+
+class Verifier:
+    """Scores responses against gold answers; owns a pool of verification workers.
+
+    timeout_s is a hard wall-clock limit per answer, counted from its dispatch to a worker.
+    Answers longer than max_answer_chars score 0 unparsed (None: no limit). max_memory_mb caps
+    each worker's address space (None: no cap). Calls from several threads are serialised.
+    """
+
+    def __init__(
+        self,
+        *,
+        mode: Mode = "boxed",
+        timeout_s: float = 5.0,
+        workers: int = 1,
+        max_answer_chars: int | None = 1000,
+        fast_path: bool = True,
+        max_memory_mb: int | None = 4096,
+    ) -> None:
+        if mode not in ("boxed", "think"):
+            raise ValueError(f"mode must be 'boxed' or 'think', got {mode!r}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        if max_answer_chars is not None and max_answer_chars < 1:
+            raise ValueError(f"max_answer_chars must be >= 1 or None, got {max_answer_chars}")
+        self.mode = mode
+        self.timeout_s = timeout_s
+        self.max_answer_chars = max_answer_chars
+        self.fast_path = fast_path
+        self._pool = _Pool(size=workers, max_memory_mb=max_memory_mb)
+        self._count_lock = threading.Lock()
+        self._scored = 0
+        self._fast = 0
+
+    def score(self, response: str, gold: str) -> float:
+        """1.0 if the final answer of `response` is equivalent to `gold`, else 0.0; never raises
+        because of the response."""
+        return self.score_many([response], [gold])[0]
+
+    def score_many(self, responses: Sequence[str], golds: Sequence[str]) -> list[float]:
+        """score() for each pair, fanned out over the workers, one deadline per item."""
+        rewards, num_jobs = _score_many(
+            self._pool,
+            responses,
+            golds,
+            mode=self.mode,
+            timeout_s=self.timeout_s,
+            max_answer_chars=self.max_answer_chars,
+            fast_path=self.fast_path,
+        )
+        with self._count_lock:
+            self._scored += len(rewards)
+            self._fast += len(rewards) - num_jobs
+        return rewards
+
+    def stats(self) -> VerifierStats:
+        return VerifierStats(scored=self._scored, fast=self._fast, timeouts=self._pool.timeouts)
+
+    def close(self) -> None:
+        """Kill and reap the workers; the Verifier cannot be used afterwards."""
+        self._pool.close()
+
+    def __enter__(self) -> Verifier:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _score_many(
+    pool: _Pool,
+    responses: Sequence[str],
+    golds: Sequence[str],
+    *,
+    mode: Mode,
+    timeout_s: float,
+    max_answer_chars: int | None,
+    fast_path: bool,
+) -> tuple[list[float], int]:
+    """Rewards, and how many of them needed a worker."""
+    if len(responses) != len(golds):
+        raise ValueError(f"{len(responses)} responses but {len(golds)} golds; they must pair up")
+    rewards = [0.0] * len(responses)
+    jobs: list[tuple[str, str]] = []
+    job_items: list[int] = []
+    for i, (response, gold) in enumerate(zip(responses, golds, strict=True)):
+        answer = extract_answer(response, mode=mode) if isinstance(response, str) else None
+        if answer is None:
+            continue
+        gold = _clean_gold(gold)
+        verdict = _fast_verdict(answer, gold) if fast_path else None
+        if verdict is None and max_answer_chars is not None and len(answer) > max_answer_chars:
+            verdict = False
+        if verdict is None:
+            jobs.append((answer, gold))
+            job_items.append(i)
+        else:
+            rewards[i] = float(verdict)
+    for i, ok in zip(job_items, pool.run(jobs, timeout_s=timeout_s), strict=True):
+        rewards[i] = float(ok)
+    return rewards, len(jobs)
+
+
+_shared_pool: _Pool | None = None
+_shared_lock = threading.Lock()
+
+
+def _shared() -> _Pool:
+    global _shared_pool
+    with _shared_lock:
+        if _shared_pool is None:
+            _shared_pool = _Pool(size=max(1, min(4, os.cpu_count() or 1)), max_memory_mb=4096)
+        return _shared_pool
+
+
+def score(response: str, gold: str, *, mode: Mode = "boxed", timeout_s: float = 5.0) -> float:
+    """Verifier.score on a lazily created module-wide pool (min(4, cpu_count) workers)."""
+    return score_many([response], [gold], mode=mode, timeout_s=timeout_s)[0]
+
+
+def score_many(
+    responses: Sequence[str], golds: Sequence[str], *, mode: Mode = "boxed", timeout_s: float = 5.0
+) -> list[float]:
+    """Verifier.score_many on a lazily created module-wide pool (min(4, cpu_count) workers)."""
+    if mode not in ("boxed", "think") or not timeout_s > 0:
+        raise ValueError(f"need mode 'boxed' or 'think' and timeout_s > 0, got {mode!r}, {timeout_s}")
+    rewards, _ = _score_many(
+        _shared(), responses, golds, mode=mode, timeout_s=timeout_s, max_answer_chars=1000, fast_path=True
+    )
+    return rewards

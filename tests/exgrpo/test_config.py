@@ -1,0 +1,99 @@
+"""Config loading: defaults, YAML + overrides, and every invalid case gives its message."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exgrpo.config import PACKAGED_CONFIGS, Config, ConfigError, from_dict, load_config, parse_override
+
+
+def test_default_loads_and_round_trips():
+    cfg = load_config()
+    assert isinstance(cfg, Config)
+    assert cfg.replay.rho == 0.5 and cfg.trainer.rollouts_per_question == 8
+    again = from_dict(cfg.to_dict())
+    assert again == cfg
+
+
+def test_every_packaged_config_validates():
+    names = sorted(PACKAGED_CONFIGS.glob("*.yaml"))
+    assert names, "no packaged configs"
+    for path in names:
+        load_config(path)
+
+
+def test_yaml_file_and_overrides(tmp_path: Path):
+    f = tmp_path / "c.yaml"
+    f.write_text("replay:\n  rho: 0.25\ntrainer:\n  steps: 3\n")
+    cfg = load_config(f, ["trainer.steps=7", "async.max_staleness=0", "learners.betas=[0.8, 0.9]"])
+    assert cfg.replay.rho == 0.25
+    assert cfg.trainer.steps == 7
+    assert cfg.async_.max_staleness == 0
+    assert cfg.learners.betas == (0.8, 0.9)
+
+
+def test_override_parsing():
+    assert parse_override("replay.rho=0.25") == {"replay": {"rho": 0.25}}
+    assert parse_override("model.path=/a=b") == {"model": {"path": "/a=b"}}
+    with pytest.raises(ConfigError, match="section.key=value"):
+        parse_override("replay.rho")
+    with pytest.raises(ConfigError, match="must be section.key"):
+        parse_override("rho=0.1")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["replay.rho=1.5"], r"replay.rho=1.5 must lie in \[0, 1\]"),
+        (["replay.rho=-0.1"], r"replay.rho=-0.1 must lie in \[0, 1\]"),
+        (["trainer.rollouts_per_question=1"], "K must be >= 2"),
+        (["learners.num=3", "trainer.questions_per_step=8"], "not divisible across learners.num=3"),
+        (["learners.minibatches=3"], "mini-batches"),
+        (["replay.rhoo=0.3"], "did you mean 'rho'"),
+        (["replays.rho=0.3"], "did you mean 'replay'"),
+        (["samplers.engine=tgi"], r"samplers.engine='tgi' is not allowed; choose one of \['hf', 'vllm'\]"),
+        (["trainer.steps=abc"], "trainer.steps must be an integer"),
+        (["trainer.steps=0"], "trainer.steps must be >= 1"),
+        (["loss.beta=0"], "loss.beta=0.0 must be > 0"),
+        (["loss.clip_eps=1.5"], r"loss.clip_eps=1.5 must lie in \(0, 1\)"),
+        (["learners.zero_stage=3"], "zero_stage=3 needs GPUs"),
+        (["learners.zero_stage=5"], "must be 0, 1, 2 or 3"),
+        (["async.max_staleness=-1"], "async.max_staleness must be >= 0"),
+        (["replay.mu=9"], "replay.mu=9.0 must lie strictly between 0 and K=8"),
+        (["samplers.num=0"], "samplers.num must be >= 1"),
+        (["replay.enabled=maybe"], "replay.enabled must be true or false"),
+    ],
+)
+def test_invalid_configs_name_field_and_fix(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_several_errors_are_reported_together():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["replay.rho=2", "trainer.rollouts_per_question=1"])
+    assert "replay.rho" in str(err.value) and "K must be >= 2" in str(err.value)
+
+
+def test_missing_config_file_lists_packaged():
+    with pytest.raises(ConfigError, match="packaged configs: .*default"):
+        load_config("no-such-config.yaml")
+
+
+def test_print_config_cli():
+    out = subprocess.run([sys.executable, "-m", "exgrpo.run", "--print-config", "replay.rho=0.25"],
+                         capture_output=True, text=True, check=True)
+    assert "rho: 0.25" in out.stdout and "async:" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "exgrpo.run", "--print-config", "replay.rho=3"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "replay.rho=3.0 must lie in [0, 1]" in bad.stderr
+
+
+def test_dry_run_prints_plan():
+    out = subprocess.run([sys.executable, "-m", "exgrpo.run", "--dry-run", "samplers.num=3"],
+                         capture_output=True, text=True, check=True)
+    assert "exgrpo-sampler-2" in out.stdout and "exgrpo-learner-0" in out.stdout
