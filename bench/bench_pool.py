@@ -89,7 +89,9 @@ def bench_memory(n_questions: int = 200, length: int = 1000) -> None:
     assert back == pool
     print(f"  parquet snapshot: {size / n:,.0f} bytes per trajectory (file {size / 1e6:.1f} MB)")
     print(f"  snapshot write {write * 1e3:.0f} ms, read + restore {read * 1e3:.0f} ms")
-    as_tuples = sum(sys.getsizeof(x) for t in groups[0].trajectories[:1] for x in (t.response_ids, t.logprobs))
+    as_tuples = sum(
+        sys.getsizeof(x) for t in groups[0].trajectories[:1] for x in (t.response_ids, t.logprobs)
+    )
     as_tuples += sum(sys.getsizeof(v) for v in groups[0].trajectories[0].response_ids)
     as_tuples += sum(sys.getsizeof(v) for v in groups[0].trajectories[0].logprobs)
     print(f"  for comparison, the same trajectory as Python tuples: ~{as_tuples:,} bytes")

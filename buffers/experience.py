@@ -155,10 +155,8 @@ class _Stored:
     def fields(self) -> dict[str, object]:
         return {f: getattr(self, f) for f in self.__slots__}
 
-    def same(self, other: _Stored) -> bool:
-        mine, theirs = self.fields(), other.fields()
-        return all(np.array_equal(v, theirs[f]) if isinstance(v, np.ndarray) else v == theirs[f]
-                   for f, v in mine.items())  # fmt: skip
+    def key(self) -> tuple:
+        return tuple(v.tobytes() if isinstance(v, np.ndarray) else v for v in self.fields().values())
 
     def to_trajectory(self, qid: str) -> Trajectory:
         ids, lps = tuple(self.response_ids.tolist()), tuple(self.logprobs.tolist())
@@ -353,22 +351,18 @@ class ExperiencePool:
         return self._num_trajectories
 
     def __eq__(self, other: object) -> bool:
+        """Same settings, retired set, and per question: bucket, prompt, trajectories in order."""
         if not isinstance(other, ExperiencePool):
             return NotImplemented
-        settings = ("k_rollouts", "max_trajectories_per_question", "mu", "sigma", "uniform")
-        if any(getattr(self, a) != getattr(other, a) for a in settings):
-            return False
-        if self._retired != other._retired or self._questions.keys() != other._questions.keys():
-            return False
-        for qid, q in self._questions.items():
-            o = other._questions[qid]
-            if (q.bucket, q.indexed, len(q.stored)) != (o.bucket, o.indexed, len(o.stored)):
-                return False
-            if not np.array_equal(q.prompt_ids, o.prompt_ids):
-                return False
-            if not all(a.same(b) for a, b in zip(q.stored, o.stored, strict=True)):
-                return False
-        return True
+        return self._state() == other._state()
+
+    def _state(self) -> tuple:
+        settings = (self.k_rollouts, self.max_trajectories_per_question, self.mu, self.sigma, self.uniform)
+        questions = {
+            qid: (q.bucket, q.indexed, q.prompt_ids.tobytes(), [s.key() for s in q.stored])
+            for qid, q in self._questions.items()
+        }
+        return settings, self._retired, questions
 
     __hash__ = None  # type: ignore[assignment]  # mutable
 

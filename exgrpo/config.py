@@ -27,7 +27,7 @@ class ConfigError(ValueError):
 class ModelConfig:
     path: str = "builtin:tiny"  # HF model directory, or builtin:<name> (made locally and cached)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # parameter dtype on learners and engines
-    max_prompt_len: int = 64  # prompt tokens; longer prompts are rejected by the data reader
+    max_prompt_len: int = 64  # prompt token budget (engine context = prompt + response); longer prompts fail loudly
     max_response_len: int = 32  # generated tokens per rollout (also the Dr.GRPO loss normaliser)
     template: Literal["plain", "chat", "think", "llama-base"] = "plain"  # prompt template
     cache_dir: str = "~/.cache/exgrpo"  # where builtin models are built and reused

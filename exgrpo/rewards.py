@@ -29,20 +29,20 @@ are compared digit by digit without a worker, and answers longer than `max_answe
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
-import multiprocessing
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Literal
 
 logger = logging.getLogger(__name__)
@@ -125,85 +125,99 @@ def _fast_verdict(answer: str, gold: str) -> bool | None:
 # --------------------------------------------------------------------------------------- worker
 
 
-def _worker_main(conn: Connection, max_memory_mb: int | None) -> None:
-    """Worker loop: receive JSON [answer, gold], reply b"1" if math-verify finds them equal."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
-    _die_with_parent()
-    if max_memory_mb:
-        import resource
+def _worker_main() -> None:
+    """Worker loop (run as `python -c`): read JSON [answer, gold, timeout_s] lines on stdin,
+    write b"1" or b"0" lines: whether math-verify finds answer and gold equivalent."""
+    import resource
 
-        limit = max_memory_mb * 2**20
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints from libraries go to stderr, not into the reply pipe
+    memory_mb = int(os.environ.get("EXGRPO_VERIFY_MAX_MEMORY_MB", "0"))
+    if memory_mb > 0:
         with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    # math-verify warns that its own timeouts are off; the parent owns the deadline.
+            resource.setrlimit(resource.RLIMIT_AS, (memory_mb * 2**20, memory_mb * 2**20))
+    # math-verify warns that its own (SIGALRM) timeouts are off; the parent owns the deadline.
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
     configs = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
 
     @lru_cache(maxsize=1024)  # the K rollouts of a question share one gold
-    def parse_boxed(text: str) -> list:
-        return parse(f"\\boxed{{{text}}}", extraction_config=configs, parsing_timeout=None)
+    def parse_gold(gold: str) -> list:
+        return parse(f"\\boxed{{{gold}}}", extraction_config=configs, parsing_timeout=None)
 
-    def equivalent(message: bytes) -> bool:
-        answer, gold = json.loads(message)
-        gold_parsed = parse_boxed(gold)
+    def equivalent(answer: str, gold: str) -> bool:
         answer_parsed = parse(f"\\boxed{{{answer}}}", extraction_config=configs, parsing_timeout=None)
+        gold_parsed = parse_gold(gold)
         return bool(
             gold_parsed and answer_parsed and verify(gold_parsed, answer_parsed, timeout_seconds=None)
         )
 
-    equivalent(b'["1", "1"]')  # warm-up (regex compilation) before the first deadline starts
-    conn.send_bytes(_READY)
-    while True:
+    equivalent("1", "1")  # warm-up (regex compilation) before the first deadline starts
+    replies.write(_READY + b"\n")
+    replies.flush()
+    _, cpu_hard = resource.getrlimit(resource.RLIMIT_CPU)
+    for line in sys.stdin.buffer:  # ends when the parent closes the pipe or exits
         try:
-            message = conn.recv_bytes()
-        except (EOFError, OSError):
-            return
-        try:
-            ok = equivalent(message)
+            answer, gold, timeout_s = json.loads(line)
+            # Backstop if the parent dies mid-job: the kernel kills a job past its CPU budget.
+            used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+            soft = int(used + timeout_s) + 2
+            if cpu_hard == resource.RLIM_INFINITY or soft < cpu_hard:
+                resource.setrlimit(resource.RLIMIT_CPU, (soft, cpu_hard))
+            ok = equivalent(answer, gold)
         except Exception:  # unparsable or pathological text: not equivalent
             ok = False
-        conn.send_bytes(b"1" if ok else b"0")
-
-
-def _die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when its parent exits (Linux; no-op elsewhere)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+        replies.write(b"1\n" if ok else b"0\n")
+        replies.flush()
 
 
 class _Worker:
-    """One verification process and the parent's end of its pipe; ready when constructed."""
+    """One verification process (started at construction; `ready` once math-verify is loaded)."""
 
-    def __init__(self, ctx: multiprocessing.context.BaseContext, *, max_memory_mb: int | None) -> None:
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(
-            target=_worker_main, args=(child, max_memory_mb), name="exgrpo-verify", daemon=True
+    def __init__(self, *, max_memory_mb: int | None) -> None:
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, EXGRPO_VERIFY_MAX_MEMORY_MB=str(max_memory_mb or 0))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", "from exgrpo.rewards import _worker_main; _worker_main()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
         )
-        self.process.start()
-        child.close()
-        if not self.conn.poll(_STARTUP_TIMEOUT_S) or self.recv() != _READY:
-            self.kill()
-            raise RuntimeError(
-                f"the math-verify worker did not start within {_STARTUP_TIMEOUT_S:.0f} s; "
-                "check that math-verify imports in this environment"
-            )
+        self.ready = False
+        self.started = time.monotonic()
+
+    def fileno(self) -> int:  # lets multiprocessing.connection.wait select on the reply pipe
+        return self.process.stdout.fileno()  # type: ignore[union-attr]
+
+    def send(self, answer: str, gold: str, timeout_s: float) -> bool:
+        """Hand the worker a job; False if it is dead."""
+        try:
+            self.process.stdin.write(json.dumps([answer, gold, timeout_s]).encode() + b"\n")  # type: ignore[union-attr]
+            self.process.stdin.flush()  # type: ignore[union-attr]
+        except (OSError, ValueError):
+            return False
+        return True
 
     def recv(self) -> bytes | None:
-        """The worker's reply, or None if it died."""
+        """The worker's next reply line (without newline), or None if it died."""
         try:
-            return self.conn.recv_bytes()
-        except (EOFError, OSError):
+            line = self.process.stdout.readline()  # type: ignore[union-attr]
+        except (OSError, ValueError):
             return None
+        return line.rstrip(b"\n") if line.endswith(b"\n") else None
 
     def kill(self) -> None:
         """SIGKILL the process and reap it (no zombie)."""
         with contextlib.suppress(OSError):
-            self.conn.close()
-        if self.process.is_alive():
             self.process.kill()
-        self.process.join(timeout=10)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+        for pipe in (self.process.stdin, self.process.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()  # type: ignore[union-attr]
 
 
 def _kill_all(workers: list[_Worker]) -> None:
@@ -213,14 +227,14 @@ def _kill_all(workers: list[_Worker]) -> None:
 
 
 class _Pool:
-    """Up to `size` workers, forked lazily; one caller at a time (calls from threads serialise)."""
+    """`size` worker processes, started on first use and replaced as soon as one is killed.
+
+    One caller at a time: calls from several threads are serialised.
+    """
 
     def __init__(self, *, size: int, max_memory_mb: int | None) -> None:
         self._size = size
         self._max_memory_mb = max_memory_mb
-        self._ctx = multiprocessing.get_context("forkserver")
-        # Only effective if this process has not started the fork server yet (else: slower forks).
-        self._ctx.set_forkserver_preload(["math_verify", "exgrpo.rewards"])
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -231,61 +245,83 @@ class _Pool:
     def run(self, jobs: Sequence[tuple[str, str]], *, timeout_s: float) -> list[bool]:
         """Verdict per (answer, gold); a job with no reply timeout_s after dispatch is False."""
         verdicts = [False] * len(jobs)
+        if not jobs:
+            return verdicts
         with self._lock:
             if self._closed:
                 raise RuntimeError("this Verifier is closed")
             if os.getpid() != self._pid:  # forked: the workers belong to the parent process
                 self._workers.clear()
                 self._pid = os.getpid()
+            for dead in [w for w in self._workers if w.process.poll() is not None]:
+                self._replace(dead)
+            while len(self._workers) < self._size:
+                self._workers.append(_Worker(max_memory_mb=self._max_memory_mb))
             pending = list(reversed(range(len(jobs))))  # pop() yields jobs in order
-            free = [w for w in self._workers if w.process.is_alive()]
-            for dead in set(self._workers) - set(free):
-                self._discard(dead)
-            busy: dict[Connection, tuple[_Worker, int, float]] = {}
+            busy: dict[_Worker, tuple[int, float]] = {}  # worker -> (job, deadline)
             try:
                 while pending or busy:
-                    while pending and (free or len(busy) < self._size):
-                        worker = free.pop() if free else self._spawn()
+                    for worker in [w for w in self._workers if w.ready and w not in busy]:
+                        if not pending:
+                            break
                         index = pending.pop()
-                        try:
-                            worker.conn.send_bytes(json.dumps(jobs[index]).encode())
-                        except OSError:  # died while idle: this job scores 0
-                            self._discard(worker)
-                            continue
-                        busy[worker.conn] = (worker, index, time.monotonic() + timeout_s)
-                    first_deadline = min(deadline for _, _, deadline in busy.values())
-                    for conn in wait(list(busy), timeout=max(0.0, first_deadline - time.monotonic())):
-                        worker, index, _ = busy.pop(conn)  # type: ignore[index]
-                        reply = worker.recv()
-                        if reply is None:  # crashed on this job: it scores 0
-                            self._discard(worker)
-                        else:
-                            verdicts[index] = reply == b"1"
-                            free.append(worker)
-                    now = time.monotonic()
-                    for conn, (worker, index, deadline) in list(busy.items()):
-                        if deadline <= now and not conn.poll(0):
-                            del busy[conn]
-                            self._discard(worker)
-                            self.timeouts += 1
-                            logger.debug("verification of job %d timed out after %.1f s", index, timeout_s)
+                        if worker.send(*jobs[index], timeout_s):
+                            busy[worker] = (index, time.monotonic() + timeout_s)
+                        else:  # died while idle: retry the job on another worker
+                            pending.append(index)
+                            self._replace(worker)
+                    self._wait(busy, verdicts, watch_startup=bool(pending))
             finally:  # on an exception, workers in the middle of a job cannot be reused
-                for worker, _, _ in busy.values():
-                    self._discard(worker)
+                for worker in busy:
+                    self._replace(worker)
         return verdicts
+
+    def _wait(
+        self, busy: dict[_Worker, tuple[int, float]], verdicts: list[bool], *, watch_startup: bool
+    ) -> None:
+        """Wait for one event (reply, worker ready, deadline) and handle every one that happened."""
+        starting = [w for w in self._workers if not w.ready] if watch_startup else []
+        deadlines = [deadline for _, deadline in busy.values()]
+        deadlines += [w.started + _STARTUP_TIMEOUT_S for w in starting]
+        if not deadlines:
+            raise RuntimeError("this Verifier was closed while scoring")
+        for worker in wait([*busy, *starting], timeout=max(0.0, min(deadlines) - time.monotonic())):
+            reply = worker.recv()  # type: ignore[union-attr]
+            if worker in busy:
+                index, _ = busy.pop(worker)  # type: ignore[arg-type]
+                verdicts[index] = reply == b"1"
+                if reply is None:  # crashed on this job (it scores 0)
+                    self._replace(worker)  # type: ignore[arg-type]
+            elif reply == _READY:
+                worker.ready = True  # type: ignore[union-attr]
+            else:
+                self._replace(worker)  # type: ignore[arg-type]
+                raise RuntimeError("a math-verify worker failed to start; see its traceback on stderr")
+        now = time.monotonic()
+        for worker, (index, deadline) in list(busy.items()):
+            if deadline <= now and not _readable(worker):
+                del busy[worker]
+                self._replace(worker)
+                self.timeouts += 1
+                logger.debug("verification of job %d timed out after %.1f s", index, deadline)
+        for worker in starting:
+            if not worker.ready and worker.started + _STARTUP_TIMEOUT_S <= now:
+                raise RuntimeError(f"a math-verify worker did not start within {_STARTUP_TIMEOUT_S:.0f} s")
 
     def close(self) -> None:
         self._closed = True
         self._finalizer()
 
-    def _spawn(self) -> _Worker:
-        worker = _Worker(self._ctx, max_memory_mb=self._max_memory_mb)
-        self._workers.append(worker)
-        return worker
-
-    def _discard(self, worker: _Worker) -> None:
+    def _replace(self, worker: _Worker) -> None:
+        """Kill a worker and start its successor now, so it loads while others work."""
         worker.kill()
         self._workers.remove(worker)
+        if not self._closed:
+            self._workers.append(_Worker(max_memory_mb=self._max_memory_mb))
+
+
+def _readable(worker: _Worker) -> bool:
+    return bool(wait([worker], timeout=0))
 
 
 # ------------------------------------------------------------------------------------- scoring

@@ -26,7 +26,9 @@ from exgrpo.types import Group, Trajectory
 E = math.exp
 
 
-def traj(qid: str, ids: Sequence[int], correct: bool, *, replayed: bool = False, version: int = 0) -> Trajectory:
+def traj(
+    qid: str, ids: Sequence[int], correct: bool, *, replayed: bool = False, version: int = 0
+) -> Trajectory:
     # log-probs exactly representable in float32 (the pool stores float32)
     return Trajectory(qid, tuple(ids), tuple(-0.5 * (i % 4) for i in range(len(ids))), float(correct),
                       version, replayed=replayed, text=f"r{ids}", group_id=f"g{version}")  # fmt: skip
@@ -194,16 +196,24 @@ def test_group_size_must_match_k():
 
 def test_dedup_by_token_ids_and_cap_evicts_oldest():
     pool = ExperiencePool(4, max_trajectories_per_question=3)
-    pool.record(group("a", [((1, 2), True), ((1, 2), True), ((3,), False), ((4,), False)], version=0), collect=True)
+    pool.record(
+        group("a", [((1, 2), True), ((1, 2), True), ((3,), False), ((4,), False)], version=0), collect=True
+    )
     assert [t.response_ids for t in pool.candidates("a")] == [(1, 2)]  # duplicate within a group
-    pool.record(group("a", [((1, 2), True), ((5,), True), ((6,), True), ((0,), False)], version=1), collect=True)
+    pool.record(
+        group("a", [((1, 2), True), ((5,), True), ((6,), True), ((0,), False)], version=1), collect=True
+    )
     # (1, 2) already stored (first copy kept, version 0); (5,), (6,) appended
     cands = pool.candidates("a")
     assert [(t.response_ids, t.policy_version) for t in cands] == [((1, 2), 0), ((5,), 1), ((6,), 1)]
-    pool.record(group("a", [((7,), True), ((0,), False), ((0,), False), ((0,), False)], version=2), collect=True)
+    pool.record(
+        group("a", [((7,), True), ((0,), False), ((0,), False), ((0,), False)], version=2), collect=True
+    )
     assert [t.response_ids for t in pool.candidates("a")] == [(5,), (6,), (7,)]  # (1, 2) evicted
     assert pool.num_trajectories() == 3
-    pool.record(group("a", [((1, 2), True), ((0,), False), ((0,), False), ((0,), False)], version=3), collect=True)
+    pool.record(
+        group("a", [((1, 2), True), ((0,), False), ((0,), False), ((0,), False)], version=3), collect=True
+    )
     assert [t.response_ids for t in pool.candidates("a")] == [(6,), (7,), (1, 2)]  # evicted ids may return
 
 
