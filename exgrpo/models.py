@@ -52,7 +52,11 @@ class ModelResolveError(ValueError):
 
 def _byte_symbols() -> dict[int, str]:
     """GPT-2's byte -> printable unicode map used by byte-level BPE (e.g. space -> "Ġ", "\\n" -> "Ċ")."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     symbols, extra = {}, 0
     for b in range(256):
         if b in printable:

@@ -1,29 +1,26 @@
 """Rewards: final-answer extraction and math verification with a hard wall-clock timeout.
 
-reward(response, gold) = 1.0 if the final answer extracted from the response is mathematically
-equivalent to the gold answer, else 0.0. Equivalence is math-verify's: both sides are parsed from
-LaTeX into sympy (latex2sympy) and compared numerically (floats to 6 decimals), symbolically
-(simplify(a - b) == 0), as sets, intervals or relations. The gold goes first (verify is not
-symmetric: `x = 3` as an answer to the gold `3` is accepted, and so on).
+reward = 1.0 if the final answer extracted from the response is equivalent to the gold answer,
+else 0.0. Equivalence is math-verify's: both sides are parsed from LaTeX into sympy and compared
+numerically (floats to 6 decimals), symbolically (simplify(a - b) == 0), as sets, intervals or
+relations. Gold goes first (verify is not symmetric; e.g. the answer `x = 3` matches the gold 3).
 
-Extraction (`extract_answer`) is one linear scan with a brace stack (no recursive regex): the
-answer is the content of the last `\\boxed{...}` to close (`\\{` and `\\}` are literal braces)
-or the token after a brace-less `\\boxed 5`. In "think" mode a `<think>` must precede the first
-`</think>` and only the text after that `</think>` is searched.
+Extraction is one linear scan with a brace stack (no recursive regex): the content of the last
+`\\boxed{...}` to close (`\\{`, `\\}` are literal braces) or the token of a brace-less `\\boxed 5`.
+"think" mode searches only the text after the first `</think>`, which a `<think>` must precede.
 
-Verification runs in worker processes (multiprocessing forkserver with math-verify pre-imported),
-so the deadline holds in any thread, unlike math-verify's SIGALRM timeouts (main thread only):
-the parent waits on the pipe with a timeout and SIGKILLs a worker that overruns. That item scores
-0 and a fresh worker is forked on the next dispatch. Workers die with their parent
-(PR_SET_PDEATHSIG on Linux), are joined when killed, and are closed at interpreter exit.
+Verification runs in worker processes (`python -c`, so nothing depends on how the host process
+was started), and the deadline holds in any thread, unlike math-verify's SIGALRM timeouts: the
+parent waits on the reply pipe with a timeout, SIGKILLs and reaps a worker that overruns (that
+item scores 0) and starts its successor at once. An orphaned worker exits at EOF on its stdin, or
+by RLIMIT_CPU (timeout + 2 s of CPU per job) if the parent died mid-job.
 
-Safety: the parent never parses model text. It sends a worker a JSON array of two strings and
-reads back one byte; no pickle of model-derived data in either direction. In the worker,
-math-verify parses LaTeX with its ANTLR grammar; its plain-expression fallback only sees strings
-of digits and operators matched by its own regex. Nothing reaches eval or exec.
+Safety: the parent never parses model text; it writes JSON strings to a worker and reads back
+`1` or `0` (no pickle). In the worker math-verify parses LaTeX with its ANTLR grammar; its
+plain-expression fallback sees only digit/operator strings matched by its own regex.
 
-Fast paths, which never turn a wrong answer right: identical strings score 1, two plain integers
-are compared digit by digit without a worker, and answers longer than `max_answer_chars` score 0.
+Fast paths never turn a wrong answer right: identical strings score 1, two integers are compared
+digit by digit, and answers longer than `max_answer_chars` score 0, all without a worker.
 """
 
 from __future__ import annotations
@@ -52,9 +49,9 @@ Mode = Literal["boxed", "think"]
 _TOKEN = re.compile(r"\\boxed(?![A-Za-z])|\\.|[{}]", re.DOTALL)  # box command, escape, brace
 _SPACES = re.compile(r"\s*")
 _BARE_ARG = re.compile(r"[ \t]+([^\s${}]+)")  # `\boxed 5`
-_INTEGER = re.compile(r"([+-]?)0*(\d+)")
+_INTEGER = re.compile(r"([+-]?)0*(\d+)", re.ASCII)
 _READY = b"ready"
-_STARTUP_TIMEOUT_S = 120.0  # first start also launches the fork server and imports sympy
+_STARTUP_TIMEOUT_S = 120.0  # a worker imports sympy and math-verify (~1 s idle, more under load)
 
 
 # ----------------------------------------------------------------------------------- extraction
@@ -190,13 +187,13 @@ class _Worker:
         self.started = time.monotonic()
 
     def fileno(self) -> int:  # lets multiprocessing.connection.wait select on the reply pipe
-        return self.process.stdout.fileno()  # type: ignore[union-attr]
+        return self.process.stdout.fileno()
 
     def send(self, answer: str, gold: str, timeout_s: float) -> bool:
         """Hand the worker a job; False if it is dead."""
         try:
-            self.process.stdin.write(json.dumps([answer, gold, timeout_s]).encode() + b"\n")  # type: ignore[union-attr]
-            self.process.stdin.flush()  # type: ignore[union-attr]
+            self.process.stdin.write(json.dumps([answer, gold, timeout_s]).encode() + b"\n")
+            self.process.stdin.flush()
         except (OSError, ValueError):
             return False
         return True
@@ -204,7 +201,7 @@ class _Worker:
     def recv(self) -> bytes | None:
         """The worker's next reply line (without newline), or None if it died."""
         try:
-            line = self.process.stdout.readline()  # type: ignore[union-attr]
+            line = self.process.stdout.readline()
         except (OSError, ValueError):
             return None
         return line.rstrip(b"\n") if line.endswith(b"\n") else None
@@ -217,7 +214,7 @@ class _Worker:
             self.process.wait(timeout=10)
         for pipe in (self.process.stdin, self.process.stdout):
             with contextlib.suppress(OSError):
-                pipe.close()  # type: ignore[union-attr]
+                pipe.close()
 
 
 def _kill_all(workers: list[_Worker]) -> None:
@@ -248,15 +245,7 @@ class _Pool:
         if not jobs:
             return verdicts
         with self._lock:
-            if self._closed:
-                raise RuntimeError("this Verifier is closed")
-            if os.getpid() != self._pid:  # forked: the workers belong to the parent process
-                self._workers.clear()
-                self._pid = os.getpid()
-            for dead in [w for w in self._workers if w.process.poll() is not None]:
-                self._replace(dead)
-            while len(self._workers) < self._size:
-                self._workers.append(_Worker(max_memory_mb=self._max_memory_mb))
+            self._top_up()
             pending = list(reversed(range(len(jobs))))  # pop() yields jobs in order
             busy: dict[_Worker, tuple[int, float]] = {}  # worker -> (job, deadline)
             try:
@@ -276,6 +265,24 @@ class _Pool:
                     self._replace(worker)
         return verdicts
 
+    def start(self) -> None:
+        """Start the workers now and wait until every one is ready."""
+        with self._lock:
+            self._top_up()
+            while not all(w.ready for w in self._workers):
+                self._wait({}, [], watch_startup=True)
+
+    def _top_up(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Verifier is closed")
+        if os.getpid() != self._pid:  # forked: the workers belong to the parent process
+            self._workers.clear()
+            self._pid = os.getpid()
+        for dead in [w for w in self._workers if w.process.poll() is not None]:
+            self._replace(dead)
+        while len(self._workers) < self._size:
+            self._workers.append(_Worker(max_memory_mb=self._max_memory_mb))
+
     def _wait(
         self, busy: dict[_Worker, tuple[int, float]], verdicts: list[bool], *, watch_startup: bool
     ) -> None:
@@ -286,24 +293,24 @@ class _Pool:
         if not deadlines:
             raise RuntimeError("this Verifier was closed while scoring")
         for worker in wait([*busy, *starting], timeout=max(0.0, min(deadlines) - time.monotonic())):
-            reply = worker.recv()  # type: ignore[union-attr]
+            reply = worker.recv()
             if worker in busy:
-                index, _ = busy.pop(worker)  # type: ignore[arg-type]
+                index, _ = busy.pop(worker)
                 verdicts[index] = reply == b"1"
                 if reply is None:  # crashed on this job (it scores 0)
-                    self._replace(worker)  # type: ignore[arg-type]
+                    self._replace(worker)
             elif reply == _READY:
-                worker.ready = True  # type: ignore[union-attr]
+                worker.ready = True
             else:
-                self._replace(worker)  # type: ignore[arg-type]
+                self._replace(worker)
                 raise RuntimeError("a math-verify worker failed to start; see its traceback on stderr")
         now = time.monotonic()
         for worker, (index, deadline) in list(busy.items()):
-            if deadline <= now and not _readable(worker):
+            if deadline <= now and not wait([worker], timeout=0):
                 del busy[worker]
                 self._replace(worker)
                 self.timeouts += 1
-                logger.debug("verification of job %d timed out after %.1f s", index, deadline)
+                logger.debug("job %d passed its deadline; its worker was killed", index)
         for worker in starting:
             if not worker.ready and worker.started + _STARTUP_TIMEOUT_S <= now:
                 raise RuntimeError(f"a math-verify worker did not start within {_STARTUP_TIMEOUT_S:.0f} s")
@@ -315,13 +322,10 @@ class _Pool:
     def _replace(self, worker: _Worker) -> None:
         """Kill a worker and start its successor now, so it loads while others work."""
         worker.kill()
-        self._workers.remove(worker)
+        if worker in self._workers:  # not if close() emptied the list meanwhile
+            self._workers.remove(worker)
         if not self._closed:
             self._workers.append(_Worker(max_memory_mb=self._max_memory_mb))
-
-
-def _readable(worker: _Worker) -> bool:
-    return bool(wait([worker], timeout=0))
 
 
 # ------------------------------------------------------------------------------------- scoring
@@ -353,6 +357,7 @@ class Verifier:
         max_answer_chars: int | None = 1000,
         fast_path: bool = True,
         max_memory_mb: int | None = 4096,
+        _pool: _Pool | None = None,  # share another Verifier's workers (module-level functions)
     ) -> None:
         if mode not in ("boxed", "think"):
             raise ValueError(f"mode must be 'boxed' or 'think', got {mode!r}")
@@ -362,11 +367,11 @@ class Verifier:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if max_answer_chars is not None and max_answer_chars < 1:
             raise ValueError(f"max_answer_chars must be >= 1 or None, got {max_answer_chars}")
-        self.mode = mode
+        self.mode: Mode = mode
         self.timeout_s = timeout_s
         self.max_answer_chars = max_answer_chars
         self.fast_path = fast_path
-        self._pool = _Pool(size=workers, max_memory_mb=max_memory_mb)
+        self._pool = _pool or _Pool(size=workers, max_memory_mb=max_memory_mb)
         self._count_lock = threading.Lock()
         self._scored = 0
         self._fast = 0
@@ -378,19 +383,34 @@ class Verifier:
 
     def score_many(self, responses: Sequence[str], golds: Sequence[str]) -> list[float]:
         """score() for each pair, fanned out over the workers, one deadline per item."""
-        rewards, num_jobs = _score_many(
-            self._pool,
-            responses,
-            golds,
-            mode=self.mode,
-            timeout_s=self.timeout_s,
-            max_answer_chars=self.max_answer_chars,
-            fast_path=self.fast_path,
-        )
+        if len(responses) != len(golds):
+            raise ValueError(f"{len(responses)} responses but {len(golds)} golds; they must pair up")
+        rewards = [0.0] * len(responses)
+        jobs: list[tuple[str, str]] = []
+        job_items: list[int] = []
+        for i, (response, gold) in enumerate(zip(responses, golds, strict=True)):
+            answer = extract_answer(response, mode=self.mode) if isinstance(response, str) else None
+            if answer is None:
+                continue
+            gold = _clean_gold(gold)
+            verdict = _fast_verdict(answer, gold) if self.fast_path else None
+            if verdict is None and self.max_answer_chars is not None and len(answer) > self.max_answer_chars:
+                verdict = False
+            if verdict is None:
+                jobs.append((answer, gold))
+                job_items.append(i)
+            else:
+                rewards[i] = float(verdict)
+        for i, ok in zip(job_items, self._pool.run(jobs, timeout_s=self.timeout_s), strict=True):
+            rewards[i] = float(ok)
         with self._count_lock:
             self._scored += len(rewards)
-            self._fast += len(rewards) - num_jobs
+            self._fast += len(rewards) - len(jobs)
         return rewards
+
+    def start(self) -> None:
+        """Start the workers and wait until they are ready (~1 s); else the first call does it."""
+        self._pool.start()
 
     def stats(self) -> VerifierStats:
         return VerifierStats(scored=self._scored, fast=self._fast, timeouts=self._pool.timeouts)
@@ -406,64 +426,23 @@ class Verifier:
         self.close()
 
 
-def _score_many(
-    pool: _Pool,
-    responses: Sequence[str],
-    golds: Sequence[str],
-    *,
-    mode: Mode,
-    timeout_s: float,
-    max_answer_chars: int | None,
-    fast_path: bool,
-) -> tuple[list[float], int]:
-    """Rewards, and how many of them needed a worker."""
-    if len(responses) != len(golds):
-        raise ValueError(f"{len(responses)} responses but {len(golds)} golds; they must pair up")
-    rewards = [0.0] * len(responses)
-    jobs: list[tuple[str, str]] = []
-    job_items: list[int] = []
-    for i, (response, gold) in enumerate(zip(responses, golds, strict=True)):
-        answer = extract_answer(response, mode=mode) if isinstance(response, str) else None
-        if answer is None:
-            continue
-        gold = _clean_gold(gold)
-        verdict = _fast_verdict(answer, gold) if fast_path else None
-        if verdict is None and max_answer_chars is not None and len(answer) > max_answer_chars:
-            verdict = False
-        if verdict is None:
-            jobs.append((answer, gold))
-            job_items.append(i)
-        else:
-            rewards[i] = float(verdict)
-    for i, ok in zip(job_items, pool.run(jobs, timeout_s=timeout_s), strict=True):
-        rewards[i] = float(ok)
-    return rewards, len(jobs)
+@lru_cache(maxsize=1)
+def _shared_pool() -> _Pool:
+    return _Pool(size=max(1, min(4, os.cpu_count() or 1)), max_memory_mb=4096)
 
 
-_shared_pool: _Pool | None = None
-_shared_lock = threading.Lock()
-
-
-def _shared() -> _Pool:
-    global _shared_pool
-    with _shared_lock:
-        if _shared_pool is None:
-            _shared_pool = _Pool(size=max(1, min(4, os.cpu_count() or 1)), max_memory_mb=4096)
-        return _shared_pool
+@lru_cache(maxsize=16)
+def _shared_verifier(mode: Mode, timeout_s: float) -> Verifier:
+    return Verifier(mode=mode, timeout_s=timeout_s, _pool=_shared_pool())
 
 
 def score(response: str, gold: str, *, mode: Mode = "boxed", timeout_s: float = 5.0) -> float:
-    """Verifier.score on a lazily created module-wide pool (min(4, cpu_count) workers)."""
-    return score_many([response], [gold], mode=mode, timeout_s=timeout_s)[0]
+    """Verifier.score on a module-wide pool of min(4, cpu_count) workers, started lazily."""
+    return _shared_verifier(mode, timeout_s).score(response, gold)
 
 
 def score_many(
     responses: Sequence[str], golds: Sequence[str], *, mode: Mode = "boxed", timeout_s: float = 5.0
 ) -> list[float]:
-    """Verifier.score_many on a lazily created module-wide pool (min(4, cpu_count) workers)."""
-    if mode not in ("boxed", "think") or not timeout_s > 0:
-        raise ValueError(f"need mode 'boxed' or 'think' and timeout_s > 0, got {mode!r}, {timeout_s}")
-    rewards, _ = _score_many(
-        _shared(), responses, golds, mode=mode, timeout_s=timeout_s, max_answer_chars=1000, fast_path=True
-    )
-    return rewards
+    """Verifier.score_many on a module-wide pool of min(4, cpu_count) workers, started lazily."""
+    return _shared_verifier(mode, timeout_s).score_many(responses, golds)

@@ -1,0 +1,11 @@
+"""Sampler side of the actor-learner system.
+
+- `engines`: the `GenerationEngine` protocol (generate / tokenize / load_weights / checksum, with a
+  `version` tag) and its two implementations, `HFEngine` (transformers, small CPU runs) and
+  `VLLMEngine` (vLLM in-process, CPU or GPU); `make_engine(kind, path)` picks one.
+- `sampler`: `Sampler`, one engine plus the answer verifier; turns generation requests into
+  verified `Group`s tagged with the policy version that sampled them.
+- `pool`: `SamplerPool`, the sampler actors, their in-flight requests and their number.
+
+Everything here is a plain class; Ray is applied where the actors are wired (`exgrpo.run`).
+"""

@@ -1,0 +1,153 @@
+"""LearnerGroup: L learner actors (DeepSpeed data-parallel ranks) in one Ray placement group.
+
+The group places one bundle per learner ({CPU: num_cpus, GPU: num_gpus}, strategy PACK), finds a free
+port on bundle 0's node for the torch.distributed rendezvous, starts the actors through the injected
+``make_actor`` (the caller's single ``ray.remote`` site, e.g. ``exgrpo.launch.remote_actor``) and calls
+``setup`` on all of them concurrently.
+
+A batch is split into L equal contiguous slices of whole groups, one per rank. Every rank must run the
+same number of micro-batches (ZeRO reduces gradients inside backward), so the slices must hold the same
+number of rows per mini-batch; ``update`` checks this before dispatching.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from exgrpo.config import LearnerConfig, LossConfig
+from exgrpo.types import Group, ReplayCandidate, TrainBatch
+from learners.learner import Learner
+
+SUMMED_METRICS = ("learner/tokens",)  # summed over ranks; every other metric is averaged (NaN-aware)
+
+
+class _Rendezvous:
+    """Runs briefly in bundle 0 to report that node's address and a free TCP port."""
+
+    def address(self) -> tuple[str, int]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+
+def _mean_metrics(results: Sequence[dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key in results[0]:
+        values = [r[key] for r in results if not math.isnan(r[key])]
+        if key in SUMMED_METRICS:
+            out[key] = float(sum(values))
+        else:
+            out[key] = sum(values) / len(values) if values else math.nan
+    return out
+
+
+def _minibatch_rows(groups: Sequence[Group], minibatches: int) -> tuple[int, ...]:
+    per = len(groups) // minibatches
+    return tuple(sum(len(g.trajectories) for g in groups[m * per : (m + 1) * per]) for m in range(minibatches))
+
+
+class LearnerGroup:
+    """L ``Learner`` actors named ``exgrpo-learner-<i>``; one verb each: ``entropies``, ``update``."""
+
+    def __init__(
+        self,
+        *,
+        num: int,
+        make_actor: Callable[..., Any],
+        model_path: str,
+        learner_cfg: LearnerConfig,
+        loss_cfg: LossConfig,
+        max_response_len: int,
+        seed: int = 0,
+        dtype: str = "float32",
+    ) -> None:
+        if num < 1:
+            raise ValueError(f"a learner group needs at least one learner, got num={num}")
+        self.num, self.cfg = num, learner_cfg
+        bundle = {"CPU": float(learner_cfg.num_cpus)}
+        if learner_cfg.num_gpus > 0:
+            bundle["GPU"] = float(learner_cfg.num_gpus)
+        self._pg = placement_group([dict(bundle) for _ in range(num)], strategy="PACK")
+        ray.get(self._pg.ready())
+
+        def strategy(i: int) -> PlacementGroupSchedulingStrategy:
+            return PlacementGroupSchedulingStrategy(placement_group=self._pg, placement_group_bundle_index=i)
+
+        probe = make_actor(_Rendezvous, name="exgrpo-learner-rendezvous", num_cpus=0, num_gpus=0,
+                           scheduling_strategy=strategy(0))
+        master_addr, master_port = ray.get(probe.address.remote())
+        ray.kill(probe)
+        self.actors = [
+            make_actor(
+                Learner, name=f"exgrpo-learner-{i}", num_cpus=learner_cfg.num_cpus,
+                num_gpus=learner_cfg.num_gpus, scheduling_strategy=strategy(i),
+                model_path=model_path, learner=learner_cfg, loss=loss_cfg, max_response_len=max_response_len,
+                rank=i, world_size=num, master_addr=master_addr, master_port=master_port, seed=seed, dtype=dtype,
+            )
+            for i in range(num)
+        ]
+        ray.get([a.setup.remote() for a in self.actors])
+
+    @property
+    def rank0(self) -> Any:
+        """Handle of learner rank 0 (weights export, collective sync sender)."""
+        return self.actors[0]
+
+    def entropies(self, *, candidates: Sequence[ReplayCandidate]) -> list[float]:
+        """Mean response-token entropy of each candidate, computed in L contiguous chunks, in order."""
+        n, size = len(candidates), math.ceil(len(candidates) / self.num) if candidates else 0
+        chunks = [list(candidates[i * size : min((i + 1) * size, n)]) for i in range(self.num)]
+        results = ray.get([a.entropies.remote(candidates=c) for a, c in zip(self.actors, chunks, strict=True)])
+        return [e for r in results for e in r]
+
+    def update(self, *, batch: TrainBatch) -> dict[str, float]:
+        """One step: batch.groups split into L equal contiguous slices; rank metrics averaged."""
+        groups = batch.groups
+        if len(groups) % self.num:
+            raise ValueError(
+                f"a batch of {len(groups)} groups cannot be split into whole groups across {self.num} learners; "
+                f"make questions_per_step a multiple of learners.num={self.num}"
+            )
+        per = len(groups) // self.num
+        slices = [groups[i * per : (i + 1) * per] for i in range(self.num)]
+        if per % self.cfg.minibatches:
+            raise ValueError(f"{per} groups per learner cannot form learners.minibatches={self.cfg.minibatches}")
+        rows = {_minibatch_rows(s, self.cfg.minibatches) for s in slices}
+        if len(rows) > 1:
+            raise ValueError(f"learner slices hold different row counts per mini-batch {sorted(rows)}; every "
+                             "rank must run the same number of micro-batches (give every group K trajectories)")
+        refs = [a.update.remote(groups=s, clip=batch.clip, version=batch.version)
+                for a, s in zip(self.actors, slices, strict=True)]
+        return _mean_metrics(ray.get(refs))
+
+    def get_weights_ref(self) -> ray.ObjectRef:
+        """Rank 0's numpy state dict, left in the object store (all ranks gather under ZeRO-3)."""
+        if self.cfg.zero_stage == 3:
+            return [a.get_weights.remote() for a in self.actors][0]
+        return self.rank0.get_weights.remote()
+
+    def checksums(self) -> list[float]:
+        """Each rank's float64 parameter sum (equal across ranks after every step)."""
+        return ray.get([a.checksum.remote() for a in self.actors])
+
+    def save(self, *, path: str) -> None:
+        """Checkpoint on all ranks (HF safetensors from rank 0, DeepSpeed state from every rank)."""
+        ray.get([a.save.remote(path=path) for a in self.actors])
+
+    def load(self, *, path: str) -> None:
+        ray.get([a.load.remote(path=path) for a in self.actors])
+
+    def shutdown(self) -> None:
+        """Kill the learner actors and release the placement group."""
+        for a in self.actors:
+            ray.kill(a)
+        self.actors = []
+        remove_placement_group(self._pg)

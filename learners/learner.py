@@ -1,0 +1,428 @@
+"""Learner: one DeepSpeed engine rank of the data-parallel learner group.
+
+A plain class (``ray.remote`` is applied by the caller, so it also runs in-process in tests).
+
+One ``update`` (DESIGN.md section 4):
+    1. rows = the groups' trajectories; A = group_advantages(rewards) per group.
+    2. old_logp (no grad, current weights) for every row; fresh rows use it as the proximal policy,
+       replayed rows use their stored behaviour log-probs instead.
+       Optional tis = min(exp(old_logp - sampler_logp), tis_cap) on fresh tokens (staleness).
+    3. The rows are split into ``minibatches`` (whole groups, one optimiser step each) and each
+       mini-batch into micro-batches of ``micro_batch_size`` sequences (gradient accumulation).
+
+Gradient accumulation is exact. With W ranks, DeepSpeed averages gradients over ranks, and its own
+division by ``gradient_accumulation_steps`` is off (that config value is 1; the accumulation boundary is
+set by hand on the last micro-batch). Micro-batch j of a mini-batch of N rows and T response tokens
+(summed over all ranks) holds n_j rows and t_j tokens, and its objective is
+    w_pg * pg_j - c_H * w_H * H_j,   w_pg = W n_j / N (constant normaliser) or W t_j / T (token mean),
+                                     w_H = W t_j / T,
+so the accumulated, rank-averaged gradient equals the gradient of exgrpo_loss over the whole
+mini-batch of all ranks (the entropy bonus is always a token mean). exgrpo_loss returns
+pg_j - c_H H_j; the difference of the two weights is added back as c_H (w_pg - w_H) H_j.
+
+The grad-norm rule (``GuardedAdamW``): DeepSpeed's ``gradient_clipping`` is off; the client optimiser's
+``step`` sees the final, rank-averaged, unscaled fp32 gradients (the whole model under ZeRO-0, this rank's
+partition under ZeRO 1-3, where the squared sums are all-reduced), skips the step when the global norm is
+non-finite or above ``skip_grad_norm``, else clips to ``grad_clip`` and steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from exgrpo.algorithm import exgrpo_loss, group_advantages, masked_mean, token_entropy, token_logprobs
+from exgrpo.config import LearnerConfig, LossConfig
+from exgrpo.types import Group, ReplayCandidate
+from learners.weight_sync import CollectiveSender, ParamSpec, SyncGroupInfo, param_specs, to_numpy_state
+
+DEFAULT_TORCH_EXTENSIONS_DIR = "~/.cache/exgrpo/torch_extensions"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class GuardedAdamW(torch.optim.AdamW):
+    """AdamW whose ``step`` applies the global grad-norm rule (skip if non-finite or > skip, else clip).
+
+    DeepSpeed calls ``step`` once per engine step with one param group: the model's parameters under
+    ZeRO-0 (gradients already averaged and complete on every rank), or this rank's flat fp32 partition
+    under ZeRO 1/2 (and 3 with one sub-group), where ``partitioned=True`` all-reduces the squared sums.
+    A skipped step zeroes the gradients and leaves parameters and moments untouched.
+    """
+
+    def __init__(
+        self, params: Any, *, lr: float, betas: tuple[float, float], weight_decay: float,
+        grad_clip: float, skip_grad_norm: float, partitioned: bool,
+    ) -> None:
+        super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay)
+        self.grad_clip = grad_clip
+        self.skip_grad_norm = skip_grad_norm
+        self.partitioned = partitioned
+        self.overflow = False  # read by DeepSpeed's ZeRO-0 engine: counts skipped steps
+        self.last_grad_norm = math.inf  # reset before each engine step; stays inf if ZeRO skipped first
+
+    def begin(self) -> None:
+        """Mark the coming engine step as skipped until ``step`` runs (ZeRO may skip without calling it)."""
+        self.last_grad_norm, self.overflow = math.inf, True
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        device = params[0].grad.device if params else torch.device("cpu")
+        sq = torch.zeros((), dtype=torch.float64, device=device)
+        for p in params:
+            sq += p.grad.double().pow(2).sum()
+        if self.partitioned and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(sq)
+        norm = float(sq.sqrt())
+        self.last_grad_norm = norm
+        self.overflow = not math.isfinite(norm) or norm > self.skip_grad_norm
+        if self.overflow:
+            for p in params:
+                p.grad = None
+            return None
+        scale = self.grad_clip / (norm + 1e-6)
+        if scale < 1.0:
+            for p in params:
+                p.grad.mul_(scale)
+        return super().step(closure)
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One training sequence: prompt + response, its advantage and behaviour log-probs."""
+
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    behaviour: tuple[float, ...]  # sampler log-probs (fresh) or stored ones (replayed)
+    replayed: bool = False
+    advantage: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    input_ids: Tensor  # (n, S) prompt + response, right-padded with 0
+    attention_mask: Tensor  # (n, S)
+    positions: Tensor  # (n, R) index of the logit predicting each response token
+    tokens: Tensor  # (n, R) response tokens (0 at padding)
+    mask: Tensor  # (n, R) bool, true on response tokens
+
+
+def _encode(rows: Sequence[_Row], r_max: int, device: torch.device) -> _Encoded:
+    n, s = len(rows), max(len(r.prompt_ids) + len(r.response_ids) for r in rows)
+    ids = torch.zeros(n, s, dtype=torch.long)
+    attn = torch.zeros(n, s, dtype=torch.long)
+    pos = torch.zeros(n, r_max, dtype=torch.long)
+    tok = torch.zeros(n, r_max, dtype=torch.long)
+    mask = torch.zeros(n, r_max, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        p, k = len(r.prompt_ids), len(r.response_ids)
+        if p == 0:
+            raise ValueError("a sequence needs at least one prompt token to score its first response token")
+        ids[i, : p + k] = torch.tensor(r.prompt_ids + r.response_ids)
+        attn[i, : p + k] = 1
+        pos[i, :k] = torch.arange(p - 1, p + k - 1)
+        tok[i, :k] = torch.tensor(r.response_ids)
+        mask[i, :k] = True
+    return _Encoded(ids.to(device), attn.to(device), pos.to(device), tok.to(device), mask.to(device))
+
+
+def _pad(values: Sequence[Sequence[float]], r_max: int) -> Tensor:
+    out = torch.zeros(len(values), r_max, dtype=torch.float32)  # (N, R)
+    for i, v in enumerate(values):
+        out[i, : len(v)] = torch.tensor(v, dtype=torch.float32)
+    return out
+
+
+def _chunks(n: int, size: int) -> list[slice]:
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def _weighted(pairs: Sequence[tuple[float, float]]) -> float:
+    """Weighted mean of (value, weight) pairs, skipping zero weights and NaN values; NaN if none."""
+    kept = [(v, w) for v, w in pairs if w > 0 and not math.isnan(v)]
+    total = sum(w for _, w in kept)
+    return sum(v * w for v, w in kept) / total if total > 0 else math.nan
+
+
+class Learner:
+    """One DeepSpeed rank: ``setup``, then ``entropies`` / ``update`` / weight export and sync."""
+
+    def __init__(
+        self, *, model_path: str, learner: LearnerConfig, loss: LossConfig, max_response_len: int,
+        rank: int = 0, world_size: int = 1, master_addr: str = "127.0.0.1", master_port: int = 29500,
+        seed: int = 0, dtype: str = "float32",
+    ) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r}: choose one of {sorted(DTYPES)}")
+        self.model_path, self.cfg, self.loss_cfg = model_path, learner, loss
+        self.max_response_len, self.rank, self.world_size = max_response_len, rank, world_size
+        self.master_addr, self.master_port, self.seed, self.dtype = master_addr, master_port, seed, dtype
+        self._version = 0
+        self._sender: CollectiveSender | None = None
+        self.engine: Any = None
+
+    # ---------------------------------------------------------------- setup
+    def setup(self) -> None:
+        """Init torch.distributed, load the HF model, wrap it in a DeepSpeed engine with GuardedAdamW."""
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser(DEFAULT_TORCH_EXTENSIONS_DIR))
+        torch.set_num_threads(max(1, int(self.cfg.num_cpus)))
+        torch.manual_seed(self.seed)
+        backend = self.cfg.backend
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        self.device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        os.environ.update(
+            MASTER_ADDR=self.master_addr, MASTER_PORT=str(self.master_port), RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
+        )
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend, init_method=f"tcp://{self.master_addr}:{self.master_port}",
+                rank=self.rank, world_size=self.world_size,
+            )
+        elif (dist.get_rank(), dist.get_world_size()) != (self.rank, self.world_size):
+            raise RuntimeError("torch.distributed is already initialised with another rank/world size")
+
+        import deepspeed
+        from transformers import AutoModelForCausalLM
+
+        deepspeed.utils.logger.setLevel("WARNING")
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=DTYPES[self.dtype])
+        model.config.use_cache = False
+        model.eval()  # dropout off: old_logp equals the first micro-batch's logp (ratio 1 at the start)
+        self._specs = param_specs(model.state_dict())  # before ZeRO-3 could partition the parameters
+        self.optimizer = GuardedAdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=self.cfg.lr, betas=self.cfg.betas,
+            weight_decay=self.cfg.weight_decay, grad_clip=self.cfg.grad_clip,
+            skip_grad_norm=self.cfg.skip_grad_norm, partitioned=self.cfg.zero_stage >= 1,
+        )
+        self.engine, *_ = deepspeed.initialize(model=model, optimizer=self.optimizer, config=self._ds_config())
+
+    def _ds_config(self) -> dict[str, Any]:
+        zero: dict[str, Any] = {"stage": self.cfg.zero_stage}
+        if self.cfg.zero_stage == 3:
+            zero["sub_group_size"] = 10**12  # one sub-group: GuardedAdamW.step runs once per engine step
+        return {
+            "train_micro_batch_size_per_gpu": self.cfg.micro_batch_size,
+            "gradient_accumulation_steps": 1,  # accumulation boundary set by hand; no division by GAS
+            "train_batch_size": self.cfg.micro_batch_size * self.world_size,
+            "gradient_clipping": 0.0,  # GuardedAdamW applies the grad-norm rule
+            "zero_optimization": zero,
+            "zero_allow_untested_optimizer": True,  # GuardedAdamW is a torch AdamW subclass
+            "bf16": {"enabled": self.dtype == "bfloat16"},
+            "fp16": {"enabled": self.dtype == "float16"},
+            "steps_per_print": 2**62,
+            "wall_clock_breakdown": False,
+        }
+
+    @property
+    def version(self) -> int:
+        """Policy version of the current weights (the version of the last update + 1)."""
+        return self._version
+
+    # ---------------------------------------------------------------- forward helpers
+    def _response_logits(self, enc: _Encoded) -> Tensor:
+        logits = self.engine(input_ids=enc.input_ids, attention_mask=enc.attention_mask, use_cache=False).logits
+        index = enc.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])  # (n, R, V)
+        return logits.gather(1, index)  # (n, R, V)
+
+    def _micro_slices(self, n: int) -> list[slice]:
+        """Micro-batches of ``n`` rows; under ZeRO-3 padded with empty slices to the max over ranks
+        (its forward all-gathers parameters, so every rank must run the same number of forwards)."""
+        slices = _chunks(n, self.cfg.micro_batch_size)
+        if self.cfg.zero_stage == 3 and self.world_size > 1:
+            count = torch.tensor(len(slices), device=self.device)
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            slices += [slice(0, 0)] * (int(count) - len(slices))
+        return slices
+
+    @torch.no_grad()
+    def _per_token(self, rows: Sequence[_Row], r_max: int, what: str) -> Tensor:
+        """(N, R) no-grad log-probs (``what="logp"``) or entropies of the response tokens."""
+        out = torch.zeros(len(rows), r_max)
+        dummy = _Row(prompt_ids=(0,), response_ids=(0,), behaviour=(0.0,))
+        for sl in self._micro_slices(len(rows)):
+            chunk = rows[sl] or [dummy]  # ZeRO-3 padding forward
+            enc = _encode(chunk, r_max, self.device)
+            logits = self._response_logits(enc)  # (n, R, V)
+            vals = token_logprobs(logits, enc.tokens) if what == "logp" else token_entropy(logits)
+            if rows[sl]:
+                out[sl] = torch.where(enc.mask, vals, 0.0).float().cpu()
+        return out
+
+    # ---------------------------------------------------------------- public verbs
+    def entropies(self, *, candidates: Sequence[ReplayCandidate]) -> list[float]:
+        """Mean token entropy (T = 1) of each candidate's response under the current weights (0 if empty)."""
+        rows = [_Row(c.prompt_ids, c.trajectory.response_ids, c.trajectory.logprobs) for c in candidates]
+        if not rows and not (self.cfg.zero_stage == 3 and self.world_size > 1):
+            return []
+        r_max = max([len(r.response_ids) for r in rows] + [1])
+        ent = self._per_token(rows, r_max, "entropy")  # (N, R)
+        lengths = torch.tensor([len(r.response_ids) for r in rows], dtype=torch.float32)  # (N,)
+        return (ent.sum(dim=1) / lengths.clamp(min=1)).tolist()
+
+    def update(self, *, groups: Sequence[Group], clip: bool, version: int) -> dict[str, float]:
+        """One training step on this rank's whole groups; returns ``learner/*`` metrics."""
+        start = time.perf_counter()
+        m_count = self.cfg.minibatches
+        if not groups or len(groups) % m_count:
+            raise ValueError(f"{len(groups)} groups cannot be split into learners.minibatches={m_count} "
+                             "mini-batches of whole groups")
+        rows, bounds = [], [0]
+        for g in groups:
+            rewards = torch.tensor([[t.reward for t in g.trajectories]])  # (1, K)
+            adv = group_advantages(rewards, std_normalize=self.loss_cfg.std_normalize)[0]  # (K,)
+            for t, a in zip(g.trajectories, adv.tolist(), strict=True):
+                rows.append(_Row(g.prompt_ids, t.response_ids, t.logprobs, t.replayed, a))
+            bounds.append(len(rows))
+        r_max = max(max(len(r.response_ids) for r in rows), 1)
+        behaviour = _pad([r.behaviour for r in rows], r_max)  # (N, R)
+        replayed = torch.tensor([r.replayed for r in rows])  # (N,)
+        proximal = self._per_token(rows, r_max, "logp")  # (N, R) current weights, no grad
+        old_logp = torch.where(replayed.unsqueeze(1), behaviour, proximal)  # (N, R)
+        tis = None
+        if self.loss_cfg.tis_cap is not None:
+            tis = torch.exp(proximal - behaviour).clamp(max=self.loss_cfg.tis_cap)  # (N, R)
+        per = len(groups) // m_count
+        history = []
+        for m in range(m_count):
+            sl = slice(bounds[m * per], bounds[(m + 1) * per])
+            history.append(self._minibatch(rows[sl], old_logp[sl], tis[sl] if tis is not None else None,
+                                           r_max=r_max, clip=clip))
+        self._version = version + 1
+        out = {k: _weighted([(h[k], 1.0) for h in history]) for k in history[0]}
+        out["learner/skipped_steps"] = sum(h["learner/skipped_steps"] for h in history)
+        out["learner/tokens"] = sum(h["learner/tokens"] for h in history)
+        out["learner/update_time_s"] = time.perf_counter() - start
+        return out
+
+    def _minibatch(self, rows: list[_Row], old_logp: Tensor, tis: Tensor | None, *, r_max: int,
+                   clip: bool) -> dict[str, float]:
+        """Accumulate the micro-batch gradients of one mini-batch and take one optimiser step."""
+        lc, w = self.loss_cfg, self.world_size
+        lengths = [len(r.response_ids) for r in rows]
+        totals = torch.tensor([len(rows), sum(lengths)], dtype=torch.float64, device=self.device)
+        if w > 1:
+            dist.all_reduce(totals)
+        n_all, t_all = float(totals[0]), max(float(totals[1]), 1.0)
+        norm_len = self.max_response_len if lc.norm == "constant" else None
+        slices = self._micro_slices(len(rows))
+        parts: list[tuple[dict[str, float], int, int]] = []
+        for j, sl in enumerate(slices):
+            self.engine.set_gradient_accumulation_boundary(j == len(slices) - 1)
+            chunk = rows[sl]
+            n_j, t_j = len(chunk), sum(lengths[sl])
+            enc = _encode(chunk or [_Row((0,), (0,), (0.0,))], r_max, self.device)
+            logits = self._response_logits(enc)  # (n, R, V)
+            logp = token_logprobs(logits, enc.tokens)  # (n, R)
+            ent = token_entropy(logits)  # (n, R)
+            loss, m = exgrpo_loss(
+                logp=logp, old_logp=old_logp[sl].to(self.device) if n_j else logp.detach(),
+                advantages=torch.tensor([r.advantage for r in chunk] or [0.0], device=self.device),
+                response_mask=enc.mask, replayed=torch.tensor([r.replayed for r in chunk] or [False],
+                                                              device=self.device),
+                clip=clip, clip_eps=lc.clip_eps, beta=lc.beta, norm_len=norm_len, entropy=ent,
+                entropy_coef=lc.entropy_coef, shaping=lc.policy_shaping,
+                tis_weight=tis[sl].to(self.device) if tis is not None and n_j else None,
+            )
+            w_pg = w * (n_j / n_all if norm_len is not None else t_j / t_all)
+            w_h = w * t_j / t_all
+            objective = w_pg * loss + lc.entropy_coef * (w_pg - w_h) * masked_mean(ent, enc.mask)
+            self.engine.backward(objective, scale_wrt_gas=False)
+            if n_j:
+                parts.append((m, n_j, t_j))
+        self.optimizer.begin()
+        self.engine.step()
+        return self._minibatch_metrics(parts, constant=norm_len is not None)
+
+    def _minibatch_metrics(self, parts: list[tuple[dict[str, float], int, int]], *, constant: bool
+                           ) -> dict[str, float]:
+        pg = _weighted([(m["pg_loss"], n if constant else t) for m, n, t in parts])
+        ent = _weighted([(m["entropy"], t) for m, _, t in parts])
+        fresh = [(m, m["num_fresh_tokens"]) for m, _, _ in parts]
+        return {
+            "learner/loss": pg - self.loss_cfg.entropy_coef * ent,
+            "learner/pg_loss": pg,
+            "learner/entropy": ent,
+            "learner/clip_frac": _weighted([(m["clip_frac"], f) for m, f in fresh]),
+            "learner/ratio_fresh": _weighted([(m["ratio_fresh_mean"], f) for m, f in fresh]),
+            "learner/ratio_replay": _weighted([(m["ratio_replay_mean"], m["num_replay_tokens"]) for m, _, _ in parts]),
+            "learner/approx_kl": _weighted([(m["approx_kl"], f) for m, f in fresh]),
+            "learner/grad_norm": self.optimizer.last_grad_norm,
+            "learner/skipped_steps": float(self.optimizer.overflow),
+            "learner/tokens": float(sum(t for _, _, t in parts)),
+        }
+
+    # ---------------------------------------------------------------- weights
+    @contextlib.contextmanager
+    def _full_params(self) -> Iterator[None]:
+        """Full parameters inside the block (a collective gather on every rank under ZeRO-3)."""
+        if self.cfg.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()), modifier_rank=None):
+                yield
+        else:
+            yield
+
+    def checksum(self) -> float:
+        """float64 sum of all (full) parameters; equal across ranks after every step."""
+        with self._full_params():
+            return float(sum(p.detach().double().sum() for p in self.engine.module.parameters()))
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """The full HF-named state dict as numpy (rank 0; other ranks return {}; collective under ZeRO-3)."""
+        with self._full_params():
+            return to_numpy_state(self.engine.module.state_dict()) if self.rank == 0 else {}
+
+    def weight_specs(self) -> list[ParamSpec]:
+        """Names, shapes and dtypes of the state dict, in the order ``get_weights`` and the sender use."""
+        return list(self._specs)
+
+    def open_sync_group(self, *, world_size: int, group_name: str, host: str = "127.0.0.1") -> SyncGroupInfo:
+        """Host a collective sync world (this learner is rank 0); hand the info to the receivers."""
+        self._sender = CollectiveSender(world_size=world_size, group_name=group_name, host=host)
+        return self._sender.info
+
+    def connect_sync_group(self) -> None:
+        """Join the sync world (blocks until every receiver has connected)."""
+        if self._sender is None:
+            raise RuntimeError("call open_sync_group before connect_sync_group")
+        self._sender.connect()
+
+    def broadcast_weights(self) -> float:
+        """Broadcast the current weights to the sync world; returns seconds."""
+        if self._sender is None:
+            raise RuntimeError("call open_sync_group and connect_sync_group before broadcast_weights")
+        with self._full_params():
+            return self._sender.send(self.engine.module.state_dict())
+
+    # ---------------------------------------------------------------- checkpoints
+    def save(self, *, path: str) -> None:
+        """HF safetensors in ``path`` (rank 0) + DeepSpeed state in ``path/deepspeed`` (all ranks call)."""
+        out = Path(path)
+        with self._full_params():
+            if self.rank == 0:
+                self.engine.module.save_pretrained(out, state_dict=self.engine.module.state_dict())
+        self.engine.save_checkpoint(str(out / "deepspeed"), tag="state", client_state={"version": self._version})
+
+    def load(self, *, path: str) -> None:
+        """Restore weights, optimiser moments and the version saved by ``save`` (all ranks call)."""
+        _, client = self.engine.load_checkpoint(str(Path(path) / "deepspeed"), tag="state",
+                                                load_lr_scheduler_states=False)
+        if client is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint under {path}/deepspeed")
+        self._version = int(client["version"])
