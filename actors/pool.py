@@ -9,6 +9,7 @@ caller on one actor in submission order).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -91,10 +92,8 @@ class SamplerPool:
         for chunk in reversed(self._in_flight.pop(aid, [])):  # back to the front of the queue
             self._pending.extendleft(reversed(chunk))
         self._index.pop(aid, None)
-        try:
+        with contextlib.suppress(Exception):  # a dead actor cannot close
             ray.get(handle.close.remote(), timeout=10)
-        except Exception:  # noqa: BLE001 - a dead actor cannot close
-            pass
         ray.kill(handle)
 
     # -- requests ------------------------------------------------------------------------------------

@@ -52,11 +52,11 @@ class GenerateResult:
 
 
 class Sampler:
-    def __init__(self, *, name: str, engine: EngineSpec, template: str, max_response_len: int,
+    def __init__(self, *, index: int, engine: EngineSpec, template: str, max_response_len: int,
                  temperature: float = 1.0, top_p: float = 1.0, verify_timeout_s: float = 5.0,
                  replay: Any = None, seed: int = 0) -> None:
         torch.set_num_threads(1)
-        self.name = name
+        self.name = f"exgrpo-sampler-{index}"
         self.engine: GenerationEngine = make_engine(engine.kind, engine.model_path, dtype=engine.dtype,
                                                     seed=seed, **_engine_kwargs(engine))
         self.template = template

@@ -7,9 +7,9 @@ from exgrpo.config import Config
 
 def placement_plan(cfg: Config) -> str:
     s, lr, r = cfg.samplers, cfg.learners, cfg.replay
-    rows = [("exgrpo-learner-%d" % i, lr.num_cpus, lr.num_gpus, "placement group 'learners' (PACK)") for i in range(lr.num)]
-    rows += [("exgrpo-sampler-%d" % i, s.num_cpus, s.num_gpus, f"engine={s.engine}") for i in range(s.num)]
-    rows += [("exgrpo-replay-%d" % i, 0, 0, "replay shard") for i in range(r.num_shards)]
+    rows = [(f"exgrpo-learner-{i}", lr.num_cpus, lr.num_gpus, "placement group 'learners' (PACK)") for i in range(lr.num)]
+    rows += [(f"exgrpo-sampler-{i}", s.num_cpus, s.num_gpus, f"engine={s.engine}") for i in range(s.num)]
+    rows += [(f"exgrpo-replay-{i}", 0, 0, "replay shard") for i in range(r.num_shards)]
     rows += [("exgrpo-controller", 0, 0, "scaling controller")]
     width = max(len(n) for n, *_ in rows)
     lines = [f"{'actor':<{width}}  {'CPUs':>5}  {'GPUs':>5}  notes"]

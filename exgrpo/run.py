@@ -15,6 +15,7 @@ import argparse
 import datetime as dt
 import logging
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -96,7 +97,7 @@ def build_system(cfg: Config, *, model_path: str) -> System:
 
     def spawn(index: int) -> Any:
         return remote_actor(Sampler, name=f"exgrpo-sampler-{index}", num_cpus=s.num_cpus, num_gpus=s.num_gpus,
-                            engine=spec, template=cfg.model.template, max_response_len=cfg.model.max_response_len,
+                            index=index, engine=spec, template=cfg.model.template, max_response_len=cfg.model.max_response_len,
                             temperature=s.temperature, top_p=s.top_p, verify_timeout_s=s.verify_timeout_s,
                             replay=replay, seed=cfg.trainer.seed * 1000 + index)
 
@@ -108,6 +109,13 @@ def build_system(cfg: Config, *, model_path: str) -> System:
     controller = remote_actor(Controller, name="exgrpo-controller", num_cpus=0, samplers=s.num)
     return System(cfg=cfg, model_path=model_path, replay=replay, samplers=samplers, learners=learners,
                   controller=controller)
+
+
+def copy_tokenizer(model_path: str, out_dir: Path) -> None:
+    """Make a saved model directory self-contained (engines and evaluation load the tokenizer from it)."""
+    for f in Path(model_path).iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
+            shutil.copy2(f, out_dir / f.name)
 
 
 def make_run_dir(cfg: Config) -> Path:
@@ -165,6 +173,7 @@ def train(cfg: Config) -> int:
     try:
         records = driver.train()
         system.learners.save(path=str(run_dir / "final"))
+        copy_tokenizer(model_path, run_dir / "final")
     finally:
         progress.close()
         logger.close()

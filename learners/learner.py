@@ -315,8 +315,7 @@ class Learner:
         lc, w = self.loss_cfg, self.world_size
         lengths = [len(r.response_ids) for r in rows]
         totals = torch.tensor([len(rows), sum(lengths)], dtype=torch.float64, device=self.device)
-        if w > 1:
-            dist.all_reduce(totals)
+        totals *= w
         n_all, t_all = float(totals[0]), max(float(totals[1]), 1.0)
         norm_len = self.max_response_len if lc.norm == "constant" else None
         slices = self._micro_slices(len(rows))

@@ -1,7 +1,7 @@
+import pytest
+
 from exgrpo.stream import PromptStream
 from exgrpo.types import Prompt
-
-import pytest
 
 
 def _prompts(n):
