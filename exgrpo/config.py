@@ -295,8 +295,9 @@ def validate(cfg: Config) -> None:
          f"trainer.questions_per_step={t.questions_per_step} must split into learners.minibatches={lr.minibatches} "
          f"mini-batches on each of learners.num={lr.num} ranks; use a multiple of {lr.num * lr.minibatches}"),
         (lr.zero_stage in (0, 1, 2, 3), f"learners.zero_stage={lr.zero_stage} must be 0, 1, 2 or 3"),
-        (not (lr.zero_stage == 3 and lr.num_gpus == 0),
-         "learners.zero_stage=3 needs GPUs (weight export gathers parameters with NCCL); use 0-2 on CPU"),
+        (not (lr.zero_stage == 3 and cfg.async_.weight_sync == "collective"),
+         "learners.zero_stage=3 with async.weight_sync=collective is not supported (every rank would have to "
+         "gather for the broadcast); use async.weight_sync=object_store"),
         (lr.lr > 0, "learners.lr must be > 0"),
         (lr.grad_clip > 0, "learners.grad_clip must be > 0"),
         (lr.micro_batch_size >= 1, "learners.micro_batch_size must be >= 1"),

@@ -43,6 +43,7 @@ class StepPlan:
     request_ids: set[int]
     n_fresh: int
     n_replay: int
+    available: int = 0  # replayable questions when the step was scheduled
     done: set[int] = field(default_factory=set)
     tokens: int = 0
 
@@ -50,10 +51,13 @@ class StepPlan:
 class Driver:
     def __init__(self, *, cfg: Config, samplers: Any, replay: Any, learners: Any, train: Sequence[Prompt],
                  evaluation: Sequence[Prompt] = (), logger: M.MetricsLogger | None = None, progress: Any = None,
-                 controller: Any = None) -> None:
+                 controller: Any = None, on_batch: Any = None, stall_timeout_s: float = 900.0) -> None:
         self.cfg = cfg
         self.samplers, self.replay, self.learners = samplers, replay, learners
         self.logger, self.progress, self.controller = logger, progress, controller
+        self.on_batch = on_batch  # optional hook(TrainBatch) for tests and debugging
+        self.stall_timeout_s = stall_timeout_s
+        self.results: list[tuple[str, int, int]] = []  # (sampler, sampling version, learner version on receipt)
         self.K = cfg.trainer.rollouts_per_question
         self.B = cfg.trainer.questions_per_step
         self.eta = cfg.async_.max_staleness
@@ -95,7 +99,10 @@ class Driver:
             self.delayed_start.update(solve_ratio=solve_ratio)
             clip = not (self.delayed_start.started and self.cfg.loss.remove_clip_after_replay)
             t1 = time.perf_counter()
-            learner_metrics = self.learners.update(batch=TrainBatch(groups=tuple(groups), version=self.version, clip=clip))
+            batch = TrainBatch(groups=tuple(groups), version=self.version, clip=clip)
+            if self.on_batch is not None:
+                self.on_batch(batch)
+            learner_metrics = self.learners.update(batch=batch)
             t_update = time.perf_counter() - t1
             staleness = [self.version - g.policy_version for g in groups]
             self.staleness += staleness
@@ -138,13 +145,15 @@ class Driver:
     def schedule(self, step: int) -> StepPlan:
         """Admit step `step`'s B requests at the current learner version."""
         replay_qids: list[str] = []
+        available = 0
         if self.delayed_start.started and self.cfg.replay.rho > 0:
+            available = self.replay.size()
             replay_qids = self.replay.sample_questions(int(math.floor(self.cfg.replay.rho * self.B)), rng=self.rng)
         fresh = self.stream.next(self.B - len(replay_qids))
         requests = [self._request(p, kind="fresh", n=self.K) for p in fresh]
         requests += [self._request(self.prompts[q], kind="replay", n=self.K - 1) for q in replay_qids]
         plan = StepPlan(step=step, admitted_version=self.version, request_ids={r.request_id for r in requests},
-                        n_fresh=len(fresh), n_replay=len(replay_qids))
+                        n_fresh=len(fresh), n_replay=len(replay_qids), available=available)
         self.plans[step] = plan
         for r in requests:
             self.owner[r.request_id] = step
@@ -159,8 +168,15 @@ class Driver:
     # -- 3. waiting ------------------------------------------------------------------------------------
     def wait(self, step: int) -> StepPlan:
         plan = self.plans[step]
+        last_progress = time.monotonic()
         while plan.done != plan.request_ids:
+            if time.monotonic() - last_progress > self.stall_timeout_s:
+                raise RuntimeError(f"step {step}: no generation finished for {self.stall_timeout_s:.0f} s; "
+                                   f"{len(plan.request_ids - plan.done)} requests outstanding, "
+                                   f"{self.samplers.size()} live samplers")
             for result in self.samplers.poll(timeout_s=0.05):
+                last_progress = time.monotonic()
+                self.results.append((result.sampler, result.policy_version, self.version))
                 # tokens are attributed to the step of the call's first request
                 first = self.plans.get(self.owner.get(result.request_ids[0], step))
                 (first or plan).tokens += result.tokens
@@ -223,7 +239,7 @@ class Driver:
                 M.SOLVE_RATIO: solve_ratio, M.TOKENS: plan.tokens, M.TOKENS_PER_S: plan.tokens / max(dt, 1e-9),
                 M.GROUPS_PER_S: len(groups) / max(dt, 1e-9),
                 M.RESPONSE_LEN: float(np.mean([len(t.response_ids) for t in fresh])) if fresh else 0.0,
-                M.N_FRESH: plan.n_fresh, M.N_REPLAY: plan.n_replay}
+                M.N_FRESH: plan.n_fresh, M.N_REPLAY: plan.n_replay, M.REPLAY_AVAILABLE: plan.available}
 
     def replay_metrics(self) -> dict[str, float]:
         st = self.replay.stats()

@@ -30,6 +30,7 @@ RETIRED = "replay/retired"  # questions solved K/K, retired for good
 TRAJECTORIES = "replay/trajectories"  # stored correct trajectories
 N_REPLAY = "replay/n_replay"  # replayed groups in this step's batch
 N_FRESH = "replay/n_fresh"  # fresh groups in this step's batch
+REPLAY_AVAILABLE = "replay/available"  # replayable questions when this step was scheduled
 # system/
 VERSION = "system/policy_version"  # learner version after this step
 STALENESS_MEAN = "system/staleness_mean"  # mean (training version - sampling version) over the batch

@@ -7,7 +7,8 @@ port on bundle 0's node for the torch.distributed rendezvous, starts the actors 
 
 A batch is split into L equal contiguous slices of whole groups, one per rank. Every rank must run the
 same number of micro-batches (ZeRO reduces gradients inside backward), so the slices must hold the same
-number of rows per mini-batch; ``update`` checks this before dispatching.
+number of rows per mini-batch; ``update`` checks this before dispatching. With ``minibatches`` > 1,
+optimiser step m uses the m-th mini-batch of every rank's slice (not the m-th contiguous part of the batch).
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ def _mean_metrics(results: Sequence[dict[str, float]]) -> dict[str, float]:
 
 def _minibatch_rows(groups: Sequence[Group], minibatches: int) -> tuple[int, ...]:
     per = len(groups) // minibatches
-    return tuple(sum(len(g.trajectories) for g in groups[m * per : (m + 1) * per]) for m in range(minibatches))
+    return tuple(
+        sum(len(g.trajectories) for g in groups[m * per : (m + 1) * per]) for m in range(minibatches)
+    )
 
 
 class LearnerGroup:
@@ -81,16 +84,32 @@ class LearnerGroup:
         def strategy(i: int) -> PlacementGroupSchedulingStrategy:
             return PlacementGroupSchedulingStrategy(placement_group=self._pg, placement_group_bundle_index=i)
 
-        probe = make_actor(_Rendezvous, name="exgrpo-learner-rendezvous", num_cpus=0, num_gpus=0,
-                           scheduling_strategy=strategy(0))
+        probe = make_actor(
+            _Rendezvous,
+            name="exgrpo-learner-rendezvous",
+            num_cpus=0,
+            num_gpus=0,
+            scheduling_strategy=strategy(0),
+        )
         master_addr, master_port = ray.get(probe.address.remote())
         ray.kill(probe)
         self.actors = [
             make_actor(
-                Learner, name=f"exgrpo-learner-{i}", num_cpus=learner_cfg.num_cpus,
-                num_gpus=learner_cfg.num_gpus, scheduling_strategy=strategy(i),
-                model_path=model_path, learner=learner_cfg, loss=loss_cfg, max_response_len=max_response_len,
-                rank=i, world_size=num, master_addr=master_addr, master_port=master_port, seed=seed, dtype=dtype,
+                Learner,
+                name=f"exgrpo-learner-{i}",
+                num_cpus=learner_cfg.num_cpus,
+                num_gpus=learner_cfg.num_gpus,
+                scheduling_strategy=strategy(i),
+                model_path=model_path,
+                learner=learner_cfg,
+                loss=loss_cfg,
+                max_response_len=max_response_len,
+                rank=i,
+                world_size=num,
+                master_addr=master_addr,
+                master_port=master_port,
+                seed=seed,
+                dtype=dtype,
             )
             for i in range(num)
         ]
@@ -105,7 +124,9 @@ class LearnerGroup:
         """Mean response-token entropy of each candidate, computed in L contiguous chunks, in order."""
         n, size = len(candidates), math.ceil(len(candidates) / self.num) if candidates else 0
         chunks = [list(candidates[i * size : min((i + 1) * size, n)]) for i in range(self.num)]
-        results = ray.get([a.entropies.remote(candidates=c) for a, c in zip(self.actors, chunks, strict=True)])
+        results = ray.get(
+            [a.entropies.remote(candidates=c) for a, c in zip(self.actors, chunks, strict=True)]
+        )
         return [e for r in results for e in r]
 
     def update(self, *, batch: TrainBatch) -> dict[str, float]:
@@ -119,13 +140,19 @@ class LearnerGroup:
         per = len(groups) // self.num
         slices = [groups[i * per : (i + 1) * per] for i in range(self.num)]
         if per % self.cfg.minibatches:
-            raise ValueError(f"{per} groups per learner cannot form learners.minibatches={self.cfg.minibatches}")
+            raise ValueError(
+                f"{per} groups per learner cannot form learners.minibatches={self.cfg.minibatches}"
+            )
         rows = {_minibatch_rows(s, self.cfg.minibatches) for s in slices}
         if len(rows) > 1:
-            raise ValueError(f"learner slices hold different row counts per mini-batch {sorted(rows)}; every "
-                             "rank must run the same number of micro-batches (give every group K trajectories)")
-        refs = [a.update.remote(groups=s, clip=batch.clip, version=batch.version)
-                for a, s in zip(self.actors, slices, strict=True)]
+            raise ValueError(
+                f"learner slices hold different row counts per mini-batch {sorted(rows)}; every "
+                "rank must run the same number of micro-batches (give every group K trajectories)"
+            )
+        refs = [
+            a.update.remote(groups=s, clip=batch.clip, version=batch.version)
+            for a, s in zip(self.actors, slices, strict=True)
+        ]
         return _mean_metrics(ray.get(refs))
 
     def get_weights_ref(self) -> ray.ObjectRef:

@@ -61,8 +61,15 @@ class GuardedAdamW(torch.optim.AdamW):
     """
 
     def __init__(
-        self, params: Any, *, lr: float, betas: tuple[float, float], weight_decay: float,
-        grad_clip: float, skip_grad_norm: float, partitioned: bool,
+        self,
+        params: Any,
+        *,
+        lr: float,
+        betas: tuple[float, float],
+        weight_decay: float,
+        grad_clip: float,
+        skip_grad_norm: float,
+        partitioned: bool,
     ) -> None:
         super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay)
         self.grad_clip = grad_clip
@@ -159,9 +166,18 @@ class Learner:
     """One DeepSpeed rank: ``setup``, then ``entropies`` / ``update`` / weight export and sync."""
 
     def __init__(
-        self, *, model_path: str, learner: LearnerConfig, loss: LossConfig, max_response_len: int,
-        rank: int = 0, world_size: int = 1, master_addr: str = "127.0.0.1", master_port: int = 29500,
-        seed: int = 0, dtype: str = "float32",
+        self,
+        *,
+        model_path: str,
+        learner: LearnerConfig,
+        loss: LossConfig,
+        max_response_len: int,
+        rank: int = 0,
+        world_size: int = 1,
+        master_addr: str = "127.0.0.1",
+        master_port: int = 29500,
+        seed: int = 0,
+        dtype: str = "float32",
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r}: choose one of {sorted(DTYPES)}")
@@ -185,13 +201,19 @@ class Learner:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         os.environ.update(
-            MASTER_ADDR=self.master_addr, MASTER_PORT=str(self.master_port), RANK=str(self.rank),
-            WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
+            MASTER_ADDR=self.master_addr,
+            MASTER_PORT=str(self.master_port),
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK="0",
         )
         if not dist.is_initialized():
             dist.init_process_group(
-                backend, init_method=f"tcp://{self.master_addr}:{self.master_port}",
-                rank=self.rank, world_size=self.world_size,
+                backend,
+                init_method=f"tcp://{self.master_addr}:{self.master_port}",
+                rank=self.rank,
+                world_size=self.world_size,
+                device_id=self.device if self.device.type == "cuda" else None,
             )
         elif (dist.get_rank(), dist.get_world_size()) != (self.rank, self.world_size):
             raise RuntimeError("torch.distributed is already initialised with another rank/world size")
@@ -205,11 +227,17 @@ class Learner:
         model.eval()  # dropout off: old_logp equals the first micro-batch's logp (ratio 1 at the start)
         self._specs = param_specs(model.state_dict())  # before ZeRO-3 could partition the parameters
         self.optimizer = GuardedAdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=self.cfg.lr, betas=self.cfg.betas,
-            weight_decay=self.cfg.weight_decay, grad_clip=self.cfg.grad_clip,
-            skip_grad_norm=self.cfg.skip_grad_norm, partitioned=self.cfg.zero_stage >= 1,
+            [p for p in model.parameters() if p.requires_grad],
+            lr=self.cfg.lr,
+            betas=self.cfg.betas,
+            weight_decay=self.cfg.weight_decay,
+            grad_clip=self.cfg.grad_clip,
+            skip_grad_norm=self.cfg.skip_grad_norm,
+            partitioned=self.cfg.zero_stage >= 1,
         )
-        self.engine, *_ = deepspeed.initialize(model=model, optimizer=self.optimizer, config=self._ds_config())
+        self.engine, *_ = deepspeed.initialize(
+            model=model, optimizer=self.optimizer, config=self._ds_config()
+        )
 
     def _ds_config(self) -> dict[str, Any]:
         zero: dict[str, Any] = {"stage": self.cfg.zero_stage}
@@ -235,7 +263,9 @@ class Learner:
 
     # ---------------------------------------------------------------- forward helpers
     def _response_logits(self, enc: _Encoded) -> Tensor:
-        logits = self.engine(input_ids=enc.input_ids, attention_mask=enc.attention_mask, use_cache=False).logits
+        logits = self.engine(
+            input_ids=enc.input_ids, attention_mask=enc.attention_mask, use_cache=False
+        ).logits
         index = enc.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])  # (n, R, V)
         return logits.gather(1, index)  # (n, R, V)
 
@@ -279,8 +309,10 @@ class Learner:
         start = time.perf_counter()
         m_count = self.cfg.minibatches
         if not groups or len(groups) % m_count:
-            raise ValueError(f"{len(groups)} groups cannot be split into learners.minibatches={m_count} "
-                             "mini-batches of whole groups")
+            raise ValueError(
+                f"{len(groups)} groups cannot be split into learners.minibatches={m_count} "
+                "mini-batches of whole groups"
+            )
         rows, bounds = [], [0]
         for g in groups:
             rewards = torch.tensor([[t.reward for t in g.trajectories]])  # (1, K)
@@ -300,8 +332,11 @@ class Learner:
         history = []
         for m in range(m_count):
             sl = slice(bounds[m * per], bounds[(m + 1) * per])
-            history.append(self._minibatch(rows[sl], old_logp[sl], tis[sl] if tis is not None else None,
-                                           r_max=r_max, clip=clip))
+            history.append(
+                self._minibatch(
+                    rows[sl], old_logp[sl], tis[sl] if tis is not None else None, r_max=r_max, clip=clip
+                )
+            )
         self._version = version + 1
         out = {k: _weighted([(h[k], 1.0) for h in history]) for k in history[0]}
         out["learner/skipped_steps"] = sum(h["learner/skipped_steps"] for h in history)
@@ -309,13 +344,15 @@ class Learner:
         out["learner/update_time_s"] = time.perf_counter() - start
         return out
 
-    def _minibatch(self, rows: list[_Row], old_logp: Tensor, tis: Tensor | None, *, r_max: int,
-                   clip: bool) -> dict[str, float]:
+    def _minibatch(
+        self, rows: list[_Row], old_logp: Tensor, tis: Tensor | None, *, r_max: int, clip: bool
+    ) -> dict[str, float]:
         """Accumulate the micro-batch gradients of one mini-batch and take one optimiser step."""
         lc, w = self.loss_cfg, self.world_size
         lengths = [len(r.response_ids) for r in rows]
         totals = torch.tensor([len(rows), sum(lengths)], dtype=torch.float64, device=self.device)
-        totals *= w
+        if w > 1:
+            dist.all_reduce(totals)
         n_all, t_all = float(totals[0]), max(float(totals[1]), 1.0)
         norm_len = self.max_response_len if lc.norm == "constant" else None
         slices = self._micro_slices(len(rows))
@@ -329,12 +366,18 @@ class Learner:
             logp = token_logprobs(logits, enc.tokens)  # (n, R)
             ent = token_entropy(logits)  # (n, R)
             loss, m = exgrpo_loss(
-                logp=logp, old_logp=old_logp[sl].to(self.device) if n_j else logp.detach(),
+                logp=logp,
+                old_logp=old_logp[sl].to(self.device) if n_j else logp.detach(),
                 advantages=torch.tensor([r.advantage for r in chunk] or [0.0], device=self.device),
-                response_mask=enc.mask, replayed=torch.tensor([r.replayed for r in chunk] or [False],
-                                                              device=self.device),
-                clip=clip, clip_eps=lc.clip_eps, beta=lc.beta, norm_len=norm_len, entropy=ent,
-                entropy_coef=lc.entropy_coef, shaping=lc.policy_shaping,
+                response_mask=enc.mask,
+                replayed=torch.tensor([r.replayed for r in chunk] or [False], device=self.device),
+                clip=clip,
+                clip_eps=lc.clip_eps,
+                beta=lc.beta,
+                norm_len=norm_len,
+                entropy=ent,
+                entropy_coef=lc.entropy_coef,
+                shaping=lc.policy_shaping,
                 tis_weight=tis[sl].to(self.device) if tis is not None and n_j else None,
             )
             w_pg = w * (n_j / n_all if norm_len is not None else t_j / t_all)
@@ -347,8 +390,9 @@ class Learner:
         self.engine.step()
         return self._minibatch_metrics(parts, constant=norm_len is not None)
 
-    def _minibatch_metrics(self, parts: list[tuple[dict[str, float], int, int]], *, constant: bool
-                           ) -> dict[str, float]:
+    def _minibatch_metrics(
+        self, parts: list[tuple[dict[str, float], int, int]], *, constant: bool
+    ) -> dict[str, float]:
         pg = _weighted([(m["pg_loss"], n if constant else t) for m, n, t in parts])
         ent = _weighted([(m["entropy"], t) for m, _, t in parts])
         fresh = [(m, m["num_fresh_tokens"]) for m, _, _ in parts]
@@ -358,7 +402,9 @@ class Learner:
             "learner/entropy": ent,
             "learner/clip_frac": _weighted([(m["clip_frac"], f) for m, f in fresh]),
             "learner/ratio_fresh": _weighted([(m["ratio_fresh_mean"], f) for m, f in fresh]),
-            "learner/ratio_replay": _weighted([(m["ratio_replay_mean"], m["num_replay_tokens"]) for m, _, _ in parts]),
+            "learner/ratio_replay": _weighted(
+                [(m["ratio_replay_mean"], m["num_replay_tokens"]) for m, _, _ in parts]
+            ),
             "learner/approx_kl": _weighted([(m["approx_kl"], f) for m, f in fresh]),
             "learner/grad_norm": self.optimizer.last_grad_norm,
             "learner/skipped_steps": float(self.optimizer.overflow),
@@ -403,7 +449,10 @@ class Learner:
         self._sender.connect()
 
     def broadcast_weights(self) -> float:
-        """Broadcast the current weights to the sync world; returns seconds."""
+        """Broadcast the current weights to the sync world; returns seconds.
+
+        Under ZeRO-3 the parameters are gathered first, a collective: every rank must call this then.
+        """
         if self._sender is None:
             raise RuntimeError("call open_sync_group and connect_sync_group before broadcast_weights")
         with self._full_params():
@@ -416,12 +465,15 @@ class Learner:
         with self._full_params():
             if self.rank == 0:
                 self.engine.module.save_pretrained(out, state_dict=self.engine.module.state_dict())
-        self.engine.save_checkpoint(str(out / "deepspeed"), tag="state", client_state={"version": self._version})
+        self.engine.save_checkpoint(
+            str(out / "deepspeed"), tag="state", client_state={"version": self._version}
+        )
 
     def load(self, *, path: str) -> None:
         """Restore weights, optimiser moments and the version saved by ``save`` (all ranks call)."""
-        _, client = self.engine.load_checkpoint(str(Path(path) / "deepspeed"), tag="state",
-                                                load_lr_scheduler_states=False)
+        _, client = self.engine.load_checkpoint(
+            str(Path(path) / "deepspeed"), tag="state", load_lr_scheduler_states=False
+        )
         if client is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {path}/deepspeed")
         self._version = int(client["version"])

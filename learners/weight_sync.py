@@ -222,7 +222,9 @@ class CollectiveSender(_SyncEndpoint):
     ) -> None:
         _require_gloo(backend)
         if world_size < 2:
-            raise ValueError(f"a sync world needs the sender and at least one receiver, got world_size={world_size}")
+            raise ValueError(
+                f"a sync world needs the sender and at least one receiver, got world_size={world_size}"
+            )
         store = dist.TCPStore(
             host, 0, world_size, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
         )

@@ -47,8 +47,13 @@ def _receiver(info: SyncGroupInfo, rank: int, specs: list[ParamSpec], rounds: in
         rx.connect()
         for _ in range(rounds):
             got = rx.receive()
-            queue.put((rank, {k: (tuple(v.shape), str(v.dtype), _digest(v)) for k, v in got.items()},
-                       rx.last_num_buckets))
+            queue.put(
+                (
+                    rank,
+                    {k: (tuple(v.shape), str(v.dtype), _digest(v)) for k, v in got.items()},
+                    rx.last_num_buckets,
+                )
+            )
     except Exception as e:  # reported to the parent, which fails the test
         queue.put((rank, f"{type(e).__name__}: {e}", -1))
 
@@ -78,7 +83,10 @@ def test_plan_buckets_by_hand():
         Bucket("float32", (4,), 1),
         Bucket("bfloat16", (1,), 4),
     ]
-    assert plan_buckets(specs, bucket_bytes=1 << 20) == [Bucket("float32", (0, 2, 3, 4), 18), Bucket("bfloat16", (1,), 4)]
+    assert plan_buckets(specs, bucket_bytes=1 << 20) == [
+        Bucket("float32", (0, 2, 3, 4), 18),
+        Bucket("bfloat16", (1,), 4),
+    ]
 
 
 def test_to_numpy_state_copies_and_widens_bfloat16():
@@ -100,7 +108,9 @@ def test_nccl_is_not_implemented_with_a_pointer():
 def test_broadcast_to_two_receivers_is_exact_and_bucketed():
     sent = [_weights(1), _weights(2)]
     specs = param_specs(sent[0])
-    sender = CollectiveSender(world_size=3, group_name="test-sync", bucket_mb=2e-3, timeout_s=60)  # 2097 bytes
+    sender = CollectiveSender(
+        world_size=3, group_name="test-sync", bucket_mb=2e-3, timeout_s=60
+    )  # 2097 bytes
     procs, queue = _start_receivers(sender.info, specs, rounds=2)
     try:
         sender.connect()
