@@ -11,7 +11,6 @@ A plain class: `run.py` makes it the Ray actor `exgrpo-sampler-<i>`; tests run i
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,7 +65,6 @@ class Sampler:
         self.replay = replay
         self._tokenizer = _load_tokenizer(engine.model_path) if template in ("chat", "think") else None
         self._seed = seed
-        self._calls = 0
         self._receiver = None
         self.weight_load_s = 0.0  # time spent applying the last weights
 
@@ -82,11 +80,10 @@ class Sampler:
         """Sample, verify and push one batch of requests; returns a small summary."""
         texts = [self.render(r.prompt) for r in requests]
         version = self.engine.version
-        self._calls += 1
         t0 = time.perf_counter()
         outs = self.engine.generate(texts, n=[r.n for r in requests], max_tokens=self.max_response_len,
                                     temperature=self.temperature, top_p=self.top_p,
-                                    seed=self._seed * 1_000_003 + self._calls)
+                                    seed=self._seed * 1_000_003 + requests[0].request_id)
         t1 = time.perf_counter()
         flat = [c for comps in outs for c in comps]
         golds = [r.prompt.answer for r, comps in zip(requests, outs, strict=True) for _ in comps]
@@ -94,7 +91,7 @@ class Sampler:
         t2 = time.perf_counter()
         groups, i = [], 0
         for req, text, comps in zip(requests, texts, outs, strict=True):
-            gid = uuid.uuid4().hex[:12]
+            gid = f"r{req.request_id}"  # deterministic, so resumed runs store identical records
             trajs = []
             for c in comps:
                 trajs.append(Trajectory(qid=req.prompt.qid, response_ids=tuple(c.token_ids), logprobs=tuple(c.logprobs),

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from buffers.experience import ExperiencePool
+from buffers.records import groups_from_arrow, groups_to_arrow
 from exgrpo.types import Group, Trajectory
 
 
@@ -114,14 +115,21 @@ class ReplayShard:
         )
 
     def snapshot(self, *, path: str) -> int:
-        """Write the pool to a parquet file (atomically); returns bytes written."""
-        target = Path(path)
-        tmp = target.with_suffix(".tmp")
-        pq.write_table(self.pool.to_arrow(), tmp)
-        tmp.replace(target)
-        return target.stat().st_size
+        """Write the pool to `<path>` and the queue of finished groups to `<path>.ready` (parquet).
+
+        Each file is written under a temporary name and renamed. Returns the bytes written.
+        """
+        written = 0
+        for table, target in ((self.pool.to_arrow(), Path(path)),
+                              (groups_to_arrow(list(self._ready.values())), Path(f"{path}.ready"))):
+            tmp = target.with_name(target.name + ".tmp")
+            pq.write_table(table, tmp)
+            tmp.replace(target)
+            written += target.stat().st_size
+        return written
 
     def restore(self, *, path: str) -> None:
-        self.pool = ExperiencePool.from_arrow(
-            pq.read_table(path), k_rollouts=self.k_rollouts, **self._pool_kwargs
-        )
+        """Load what `snapshot` wrote (the pool, and the finished groups if that file exists)."""
+        self.pool = ExperiencePool.from_arrow(pq.read_table(path), k_rollouts=self.k_rollouts, **self._pool_kwargs)
+        ready = Path(f"{path}.ready")
+        self._ready = {g.request_id: g for g in groups_from_arrow(pq.read_table(ready))} if ready.exists() else {}

@@ -51,7 +51,8 @@ class StepPlan:
 class Driver:
     def __init__(self, *, cfg: Config, samplers: Any, replay: Any, learners: Any, train: Sequence[Prompt],
                  evaluation: Sequence[Prompt] = (), logger: M.MetricsLogger | None = None, progress: Any = None,
-                 controller: Any = None, on_batch: Any = None, stall_timeout_s: float = 900.0) -> None:
+                 controller: Any = None, on_batch: Any = None, stall_timeout_s: float = 900.0,
+                 checkpointer: Any = None) -> None:
         self.cfg = cfg
         self.samplers, self.replay, self.learners = samplers, replay, learners
         self.logger, self.progress, self.controller = logger, progress, controller
@@ -69,6 +70,9 @@ class Driver:
         self.delayed_start = DelayedStart(threshold)
         if self.delayed_start.started:
             replay.set_collect(on=True)
+        self.checkpointer = checkpointer  # optional callable(driver) that writes a checkpoint
+        self.step = 0  # next step to train
+        self.next_schedule = 0  # next step to admit
         self.version = 0
         self.next_request_id = 0
         self.plans: dict[int, StepPlan] = {}
@@ -80,16 +84,18 @@ class Driver:
 
     # -- the loop --------------------------------------------------------------------------------------
     def train(self) -> list[dict[str, Any]]:
+        """Run (or, after `load_state_dict`, continue) until `trainer.steps`; returns this call's records."""
         steps = self.cfg.trainer.steps
         records: list[dict[str, Any]] = []
-        self.evaluate()
-        next_step = 0
-        for step in range(steps):
+        if self.step == 0:
+            self.evaluate()
+        while self.step < steps:
+            step = self.step
             t0 = time.perf_counter()
             self.apply_scaling()
-            while next_step < steps and next_step <= self.version + self.eta:
-                self.schedule(next_step)
-                next_step += 1
+            while self.next_schedule < steps and self.next_schedule <= self.version + self.eta:
+                self.schedule(self.next_schedule)
+                self.next_schedule += 1
             plan = self.wait(step)
             t_wait = time.perf_counter()
             groups = self.replay.pull_batch(n_fresh=plan.n_fresh, n_replay=plan.n_replay)
@@ -130,6 +136,10 @@ class Driver:
             if self.progress is not None:
                 self.progress(record)
             del self.plans[step]
+            self.step += 1
+            every = self.cfg.trainer.checkpoint_every
+            if self.checkpointer is not None and ((every and self.step % every == 0) or self.step == steps):
+                self.checkpointer(self)
         return records
 
     def apply_scaling(self) -> None:
@@ -248,6 +258,39 @@ class Driver:
         for k in range(1, self.K):
             out[M.REPLAY_BUCKET.format(k=k)] = st.bucket_sizes.get(k, 0)
         return out
+
+
+    # -- checkpoint state ------------------------------------------------------------------------------
+    def drain(self) -> None:
+        """Finish every admitted request (their groups wait in the shards), so a checkpoint is exact."""
+        for step in sorted(self.plans):
+            self.wait(step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able driver state; call `drain()` first."""
+        return {
+            "step": self.step, "next_schedule": self.next_schedule, "version": self.version,
+            "next_request_id": self.next_request_id, "rng": self.rng.bit_generator.state,
+            "stream": self.stream.state_dict(), "delayed_start": self.delayed_start.state_dict(),
+            "plans": [{"step": p.step, "admitted_version": p.admitted_version, "request_ids": sorted(p.request_ids),
+                       "n_fresh": p.n_fresh, "n_replay": p.n_replay, "available": p.available, "tokens": p.tokens}
+                      for p in self.plans.values()],
+            "eval_history": self.eval_history,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.next_schedule = int(state["step"]), int(state["next_schedule"])
+        self.version, self.next_request_id = int(state["version"]), int(state["next_request_id"])
+        self.rng.bit_generator.state = state["rng"]
+        self.stream.load_state_dict(state["stream"])
+        self.delayed_start.load_state_dict(state["delayed_start"])
+        self.plans = {}
+        for p in state["plans"]:
+            ids = set(p["request_ids"])
+            self.plans[p["step"]] = StepPlan(step=p["step"], admitted_version=p["admitted_version"], request_ids=ids,
+                                             n_fresh=p["n_fresh"], n_replay=p["n_replay"], available=p["available"],
+                                             done=set(ids), tokens=p["tokens"])
+        self.eval_history = list(state.get("eval_history", []))
 
 
 def _solve_ratio(groups: Sequence[Group]) -> float:

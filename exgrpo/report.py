@@ -30,6 +30,11 @@ class Progress:
         self._bar.set_postfix(post, refresh=False)
         self._bar.update(1)
 
+    def skip(self, n: int) -> None:
+        """Steps already done before a resume."""
+        if self._bar is not None:
+            self._bar.update(n)
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()

@@ -99,7 +99,7 @@ def build_system(cfg: Config, *, model_path: str) -> System:
         return remote_actor(Sampler, name=f"exgrpo-sampler-{index}", num_cpus=s.num_cpus, num_gpus=s.num_gpus,
                             index=index, engine=spec, template=cfg.model.template, max_response_len=cfg.model.max_response_len,
                             temperature=s.temperature, top_p=s.top_p, verify_timeout_s=s.verify_timeout_s,
-                            replay=replay, seed=cfg.trainer.seed * 1000 + index)
+                            replay=replay, seed=cfg.trainer.seed)
 
     samplers = SamplerPool(spawn=spawn, num=s.num, requests_per_call=s.requests_per_call)
     ray.get([h.ping.remote() for h in samplers.handles()])
@@ -130,9 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="YAML file or packaged config name (default: the embedded default)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--dry-run", action="store_true", help="validate and print the placement plan, start nothing")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint "
+                        "(its config.yaml is used; overrides such as trainer.steps=40 still apply)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. replay.rho=0.25 trainer.steps=10")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.resume:
+        if args.config:
+            parser.error("--resume uses the run's own config.yaml; pass changes as overrides instead of --config")
+        args.config = str(Path(args.resume) / "config.yaml")
+        args.overrides = [*args.overrides, f"logging.run_dir={args.resume}"]
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
@@ -146,40 +153,55 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(placement_plan(cfg))
         return 0
-    return train(cfg)
+    return train(cfg, resume=bool(args.resume))
 
 
-def train(cfg: Config) -> int:
+def train(cfg: Config, *, resume: bool = False) -> int:
     import ray
 
+    from exgrpo.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
     from exgrpo.driver import Driver
-    from exgrpo.metrics import MetricsLogger
+    from exgrpo.metrics import MetricsLogger, read_jsonl
     from exgrpo.models import resolve_model
     from exgrpo.report import Progress, write_report
     from exgrpo.sources import load_prompts
 
     t_start = time.perf_counter()
     run_dir = make_run_dir(cfg)
-    model_path = str(resolve_model(cfg.model.path, cache_dir=cfg.model.cache_dir))
+    ckpt = latest_checkpoint(run_dir) if resume else None
+    if resume and ckpt is None:
+        print(f"error: no complete checkpoint under {run_dir}/checkpoints", file=sys.stderr)
+        return 2
+    model_path = str(ckpt / "model") if ckpt else str(resolve_model(cfg.model.path, cache_dir=cfg.model.cache_dir))
     train_set, eval_set = load_prompts(cfg)
     log.info("run dir %s; model %s; %d train / %d eval questions", run_dir, model_path, len(train_set), len(eval_set))
     init_ray(cfg)
     system = build_system(cfg, model_path=model_path)
     logger = MetricsLogger(run_dir, ray_metrics=cfg.logging.ray_metrics)
     progress = Progress(total=cfg.trainer.steps, enabled=cfg.logging.progress)
+    def checkpointer(drv: Driver) -> None:
+        path, seconds = save_checkpoint(run_dir, driver=drv, learners=system.learners, replay=system.replay,
+                                        model_path=model_path, keep=cfg.trainer.keep_checkpoints)
+        log.info("checkpoint %s written in %.2f s", path, seconds)
+
     driver = Driver(cfg=cfg, samplers=system.samplers, replay=system.replay, learners=system.learners,
                     train=train_set, evaluation=eval_set, logger=logger, progress=progress.update,
-                    controller=system.controller)
+                    controller=system.controller, checkpointer=checkpointer)
     try:
-        records = driver.train()
+        if ckpt is not None:
+            restore_checkpoint(ckpt, driver=driver, learners=system.learners, replay=system.replay)
+            driver.broadcast()  # samplers loaded the checkpoint's weights; tag them with its version
+            progress.skip(driver.step)
+            log.info("resumed from %s at step %d (policy version %d)", ckpt, driver.step, driver.version)
+        driver.train()
         system.learners.save(path=str(run_dir / "final"))
         copy_tokenizer(model_path, run_dir / "final")
     finally:
         progress.close()
         logger.close()
         system.shutdown()
-    write_report(run_dir, records=records, evals=driver.eval_history, wall_s=time.perf_counter() - t_start,
-                 plots=cfg.logging.plots)
+    write_report(run_dir, records=read_jsonl(logger.path), evals=driver.eval_history,
+                 wall_s=time.perf_counter() - t_start, plots=cfg.logging.plots)
     if not os.environ.get("RAY_ADDRESS"):
         ray.shutdown()
     return 0

