@@ -10,13 +10,20 @@ Held-out guarantee: a fixed keyed hash of the question text splits the whole que
 into an eval part (1/8) and a train part (7/8), independently of any seed. The train split only
 emits train-part questions and the eval split only eval-part ones, so no eval question text can
 appear in any train split, whatever the seeds. See docs/task.md for the reasoning.
+
+`gsm` asks grade-school word problems of one to three steps over small integers, e.g. "Tom has 12
+apples. He buys 3 bags of 4 apples. How many apples does Tom have now?" -> `24` (see `GsmTask`).
+Its held-out split hashes the problem's equation ("12+3*4") rather than its wording, so no eval
+problem shares its arithmetic with any train problem, whatever the names and items around it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from string import Formatter
 from typing import Literal, Protocol
 
 import numpy as np
@@ -167,11 +174,217 @@ def _column_carries(a: int, b: int, *, subtract: bool) -> int:
     return count
 
 
-BUILTIN_TASKS: dict[str, type[ArithTask]] = {"arith": ArithTask}
+# --------------------------------------------------------------------------- gsm: word problems
+
+_NAMES = (
+    ("Tom", "He", "him"),
+    ("Anna", "She", "her"),
+    ("Sam", "He", "him"),
+    ("Lily", "She", "her"),
+    ("Ben", "He", "him"),
+    ("Mia", "She", "her"),
+    ("Jack", "He", "him"),
+    ("Emma", "She", "her"),
+    ("Leo", "He", "him"),
+    ("Zoe", "She", "her"),
+)  # (name, subject pronoun, object pronoun)
+_ITEMS = (
+    "apples",
+    "marbles",
+    "stickers",
+    "pencils",
+    "cookies",
+    "books",
+    "stamps",
+    "shells",
+    "cards",
+    "balloons",
+)
+_BOXES = ("bags", "boxes", "packs")
+_KINDS = ("add", "sub", "bags", "share")  # +n, -n, +b*c, -b*c
+# One sentence per step. Fields: {S} subject pronoun, {O} object pronoun, {F} a friend, {x} the item,
+# {k} a container; numbers {n} (add, sub), {b} and {c} (products: b containers/friends of c each).
+_PHRASES: dict[str, tuple[str, ...]] = {
+    "add": ("{S} buys {n} more {x}.", "{S} finds {n} more {x}.", "{F} gives {O} {n} {x}."),
+    "sub": ("{S} gives {n} {x} to {F}.", "{S} loses {n} {x}.", "{S} sells {n} {x}."),
+    "bags": ("{S} buys {b} {k} of {c} {x}.", "{S} gets {b} {k} with {c} {x} in each."),
+    "share": ("{S} gives {c} {x} to each of {b} friends.",),
+}
+_OPENING = re.compile(r"(?P<name>[A-Z][a-z]+) has (?P<a>\d+) (?P<x>[a-z]+)\.")
+_CLOSING = re.compile(r"How many (?P<x>[a-z]+) does (?P<name>[A-Z][a-z]+) have now\?")
+
+
+def _phrase_pattern(template: str) -> re.Pattern[str]:
+    """A phrase template as a regex: number fields captured by name, word fields matched as words."""
+    parts = []
+    for literal, field_name, _, _ in Formatter().parse(template):
+        parts.append(re.escape(literal))
+        if field_name in ("n", "b", "c"):
+            parts.append(f"(?P<{field_name}>\\d+)")
+        elif field_name:
+            parts.append("[A-Za-z]+")
+    return re.compile("".join(parts))
+
+
+_PATTERNS = tuple((kind, _phrase_pattern(t)) for kind, phrases in _PHRASES.items() for t in phrases)
+
+
+@dataclass(frozen=True)
+class GsmStep:
+    """One step of a word problem: `count * size` items gained (add, bags) or lost (sub, share)."""
+
+    kind: str  # one of "add", "sub", "bags", "share"
+    count: int  # n for add/sub; b (containers or friends) for bags/share
+    size: int = 1  # c (items per container or per friend); 1 for add/sub
+
+    @property
+    def delta(self) -> int:
+        return (1 if self.kind in ("add", "bags") else -1) * self.count * self.size
+
+    def term(self) -> str:
+        """This step in the problem's equation: "+5", "-5", "+3*4" or "-3*4"."""
+        sign = "+" if self.delta >= 0 else "-"
+        return f"{sign}{self.count}" if self.kind in ("add", "sub") else f"{sign}{self.count}*{self.size}"
+
+
+@dataclass(frozen=True)
+class GsmProblem:
+    """A parsed word problem: the starting count and the steps, in order."""
+
+    start: int
+    steps: tuple[GsmStep, ...]
+
+    @property
+    def equation(self) -> str:
+        """E.g. "12+3*4-5": the held-out split hashes this, not the wording."""
+        return str(self.start) + "".join(s.term() for s in self.steps)
+
+    @property
+    def answer(self) -> int:
+        return self.start + sum(s.delta for s in self.steps)
+
+
+def parse_gsm(question: str) -> GsmProblem:
+    """The problem behind a `gsm` question (raises ValueError on any other text)."""
+    sentences = re.split(r"(?<=[.?])\s+", question.strip())
+    opening = _OPENING.fullmatch(sentences[0])
+    closing = _CLOSING.fullmatch(sentences[-1])
+    if len(sentences) < 3 or opening is None or closing is None:
+        raise ValueError(f"{question!r} is not a gsm question (like 'Tom has 12 apples. ... have now?')")
+    steps = []
+    for sentence in sentences[1:-1]:
+        match = next(((k, m) for k, p in _PATTERNS if (m := p.fullmatch(sentence))), None)
+        if match is None:
+            raise ValueError(f"{sentence!r} in {question!r} is not a gsm step")
+        kind, m = match
+        fields = m.groupdict()
+        if kind in ("add", "sub"):
+            steps.append(GsmStep(kind, int(fields["n"])))
+        else:
+            steps.append(GsmStep(kind, int(fields["b"]), int(fields["c"])))
+    return GsmProblem(start=int(opening["a"]), steps=tuple(steps))
+
+
+@dataclass(frozen=True)
+class GsmTask:
+    """Grade-school word problems: a starting count, one to three steps, "how many now?".
+
+    Sampling per question: a name, a friend, an item; start uniform in 2..max_start; 1, 2 or 3 steps
+    with probabilities `step_probs`; each step's kind with probabilities `kind_probs` over
+    (add n, sub n, bags +b*c, share -b*c), n in 2..max_n, b in 2..6 and c in 2..10, and a phrasing
+    drawn uniformly from the kind's phrases. A step that would make the count negative is redrawn,
+    so every answer is a non-negative integer. Questions are unique within a split.
+    """
+
+    seed: int = 0  # default seed of make_split
+    step_probs: tuple[float, float, float] = (0.4, 0.35, 0.25)  # 1, 2, 3 steps
+    kind_probs: tuple[float, float, float, float] = (0.3, 0.3, 0.25, 0.15)  # add, sub, bags, share
+    max_start: int = 30  # largest starting count
+    max_n: int = 15  # largest count added or removed in one add/sub step
+    name: str = "gsm"
+
+    def make_split(self, *, split: Split, n: int, seed: int | None = None) -> list[Prompt]:
+        """n prompts with qids `gsm-{split}-{i:05d}`; deterministic in (split, n, seed) and prefix-stable."""
+        if split not in _SPLIT_STREAM:
+            raise ValueError(f"split={split!r} must be 'train' or 'eval'")
+        if n < 0:
+            raise ValueError(f"n={n} must be >= 0")
+        seed = self.seed if seed is None else seed
+        rng = np.random.default_rng([seed, _SPLIT_STREAM[split], 7])  # 7: a stream apart from arith's
+        want_eval = split == "eval"
+        prompts: list[Prompt] = []
+        seen: set[str] = set()
+        for _ in range(200 * n + 10_000):
+            if len(prompts) == n:
+                return prompts
+            question, problem = self._draw(rng)
+            if question in seen or in_eval_part(problem.equation) != want_eval:
+                continue
+            seen.add(question)
+            prompts.append(
+                Prompt(
+                    qid=f"gsm-{split}-{len(prompts):05d}",
+                    question=question,
+                    answer=str(problem.answer),
+                    data_source=self.name,
+                )
+            )
+        if len(prompts) < n:
+            raise RuntimeError(f"could not draw {n} distinct {split} gsm questions")
+        return prompts
+
+    def solution_text(self, prompt: Prompt) -> str:
+        """A worked solution, one line per step, ending in `\\boxed{answer}` (raises if the gold disagrees)."""
+        problem = parse_gsm(prompt.question)
+        if prompt.answer.strip() != str(problem.answer):
+            raise ValueError(
+                f"{prompt.qid}: gold answer {prompt.answer!r} but {problem.equation} = {problem.answer}"
+            )
+        lines, total = [f"Start: {problem.start}."], problem.start
+        for step in problem.steps:
+            op = "+" if step.delta >= 0 else "-"
+            amount = abs(step.delta)
+            product = f"{step.count} * {step.size} = {amount}, so " if step.kind in ("bags", "share") else ""
+            lines.append(f"{product}{total} {op} {amount} = {total + step.delta}.")
+            total += step.delta
+        lines.append(f"The answer is {boxed(total)}.")
+        return "\n".join(lines)
+
+    def difficulty(self, prompt: Prompt) -> int:
+        """steps + product steps, e.g. "Tom has 12 apples. He buys 3 bags of 4 apples. ..." -> 1 + 1 = 2."""
+        steps = parse_gsm(prompt.question).steps
+        return len(steps) + sum(s.kind in ("bags", "share") for s in steps)
+
+    def _draw(self, rng: np.random.Generator) -> tuple[str, GsmProblem]:
+        i, j = rng.choice(len(_NAMES), size=2, replace=False)
+        name, subject, obj = _NAMES[int(i)]
+        words = {"S": subject, "O": obj, "F": _NAMES[int(j)][0], "x": _ITEMS[int(rng.integers(len(_ITEMS)))]}
+        start = int(rng.integers(2, self.max_start + 1))
+        total, steps, sentences = start, [], [f"{name} has {start} {words['x']}."]
+        for _ in range(1 + int(rng.choice(3, p=np.asarray(self.step_probs)))):
+            while True:  # redraw a step that would go negative (an add step always fits)
+                kind = _KINDS[int(rng.choice(4, p=np.asarray(self.kind_probs)))]
+                if kind in ("add", "sub"):
+                    step = GsmStep(kind, int(rng.integers(2, self.max_n + 1)))
+                else:
+                    step = GsmStep(kind, int(rng.integers(2, 7)), int(rng.integers(2, 11)))
+                if total + step.delta >= 0:
+                    break
+            phrases = _PHRASES[kind]
+            template = phrases[int(rng.integers(len(phrases)))]
+            box = _BOXES[int(rng.integers(len(_BOXES)))]
+            sentences.append(template.format(**words, k=box, n=step.count, b=step.count, c=step.size))
+            steps.append(step)
+            total += step.delta
+        sentences.append(f"How many {words['x']} does {name} have now?")
+        return " ".join(sentences), GsmProblem(start=start, steps=tuple(steps))
+
+
+BUILTIN_TASKS: dict[str, Callable[..., Task]] = {"arith": ArithTask, "gsm": GsmTask}
 
 
 def builtin_task(name: str, *, seed: int = 0) -> Task:
-    """A builtin task by name ("arith", or "builtin:arith" as written in configs)."""
+    """A builtin task by name ("arith", "gsm", or "builtin:gsm" as written in configs)."""
     key = name.removeprefix("builtin:")
     if key not in BUILTIN_TASKS:
         raise ValueError(f"unknown builtin task {name!r}; valid names: {', '.join(sorted(BUILTIN_TASKS))}")

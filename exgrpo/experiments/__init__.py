@@ -1,0 +1,1 @@
+"""Experiments: the ExGRPO vs GRPO comparison and the paper's ablations, in miniature."""
