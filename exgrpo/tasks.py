@@ -201,7 +201,8 @@ _ITEMS = (
     "balloons",
 )
 _BOXES = ("bags", "boxes", "packs")
-_KINDS = ("add", "sub", "bags", "share")  # +n, -n, +b*c, -b*c
+GsmKind = Literal["add", "sub", "bags", "share"]  # +n, -n, +b*c, -b*c
+_KINDS: tuple[GsmKind, ...] = ("add", "sub", "bags", "share")
 # One sentence per step. Fields: {S} subject pronoun, {O} object pronoun, {F} a friend, {x} the item,
 # {k} a container; numbers {n} (add, sub), {b} and {c} (products: b containers/friends of c each).
 _PHRASES: dict[str, tuple[str, ...]] = {
@@ -233,7 +234,7 @@ _PATTERNS = tuple((kind, _phrase_pattern(t)) for kind, phrases in _PHRASES.items
 class GsmStep:
     """One step of a word problem: `count * size` items gained (add, bags) or lost (sub, share)."""
 
-    kind: str  # one of "add", "sub", "bags", "share"
+    kind: GsmKind
     count: int  # n for add/sub; b (containers or friends) for bags/share
     size: int = 1  # c (items per container or per friend); 1 for add/sub
 

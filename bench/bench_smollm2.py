@@ -1,0 +1,191 @@
+"""One ExGRPO step of SmolLM2-135M on gsm, timed part by part, with both generation engines.
+
+    .venv/bin/python bench/bench_smollm2.py [--config configs/smollm2-135m-cpu.yaml] [--engines hf,vllm]
+
+Takes B, K, max_response_len, template, temperature and the learner settings from the config.
+Converts the model once into the cache path that `builtin:smollm2-135m` resolves to
+(`<model.cache_dir>/models/smollm2-135m-<fingerprint>`), then, in one run:
+
+1. for each engine: a `Sampler` (the production path: template, engine, verifier) generates K
+   rollouts of each of the first B gsm train questions after a short warm-up call, and reports
+   generation time, generated tokens (tokens/s = tokens / generation time) and verification time;
+2. one `Learner.update` (DeepSpeed, world size 1, the config's ZeRO stage and micro-batch size) on
+   the groups the first engine produced, after a timed `setup`.
+
+Each part runs in its own spawned process, so memory and thread settings do not leak between
+them (vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for the whole process once it
+starts; `VLLMEngine` sets one thread before that). Prints one line per engine, with the torch
+threads it ran on, and the step split generation / verification / update.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path("~/.cache/exgrpo/torch_extensions").expanduser()))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from actors.sampler import EngineSpec, Sampler  # noqa: E402
+from exgrpo.config import Config, load_config  # noqa: E402
+from exgrpo.smollm2 import convert_smollm2, smollm2_fingerprint  # noqa: E402
+from exgrpo.tasks import builtin_task  # noqa: E402
+from exgrpo.types import GenerationRequest, Group, Prompt  # noqa: E402
+
+torch.set_num_threads(1)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """One engine's generate + verify call on B questions x K rollouts."""
+
+    engine: str
+    load_s: float  # engine construction (weights, tokenizer; vLLM: KV cache, profiling)
+    gen_s: float
+    tokens: int
+    verify_s: float
+    solved: int  # correct rollouts
+    boxed: int  # rollouts that wrote \boxed{...} at all
+    stopped: int  # rollouts that ended with eos before max_response_len
+    rollouts: int
+    threads: int  # torch intra-op threads the engine ran on
+    groups: tuple[Group, ...]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.gen_s
+
+
+def model_dir(cfg: Config) -> Path:
+    """Where `builtin:smollm2-135m` resolves to (models.resolve_model's cache layout), converted once."""
+    target = Path(cfg.model.cache_dir).expanduser() / "models" / f"smollm2-135m-{smollm2_fingerprint()}"
+    t0 = time.perf_counter()
+    convert_smollm2(target, dtype="float32")
+    print(f"model: {target} (ready in {time.perf_counter() - t0:.1f} s)")
+    return target
+
+
+def in_child(func: Callable[..., T], *args: object, **kwargs: object) -> T:
+    """func(*args, **kwargs) run in a fresh spawned process."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(func, *args, **kwargs).result()
+
+
+def run_engine(kind: str, path: Path, prompts: list[Prompt], *, cfg: Config) -> EngineResult:
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    sampler = Sampler(
+        index=0,
+        engine=EngineSpec(kind=kind, model_path=str(path), dtype=cfg.model.dtype, seed=cfg.trainer.seed),
+        template=cfg.model.template,
+        max_response_len=cfg.model.max_response_len,
+        temperature=cfg.samplers.temperature,
+        top_p=cfg.samplers.top_p,
+        verify_timeout_s=cfg.samplers.verify_timeout_s,
+        seed=cfg.trainer.seed,
+    )
+    load_s = time.perf_counter() - t0
+    sampler.verifier.start()
+    sampler.engine.generate([sampler.render(prompts[0])], n=1, max_tokens=8)  # warm-up
+    k = cfg.trainer.rollouts_per_question
+    requests = [GenerationRequest(request_id=i, prompt=p, n=k) for i, p in enumerate(prompts)]
+    result = sampler.generate(requests=requests)
+    sampler.close()
+    trajectories = [t for g in result.groups for t in g.trajectories]
+    return EngineResult(
+        engine=kind,
+        load_s=load_s,
+        gen_s=result.gen_time_s,
+        tokens=result.tokens,
+        verify_s=result.verify_time_s,
+        solved=sum(t.correct for t in trajectories),
+        boxed=sum("\\boxed" in t.text for t in trajectories),
+        stopped=sum(len(t.response_ids) < cfg.model.max_response_len for t in trajectories),
+        rollouts=len(trajectories),
+        threads=torch.get_num_threads(),
+        groups=result.groups,
+    )
+
+
+def run_update(path: Path, groups: tuple[Group, ...], *, cfg: Config) -> tuple[float, dict[str, float]]:
+    """(setup seconds, update metrics) of one in-process learner at world size 1."""
+    from learners.learner import Learner
+
+    torch.set_num_threads(1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    learner = Learner(
+        model_path=str(path),
+        learner=cfg.learners,
+        loss=cfg.loss,
+        max_response_len=cfg.model.max_response_len,
+        master_port=port,
+        seed=cfg.trainer.seed,
+        dtype=cfg.model.dtype,
+    )
+    t0 = time.perf_counter()
+    learner.setup()
+    setup_s = time.perf_counter() - t0
+    return setup_s, learner.update(groups=groups, clip=True, version=0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default="configs/smollm2-135m-cpu.yaml")
+    parser.add_argument(
+        "--engines", default="hf,vllm", help="comma-separated engine kinds, run in this order"
+    )
+    parser.add_argument("--no-update", action="store_true", help="skip the learner update")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config)
+    b, k, r = cfg.trainer.questions_per_step, cfg.trainer.rollouts_per_question, cfg.model.max_response_len
+    path = model_dir(cfg)
+    prompts = builtin_task(cfg.data.train, seed=cfg.data.seed).make_split(split="train", n=b)
+    print(f"B={b} K={k} max_response_len={r} template={cfg.model.template} T={cfg.samplers.temperature}")
+    results: list[EngineResult] = []
+    for kind in args.engines.split(","):
+        results.append(in_child(run_engine, kind, path, prompts, cfg=cfg))
+    print(
+        f"{'engine':8}{'threads':>8}{'load s':>8}{'gen s':>8}{'tokens':>8}{'tok/s':>8}{'verify s':>9}  solved/boxed/eos"
+    )
+    for e in results:
+        print(
+            f"{e.engine:8}{e.threads:8d}{e.load_s:8.1f}{e.gen_s:8.1f}{e.tokens:8d}{e.tokens_per_s:8.1f}"
+            f"{e.verify_s:9.2f}  {e.solved}/{e.rollouts} / {e.boxed} / {e.stopped}"
+        )
+    if args.no_update:
+        return
+    setup_s, metrics = in_child(run_update, path, results[0].groups, cfg=cfg)
+    update_s = metrics["learner/update_time_s"]
+    print(
+        f"learner: setup {setup_s:.1f} s, update {update_s:.1f} s on {int(metrics['learner/tokens'])} response "
+        f"tokens (ZeRO {cfg.learners.zero_stage}, micro-batch {cfg.learners.micro_batch_size}), "
+        f"grad norm {metrics['learner/grad_norm']:.3g}, loss {metrics['learner/loss']:.3g}"
+    )
+    for e in results:
+        total = e.gen_s + e.verify_s + update_s
+        print(
+            f"step with {e.engine}: generation {e.gen_s:.1f} s ({e.gen_s / total:.0%}), verification "
+            f"{e.verify_s:.2f} s ({e.verify_s / total:.1%}), update {update_s:.1f} s ({update_s / total:.0%}), "
+            f"total {total:.1f} s (sequential; async sampling overlaps generation with the update)"
+        )
+
+
+if __name__ == "__main__":
+    main()
