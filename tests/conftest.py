@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from pathlib import Path
@@ -31,3 +32,47 @@ def ray_cluster():
              runtime_env={"env_vars": ACTOR_ENV}, configure_logging=False, _metrics_export_port=port)
     yield {"metrics_port": port}
     ray.shutdown()
+
+
+# A warm-started tiny model for runtime tests: 700 supervised steps on single-digit sums (40% of
+# its training answers unboxed), about 10 s to build, cached by its spec. It solves roughly 40% of
+# single-digit questions at temperature 1, so rewards vary and every replay path runs.
+SINGLE_DIGIT = r"\d[+-]\d"
+
+
+@pytest.fixture(scope="session")
+def warm_model() -> str:
+    import shutil
+    import tempfile
+
+    from exgrpo.models import TinyModelSpec
+    from exgrpo.warmup import WarmupSpec, warm_up
+
+    spec = WarmupSpec(model=TinyModelSpec(max_position=64), steps=700, lr=3e-3, batch_size=32, format_noise=0.4,
+                      num_train=20000, question_pattern=SINGLE_DIGIT, threads=1)
+    target = Path("~/.cache/exgrpo/models").expanduser() / f"arith-test-{spec.fingerprint()}"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
+        warm_up(tmp / "model", spec=spec)
+        with contextlib.suppress(OSError):  # built concurrently by another process
+            (tmp / "model").rename(target)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
+
+
+@pytest.fixture(scope="session")
+def single_digit_data(tmp_path_factory) -> dict[str, str]:
+    """Train/eval jsonl files of single-digit sums (from the builtin task's own splits)."""
+    import re
+
+    from exgrpo.data import write_prompts
+    from exgrpo.tasks import builtin_task
+
+    task = builtin_task("arith")
+    out = tmp_path_factory.mktemp("data")
+    files = {}
+    for split in ("train", "eval"):
+        prompts = [p for p in task.make_split(split=split, n=6000, seed=0) if re.fullmatch(SINGLE_DIGIT, p.question)]
+        files[split] = str(write_prompts(prompts, out / f"{split}.jsonl"))
+    return files

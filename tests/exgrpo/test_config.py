@@ -29,8 +29,9 @@ def test_every_packaged_config_validates():
 def test_yaml_file_and_overrides(tmp_path: Path):
     f = tmp_path / "c.yaml"
     f.write_text("replay:\n  rho: 0.25\ntrainer:\n  steps: 3\n")
-    cfg = load_config(f, ["trainer.steps=7", "async.max_staleness=0", "learners.betas=[0.8, 0.9]"])
+    cfg = load_config(f, ["learners.lr=1e-4", "trainer.steps=7", "async.max_staleness=0", "learners.betas=[0.8, 0.9]"])
     assert cfg.replay.rho == 0.25
+    assert cfg.learners.lr == 1e-4  # YAML 1.1 alone would read "1e-4" as a string
     assert cfg.trainer.steps == 7
     assert cfg.async_.max_staleness == 0
     assert cfg.learners.betas == (0.8, 0.9)

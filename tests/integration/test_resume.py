@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -24,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 # One sampler and eta = 0 make generation deterministic (same seeds, same batch composition).
 DETERMINISTIC = [
-    "data.num_train=24", "data.num_eval=4", "trainer.questions_per_step=4", "trainer.rollouts_per_question=4",
+    "trainer.questions_per_step=4", "trainer.rollouts_per_question=4",
     "replay.start_solve_ratio=0.0", "replay.num_shards=2", "samplers.num=1", "samplers.requests_per_call=2",
     "async.max_staleness=0", "learners.lr=1e-3", "learners.micro_batch_size=32", "model.max_response_len=12",
     "logging.progress=false", "logging.plots=false", "trainer.eval_samples=1",
@@ -32,10 +31,8 @@ DETERMINISTIC = [
 
 
 @pytest.fixture(scope="module")
-def model_path():
-    from exgrpo.models import resolve_model
-
-    return str(resolve_model("builtin:arith-test", cache_dir="~/.cache/exgrpo"))
+def model_path(warm_model):
+    return warm_model
 
 
 def _train(cfg, model_path, run_dir, *, resume_from=None):
@@ -67,9 +64,10 @@ def _train(cfg, model_path, run_dir, *, resume_from=None):
     return qids, tables, retired, checksum
 
 
-def test_resume_matches_uninterrupted_run(ray_cluster, tmp_path, model_path):
-    full = load_config(None, [*DETERMINISTIC, "trainer.steps=4"])
-    half = load_config(None, [*DETERMINISTIC, "trainer.steps=2"])
+def test_resume_matches_uninterrupted_run(ray_cluster, tmp_path, model_path, single_digit_data):
+    data = [f"data.train={single_digit_data['train']}", f"data.eval={single_digit_data['eval']}"]
+    full = load_config(None, [*DETERMINISTIC, *data, "trainer.steps=4"])
+    half = load_config(None, [*DETERMINISTIC, *data, "trainer.steps=2"])
     qids_full, tables_full, retired_full, sum_full = _train(full, model_path, tmp_path / "full")
     qids_a, _, _, _ = _train(half, model_path, tmp_path / "split")
     ckpt = latest_checkpoint(tmp_path / "split")

@@ -24,7 +24,7 @@ from exgrpo.sources import load_prompts
 pytestmark = pytest.mark.integration
 
 BASE = [
-    "data.num_train=64", "data.num_eval=8", "trainer.questions_per_step=4", "trainer.rollouts_per_question=4",
+    "trainer.questions_per_step=4", "trainer.rollouts_per_question=4",
     "replay.start_solve_ratio=0.0", "replay.num_shards=2", "samplers.num=2", "samplers.requests_per_call=2",
     "learners.lr=1e-4", "learners.micro_batch_size=32", "model.max_response_len=12", "logging.progress=false",
     "logging.plots=false",
@@ -32,14 +32,12 @@ BASE = [
 
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    from exgrpo.models import resolve_model
-
-    return str(resolve_model("builtin:arith-test", cache_dir="~/.cache/exgrpo"))
+def model_path(warm_model):
+    return warm_model
 
 
-def run(tmp_path, model_path, overrides, *, during=None):
-    cfg = load_config(None, BASE + overrides)
+def run(tmp_path, model_path, data, overrides, *, during=None):
+    cfg = load_config(None, [*BASE, f"data.train={data['train']}", f"data.eval={data['eval']}", *overrides])
     train, evaluation = load_prompts(cfg)
     system = build_system(cfg, model_path=model_path)
     batches = []
@@ -84,7 +82,7 @@ def check_batches(cfg, batches, records):
         assert record[M.STALENESS_MAX] <= eta
 
 
-def test_hf_eta1_object_store_with_scaling(ray_cluster, tmp_path, model_path):
+def test_hf_eta1_object_store_with_scaling(ray_cluster, tmp_path, model_path, single_digit_data):
     def during(record, system):
         if record[M.STEP] == 0:
             ray.get(system.controller.set_samplers.remote(n=3))
@@ -92,7 +90,7 @@ def test_hf_eta1_object_store_with_scaling(ray_cluster, tmp_path, model_path):
             ray.get(system.controller.set_samplers.remote(n=1))
 
     cfg, records, batches, driver, learner_sums, sampler_sums, versions = run(
-        tmp_path, model_path, ["trainer.steps=5", "async.max_staleness=1"], during=during)
+        tmp_path, model_path, single_digit_data, ["trainer.steps=5", "async.max_staleness=1"], during=during)
     assert [r[M.VERSION] for r in records] == [1, 2, 3, 4, 5]
     check_batches(cfg, batches, records)
     assert sum(r[M.N_REPLAY] for r in records) > 0, "replay never scheduled"
@@ -121,9 +119,9 @@ def test_hf_eta1_object_store_with_scaling(ray_cluster, tmp_path, model_path):
     assert "exgrpo_rollout_mean_reward" in text and "exgrpo_system_policy_version" in text
 
 
-def test_hf_eta0_collective(ray_cluster, tmp_path, model_path):
+def test_hf_eta0_collective(ray_cluster, tmp_path, model_path, single_digit_data):
     cfg, records, batches, driver, learner_sums, sampler_sums, versions = run(
-        tmp_path, model_path, ["trainer.steps=3", "async.max_staleness=0", "async.weight_sync=collective"])
+        tmp_path, model_path, single_digit_data, ["trainer.steps=3", "async.max_staleness=0", "async.weight_sync=collective"])
     check_batches(cfg, batches, records)
     assert all(r[M.STALENESS_MAX] == 0 for r in records)
     assert versions == [3, 3]
@@ -132,9 +130,9 @@ def test_hf_eta0_collective(ray_cluster, tmp_path, model_path):
 
 
 @pytest.mark.vllm
-def test_vllm_engine(ray_cluster, tmp_path, model_path):
+def test_vllm_engine(ray_cluster, tmp_path, model_path, single_digit_data):
     cfg, records, batches, driver, learner_sums, sampler_sums, versions = run(
-        tmp_path, model_path, ["trainer.steps=3", "samplers.engine=vllm", "samplers.num=1"])
+        tmp_path, model_path, single_digit_data, ["trainer.steps=3", "samplers.engine=vllm", "samplers.num=1"])
     check_batches(cfg, batches, records)
     assert versions == [3]
     assert sampler_sums[0] == pytest.approx(learner_sums[0], rel=1e-5)
