@@ -19,11 +19,16 @@ def test_default_loads_and_round_trips():
     assert again == cfg
 
 
-def test_every_packaged_config_validates():
+def test_every_packaged_config_validates_and_plans():
+    from exgrpo.plan import placement_plan
+
     names = sorted(PACKAGED_CONFIGS.glob("*.yaml"))
-    assert names, "no packaged configs"
+    assert {p.stem for p in names} >= {"default", "tiny-cpu", "qwen2.5-math-7b", "qwen2.5-math-1.5b", "llama3.1-8b"}
     for path in names:
-        load_config(path)
+        cfg = load_config(path)
+        plan = placement_plan(cfg)
+        assert f"exgrpo-learner-{cfg.learners.num - 1}" in plan and f"exgrpo-sampler-{cfg.samplers.num - 1}" in plan
+        assert path.read_text().startswith("#") and "python -m exgrpo.run" in path.read_text()  # launch command
 
 
 def test_yaml_file_and_overrides(tmp_path: Path):
