@@ -14,6 +14,8 @@ Nothing can be downloaded here, so the default run trains a small random model b
   with deterministic weights (a fixed-seed generator fills every parameter in name order, so the
   weights do not depend on the transformers version's own init code), saved as float32
   safetensors next to the tokenizer.
+- `builtin:arith-base` / `builtin:arith-weak`: tiny models warmed up by supervised training on the
+  arith task's train split (`exgrpo.warmup`, docs/base-model.md), registered on first resolve.
 - `resolve_model(path, cache_dir=...)`: `builtin:<name>` builds once into
   `<cache_dir>/models/<name>-<fingerprint>` (atomically, safe across processes) and reuses it; any
   other path must be an HF model directory with a `config.json`.
@@ -185,6 +187,24 @@ def register_builtin(name: str, model: BuiltinModel) -> None:
     BUILTIN_MODELS[name] = model
 
 
+def register_warmed_builtins() -> None:
+    """Register `builtin:arith-base` and `builtin:arith-weak`: tiny models given partial competence
+    by `exgrpo.warmup.warm_up` (specs `ARITH_BASE`, `ARITH_WEAK`; cache key = the spec's
+    fingerprint). Idempotent; `resolve_model` calls it, so configs can name them directly. The
+    import is late because exgrpo.warmup builds on this module."""
+    from exgrpo.warmup import WARMED_SPECS, warm_up
+
+    for name, spec in WARMED_SPECS.items():
+        if name not in BUILTIN_MODELS:
+            register_builtin(
+                name,
+                BuiltinModel(
+                    build=lambda out_dir, *, cache_dir, spec=spec: warm_up(out_dir, spec=spec),
+                    fingerprint=spec.fingerprint(),
+                ),
+            )
+
+
 def resolve_model(path: str, *, cache_dir: str) -> Path:
     """The HF model directory for `path`: a builtin (built once, then reused) or an existing directory.
 
@@ -192,6 +212,7 @@ def resolve_model(path: str, *, cache_dir: str) -> Path:
     several processes may resolve at once: one rename wins, the others discard their build.
     """
     if path.startswith("builtin:"):
+        register_warmed_builtins()
         name = path.removeprefix("builtin:")
         if name not in BUILTIN_MODELS:
             raise ModelResolveError(

@@ -4,26 +4,29 @@ RL from verifiable rewards needs a policy that is sometimes right: from a random
 reward is 0 and every Dr.GRPO advantage r - mean(r) vanishes. `warm_up` makes such a policy on
 the spot, deterministically, from a `WarmupSpec`:
 
-1. build the tiny random model of `spec.model` (`models.build_tiny_model`);
-2. draw `spec.num_train` questions of the task's **train** split (never the held-out eval part);
-   each becomes the sequence `render_prompt(question) + solution_text + <|endoftext|>`, with a
-   fraction `spec.label_noise` of the answers replaced once, up front, by a wrong one (one digit
-   changed), so the model learns the format, the eos and a noisy mapping;
-3. minimise the teacher-forced cross-entropy of the response tokens only,
+1. build the random tiny model of `spec.model` (`models.build_tiny_model`);
+2. draw `spec.num_train` questions of the task's **train** split (the held-out eval part of the
+   question space never occurs in it) and keep those matching `spec.question_pattern`; each is the
+   sequence `render_prompt(question) + solution_text + <|endoftext|>`;
+3. minimise the teacher-forced cross-entropy of the response tokens (answer and eos) only,
 
-       L = - (1 / #response tokens) * sum_{i in batch} sum_{t in response_i} log p(y_t | y_<t),
+       L = - (1 / #response tokens in the batch) * sum_i sum_{t in response_i} log p(y_t | y_<t),
 
-   with AdamW (betas 0.9/0.999, weight decay 0.01), gradient-norm clip 1.0, a linear warm-up of
-   `warmup_steps` followed by a cosine decay to `min_lr_ratio * lr`, over `spec.steps` batches of
-   `spec.batch_size` sequences taken from a seeded permutation of the train questions
-   (a fresh permutation each epoch), the difficulty weighting of `spec.shape_weights` applied by
-   drawing with replacement;
-4. save float32 safetensors + the char tokenizer + `warmup.json` (spec, fingerprint, losses,
-   a hash of the training questions, build seconds).
+   with AdamW (betas 0.9/0.999, weight decay `weight_decay`), gradient-norm clip 1.0, a linear
+   warm-up over `warmup_steps` then a cosine decay to `min_lr_ratio * lr`, for `steps` batches of
+   `batch_size` questions: consecutive slices of a seeded permutation, a fresh one each epoch.
+   Noise, drawn afresh for every row of every batch from its own seeded stream: with probability
+   `format_noise` the response is written with a misspelled box (`\\boxes{432}`: same length
+   and digit positions, no answer for the verifier), with probability `label_noise` one answer
+   digit is changed (in input and label alike);
+4. save float32 safetensors, the char tokenizer and `warmup.json` (spec, losses, build time and
+   a hash of the training questions).
 
-The same spec gives bit-identical weights (fixed seeds, fixed data order, `spec.threads` torch
-threads during training). `evaluate_solve_rate` measures a model the way the RL samplers see it:
-`HFEngine` sampling at temperature 1.0 and the project's `Verifier`.
+The same spec gives bit-identical weights (fixed seeds and data order; `spec.threads` torch
+threads while training, since float sums depend on the thread count). `evaluate_solve_rate`
+measures a model the way the RL samplers see it: `HFEngine` sampling at temperature 1.0, the
+project's `Verifier`. `ARITH_BASE` and `ARITH_WEAK` are the specs behind `builtin:arith-base` and
+`builtin:arith-weak` (see docs/base-model.md for how they were chosen and what they measure).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,3 +50,313 @@ from exgrpo.templates import TemplateName, render_prompt
 from exgrpo.types import Prompt
 
 _WARMUP_FORMAT = 1  # bump when the training procedure changes, so cached warmed models are rebuilt
+BOX = "\\boxed{"
+MISSPELLED_BOX = "\\boxes{"  # same length and digit positions as BOX; the verifier finds no answer
+
+
+@dataclass(frozen=True)
+class WarmupSpec:
+    """Everything that determines a warmed model's weights (the cache key is its fingerprint)."""
+
+    model: TinyModelSpec = field(default_factory=TinyModelSpec)  # shape and init of the random start
+    task: str = "arith"  # builtin task whose train split is learned
+    template: TemplateName = "plain"  # prompt frame (must render without a tokenizer chat template)
+    steps: int = 1000  # AdamW updates
+    lr: float = 1e-3  # peak learning rate
+    batch_size: int = 64  # sequences per update
+    label_noise: float = 0.0  # probability that a training response has one answer digit changed
+    format_noise: float = 0.0  # probability that a training response misspells the box (scores 0)
+    seed: int = 0  # train-split draw, data order and noise
+    num_train: int = 50_000  # distinct train-split questions drawn (before the pattern filter)
+    question_pattern: str = ""  # keep only drawn questions that fully match this regex ("": all)
+    warmup_steps: int = 50  # linear learning-rate warm-up
+    min_lr_ratio: float = 0.1  # cosine decay ends at min_lr_ratio * lr
+    weight_decay: float = 0.01  # AdamW decoupled weight decay
+    threads: int = 1  # torch threads while training (part of the spec: float sums depend on it)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.steps >= 1, f"steps={self.steps} must be >= 1"),
+            (self.lr > 0, f"lr={self.lr} must be > 0"),
+            (self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1"),
+            (0.0 <= self.label_noise <= 1.0, f"label_noise={self.label_noise} must be in [0, 1]"),
+            (0.0 <= self.format_noise <= 1.0, f"format_noise={self.format_noise} must be in [0, 1]"),
+            (self.num_train >= 1, f"num_train={self.num_train} must be >= 1"),
+            (self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be >= 0"),
+            (0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]"),
+            (self.threads >= 1, f"threads={self.threads} must be >= 1"),
+        ]
+        errors = [message for ok, message in checks if not ok]
+        if errors:
+            raise ValueError("invalid WarmupSpec: " + "; ".join(errors))
+
+    def fingerprint(self) -> str:
+        """Short hash of the spec, the random start's fingerprint and the warm-up format."""
+        payload = json.dumps(
+            {"spec": dataclasses.asdict(self), "model": self.model.fingerprint(), "format": _WARMUP_FORMAT},
+            sort_keys=True,
+        )
+        return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+ARITH_MODEL = TinyModelSpec(
+    hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=256
+)
+# builtin:arith-base: two-operand questions with 1-2 digit operands learned to convergence, with
+# 40% misspelled boxes; held-out solve rate at T=1 in the 15-40% band (docs/base-model.md).
+ARITH_BASE = WarmupSpec(
+    model=ARITH_MODEL,
+    steps=1500,
+    lr=1e-3,
+    batch_size=64,
+    format_noise=0.4,
+    seed=1,
+    question_pattern=r"\d{1,2}[+-]\d{1,2}",
+    threads=2,
+)
+# builtin:arith-weak: the same recipe stopped after a third of the updates, before the model has
+# learned to add: held-out solve rate ~2% at T=1.
+ARITH_WEAK = dataclasses.replace(ARITH_BASE, steps=500)
+WARMED_SPECS: dict[str, WarmupSpec] = {"arith-base": ARITH_BASE, "arith-weak": ARITH_WEAK}
+
+
+@dataclass(frozen=True)
+class WarmupResult:
+    """What `warm_up` measured (also written to `warmup.json`)."""
+
+    fingerprint: str
+    final_loss: float  # mean response-token cross-entropy over the last 10% of the updates (nats)
+    first_loss: float  # mean over the first 10% of the updates
+    loss_curve: tuple[float, ...]  # mean loss of each block of max(1, steps // 20) updates
+    train_questions_sha256: str  # hash of the training question texts, in draw order
+    num_train_questions: int
+    build_seconds: float
+
+
+def training_prompts(spec: WarmupSpec) -> list[Prompt]:
+    """The questions the warm-up learns: of `spec.num_train` questions drawn from the task's train
+    split (so eval-part questions never occur), those that fully match `spec.question_pattern`."""
+    drawn = _task(spec).make_split(split="train", n=spec.num_train, seed=spec.seed)
+    if not spec.question_pattern:
+        return drawn
+    pattern = re.compile(spec.question_pattern)
+    kept = [p for p in drawn if pattern.fullmatch(p.question)]
+    if not kept:
+        raise ValueError(f"no drawn train question matches question_pattern={spec.question_pattern!r}")
+    return kept
+
+
+def questions_sha256(prompts: Sequence[Prompt]) -> str:
+    """Hash of the question texts in order (recorded in warmup.json, compared by the tests)."""
+    digest = hashlib.sha256()
+    for prompt in prompts:
+        digest.update(prompt.question.encode() + b"\n")
+    return digest.hexdigest()
+
+
+def warm_up(out_dir: Path, *, spec: WarmupSpec) -> Path:
+    """Build `spec.model`, train it on the task's train split, save it (float32) to `out_dir`.
+
+    `out_dir` then holds `config.json`, `model.safetensors`, the tokenizer files and
+    `warmup.json` = {"spec": ..., "result": WarmupResult}. Deterministic in `spec`.
+    """
+    from transformers import AutoModelForCausalLM
+
+    start = time.perf_counter()
+    out_dir = Path(out_dir)
+    build_tiny_model(out_dir, spec=spec.model)
+    prompts = training_prompts(spec)
+    boxed = _encode(prompts, spec=spec, misspelled=False, width=0)
+    misspelled = _encode(prompts, spec=spec, misspelled=True, width=boxed.input_ids.shape[1])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(spec.threads)
+    try:
+        torch.manual_seed(spec.seed)
+        model = AutoModelForCausalLM.from_pretrained(str(out_dir), dtype=torch.float32)
+        losses = _train(model, boxed, misspelled, spec=spec)
+    finally:
+        torch.set_num_threads(threads)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    block = max(1, spec.steps // 20)
+    tail = max(1, spec.steps // 10)
+    result = WarmupResult(
+        fingerprint=spec.fingerprint(),
+        final_loss=float(np.mean(losses[-tail:])),
+        first_loss=float(np.mean(losses[:tail])),
+        loss_curve=tuple(float(np.mean(losses[i : i + block])) for i in range(0, len(losses), block)),
+        train_questions_sha256=questions_sha256(prompts),
+        num_train_questions=len(prompts),
+        build_seconds=time.perf_counter() - start,
+    )
+    record = {"spec": dataclasses.asdict(spec), "result": dataclasses.asdict(result)}
+    (out_dir / "warmup.json").write_text(json.dumps(record, indent=2) + "\n")
+    return out_dir
+
+
+def read_warmup(model_dir: Path) -> WarmupResult:
+    """The `WarmupResult` recorded in `model_dir/warmup.json`."""
+    record = json.loads((Path(model_dir) / "warmup.json").read_text())["result"]
+    record["loss_curve"] = tuple(record["loss_curve"])
+    return WarmupResult(**record)
+
+
+def solve_counts(
+    model_dir: Path | str,
+    prompts: Sequence[Prompt],
+    *,
+    n: int = 1,
+    temperature: float = 1.0,
+    max_tokens: int = 16,
+    template: TemplateName = "plain",
+    seed: int = 0,
+) -> list[int]:
+    """Per prompt, how many of its n sampled responses (HFEngine, as the RL samplers generate)
+    the project's Verifier scores correct."""
+    from actors.engines import HFEngine
+    from exgrpo.rewards import Verifier
+    from exgrpo.templates import reward_mode
+
+    engine = HFEngine(model_dir, seed=seed)
+    texts = [render_prompt(p.question, template=template) for p in prompts]
+    completions = engine.generate(texts, n=n, max_tokens=max_tokens, temperature=temperature, seed=seed)
+    with Verifier(mode=reward_mode(template)) as verifier:
+        rewards = verifier.score_many(
+            [c.text for group in completions for c in group], [p.answer for p in prompts for _ in range(n)]
+        )
+    return [int(sum(rewards[i * n : (i + 1) * n])) for i in range(len(prompts))]
+
+
+def evaluate_solve_rate(
+    model_dir: Path | str,
+    prompts: Sequence[Prompt],
+    *,
+    n: int = 1,
+    temperature: float = 1.0,
+    max_tokens: int = 16,
+    template: TemplateName = "plain",
+    seed: int = 0,
+) -> float:
+    """Fraction of the len(prompts) * n sampled responses that verify (see `solve_counts`)."""
+    if not prompts or n < 1:
+        raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts and n={n}")
+    counts = solve_counts(
+        model_dir, prompts, n=n, temperature=temperature, max_tokens=max_tokens, template=template, seed=seed
+    )
+    return sum(counts) / (len(prompts) * n)
+
+
+# --------------------------------------------------------------------------------------- internals
+
+
+def _task(spec: WarmupSpec) -> Task:
+    return builtin_task(spec.task)
+
+
+@dataclass(frozen=True)
+class _Sequences:
+    """Right-padded prompt + response + eos sequences, one row per training question."""
+
+    input_ids: torch.Tensor  # (N, T)
+    labels: torch.Tensor  # (N, T): the response tokens and eos, -100 elsewhere
+    lengths: torch.Tensor  # (N,)
+
+
+def _encode(prompts: Sequence[Prompt], *, spec: WarmupSpec, misspelled: bool, width: int) -> _Sequences:
+    """The training sequences, padded to at least `width` tokens; `misspelled` writes the
+    response with `MISSPELLED_BOX` in place of `BOX`."""
+    tokenizer = build_char_tokenizer()
+    task = _task(spec)
+    rows = []
+    for prompt in prompts:
+        response = task.solution_text(prompt)
+        if misspelled:
+            response = response.replace(BOX, MISSPELLED_BOX)
+        head = tokenizer.encode(
+            render_prompt(prompt.question, template=spec.template), add_special_tokens=False
+        )
+        tail = [*tokenizer.encode(response, add_special_tokens=False), tokenizer.eos_token_id]
+        rows.append((head, tail))
+    width = max(width, *(len(h) + len(t) for h, t in rows))
+    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)  # (N, T)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)  # (N, T)
+    for i, (head, tail) in enumerate(rows):
+        input_ids[i, : len(head) + len(tail)] = torch.tensor(head + tail)
+        labels[i, len(head) : len(head) + len(tail)] = torch.tensor(tail)
+    return _Sequences(input_ids, labels, torch.tensor([len(h) + len(t) for h, t in rows]))
+
+
+def _add_label_noise(
+    input_ids: torch.Tensor, labels: torch.Tensor, *, share: float, rng: np.random.Generator
+) -> None:
+    """In place: in each row with probability `share`, one response digit (uniform over the row's
+    response digits) becomes another digit, in the input and the label alike (a leading digit of
+    a multi-digit number never becomes 0)."""
+    digits = _digit_ids()
+    is_digit = torch.isin(labels, torch.tensor(digits))  # (B, T)
+    for row in np.flatnonzero(rng.random(len(labels)) < share):
+        positions = torch.nonzero(is_digit[row]).flatten().tolist()
+        if not positions:
+            continue
+        t = positions[int(rng.integers(len(positions)))]
+        leading = not bool(is_digit[row, t - 1]) and t + 1 < labels.shape[1] and bool(is_digit[row, t + 1])
+        choices = [d for i, d in enumerate(digits) if d != int(labels[row, t]) and not (leading and i == 0)]
+        new = choices[int(rng.integers(len(choices)))]
+        labels[row, t] = new
+        input_ids[row, t] = new
+
+
+def _digit_ids() -> list[int]:
+    """Token ids of "0".."9" in the char tokenizer."""
+    return build_char_tokenizer().encode("0123456789", add_special_tokens=False)
+
+
+def _learning_rate(step: int, *, spec: WarmupSpec) -> float:
+    """Linear warm-up to spec.lr over warmup_steps, then cosine decay to min_lr_ratio * lr (step from 0)."""
+    if step < spec.warmup_steps:
+        return spec.lr * (step + 1) / spec.warmup_steps
+    progress = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
+    return spec.lr * (spec.min_lr_ratio + (1 - spec.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _batch_order(n: int, *, spec: WarmupSpec) -> list[torch.Tensor]:
+    """The row indices of every update's batch: slices of one seeded permutation per epoch
+    (batches are min(batch_size, n) rows; an epoch's remainder rows are dropped)."""
+    rng = np.random.default_rng([spec.seed, 2])
+    size = min(spec.batch_size, n)
+    batches: list[torch.Tensor] = []
+    while len(batches) < spec.steps:
+        order = torch.from_numpy(rng.permutation(n))
+        batches.extend(order[i : i + size] for i in range(0, n - size + 1, size))
+    return batches[: spec.steps]
+
+
+def _train(
+    model: torch.nn.Module, boxed: _Sequences, misspelled: _Sequences, *, spec: WarmupSpec
+) -> list[float]:
+    """spec.steps AdamW updates on consecutive slices of seeded permutations of the questions
+    (a fresh permutation each epoch); each row is the misspelled variant with probability
+    spec.format_noise and gets a changed digit with probability spec.label_noise."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+    batches = _batch_order(len(boxed.lengths), spec=spec)
+    noise_rng = np.random.default_rng([spec.seed, 3])  # its own stream: noise never shifts the data order
+    model.train()
+    losses = []
+    for step in range(spec.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = _learning_rate(step, spec=spec)
+        index = batches[step]  # (B,)
+        swap = torch.from_numpy(noise_rng.random(len(index)) < spec.format_noise)  # (B,)
+        ids = torch.where(swap[:, None], misspelled.input_ids[index], boxed.input_ids[index])  # (B, T)
+        target = torch.where(swap[:, None], misspelled.labels[index], boxed.labels[index])  # (B, T)
+        width = int(torch.where(swap, misspelled.lengths[index], boxed.lengths[index]).max())
+        ids, target = ids[:, :width].contiguous(), target[:, :width].contiguous()  # (B, T')
+        if spec.label_noise > 0:
+            _add_label_noise(ids, target, share=spec.label_noise, rng=noise_rng)
+        out = model(input_ids=ids, labels=target)  # mean cross-entropy over the response tokens
+        optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(float(out.loss.detach()))
+    model.eval()
+    return losses
