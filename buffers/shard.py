@@ -7,6 +7,7 @@ lives in exactly one shard.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -56,6 +57,7 @@ class ReplayShard:
         self.pool = ExperiencePool(k_rollouts, **self._pool_kwargs)
         self.collect = False  # switched on for good at the delayed start
         self._ready: dict[int, Group] = {}
+        self._pinned: dict[str, deque[tuple[Trajectory, ...]]] = {}  # qid -> candidates at sampling time
         self._rng = np.random.default_rng(seed)
 
     def ping(self) -> str:
@@ -68,15 +70,20 @@ class ReplayShard:
     def push(self, *, groups: Sequence[Group]) -> int:
         """Record finished groups and queue them for the learner. Returns the number queued.
 
-        A replay group gets the question's stored candidates attached *before* the group itself is
-        recorded, so candidates never include trajectories of the same group.
+        A replay group gets the candidates pinned when its question was sampled (so stored before the
+        group was sampled, and kept even if the question retires meanwhile); a replay group pushed
+        without a sampling (tests, tools) gets the candidates stored now, before it is recorded.
+        Either way they never include the group's own trajectories.
         """
         for group in groups:
             if group.kind == "replay":
-                cands = tuple(self.pool.candidates(group.qid))
+                pinned = self._pinned.get(group.qid)
+                cands = pinned.popleft() if pinned else tuple(self.pool.candidates(group.qid))
+                if pinned is not None and not pinned:
+                    del self._pinned[group.qid]
+                # Without any candidate (only possible for an unsampled push) the K - 1 fresh
+                # rollouts are trained as a fresh group rather than dropped.
                 group = replace(group, candidates=cands) if cands else replace(group, kind="fresh")
-                # A replayed question retired meanwhile has no candidates left: its K - 1 fresh
-                # rollouts are trained as a (smaller) fresh group rather than dropped.
             if group.group_size == self.k_rollouts:
                 self.pool.record(group, collect=self.collect)
             self._ready[group.request_id] = group
@@ -96,8 +103,14 @@ class ReplayShard:
         return self.pool.bucket_sizes()
 
     def sample_from_buckets(self, *, counts: Mapping[int, int], seed: int) -> list[str]:
-        """Uniformly pick `counts[k]` distinct sampleable questions from each bucket k."""
-        return self.pool.sample_from_buckets(counts, rng=np.random.default_rng(seed))
+        """Uniformly pick `counts[k]` distinct sampleable questions from each bucket k.
+
+        Each picked question's current candidates are pinned for the replay group that will follow.
+        """
+        qids = self.pool.sample_from_buckets(counts, rng=np.random.default_rng(seed))
+        for q in qids:
+            self._pinned.setdefault(q, deque()).append(tuple(self.pool.candidates(q)))
+        return qids
 
     def candidates(self, *, qid: str) -> list[Trajectory]:
         return self.pool.candidates(qid)

@@ -74,3 +74,16 @@ def test_snapshot_restore(tmp_path):
     assert other.take(request_ids=[9, 3]) == shard.take(request_ids=[9, 3])
     rng_a, rng_b = np.random.default_rng(0), np.random.default_rng(0)
     assert other.pool.sample_questions(3, rng=rng_a) == shard.pool.sample_questions(3, rng=rng_b)
+
+
+def test_candidates_pinned_at_sampling_survive_retirement():
+    shard = ReplayShard(k_rollouts=K)
+    shard.set_collect(on=True)
+    shard.push(groups=[_group("a", [1, 0, 0, 0], rid=1, tag=7)])
+    assert shard.sample_from_buckets(counts={1: 1}, seed=0) == ["a"]
+    stored = shard.candidates(qid="a")
+    shard.push(groups=[_group("a", [1, 1, 1, 1], rid=2, tag=8)])  # solved K/K meanwhile: retired
+    assert shard.pool.is_retired("a") and shard.candidates(qid="a") == []
+    shard.push(groups=[_group("a", [0, 1, 0], rid=3, kind="replay", tag=9)])
+    (g,) = shard.take(request_ids=[3])
+    assert g.kind == "replay" and list(g.candidates) == stored
