@@ -127,7 +127,24 @@ def _check_sampling(*, max_tokens: int, temperature: float, top_p: float) -> Non
 # --------------------------------------------------------------------------- transformers engine
 
 
-class HFEngine:
+class _TokenizedEngine:
+    """What both engines share: the weight version tag and tokenization without special tokens."""
+
+    tokenizer: Any
+    _version: int = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def tokenize(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+
+class HFEngine(_TokenizedEngine):
     """transformers `generate` on one process (CPU runs and small models).
 
     Prompts are left-padded into one batch per call (rows = prompts repeated n times, in chunks of
@@ -160,16 +177,6 @@ class HFEngine:
         )
         self.max_batch_rows = max_batch_rows
         self._version = 0
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    def tokenize(self, text: str) -> tuple[int, ...]:
-        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def detokenize(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def generate(
         self,
@@ -266,7 +273,7 @@ class HFEngine:
 _VLLM_MISSING = "vLLM is not importable; install the cpu extra: pip install -e .[cpu] -c constraints/cpu.txt"
 
 
-class VLLMEngine:
+class VLLMEngine(_TokenizedEngine):
     """vLLM's offline `LLM`, in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`).
 
     Log-probs: the engine is built with `logprobs_mode="processed_logprobs"` and each request asks
@@ -315,16 +322,6 @@ class VLLMEngine:
         )
         self.tokenizer = self.llm.get_tokenizer()
         self._version = 0
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    def tokenize(self, text: str) -> tuple[int, ...]:
-        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def detokenize(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def generate(
         self,
