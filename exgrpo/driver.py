@@ -66,7 +66,8 @@ class Driver:
         self.prompts = {p.qid: p for p in train}
         self.stream = PromptStream(list(train), seed=cfg.data.seed, retired=replay.retired)
         self.evaluation = list(evaluation)
-        threshold = cfg.replay.start_solve_ratio if cfg.replay.enabled else math.inf
+        # with replay disabled (on-policy GRPO) the threshold is 1: a solve ratio never exceeds it
+        threshold = cfg.replay.start_solve_ratio if cfg.replay.enabled else 1.0
         self.delayed_start = DelayedStart(threshold)
         if self.delayed_start.started:
             replay.set_collect(on=True)
