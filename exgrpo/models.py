@@ -203,6 +203,11 @@ def register_warmed_builtins() -> None:
                     fingerprint=spec.fingerprint(),
                 ),
             )
+    if "smollm2-135m" not in BUILTIN_MODELS:
+        from exgrpo.smollm2 import convert_smollm2, smollm2_fingerprint
+
+        register_builtin("smollm2-135m", BuiltinModel(build=lambda out_dir, *, cache_dir: convert_smollm2(out_dir),
+                                                      fingerprint=smollm2_fingerprint()))
 
 
 def resolve_model(path: str, *, cache_dir: str) -> Path:

@@ -189,10 +189,12 @@ def train(cfg: Config, *, resume: bool = False) -> int:
                     controller=system.controller, checkpointer=checkpointer)
     try:
         if ckpt is not None:
+            t0 = time.perf_counter()
             restore_checkpoint(ckpt, driver=driver, learners=system.learners, replay=system.replay)
             driver.broadcast()  # samplers loaded the checkpoint's weights; tag them with its version
             progress.skip(driver.step)
-            log.info("resumed from %s at step %d (policy version %d)", ckpt, driver.step, driver.version)
+            log.info("resumed from %s at step %d (policy version %d); restore took %.2f s", ckpt, driver.step,
+                     driver.version, time.perf_counter() - t0)
         driver.train()
         system.learners.save(path=str(run_dir / "final"))
         copy_tokenizer(model_path, run_dir / "final")

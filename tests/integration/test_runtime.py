@@ -8,6 +8,8 @@ transports, sampler scaling during a run, the vLLM engine and the Ray metrics en
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -84,8 +86,11 @@ def check_batches(cfg, batches, records):
 
 def test_hf_eta1_object_store_with_scaling(ray_cluster, tmp_path, model_path, single_digit_data):
     def during(record, system):
-        if record[M.STEP] == 0:
-            ray.get(system.controller.set_samplers.remote(n=3))
+        if record[M.STEP] == 0:  # the operator's command, as a user runs it against the job's cluster
+            address = ray.get_runtime_context().gcs_address
+            out = subprocess.run([sys.executable, "-m", "exgrpo.scale", "--samplers", "3", "--address", address],
+                                 capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0 and "3 samplers" in out.stdout, out.stderr[-2000:]
         if record[M.STEP] == 2:
             ray.get(system.controller.set_samplers.remote(n=1))
 
