@@ -36,7 +36,9 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
     "random-trajectory": (["replay.trajectory_selection=random"], "no trajectory selection (random stored one)"),
     "highest-entropy": (["replay.trajectory_selection=highest_entropy"], "highest-entropy trajectory"),
     "no-shaping": (["loss.policy_shaping=false"], "replayed tokens use the plain ratio w (no f(w)=w/(w+beta))"),
-    "exgrpo-weak": (["model.path=builtin:arith-weak"], "ExGRPO on the weak base model"),
+    # the paper's weak-model setting (Llama) replays from the first step: no delayed start
+    "exgrpo-weak": (["model.path=builtin:arith-weak", "replay.start_solve_ratio=0.0"],
+                    "ExGRPO on the weak base model, no delayed start"),
     "grpo-weak": (["model.path=builtin:arith-weak", "replay.enabled=false"], "GRPO on the weak base model"),
 }
 
