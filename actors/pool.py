@@ -34,6 +34,7 @@ class SamplerPool:
         self.max_in_flight = max_in_flight_per_sampler
         self.manager = FaultTolerantActorManager(max_remote_requests_in_flight_per_actor=max_in_flight_per_sampler)
         self._index: dict[int, int] = {}  # manager actor id -> sampler index (its name)
+        self._handles: dict[int, Any] = {}  # manager actor id -> actor handle
         self._in_flight: dict[int, list[tuple[GenerationRequest, ...]]] = {}
         self._draining: set[int] = set()
         self._pending: deque[GenerationRequest] = deque()
@@ -50,7 +51,7 @@ class SamplerPool:
         return [a for a in self.manager.healthy_actor_ids() if a not in self._draining]
 
     def handles(self) -> list[Any]:
-        return [self.manager._actors[a] for a in self.actor_ids]
+        return [self._handles[a] for a in self.actor_ids]
 
     def size(self) -> int:
         return len(self.actor_ids)
@@ -67,6 +68,7 @@ class SamplerPool:
             self.manager.add_actors([handle])
             aid = max(self.manager.actor_ids())
             self._index[aid] = self._next_index
+            self._handles[aid] = handle
             self._in_flight[aid] = []
             self._next_index += 1
 
@@ -92,6 +94,7 @@ class SamplerPool:
         for chunk in reversed(self._in_flight.pop(aid, [])):  # back to the front of the queue
             self._pending.extendleft(reversed(chunk))
         self._index.pop(aid, None)
+        self._handles.pop(aid, None)
         with contextlib.suppress(Exception):  # a dead actor cannot close
             ray.get(handle.close.remote(), timeout=10)
         ray.kill(handle)
@@ -189,11 +192,11 @@ class SamplerPool:
             specs = ray.get(rank0.weight_specs.remote())
             info = ray.get(rank0.open_sync_group.remote(world_size=1 + len(members),
                                                          group_name=f"exgrpo-sync-{self._sync_generation}"))
-            joins = [self.manager._actors[a].join_sync_group.remote(info=info, rank=i + 1, specs=specs)
+            joins = [self._handles[a].join_sync_group.remote(info=info, rank=i + 1, specs=specs)
                      for i, a in enumerate(members)]
             ray.get([rank0.connect_sync_group.remote(), *joins])
             self._sync_members = members
-        receives = [self.manager._actors[a].receive_weights.remote(version=version) for a in members]
+        receives = [self._handles[a].receive_weights.remote(version=version) for a in members]
         ray.get([rank0.broadcast_weights.remote(), *receives])
         self._weights_source = (learners, version)  # samplers added later fetch these lazily
         return time.perf_counter() - t0

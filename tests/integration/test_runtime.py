@@ -142,3 +142,16 @@ def test_vllm_engine(ray_cluster, tmp_path, model_path, single_digit_data):
     assert versions == [3]
     assert sampler_sums[0] == pytest.approx(learner_sums[0], rel=1e-5)
     assert any(r[M.MEAN_REWARD] > 0 for r in records)
+
+
+def test_dead_sampler_is_replaced_and_loses_no_request(ray_cluster, tmp_path, model_path, single_digit_data):
+    def during(record, system):
+        if record[M.STEP] == 0:  # kill a sampler while the next steps' requests are in flight
+            ray.kill(system.samplers.handles()[0], no_restart=True)
+
+    cfg, records, batches, driver, learner_sums, sampler_sums, versions = run(
+        tmp_path, model_path, single_digit_data, ["trainer.steps=4", "async.max_staleness=1"], during=during)
+    assert [r[M.VERSION] for r in records] == [1, 2, 3, 4]  # every step got its full batch
+    check_batches(cfg, batches, records)
+    assert records[-1][M.SAMPLER_RESTARTS] >= 1 and records[-1][M.SAMPLERS] == 2
+    assert versions == [4, 4]
