@@ -63,7 +63,6 @@ class Sampler:
         self.temperature, self.top_p = temperature, top_p
         self.verifier = Verifier(mode=reward_mode(template), timeout_s=verify_timeout_s)
         self.replay = replay
-        self._tokenizer = _load_tokenizer(engine.model_path) if template in ("chat", "think") else None
         self._seed = seed
         self._receiver = None
         self.weight_load_s = 0.0  # time spent applying the last weights
@@ -123,7 +122,8 @@ class Sampler:
         return [tuple(scores[i * n:(i + 1) * n]) for i in range(len(prompts))]
 
     def render(self, prompt: Prompt) -> str:
-        return render_prompt(prompt.question, template=self.template, tokenizer=self._tokenizer)
+        # chat/think templates use the engine's own tokenizer (its chat template), loaded once
+        return render_prompt(prompt.question, template=self.template, tokenizer=self.engine.tokenizer)
 
     # -- weights -----------------------------------------------------------------------------------
     def load_weights(self, *, weights: Mapping[str, np.ndarray], version: int) -> float:
@@ -161,9 +161,3 @@ class Sampler:
 
 def _engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
     return {"gpu_memory_utilization": spec.gpu_memory_utilization} if spec.kind == "vllm" else {}
-
-
-def _load_tokenizer(model_path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path)

@@ -30,31 +30,19 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from exgrpo.templates import TEMPLATES, TemplateName, render_prompt, reward_mode
 from exgrpo.types import Prompt
+
+if TYPE_CHECKING:  # the engines import torch; evaluate itself only calls `generate`
+    from actors.engines import GenerationEngine
 
 
 class Scorer(Protocol):
     """What `evaluate` needs from a verifier (`exgrpo.rewards.Verifier` is one)."""
 
     def score_many(self, responses: Sequence[str], golds: Sequence[str]) -> list[float]: ...
-
-
-class Generator(Protocol):
-    """The part of `actors.engines.GenerationEngine` that `evaluate` uses."""
-
-    def generate(
-        self,
-        prompts: Sequence[str],
-        *,
-        n: int | Sequence[int],
-        max_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-    ) -> list[list[Any]]: ...  # per prompt, its completions (objects with a `.text`)
 
 
 @dataclass(frozen=True)
@@ -96,7 +84,7 @@ class EvalReport:
 
 
 def evaluate(
-    engine: Generator,
+    engine: GenerationEngine,
     prompts: Sequence[Prompt],
     *,
     template: TemplateName,
