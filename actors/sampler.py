@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from actors.engines import GenerationEngine, make_engine
+from exgrpo.data.templates import render_prompt, reward_mode
 from exgrpo.rewards import Verifier
-from exgrpo.templates import render_prompt, reward_mode
 from exgrpo.types import GenerationRequest, Group, Prompt, Trajectory
 
 

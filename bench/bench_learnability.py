@@ -27,10 +27,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from actors.engines import HFEngine
-from exgrpo.models import resolve_model
+from exgrpo.data.tasks import builtin_task
+from exgrpo.data.templates import render_prompt
+from exgrpo.models.resolve import resolve_model
 from exgrpo.rewards import Verifier, extract_answer
-from exgrpo.tasks import builtin_task
-from exgrpo.templates import render_prompt
 from exgrpo.types import Prompt
 
 torch.set_num_threads(1)

@@ -22,10 +22,11 @@ import ray
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 from exgrpo.config import load_config  # noqa: E402
+from exgrpo.data.sources import load_prompts  # noqa: E402
 from exgrpo.driver import Driver  # noqa: E402
-from exgrpo.models import BuiltinModel, TinyModelSpec, build_tiny_model, register_builtin, resolve_model  # noqa: E402
+from exgrpo.models.resolve import BuiltinModel, register_builtin, resolve_model  # noqa: E402
+from exgrpo.models.tiny import TinyModelSpec, build_tiny_model  # noqa: E402
 from exgrpo.run import build_system, init_ray  # noqa: E402
-from exgrpo.sources import load_prompts  # noqa: E402
 
 SPLIT = ["system/wait_s", "system/entropy_s", "system/update_s", "system/sync_s", "system/idle_s"]
 SPEC_100M = TinyModelSpec(hidden_size=768, num_layers=14, num_heads=12, num_kv_heads=4, head_dim=64,

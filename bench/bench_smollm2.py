@@ -42,8 +42,8 @@ import torch  # noqa: E402
 
 from actors.sampler import EngineSpec, Sampler  # noqa: E402
 from exgrpo.config import Config, load_config  # noqa: E402
-from exgrpo.smollm2 import convert_smollm2, smollm2_fingerprint  # noqa: E402
-from exgrpo.tasks import builtin_task  # noqa: E402
+from exgrpo.data.tasks import builtin_task  # noqa: E402
+from exgrpo.models.smollm2 import convert_smollm2, smollm2_fingerprint  # noqa: E402
 from exgrpo.types import GenerationRequest, Group, Prompt  # noqa: E402
 
 torch.set_num_threads(1)

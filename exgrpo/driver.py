@@ -28,7 +28,7 @@ from buffers.experience import select_trajectory
 from exgrpo import metrics as M
 from exgrpo.algorithm import DelayedStart
 from exgrpo.config import Config
-from exgrpo.stream import PromptStream
+from exgrpo.data.stream import PromptStream
 from exgrpo.types import GenerationRequest, Group, Prompt, ReplayCandidate, TrainBatch
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from exgrpo.templates import TEMPLATES, TemplateName, render_prompt, reward_mode
+from exgrpo.data.templates import TEMPLATES, TemplateName, render_prompt, reward_mode
 from exgrpo.types import Prompt
 
 if TYPE_CHECKING:  # the engines import torch; evaluate itself only calls `generate`
@@ -240,11 +240,11 @@ class LoadedData:
 def load_data(data: str, *, num: int, seed: int, question_key: str, answer_key: str) -> LoadedData:
     """`builtin:<task>` (its held-out split, `num` questions) or a parquet/jsonl file (bad rows skipped)."""
     if data.startswith("builtin:"):
-        from exgrpo.tasks import builtin_task
+        from exgrpo.data.tasks import builtin_task
 
         prompts = builtin_task(data).make_split(split="eval", n=num, seed=seed)
         return LoadedData(tuple(prompts), data.removeprefix("builtin:"), len(prompts), ())
-    from exgrpo.data import read_prompts
+    from exgrpo.data.readers import read_prompts
 
     result = read_prompts(data, question_key=question_key, answer_key=answer_key, on_bad_row="skip")
     skipped = tuple((b.row, b.reason) for b in result.skipped)
@@ -289,8 +289,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from exgrpo.data import DataError
-    from exgrpo.models import ModelResolveError, resolve_model
+    from exgrpo.data.readers import DataError
+    from exgrpo.models.resolve import ModelResolveError, resolve_model
 
     try:
         model_dir = resolve_model(args.model, cache_dir=args.cache_dir)

@@ -160,11 +160,11 @@ def train(cfg: Config, *, resume: bool = False) -> int:
     import ray
 
     from exgrpo.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
+    from exgrpo.data.sources import load_prompts
     from exgrpo.driver import Driver
     from exgrpo.metrics import MetricsLogger, read_jsonl
-    from exgrpo.models import resolve_model
+    from exgrpo.models.resolve import resolve_model
     from exgrpo.report import Progress, write_report
-    from exgrpo.sources import load_prompts
 
     t_start = time.perf_counter()
     run_dir = make_run_dir(cfg)

@@ -45,8 +45,8 @@ def warm_model() -> str:
     import shutil
     import tempfile
 
-    from exgrpo.models import TinyModelSpec
-    from exgrpo.warmup import WarmupSpec, warm_up
+    from exgrpo.models.tiny import TinyModelSpec
+    from exgrpo.models.warmup import WarmupSpec, warm_up
 
     spec = WarmupSpec(model=TinyModelSpec(max_position=64), steps=700, lr=3e-3, batch_size=32, format_noise=0.4,
                       num_train=20000, question_pattern=SINGLE_DIGIT, threads=1)
@@ -66,8 +66,8 @@ def single_digit_data(tmp_path_factory) -> dict[str, str]:
     """Train/eval jsonl files of single-digit sums (from the builtin task's own splits)."""
     import re
 
-    from exgrpo.data import write_prompts
-    from exgrpo.tasks import builtin_task
+    from exgrpo.data.readers import write_prompts
+    from exgrpo.data.tasks import builtin_task
 
     task = builtin_task("arith")
     out = tmp_path_factory.mktemp("data")

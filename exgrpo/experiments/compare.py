@@ -45,11 +45,11 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
 
 def run_one(name: str, seed: int, overrides: list[str], out: Path) -> dict[str, Any]:
     from exgrpo.config import load_config
+    from exgrpo.data.sources import load_prompts
     from exgrpo.driver import Driver
     from exgrpo.metrics import MetricsLogger
-    from exgrpo.models import resolve_model
+    from exgrpo.models.resolve import resolve_model
     from exgrpo.run import build_system
-    from exgrpo.sources import load_prompts
 
     run_dir = out / f"{name}-seed{seed}"
     cfg = load_config(None, [*overrides, *VARIANTS[name][0], f"trainer.seed={seed}", f"logging.run_dir={run_dir}",

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from actors.engines import Completion, HFEngine, make_engine, module_checksum, weights_checksum
-from exgrpo.models import TinyModelSpec, build_tiny_model
+from exgrpo.models.tiny import TinyModelSpec, build_tiny_model
 
 torch.set_num_threads(1)
 

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from exgrpo.data import BadRow, DataError, last_boxed, read_prompts, write_prompts
-from exgrpo.templates import THINK_SYSTEM_PROMPT, TemplateError, render_prompt, reward_mode
+from exgrpo.data.readers import BadRow, DataError, last_boxed, read_prompts, write_prompts
+from exgrpo.data.templates import THINK_SYSTEM_PROMPT, TemplateError, render_prompt, reward_mode
 from exgrpo.types import Prompt
 
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from actors.engines import Completion, GenerationEngine
-from exgrpo.data import read_prompts
+from exgrpo.data.readers import read_prompts
+from exgrpo.data.templates import render_prompt
 from exgrpo.evaluate import EvalReport, SourceScores, evaluate, format_table, main
 from exgrpo.rewards import Verifier
-from exgrpo.templates import render_prompt
 
 torch.set_num_threads(1)
 

@@ -11,17 +11,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoTokenizer
 
-import exgrpo.models as models
-from exgrpo.models import (
-    ALPHABET,
-    BuiltinModel,
-    ModelResolveError,
-    TinyModelSpec,
-    build_char_tokenizer,
-    build_tiny_model,
-    register_builtin,
-    resolve_model,
-)
+import exgrpo.models.resolve as models
+from exgrpo.models.resolve import BuiltinModel, ModelResolveError, register_builtin, resolve_model
+from exgrpo.models.tiny import ALPHABET, TinyModelSpec, build_char_tokenizer, build_tiny_model
 
 torch.set_num_threads(1)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from exgrpo.smollm2 import MARKER, SmolLM2Error, convert_smollm2, gguf_file, smollm2_fingerprint
-from exgrpo.tasks import GsmProblem, GsmStep, GsmTask, builtin_task, in_eval_part, parse_gsm
+from exgrpo.data.tasks import GsmProblem, GsmStep, GsmTask, builtin_task, in_eval_part, parse_gsm
+from exgrpo.models.smollm2 import MARKER, SmolLM2Error, convert_smollm2, gguf_file, smollm2_fingerprint
 from exgrpo.types import Prompt
 
 torch.set_num_threads(1)
@@ -150,7 +150,7 @@ def test_conversion_is_a_plain_llama_directory_and_cached(converted: Path) -> No
 def test_conversion_tokenizer_round_trip_and_chat_template(converted: Path) -> None:
     from transformers import AutoTokenizer
 
-    from exgrpo.templates import render_prompt
+    from exgrpo.data.templates import render_prompt
 
     tok = AutoTokenizer.from_pretrained(str(converted))
     text = "Tom has 12 apples.\n\n  He buys  3 bags\tof 4.\n"

@@ -1,6 +1,6 @@
 import pytest
 
-from exgrpo.stream import PromptStream
+from exgrpo.data.stream import PromptStream
 from exgrpo.types import Prompt
 
 

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from exgrpo.tasks import ArithTask, boxed, builtin_task, in_eval_part
+from exgrpo.data.tasks import ArithTask, boxed, builtin_task, in_eval_part
 from exgrpo.types import Prompt
 
 BOXED_INT = re.compile(r"\\boxed\{(-?\d+)\}")

@@ -13,12 +13,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import exgrpo.models as models
+import exgrpo.models.resolve as models
 from actors.engines import HFEngine
-from exgrpo.models import BuiltinModel, TinyModelSpec, build_char_tokenizer, register_builtin, resolve_model
-from exgrpo.tasks import ArithTask, in_eval_part
-from exgrpo.templates import render_prompt
-from exgrpo.warmup import (
+from exgrpo.data.tasks import ArithTask, in_eval_part
+from exgrpo.data.templates import render_prompt
+from exgrpo.models.resolve import BuiltinModel, register_builtin, resolve_model
+from exgrpo.models.tiny import TinyModelSpec, build_char_tokenizer
+from exgrpo.models.warmup import (
     ARITH_BASE,
     ARITH_WEAK,
     WarmupSpec,

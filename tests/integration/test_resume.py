@@ -15,9 +15,9 @@ import ray
 
 from exgrpo.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
 from exgrpo.config import load_config
+from exgrpo.data.sources import load_prompts
 from exgrpo.driver import Driver
 from exgrpo.run import build_system
-from exgrpo.sources import load_prompts
 
 pytestmark = pytest.mark.integration
 

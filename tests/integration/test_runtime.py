@@ -18,10 +18,10 @@ import ray
 
 from exgrpo import metrics as M
 from exgrpo.config import load_config
+from exgrpo.data.sources import load_prompts
 from exgrpo.driver import Driver
 from exgrpo.metrics import MetricsLogger, read_jsonl
 from exgrpo.run import build_system
-from exgrpo.sources import load_prompts
 
 pytestmark = pytest.mark.integration
 

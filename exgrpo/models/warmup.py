@@ -44,9 +44,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from exgrpo.models import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from exgrpo.tasks import Task, builtin_task
-from exgrpo.templates import TemplateName, render_prompt
+from exgrpo.data.tasks import Task, builtin_task
+from exgrpo.data.templates import TemplateName, render_prompt
+from exgrpo.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from exgrpo.types import Prompt
 
 _WARMUP_FORMAT = 1  # bump when the training procedure changes, so cached warmed models are rebuilt
@@ -213,8 +213,8 @@ def solve_counts(
     """Per prompt, how many of its n sampled responses (HFEngine, as the RL samplers generate)
     the project's Verifier scores correct."""
     from actors.engines import HFEngine
+    from exgrpo.data.templates import reward_mode
     from exgrpo.rewards import Verifier
-    from exgrpo.templates import reward_mode
 
     engine = HFEngine(model_dir, seed=seed)
     texts = [render_prompt(p.question, template=template) for p in prompts]

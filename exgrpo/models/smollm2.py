@@ -21,7 +21,7 @@ The output is written to a temporary sibling directory and renamed into place (a
 several processes one rename wins). A directory already holding this conversion (same
 fingerprint in `exgrpo-smollm2.json`) is reused as is.
 
-CLI: `python -m exgrpo.smollm2 --out DIR [--dtype float32|bfloat16]`.
+CLI: `python -m exgrpo.models.smollm2 --out DIR [--dtype float32|bfloat16]`.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def _write(out_dir: Path, *, dtype: Dtype, fingerprint: str) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from exgrpo.models import save_tokenizer  # lazy: exgrpo.models may import this module
+    from exgrpo.models.tiny import save_tokenizer
 
     torch.set_num_threads(1)
     source = gguf_file()

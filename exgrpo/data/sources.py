@@ -14,7 +14,7 @@ def load_prompts(cfg: Config) -> tuple[list[Prompt], list[Prompt]]:
     """(train, eval) prompts for a config; bad rows are skipped with a count or rejected per config."""
     d = cfg.data
     if d.train.startswith("builtin:"):
-        from exgrpo.tasks import builtin_task
+        from exgrpo.data.tasks import builtin_task
 
         task = builtin_task(d.train.removeprefix("builtin:"))
         train = task.make_split(split="train", n=d.num_train, seed=d.seed)
@@ -24,7 +24,7 @@ def load_prompts(cfg: Config) -> tuple[list[Prompt], list[Prompt]]:
 
 
 def _read(cfg: Config, path: str) -> list[Prompt]:
-    from exgrpo.data import read_prompts
+    from exgrpo.data.readers import read_prompts
 
     result = read_prompts(path, question_key=cfg.data.question_key, answer_key=cfg.data.answer_key,
                           on_bad_row=cfg.data.on_bad_row)

@@ -1,0 +1,1 @@
+"""Data: readers (parquet, jsonl), builtin tasks, prompt templates and the prompt stream."""

