@@ -4,8 +4,9 @@
   `version` tag) and its two implementations, `HFEngine` (transformers, small CPU runs) and
   `VLLMEngine` (vLLM in-process, CPU or GPU); `make_engine(kind, path)` picks one.
 - `sampler`: `Sampler`, one engine plus the answer verifier; turns generation requests into
-  verified `Group`s tagged with the policy version that sampled them.
-- `pool`: `SamplerPool`, the sampler actors, their in-flight requests and their number.
+  verified `Group`s tagged with the policy version that sampled them and reports `RolloutResult`s.
+- `pool`: `SamplerPool` (`exgrpo.core.Rollouts`), the sampler actors, their in-flight requests and
+  their number; it holds no weights (`learners.weight_sync` moves them, `on_new` catches newcomers up).
 
-Everything here is a plain class; Ray is applied where the actors are wired (`exgrpo.run`).
+Everything here is a plain class; Ray is applied where the actors are wired (`exgrpo.launch`).
 """

@@ -28,10 +28,12 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
+
+from exgrpo.config import Dtype, EngineKind
 
 WeightValue = torch.Tensor | np.ndarray
 
@@ -155,7 +157,7 @@ class HFEngine(_TokenizedEngine):
     """
 
     def __init__(
-        self, model_path: str | Path, *, dtype: str = "float32", seed: int = 0, max_batch_rows: int = 256
+        self, model_path: str | Path, *, dtype: Dtype = "float32", seed: int = 0, max_batch_rows: int = 256
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -298,7 +300,7 @@ class VLLMEngine(_TokenizedEngine):
         self,
         model_path: str | Path,
         *,
-        dtype: str = "float32",
+        dtype: Dtype = "float32",
         seed: int = 0,
         gpu_memory_utilization: float = 0.85,
         max_model_len: int | None = None,
@@ -397,7 +399,7 @@ def _served_checksum(model: torch.nn.Module) -> float:
 # --------------------------------------------------------------------------- factory
 
 
-def make_engine(kind: Literal["hf", "vllm"], model_path: str | Path, **kwargs: Any) -> GenerationEngine:
+def make_engine(kind: EngineKind, model_path: str | Path, **kwargs: Any) -> GenerationEngine:
     """Build an engine by kind; keyword arguments go to its constructor."""
     if kind == "hf":
         return HFEngine(model_path, **kwargs)

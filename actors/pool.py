@@ -1,10 +1,15 @@
-"""SamplerPool: the sampler actors, their in-flight requests, their weights and their number.
+"""SamplerPool: the sampler actors, their in-flight requests and their number (`exgrpo.core.Rollouts`).
 
 Health tracking and async request bookkeeping come from RLlib's `FaultTolerantActorManager` (the
 way RLlib manages EnvRunners). On top of it the pool keeps every request it was given until a
 sampler reports it done: a failed or removed sampler's requests go back to the queue, so none is
-lost. A new sampler is sent the latest weights before its first request (Ray runs calls from one
-caller on one actor in submission order).
+lost, and a failed sampler is replaced.
+
+The pool knows nothing about weights. Every sampler it adds (initial, scale-up, replacement) is
+first handed to `on_new` (the wiring sets it to the weight transport's `catch_up`), before the pool
+sends it any request; Ray runs one caller's calls on an actor in submission order, so whatever
+`on_new` submits is applied before the first generate. `members()` is what the transport
+broadcasts to.
 """
 
 from __future__ import annotations
@@ -19,52 +24,54 @@ from typing import Any
 import ray
 from ray.rllib.utils.actor_manager import FaultTolerantActorManager
 
-from exgrpo.types import GenerationRequest
+from exgrpo.types import GenerationRequest, Prompt, RolloutResult
 
 log = logging.getLogger(__name__)
 TAG = "generate"
 
 
+def sampler_id(index: int) -> str:
+    """The stable id of the sampler spawned with `index` (its actor name, `Sampler.name`)."""
+    return f"exgrpo-sampler-{index}"
+
+
 class SamplerPool:
+    """Samplers spawned by `spawn(index)`; requests go out `requests_per_call` at a time."""
+
     def __init__(self, *, spawn: Callable[[int], Any], num: int, requests_per_call: int,
-                 max_in_flight_per_sampler: int = 2) -> None:
+                 max_in_flight_per_sampler: int = 2, on_new: Callable[[Any], None] | None = None) -> None:
+        if num < 0 or requests_per_call < 1 or max_in_flight_per_sampler < 1:
+            raise ValueError("SamplerPool needs num >= 0, requests_per_call >= 1, max_in_flight_per_sampler >= 1")
         self._spawn = spawn  # index -> actor handle (named exgrpo-sampler-<index>)
-        self._next_index = 0
+        self.on_new = on_new  # called with every new sampler's handle before its first request
         self.requests_per_call = requests_per_call
         self.max_in_flight = max_in_flight_per_sampler
         self.manager = FaultTolerantActorManager(max_remote_requests_in_flight_per_actor=max_in_flight_per_sampler)
-        self._index: dict[int, int] = {}  # manager actor id -> sampler index (its name)
+        self._next_index = 0
+        self._index: dict[int, int] = {}  # manager actor id -> sampler index
         self._handles: dict[int, Any] = {}  # manager actor id -> actor handle
         self._in_flight: dict[int, list[tuple[GenerationRequest, ...]]] = {}
         self._draining: set[int] = set()
         self._pending: deque[GenerationRequest] = deque()
-        self._weights: tuple[Any, int] | None = None  # (object ref of the latest weights, version)
-        self._weights_source: tuple[Any, int] | None = None
-        self._load_refs: list[Any] = []
-        self.load_times: list[float] = []
-        self.restarts = 0
-        self.add(num)
+        self.restarts = 0  # samplers replaced after a failure
+        self._add(num)
 
     # -- membership ----------------------------------------------------------------------------------
-    @property
-    def actor_ids(self) -> list[int]:
+    def _live(self) -> list[int]:
         return [a for a in self.manager.healthy_actor_ids() if a not in self._draining]
 
-    def handles(self) -> list[Any]:
-        return [self._handles[a] for a in self.actor_ids]
+    def members(self) -> dict[str, Any]:
+        """Live samplers that take new requests: stable id -> handle, oldest first."""
+        return {sampler_id(self._index[a]): self._handles[a] for a in sorted(self._live())}
 
     def size(self) -> int:
-        return len(self.actor_ids)
+        return len(self._live())
 
-    def add(self, n: int) -> None:
+    def _add(self, n: int) -> None:
         for _ in range(n):
             handle = self._spawn(self._next_index)
-            if self._weights_source is not None:  # collective mode: export once for the newcomer
-                learners, version = self._weights_source
-                self._weights, self._weights_source = (learners.get_weights_ref(), version), None
-            if self._weights is not None:  # catch up before the first request
-                ref, version = self._weights
-                self._load_refs.append(handle.load_weights.remote(weights=ref, version=version))
+            if self.on_new is not None:  # before any request reaches it
+                self.on_new(handle)
             self.manager.add_actors([handle])
             aid = max(self.manager.actor_ids())
             self._index[aid] = self._next_index
@@ -72,16 +79,17 @@ class SamplerPool:
             self._in_flight[aid] = []
             self._next_index += 1
 
-    def scale(self, n: int) -> None:
-        """Grow to n samplers, or drain the newest ones (they finish their requests, then stop)."""
-        if n < 1:
+    def scale(self, *, num: int) -> None:
+        """Grow to `num` samplers, or drain the newest ones (they finish their requests, then stop)."""
+        if num < 1:
             raise ValueError("a run needs at least one sampler")
-        current = self.actor_ids
-        if n > len(current):
-            self.add(n - len(current))
-        for aid in sorted(current, reverse=True)[: max(0, len(current) - n)]:
+        current = self._live()
+        if num > len(current):
+            self._add(num - len(current))
+        for aid in sorted(current, reverse=True)[: max(0, len(current) - num)]:
             self._draining.add(aid)
         self._reap_drained()
+        self._dispatch()
 
     def _reap_drained(self) -> None:
         for aid in list(self._draining):
@@ -100,16 +108,18 @@ class SamplerPool:
         ray.kill(handle)
 
     # -- requests ------------------------------------------------------------------------------------
-    def submit(self, requests: Sequence[GenerationRequest]) -> None:
+    def submit(self, *, requests: Sequence[GenerationRequest]) -> None:
+        """Queue requests; each is reported by `poll` exactly once."""
         self._pending.extend(requests)
         self._dispatch()
 
     def num_pending(self) -> int:
+        """Requests queued or in flight."""
         return len(self._pending) + sum(len(c) for chunks in self._in_flight.values() for c in chunks)
 
     def _dispatch(self) -> None:
         while self._pending:
-            free = [a for a in self.actor_ids if len(self._in_flight[a]) < self.max_in_flight]
+            free = [a for a in self._live() if len(self._in_flight[a]) < self.max_in_flight]
             if not free:
                 return
             aid = min(free, key=lambda a: len(self._in_flight[a]))
@@ -121,8 +131,8 @@ class SamplerPool:
                 return
             self._in_flight[aid].append(chunk)
 
-    def poll(self, *, timeout_s: float = 0.1) -> list[Any]:
-        """Finished GenerateResults; failed samplers are replaced and their requests re-queued."""
+    def poll(self, *, timeout_s: float) -> list[RolloutResult]:
+        """Results finished since the last call; failed samplers are replaced and their requests re-queued."""
         self._dispatch()
         results = self.manager.fetch_ready_async_reqs(tags=TAG, timeout_seconds=timeout_s)
         done, failed = [], set()
@@ -141,62 +151,45 @@ class SamplerPool:
                 failed.add(r.actor_id)
         for aid in failed:
             if aid in self.manager.actor_ids():
+                draining = aid in self._draining
                 self._remove(aid)
-                self.restarts += 1
-                self.add(1)
+                if not draining:
+                    self.restarts += 1
+                    self._add(1)
         self._reap_drained()
         self._dispatch()
         return done
 
-    # -- weights -------------------------------------------------------------------------------------
-    def set_weights(self, *, ref: Any, version: int) -> None:
-        """Object-store transport: every sampler applies `ref` before its next request."""
-        self._weights, self._weights_source = (ref, version), None
-        self._load_refs += [h.load_weights.remote(weights=ref, version=version) for h in self.handles()]
-
-    def weight_load_times(self) -> list[float]:
-        """Seconds each finished weight load took since the last call (non-blocking)."""
-        ready, self._load_refs = ray.wait(self._load_refs, num_returns=len(self._load_refs), timeout=0)
-        out = []
-        for ref in ready:
-            try:
-                out.append(ray.get(ref))
-            except Exception as e:  # noqa: BLE001 - the generate path notices dead samplers
-                log.warning("weight load failed: %s", e)
-        return out
-
-    def wait_idle(self, *, timeout_s: float = 600.0) -> list[Any]:
-        """Finish every queued request (used at shutdown and in tests)."""
+    def wait_idle(self, *, timeout_s: float = 600.0) -> list[RolloutResult]:
+        """Finish every queued request (used at shutdown and in tests); returns their results."""
         out, deadline = [], time.monotonic() + timeout_s
         while self.num_pending() and time.monotonic() < deadline:
             out += self.poll(timeout_s=0.5)
         return out
 
+    # -- evaluation ----------------------------------------------------------------------------------
+    def evaluate(self, *, prompts: Sequence[Prompt], n: int) -> list[tuple[float, ...]]:
+        """n rewards per prompt, in prompt order: contiguous slices of the prompts, one per live sampler.
+
+        Each sampler evaluates after the requests already sent to it (and with the weights they left).
+        """
+        handles = list(self.members().values())
+        if not prompts:
+            return []
+        if not handles:
+            raise RuntimeError("no live sampler to evaluate on")
+        per, extra = divmod(len(prompts), len(handles))
+        refs, start = [], 0
+        for i, h in enumerate(handles):
+            stop = start + per + (i < extra)
+            if stop > start:
+                refs.append(h.evaluate.remote(prompts=list(prompts[start:stop]), n=n))
+            start = stop
+        return [tuple(s) for part in ray.get(refs) for s in part]
+
     def shutdown(self) -> None:
+        """Stop every sampler (queued and in-flight requests are dropped)."""
         for aid in list(self.manager.actor_ids()):
             self._in_flight[aid] = []
             self._remove(aid)
-
-    def broadcast_collective(self, *, learners: Any, version: int) -> float:
-        """Collective transport: learner rank 0 broadcasts over a gloo group of itself + samplers.
-
-        The group is rebuilt whenever the set of samplers changed. A sampler added since the last
-        broadcast already holds the object-store weights it caught up with, then joins the group.
-        Returns seconds spent (blocks until every sampler has taken part).
-        """
-        t0 = time.perf_counter()
-        members = tuple(self.actor_ids)
-        rank0 = learners.rank0
-        if getattr(self, "_sync_members", None) != members:
-            self._sync_generation = getattr(self, "_sync_generation", 0) + 1
-            specs = ray.get(rank0.weight_specs.remote())
-            info = ray.get(rank0.open_sync_group.remote(world_size=1 + len(members),
-                                                         group_name=f"exgrpo-sync-{self._sync_generation}"))
-            joins = [self._handles[a].join_sync_group.remote(info=info, rank=i + 1, specs=specs)
-                     for i, a in enumerate(members)]
-            ray.get([rank0.connect_sync_group.remote(), *joins])
-            self._sync_members = members
-        receives = [self._handles[a].receive_weights.remote(version=version) for a in members]
-        ray.get([rank0.broadcast_weights.remote(), *receives])
-        self._weights_source = (learners, version)  # samplers added later fetch these lazily
-        return time.perf_counter() - t0
+        self._pending.clear()

@@ -1,9 +1,13 @@
 """Sampler: one generation engine plus the answer verifier.
 
 `generate(requests=...)` turns generation requests into verified `Group`s tagged with the policy
-version of the weights that sampled them, and pushes them to the replay shards. New weights are
-applied between engine calls (Ray runs one call at a time on this actor, in submission order, so
-a weight load submitted before a generate call is always applied before it).
+version of the weights that sampled them, pushes them to the replay shards and reports a
+`RolloutResult`. A replay request's pinned candidates travel on in its `Group.candidates`.
+
+New weights are applied between engine calls (Ray runs one call at a time on this actor, in
+submission order, so a weight load submitted before a generate call is always applied before it).
+The weight entry points (`load_weights`, `join_sync_group`, `receive_weights`) are thin: the order
+in which they are called is the transport's (`learners.weight_sync`).
 
 A plain class: `run.py` makes it the Ray actor `exgrpo-sampler-<i>`; tests run it in-process.
 """
@@ -19,39 +23,25 @@ import numpy as np
 import torch
 
 from actors.engines import GenerationEngine, make_engine
+from exgrpo.config import Dtype, EngineKind, TemplateName
 from exgrpo.data.templates import render_prompt, reward_mode
+from exgrpo.evaluate import sample_rewards
 from exgrpo.rewards import Verifier
-from exgrpo.types import GenerationRequest, Group, Prompt, Trajectory
+from exgrpo.types import GenerationRequest, Group, Prompt, RolloutResult, Trajectory
 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """How a sampler builds its engine inside its own process."""
+    """How a sampler builds its engine inside its own process (the sampling seed is the sampler's)."""
 
-    kind: str  # "hf" or "vllm"
+    kind: EngineKind
     model_path: str
-    dtype: str = "float32"
-    seed: int = 0
+    dtype: Dtype = "float32"
     gpu_memory_utilization: float = 0.85
 
 
-@dataclass(frozen=True)
-class GenerateResult:
-    """What a generate call reports back to the driver (the groups themselves go to the shards)."""
-
-    sampler: str
-    request_ids: tuple[int, ...]
-    policy_version: int
-    tokens: int  # generated tokens
-    rewards: tuple[float, ...]  # mean reward of each group, in request order
-    gen_time_s: float
-    verify_time_s: float
-    push_time_s: float
-    groups: tuple[Group, ...] = ()  # filled only when the sampler has no replay service (tests)
-
-
 class Sampler:
-    def __init__(self, *, index: int, engine: EngineSpec, template: str, max_response_len: int,
+    def __init__(self, *, index: int, engine: EngineSpec, template: TemplateName, max_response_len: int,
                  temperature: float = 1.0, top_p: float = 1.0, verify_timeout_s: float = 5.0,
                  replay: Any = None, seed: int = 0) -> None:
         torch.set_num_threads(1)
@@ -67,7 +57,8 @@ class Sampler:
         self._receiver = None
         self.weight_load_s = 0.0  # time spent applying the last weights
 
-    # -- fault-tolerance hooks used by ray.rllib's FaultTolerantActorManager --------------------------
+    # -- hooks of ray.rllib's FaultTolerantActorManager (it sends every call, even by method name, through
+    # `apply`, and probes health with `ping`) --------------------------------------------------------------
     def ping(self) -> str:
         return "pong"
 
@@ -75,7 +66,7 @@ class Sampler:
         return func(self, *args, **kwargs)
 
     # -- the verb ----------------------------------------------------------------------------------
-    def generate(self, *, requests: Sequence[GenerationRequest]) -> GenerateResult:
+    def generate(self, *, requests: Sequence[GenerationRequest]) -> RolloutResult:
         """Sample, verify and push one batch of requests; returns a small summary."""
         texts = [self.render(r.prompt) for r in requests]
         version = self.engine.version
@@ -98,28 +89,22 @@ class Sampler:
                 i += 1
             groups.append(Group(qid=req.prompt.qid, prompt_ids=self.engine.tokenize(text), trajectories=tuple(trajs),
                                 kind=req.kind, gold=req.prompt.answer, group_id=gid, request_id=req.request_id,
-                                policy_version=version, admitted_version=req.admitted_version))
+                                policy_version=version, admitted_version=req.admitted_version,
+                                candidates=req.candidates))
         if self.replay is not None:
             self.replay.push(groups=groups)
-        t3 = time.perf_counter()
-        return GenerateResult(
+        return RolloutResult(
             sampler=self.name, request_ids=tuple(r.request_id for r in requests), policy_version=version,
-            tokens=sum(len(c.token_ids) for c in flat),
-            rewards=tuple(float(np.mean([t.reward for t in g.trajectories])) if g.trajectories else 0.0 for g in groups),
-            gen_time_s=t1 - t0, verify_time_s=t2 - t1, push_time_s=t3 - t2,
+            tokens=sum(len(c.token_ids) for c in flat), gen_time_s=t1 - t0, verify_time_s=t2 - t1,
             groups=tuple(groups) if self.replay is None else ())
 
     def evaluate(self, *, prompts: Sequence[Prompt], n: int = 1, temperature: float | None = None,
                  max_tokens: int | None = None) -> list[tuple[float, ...]]:
         """Rewards of n samples per prompt (for Avg@n / Pass@n); nothing is pushed to replay."""
-        outs = self.engine.generate([self.render(p) for p in prompts], n=n,
-                                    max_tokens=max_tokens or self.max_response_len,
-                                    temperature=self.temperature if temperature is None else temperature,
-                                    top_p=self.top_p, seed=self._seed)
-        flat = [c.text for comps in outs for c in comps]
-        golds = [p.answer for p, comps in zip(prompts, outs, strict=True) for _ in comps]
-        scores = self.verifier.score_many(flat, golds)
-        return [tuple(scores[i * n:(i + 1) * n]) for i in range(len(prompts))]
+        return sample_rewards(self.engine, self.verifier, prompts, n=n, template=self.template,
+                              max_tokens=max_tokens or self.max_response_len,
+                              temperature=self.temperature if temperature is None else temperature,
+                              top_p=self.top_p, seed=self._seed, tokenizer=self.engine.tokenizer)
 
     def render(self, prompt: Prompt) -> str:
         # chat/think templates use the engine's own tokenizer (its chat template), loaded once
@@ -133,11 +118,13 @@ class Sampler:
         self.weight_load_s = time.perf_counter() - t0
         return self.weight_load_s
 
-    def join_sync_group(self, *, info: Any, rank: int, specs: Sequence[Any]) -> None:
-        """Collective transport: join the learner-rank-0 + samplers gloo group (blocks until all join)."""
+    def join_sync_group(self, *, info: Any, rank: int, specs: Sequence[Any], timeout_s: float = 600.0) -> None:
+        """Collective transport: join a new learner-rank-0 + samplers world (blocks until all join)."""
         from learners.weight_sync import CollectiveReceiver
 
-        self._receiver = CollectiveReceiver(info=info, rank=rank, specs=list(specs))
+        if self._receiver is not None:
+            self._receiver.close()
+        self._receiver = CollectiveReceiver(info=info, rank=rank, specs=list(specs), timeout_s=timeout_s)
         self._receiver.connect()
 
     def receive_weights(self, *, version: int) -> float:

@@ -27,8 +27,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from actors.engines import HFEngine
-from exgrpo.data.tasks import builtin_task
+from exgrpo.data.sources import read_source
 from exgrpo.data.templates import render_prompt
+from exgrpo.evaluate import sample_rewards
 from exgrpo.models.resolve import resolve_model
 from exgrpo.rewards import Verifier, extract_answer
 from exgrpo.types import Prompt
@@ -39,10 +40,8 @@ torch.set_num_threads(1)
 def held_out_accuracy(
     engine: HFEngine, verifier: Verifier, prompts: list[Prompt], *, n: int, max_tokens: int
 ) -> float:
-    texts = [render_prompt(p.question, template="plain") for p in prompts]
-    completions = engine.generate(texts, n=n, max_tokens=max_tokens, temperature=1.0, seed=12345)
-    rewards = verifier.score_many(
-        [c.text for g in completions for c in g], [p.answer for p in prompts for _ in range(n)]
+    rewards = sample_rewards(
+        engine, verifier, prompts, n=n, template="plain", max_tokens=max_tokens, temperature=1.0, seed=12345
     )
     return float(np.mean(rewards))
 
@@ -137,6 +136,7 @@ def main() -> None:
     )
     parser.add_argument("--model", default="builtin:arith-base", help="builtin:<name> or an HF model dir")
     parser.add_argument("--cache-dir", default="~/.cache/exgrpo")
+    parser.add_argument("--data", default="builtin:arith", help="builtin:<task> (its train and eval splits)")
     parser.add_argument("--lrs", default="3e-5,1e-4,2e-4", help="comma-separated AdamW learning rates")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--B", type=int, default=16, help="questions per step")
@@ -148,9 +148,8 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=10)
     args = parser.parse_args()
     model_dir = resolve_model(args.model, cache_dir=args.cache_dir)
-    task = builtin_task("arith")
-    train = task.make_split(split="train", n=args.num_train, seed=0)
-    evaluation = task.make_split(split="eval", n=args.num_eval, seed=0)
+    train = list(read_source(args.data, split="train", num=args.num_train, seed=0).prompts)
+    evaluation = list(read_source(args.data, split="eval", num=args.num_eval, seed=0).prompts)
     print(f"model {args.model} -> {model_dir}", flush=True)
     for lr in (float(x) for x in args.lrs.split(",")):
         run_lr(model_dir, lr, args, train, evaluation)

@@ -13,7 +13,7 @@ import argparse
 import time
 from dataclasses import dataclass
 
-from exgrpo.rewards import Verifier
+from exgrpo.rewards import Verifier, boxed
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,8 @@ class Workload:
 
 
 def workloads() -> list[Workload]:
-    ints = [(f"The total is \\boxed{{{k + k % 2}}}.", str(k)) for k in range(1000)]  # odd k: off by one
-    polys = [(f"Expanding, \\boxed{{x^2+{2 * a}x+{a * a}}}", f"(x+{a})^2") for a in range(1, 101)]
+    ints = [(f"The total is {boxed(k + k % 2)}.", str(k)) for k in range(1000)]  # odd k: off by one
+    polys = [(f"Expanding, {boxed(f'x^2+{2 * a}x+{a * a}')}", f"(x+{a})^2") for a in range(1, 101)]
     return [
         Workload("1000 boxed integers", [r for r, _ in ints], [g for _, g in ints], 500),
         Workload("100 polynomials", [r for r, _ in polys], [g for _, g in polys], 100),

@@ -22,11 +22,9 @@ import ray
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 from exgrpo.config import load_config  # noqa: E402
-from exgrpo.data.sources import load_prompts  # noqa: E402
-from exgrpo.driver import Driver  # noqa: E402
+from exgrpo.launch import build_system, init_ray, train  # noqa: E402
 from exgrpo.models.resolve import BuiltinModel, register_builtin, resolve_model  # noqa: E402
 from exgrpo.models.tiny import TinyModelSpec, build_tiny_model  # noqa: E402
-from exgrpo.run import build_system, init_ray  # noqa: E402
 
 SPLIT = ["system/wait_s", "system/entropy_s", "system/update_s", "system/sync_s", "system/idle_s"]
 SPEC_100M = TinyModelSpec(hidden_size=768, num_layers=14, num_heads=12, num_kv_heads=4, head_dim=64,
@@ -37,50 +35,39 @@ register_builtin("bench-100m", BuiltinModel(build=lambda out_dir, *, cache_dir: 
 
 def make_cfg(overrides: list[str]):
     return load_config("tiny-cpu", ["logging.progress=false", "logging.plots=false", "trainer.eval_every=0",
-                                    "data.num_eval=0", *overrides])
+                                    "data.num_eval=0", "logging.run_dir=bench/out/run", *overrides])
 
 
 def train_run(overrides: list[str]) -> dict:
+    """2N steps through `launch.train`; the first N warm up (engine first calls, DeepSpeed first step)."""
     cfg = make_cfg(overrides)
-    model_path = str(resolve_model(cfg.model.path, cache_dir=cfg.model.cache_dir))
-    train, _ = load_prompts(cfg)
-    system = build_system(cfg, model_path=model_path)
-    driver = Driver(cfg=cfg, samplers=system.samplers, replay=system.replay, learners=system.learners, train=train)
-    try:
-        driver.train()  # warm-up (engine first calls, DeepSpeed first step)
-        cfg2 = make_cfg([*overrides, f"trainer.steps={2 * cfg.trainer.steps}"])
-        driver.cfg = cfg2
-        t0 = time.perf_counter()
-        records = driver.train()
-        wall = time.perf_counter() - t0
-    finally:
-        system.shutdown()
+    n = cfg.trainer.steps
+    records = train(make_cfg([*overrides, f"trainer.steps={2 * n}"]), checkpoints=False).records[n:]
+    wall = sum(r["system/step_time_s"] for r in records)
     tokens = sum(r["rollout/tokens"] for r in records)
     return {"steps": len(records), "wall_s": wall, "steps_per_s": len(records) / wall, "tokens_per_s": tokens / wall,
+            "median_step_s": float(np.median([r["system/step_time_s"] for r in records])),
             "split_s_per_step": {k.split("/")[1]: float(np.mean([r[k] for r in records])) for k in SPLIT}}
 
 
 def sync_run(model: str, transport: str, repeats: int = 3) -> dict:
     cfg = make_cfg([f"model.path={model}", f"async.weight_sync={transport}", "samplers.num=2"])
     model_path = str(resolve_model(cfg.model.path, cache_dir=cfg.model.cache_dir))
-    train, _ = load_prompts(cfg)
     system = build_system(cfg, model_path=model_path)
-    driver = Driver(cfg=cfg, samplers=system.samplers, replay=system.replay, learners=system.learners, train=train)
     times, loads = [], []
     try:
         for v in range(repeats + 1):
-            driver.version = v + 1
             t0 = time.perf_counter()
-            driver.broadcast()
+            metrics = system.weights.broadcast(version=v + 1)
             # wait until every sampler has applied the weights (object store loads are asynchronous)
-            ray.get([h.version.remote() for h in system.samplers.handles()])
+            ray.get([h.version.remote() for h in system.samplers.members().values()])
             if v:  # first one warms up the group / the store
                 times.append(time.perf_counter() - t0)
-        loads = system.samplers.weight_load_times()
+                loads.append(metrics.get("system/weight_load_s", 0.0))
         params = sum(np.prod(s.shape) for s in ray.get(system.learners.rank0.weight_specs.remote()))
     finally:
         system.shutdown()
-    return {"params": int(params), "sync_s": float(np.median(times)), "sampler_load_s": float(np.median(loads)) if loads else None}
+    return {"params": int(params), "sync_s": float(np.median(times)), "sampler_load_s": float(np.median(loads))}
 
 
 def main() -> None:

@@ -41,9 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from actors.sampler import EngineSpec, Sampler  # noqa: E402
-from exgrpo.config import Config, load_config  # noqa: E402
-from exgrpo.data.tasks import builtin_task  # noqa: E402
-from exgrpo.models.smollm2 import convert_smollm2, smollm2_fingerprint  # noqa: E402
+from exgrpo.config import Config, EngineKind, load_config  # noqa: E402
+from exgrpo.data.sources import read_source  # noqa: E402
+from exgrpo.models.resolve import resolve_model  # noqa: E402
+from exgrpo.rewards import BOX_COMMAND  # noqa: E402
 from exgrpo.types import GenerationRequest, Group, Prompt  # noqa: E402
 
 torch.set_num_threads(1)
@@ -72,10 +73,9 @@ class EngineResult:
 
 
 def model_dir(cfg: Config) -> Path:
-    """Where `builtin:smollm2-135m` resolves to (models.resolve_model's cache layout), converted once."""
-    target = Path(cfg.model.cache_dir).expanduser() / "models" / f"smollm2-135m-{smollm2_fingerprint()}"
+    """Where `builtin:smollm2-135m` resolves to, converted once (`resolve_model`)."""
     t0 = time.perf_counter()
-    convert_smollm2(target, dtype="float32")
+    target = resolve_model("builtin:smollm2-135m", cache_dir=cfg.model.cache_dir)
     print(f"model: {target} (ready in {time.perf_counter() - t0:.1f} s)")
     return target
 
@@ -86,12 +86,12 @@ def in_child(func: Callable[..., T], *args: object, **kwargs: object) -> T:
         return pool.submit(func, *args, **kwargs).result()
 
 
-def run_engine(kind: str, path: Path, prompts: list[Prompt], *, cfg: Config) -> EngineResult:
+def run_engine(kind: EngineKind, path: Path, prompts: list[Prompt], *, cfg: Config) -> EngineResult:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     sampler = Sampler(
         index=0,
-        engine=EngineSpec(kind=kind, model_path=str(path), dtype=cfg.model.dtype, seed=cfg.trainer.seed),
+        engine=EngineSpec(kind=kind, model_path=str(path), dtype=cfg.model.dtype),
         template=cfg.model.template,
         max_response_len=cfg.model.max_response_len,
         temperature=cfg.samplers.temperature,
@@ -114,7 +114,7 @@ def run_engine(kind: str, path: Path, prompts: list[Prompt], *, cfg: Config) -> 
         tokens=result.tokens,
         verify_s=result.verify_time_s,
         solved=sum(t.correct for t in trajectories),
-        boxed=sum("\\boxed" in t.text for t in trajectories),
+        boxed=sum(BOX_COMMAND in t.text for t in trajectories),
         stopped=sum(len(t.response_ids) < cfg.model.max_response_len for t in trajectories),
         rollouts=len(trajectories),
         threads=torch.get_num_threads(),
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_config(args.config)
     b, k, r = cfg.trainer.questions_per_step, cfg.trainer.rollouts_per_question, cfg.model.max_response_len
     path = model_dir(cfg)
-    prompts = builtin_task(cfg.data.train, seed=cfg.data.seed).make_split(split="train", n=b)
+    prompts = list(read_source(cfg.data.train, split="train", num=b, seed=cfg.data.seed).prompts[:b])
     print(f"B={b} K={k} max_response_len={r} template={cfg.model.template} T={cfg.samplers.temperature}")
     results: list[EngineResult] = []
     for kind in args.engines.split(","):

@@ -1,5 +1,6 @@
-"""The ExGRPO experience pool: question statistics, difficulty buckets, retirement, bucket-weighted
-question sampling and trajectory selection (DESIGN.md section 4). Pure: numpy + pyarrow only.
+"""The ExGRPO experience pool: question statistics, difficulty buckets, retirement and stored
+trajectories (DESIGN.md section 4). Pure: numpy + pyarrow only. The sampling weights and the
+allocation over buckets and shards live in `exgrpo/selection.py`; the pool draws inside a bucket.
 
 Statistics. After each finished group of a question, k = its correct rollouts (a replay slot
 counts) and K = rollouts per question:
@@ -22,118 +23,16 @@ float32 numpy arrays (8 bytes per token instead of ~60 for tuples of Python numb
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
 from exgrpo.types import Group, Trajectory
 
-SelectionMode = Literal["lowest_entropy", "highest_entropy", "random"]
 SNAPSHOT_FORMAT = "exgrpo.experience_pool/1"  # schema metadata of to_arrow() tables
-
-
-def bucket_weights(
-    sizes: Mapping[int, int],
-    *,
-    k_rollouts: int,
-    mu: float | None = None,
-    sigma: float = 1.0,
-    uniform: bool = False,
-) -> dict[int, float]:
-    """Sampling weight of each non-empty bucket, normalised to sum 1 (empty buckets absent).
-
-    w_k = exp(-(k - mu)^2 / (2 sigma^2)) with mu = K/2 by default and sigma in units of k;
-    `uniform=True` gives every non-empty bucket 1/#buckets (the "no question selection" ablation).
-    Computed relative to the largest term, so far-away buckets may underflow to exactly 0.
-    """
-    _check_k(k_rollouts)
-    if not sigma > 0:
-        raise ValueError(f"sigma={sigma} must be > 0")
-    if any(n < 0 for n in sizes.values()):
-        raise ValueError(f"bucket sizes must be >= 0, got {dict(sizes)}")
-    buckets = sorted(k for k, n in sizes.items() if n > 0)
-    bad = [k for k in buckets if not 0 < k < k_rollouts]
-    if bad:
-        raise ValueError(f"buckets {bad} are outside 1..{k_rollouts - 1} (K={k_rollouts})")
-    if not buckets:
-        return {}
-    if uniform:
-        return {k: 1.0 / len(buckets) for k in buckets}
-    centre = k_rollouts / 2 if mu is None else mu
-    log_w = {k: -((k - centre) ** 2) / (2 * sigma**2) for k in buckets}
-    top = max(log_w.values())
-    w = {k: math.exp(v - top) for k, v in log_w.items()}
-    total = sum(w.values())
-    return {k: v / total for k, v in w.items()}
-
-
-def allocate(
-    weights: Mapping[int, float], sizes: Mapping[int, int], n: int, *, rng: np.random.Generator
-) -> dict[int, int]:
-    """How many questions to draw from each bucket: multinomial with capping.
-
-    n <- min(n, total size). Draw bucket counts ~ Multinomial(n, w / sum w); cap each count at its
-    bucket's size and re-draw the excess over the buckets not yet full with renormalised weights,
-    until all n are placed. A zero-weight bucket receives questions only once every positive-weight
-    bucket is full; the rest is then spread uniformly over the buckets with room. Every round fills
-    at least one bucket or places everything, so there are at most #buckets rounds.
-    Returns the positive counts only, keyed by bucket.
-    """
-    if n < 0:
-        raise ValueError(f"n={n} must be >= 0")
-    buckets = sorted(k for k, s in sizes.items() if s > 0)
-    missing = [k for k in buckets if k not in weights]
-    if missing:
-        raise ValueError(f"no weight for non-empty buckets {missing}")
-    w = np.array([weights[k] for k in buckets], dtype=np.float64)
-    if not np.all(np.isfinite(w) & (w >= 0)):
-        raise ValueError(f"weights must be finite and >= 0, got {dict(weights)}")
-    cap = np.array([sizes[k] for k in buckets], dtype=np.int64)
-    counts = np.zeros_like(cap)
-    remaining = min(n, int(cap.sum()))
-    while remaining > 0:
-        room = counts < cap
-        p = np.where(room, w, 0.0)
-        if p.sum() <= 0:
-            p = room.astype(np.float64)
-        counts += rng.multinomial(remaining, p / p.sum())
-        excess = np.maximum(counts - cap, 0)
-        counts -= excess
-        remaining = int(excess.sum())
-    return {k: int(c) for k, c in zip(buckets, counts, strict=True) if c > 0}
-
-
-def select_lowest_entropy(entropies: Sequence[float]) -> int:
-    """Index of the smallest mean token entropy (first on ties); NaN entries are never chosen."""
-    values, ok = _valid_entropies(entropies)
-    return int(ok[np.argmin(values[ok])])
-
-
-def select_trajectory(entropies: Sequence[float], *, mode: SelectionMode, rng: np.random.Generator) -> int:
-    """Pick a candidate: argmin or argmax entropy (first on ties), or uniform at random;
-    NaN entries are never chosen in any mode."""
-    values, ok = _valid_entropies(entropies)
-    if mode == "lowest_entropy":
-        return int(ok[np.argmin(values[ok])])
-    if mode == "highest_entropy":
-        return int(ok[np.argmax(values[ok])])
-    if mode == "random":
-        return int(ok[rng.integers(len(ok))])
-    raise ValueError(f"mode={mode!r}; choose lowest_entropy, highest_entropy or random")
-
-
-def _valid_entropies(entropies: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
-    values = np.asarray(entropies, dtype=np.float64).reshape(-1)
-    if values.size == 0:
-        raise ValueError("no candidate entropies to select from")
-    ok = np.flatnonzero(~np.isnan(values))
-    if ok.size == 0:
-        raise ValueError(f"all {values.size} candidate entropies are NaN")
-    return values, ok
 
 
 def _check_k(k_rollouts: int) -> None:
@@ -205,23 +104,12 @@ class _IndexedSet:
 class ExperiencePool:
     """Question statistics and stored correct trajectories of one replay shard (or all of them)."""
 
-    def __init__(
-        self,
-        k_rollouts: int,
-        max_trajectories_per_question: int = 8,
-        *,
-        mu: float | None = None,
-        sigma: float = 1.0,
-        uniform: bool = False,
-    ) -> None:
+    def __init__(self, k_rollouts: int, max_trajectories_per_question: int = 8) -> None:
         _check_k(k_rollouts)
         if max_trajectories_per_question < 1:
             raise ValueError(f"max_trajectories_per_question={max_trajectories_per_question} must be >= 1")
-        if not sigma > 0:
-            raise ValueError(f"sigma={sigma} must be > 0")
         self.k_rollouts = k_rollouts
         self.max_trajectories_per_question = max_trajectories_per_question
-        self.mu, self.sigma, self.uniform = mu, sigma, uniform
         self._questions: dict[str, _Question] = {}
         self._buckets = {k: _IndexedSet() for k in range(1, k_rollouts)}  # sampleable qids
         self._retired: set[str] = set()
@@ -286,32 +174,25 @@ class ExperiencePool:
 
     # -- sampling --------------------------------------------------------------------------------
 
-    def sample_questions(self, n: int, *, rng: np.random.Generator) -> list[str]:
-        """min(n, len(self)) distinct sampleable qids: bucket counts by `allocate` with
-        `bucket_weights`, then uniformly without replacement inside each bucket.
-        Cost O(#buckets + sum of sizes of the buckets drawn from), never O(pool) per draw."""
-        if n < 0:
-            raise ValueError(f"n={n} must be >= 0")
-        sizes = self.bucket_sizes()
-        if n == 0 or not sizes:
-            return []
-        weights = bucket_weights(
-            sizes, k_rollouts=self.k_rollouts, mu=self.mu, sigma=self.sigma, uniform=self.uniform
-        )
-        return self.sample_from_buckets(allocate(weights, sizes, n, rng=rng), rng=rng)
-
-    def sample_from_buckets(self, counts: Mapping[int, int], *, rng: np.random.Generator) -> list[str]:
-        """Draw exactly counts[k] distinct sampleable qids from each bucket k (ascending k);
-        ValueError if a count exceeds the bucket's size."""
+    def sample_from_buckets(self, counts: Mapping[int, int], *, rng: np.random.Generator,
+                            exclude: frozenset[str] = frozenset()) -> list[str]:
+        """Up to counts[k] distinct sampleable qids from each bucket k (ascending k), uniformly without
+        replacement, never one in `exclude`. A bucket smaller than its count gives all it has (the
+        caller redistributes the shortfall): bucket sizes read earlier may be stale under concurrent
+        pushes, and a draw must never fail because of it. Cost O(size of the buckets drawn from)."""
         out: list[str] = []
         for k in sorted(counts):
             c = counts[k]
+            if c < 0:
+                raise ValueError(f"cannot draw {c} questions from bucket {k}")
             members = self._buckets.get(k)
-            size = 0 if members is None else len(members)
-            if not 0 <= c <= size:
-                raise ValueError(f"cannot draw {c} questions from bucket {k} of size {size}")
-            if c:
-                out.extend(members.sample(c, rng))
+            if not c or members is None or not len(members):
+                continue
+            if exclude:
+                pool = [q for q in members.items if q not in exclude]
+                out.extend(pool[i] for i in rng.choice(len(pool), size=min(c, len(pool)), replace=False))
+            else:
+                out.extend(members.sample(min(c, len(members)), rng))
         return out
 
     # -- queries ---------------------------------------------------------------------------------
@@ -339,9 +220,10 @@ class ExperiencePool:
     def retired(self) -> frozenset[str]:
         return frozenset(self._retired)
 
-    def bucket_sizes(self) -> dict[int, int]:
-        """Number of sampleable questions per non-empty bucket (empty buckets absent)."""
-        return {k: len(b) for k, b in self._buckets.items() if len(b)}
+    def bucket_sizes(self, exclude: frozenset[str] = frozenset()) -> dict[int, int]:
+        """Number of sampleable questions per non-empty bucket, not counting `exclude` (empty buckets absent)."""
+        sizes = {k: len(b) - sum(q in b.pos for q in exclude) for k, b in self._buckets.items()}
+        return {k: n for k, n in sizes.items() if n > 0}
 
     def __len__(self) -> int:
         """Number of sampleable questions."""
@@ -357,7 +239,7 @@ class ExperiencePool:
         return self._state() == other._state()
 
     def _state(self) -> tuple:
-        settings = (self.k_rollouts, self.max_trajectories_per_question, self.mu, self.sigma, self.uniform)
+        settings = (self.k_rollouts, self.max_trajectories_per_question)
         questions = {
             qid: (q.bucket, q.indexed, q.prompt_ids.tobytes(), [s.key() for s in q.stored])
             for qid, q in self._questions.items()
@@ -405,9 +287,6 @@ class ExperiencePool:
         *,
         k_rollouts: int,
         max_trajectories_per_question: int = 8,
-        mu: float | None = None,
-        sigma: float = 1.0,
-        uniform: bool = False,
     ) -> ExperiencePool:
         """Rebuild a pool from `to_arrow()` output (e.g. read back from parquet). The cap applies
         while loading (a smaller cap keeps the newest trajectories)."""
@@ -416,7 +295,7 @@ class ExperiencePool:
             raise ValueError(f"not an experience pool snapshot: format {meta['exgrpo.format']!r}")
         if meta.get("exgrpo.k_rollouts", str(k_rollouts)) != str(k_rollouts):
             raise ValueError(f"snapshot was taken with K={meta['exgrpo.k_rollouts']}, not K={k_rollouts}")
-        pool = cls(k_rollouts, max_trajectories_per_question, mu=mu, sigma=sigma, uniform=uniform)
+        pool = cls(k_rollouts, max_trajectories_per_question)
         col = {name: table.column(name).to_pylist() for name in ("row", "qid", "bucket", "reward")}
         col |= {name: table.column(name).to_pylist() for name in ("policy_version", "text", "group_id")}
         prompts = _ListReader(table.column("prompt_ids"), np.int32)

@@ -1,25 +1,43 @@
-"""ShardedReplay: the client of R replay shard actors.
+"""ShardedReplay: the client of R replay shards (implements `exgrpo.core.Replay`).
 
-Routing is by a stable hash of qid, so a question's statistics live in one shard. Question
-sampling is global: bucket weights come from bucket sizes summed over shards, the per-bucket
-counts are split across shards by a multivariate hypergeometric draw (exactly uniform sampling
-without replacement over the union of a bucket), and each shard serves its share.
+Routing is by a stable hash of qid, so a question's statistics live in one shard. Question sampling
+is global (`exgrpo.selection.draw_plan`): bucket weights from the bucket sizes summed over shards,
+each shard serving its share of each bucket. Sizes are those the shards reported last (every
+`pull_batch` and `sample` returns them), so sampling costs one parallel round trip. Pushes may land
+between the plan and the draw: a shard then gives what it has and reports what is left, and the
+shortfall is re-planned over what is left (a few rounds at most); whatever still cannot be placed is
+filled by the driver with fresh questions.
 
-The client holds only actor handles, so it can be passed to samplers (which push groups) and
-used by the driver (which samples questions and pulls batches).
+The shards are Ray actor handles (`invoke=ray_invoke`, the default) or plain in-process objects
+(`invoke=local_invoke`, for tests). The client holds only those, so it can be passed to samplers
+(which push groups) and used by the driver (which samples questions and pulls batches).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
-import ray
 
-from buffers.experience import allocate, bucket_weights
-from buffers.shard import ShardStats
-from exgrpo.types import Group
+from exgrpo.selection import draw_plan
+from exgrpo.types import Group, PulledBatch, ReplayPick, ReplayStats
+
+Call = tuple[Any, str, dict[str, Any]]  # (shard, method name, keyword arguments)
+MAX_SAMPLE_ROUNDS = 3
+
+
+def ray_invoke(calls: Sequence[Call]) -> list[Any]:
+    """Run the calls on Ray actors concurrently and wait for all (one parallel round trip)."""
+    import ray
+
+    return ray.get([getattr(shard, method).remote(**kwargs) for shard, method, kwargs in calls])
+
+
+def local_invoke(calls: Sequence[Call]) -> list[Any]:
+    return [getattr(shard, method)(**kwargs) for shard, method, kwargs in calls]
 
 
 def shard_of(qid: str, num_shards: int) -> int:
@@ -28,109 +46,106 @@ def shard_of(qid: str, num_shards: int) -> int:
     return int.from_bytes(digest, "little") % num_shards
 
 
+def merge_stats(parts: Sequence[ReplayStats]) -> ReplayStats:
+    sizes: dict[int, int] = {}
+    for st in parts:
+        for k, c in st.bucket_sizes.items():
+            sizes[k] = sizes.get(k, 0) + c
+    return ReplayStats(bucket_sizes=dict(sorted(sizes.items())), active=sum(s.active for s in parts),
+                       retired=sum(s.retired for s in parts), trajectories=sum(s.trajectories for s in parts),
+                       ready=sum(s.ready for s in parts))
+
+
 class ShardedReplay:
-    def __init__(
-        self,
-        *,
-        shards: Sequence,
-        k_rollouts: int,
-        mu: float | None = None,
-        sigma: float = 1.0,
-        uniform: bool = False,
-    ) -> None:
+    def __init__(self, *, shards: Sequence[Any], k_rollouts: int, mu: float | None = None, sigma: float = 1.0,
+                 uniform: bool = False, invoke: Callable[[Sequence[Call]], list[Any]] = ray_invoke) -> None:
         self.shards = list(shards)
         self.k_rollouts = k_rollouts
         self.mu, self.sigma, self.uniform = mu, sigma, uniform
+        self.invoke = invoke
+        self._sizes: list[dict[int, int]] | None = None  # per shard, as last reported
+
+    def __getstate__(self) -> dict[str, Any]:  # samplers receive the handles, not the cached sizes
+        return {**self.__dict__, "_sizes": None}
 
     @property
     def num_shards(self) -> int:
         return len(self.shards)
 
+    def _all(self, method: str, **kwargs: Any) -> list[Any]:
+        return self.invoke([(s, method, kwargs) for s in self.shards])
+
+    # -- samplers ----------------------------------------------------------------------------------
     def push(self, *, groups: Sequence[Group]) -> None:
         """Route groups to their shards and wait until every shard has recorded them."""
         by_shard: dict[int, list[Group]] = {}
         for g in groups:
             by_shard.setdefault(shard_of(g.qid, self.num_shards), []).append(g)
-        ray.get([self.shards[i].push.remote(groups=gs) for i, gs in by_shard.items()])
+        self.invoke([(self.shards[i], "push", {"groups": gs}) for i, gs in by_shard.items()])
 
+    # -- driver ------------------------------------------------------------------------------------
     def set_collect(self, *, on: bool) -> None:
-        ray.get([s.set_collect.remote(on=on) for s in self.shards])
+        self._all("set_collect", on=on)
 
-    def size(self) -> int:
-        """Sampleable questions over all shards."""
-        return sum(sum(s.values()) for s in ray.get([s.bucket_sizes.remote() for s in self.shards]))
-
-    def sample_questions(self, n: int, *, rng: np.random.Generator) -> list[str]:
-        """n distinct questions drawn with global Gaussian bucket weights (DESIGN.md 4)."""
-        per_shard: list[dict[int, int]] = ray.get([s.bucket_sizes.remote() for s in self.shards])
-        sizes: dict[int, int] = {}
-        for shard_sizes in per_shard:
-            for k, c in shard_sizes.items():
-                sizes[k] = sizes.get(k, 0) + c
-        if n <= 0 or not sizes:
+    def sample_questions(self, *, n: int, rng: np.random.Generator) -> list[ReplayPick]:
+        """Up to n distinct questions drawn with global bucket weights (DESIGN.md 4), with candidates."""
+        if n <= 0:
             return []
-        weights = bucket_weights(
-            sizes, k_rollouts=self.k_rollouts, mu=self.mu, sigma=self.sigma, uniform=self.uniform
-        )
-        counts = allocate(weights, sizes, n, rng=rng)
-        shard_counts: list[dict[int, int]] = [{} for _ in self.shards]
-        for k, c in counts.items():
-            if c == 0:
-                continue
-            split = rng.multivariate_hypergeometric([s.get(k, 0) for s in per_shard], c)
-            for i, ci in enumerate(split):
-                if ci:
-                    shard_counts[i][k] = int(ci)
-        refs = [
-            self.shards[i].sample_from_buckets.remote(counts=c, seed=int(rng.integers(2**31)))
-            for i, c in enumerate(shard_counts)
-            if c
-        ]
-        return [q for qids in ray.get(refs) for q in qids]
+        sizes = self._sizes if self._sizes is not None else self._all("bucket_sizes")
+        picked: list[list[str]] = [[] for _ in self.shards]
+        out: list[ReplayPick] = []
+        for _ in range(MAX_SAMPLE_ROUNDS):
+            plan = draw_plan(sizes, n - len(out), k_rollouts=self.k_rollouts, mu=self.mu, sigma=self.sigma,
+                             uniform=self.uniform, rng=rng)
+            calls = [(i, {"counts": c, "seed": int(rng.integers(2**31)), "exclude": picked[i]})
+                     for i, c in enumerate(plan) if c]
+            if not calls:
+                break
+            results = self.invoke([(self.shards[i], "sample", kw) for i, kw in calls])
+            sizes = list(sizes)
+            for (i, _), (picks, left) in zip(calls, results, strict=True):
+                out += picks
+                picked[i] += [p.qid for p in picks]
+                sizes[i] = left
+            if len(out) >= n:
+                break
+        return out
 
-    def pull_batch(self, *, n_fresh: int, n_replay: int) -> list[Group]:
-        """The oldest n_fresh finished fresh groups and n_replay finished replay groups.
+    def pull_batch(self, *, request_ids: Sequence[int]) -> PulledBatch:
+        """Take the named finished groups from every shard (one parallel round trip).
 
-        Oldest means lowest request id, i.e. issue order, so a step's batch is exactly the groups
-        admitted for it once they have all finished. Raises if fewer are finished.
+        Raises if any named request is neither finished nor dropped: the driver pulls only requests
+        that the samplers reported done, and a push is acknowledged before that report.
         """
-        entries = ray.get([s.ready.remote() for s in self.shards])
-        fresh = sorted((e.request_id, i) for i, es in enumerate(entries) for e in es if e.kind == "fresh")
-        replay = sorted((e.request_id, i) for i, es in enumerate(entries) for e in es if e.kind == "replay")
-        if len(fresh) < n_fresh or len(replay) < n_replay:
-            raise RuntimeError(
-                f"pull_batch asked for {n_fresh} fresh + {n_replay} replay groups but only "
-                f"{len(fresh)} + {len(replay)} are finished"
-            )
-        chosen = fresh[:n_fresh] + replay[:n_replay]
-        wanted: dict[int, list[int]] = {}
-        for rid, i in chosen:
-            wanted.setdefault(i, []).append(rid)
-        groups = [
-            g
-            for gs in ray.get([self.shards[i].take.remote(request_ids=r) for i, r in wanted.items()])
-            for g in gs
-        ]
-        return sorted(groups, key=lambda g: g.request_id)
+        parts: list[PulledBatch] = self._all("take", request_ids=list(request_ids))
+        groups = sorted((g for p in parts for g in p.groups), key=lambda g: g.request_id)
+        dropped = tuple(sorted(r for p in parts for r in p.dropped))
+        missing = set(request_ids) - {g.request_id for g in groups} - set(dropped)
+        if missing:
+            raise RuntimeError(f"pull_batch: requests {sorted(missing)} were reported done but no shard holds "
+                               "their group (a replay shard lost them)")
+        self._sizes = [dict(p.stats.bucket_sizes) for p in parts]
+        return PulledBatch(groups=tuple(groups), dropped=dropped, stats=merge_stats([p.stats for p in parts]))
 
-    def ready_count(self) -> tuple[int, int]:
-        entries = ray.get([s.ready.remote() for s in self.shards])
-        fresh = sum(e.kind == "fresh" for es in entries for e in es)
-        return fresh, sum(len(es) for es in entries) - fresh
+    def stats(self) -> ReplayStats:
+        parts: list[ReplayStats] = self._all("stats")
+        self._sizes = [dict(p.bucket_sizes) for p in parts]
+        return merge_stats(parts)
 
     def retired(self) -> frozenset[str]:
-        return frozenset().union(*ray.get([s.retired.remote() for s in self.shards]))
+        return frozenset().union(*self._all("retired"))
 
-    def stats(self) -> ShardStats:
-        all_stats: list[ShardStats] = ray.get([s.stats.remote() for s in self.shards])
-        sizes: dict[int, int] = {}
-        for st in all_stats:
-            for k, c in st.bucket_sizes.items():
-                sizes[k] = sizes.get(k, 0) + c
-        return ShardStats(
-            bucket_sizes=dict(sorted(sizes.items())),
-            active=sum(s.active for s in all_stats),
-            retired=sum(s.retired for s in all_stats),
-            trajectories=sum(s.trajectories for s in all_stats),
-            ready=sum(s.ready for s in all_stats),
-        )
+    def snapshot(self, *, path: str) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self.invoke([(s, "snapshot", {"path": str(Path(path) / f"shard-{i}.parquet")})
+                     for i, s in enumerate(self.shards)])
+
+    def restore(self, *, path: str) -> None:
+        files = sorted(Path(path).glob("shard-*.parquet"))
+        if len(files) != self.num_shards:
+            raise ValueError(f"{path} holds {len(files)} replay shards but this run has {self.num_shards}; resume "
+                             "with the same replay.num_shards (questions are routed by hash(qid) % shards)")
+        self.invoke([(s, "restore", {"path": str(Path(path) / f"shard-{i}.parquet")})
+                     for i, s in enumerate(self.shards)])
+        self._sizes = None
+

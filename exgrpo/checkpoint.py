@@ -1,15 +1,17 @@
-"""Checkpoints: everything needed to continue a run exactly where it stopped.
+"""Checkpoints: everything needed to continue a run exactly where it stopped. Imports no Ray.
 
 Layout of `<run_dir>/checkpoints/step-000010/`:
   model/                HF safetensors + tokenizer (what samplers and learners load on resume)
   model/deepspeed/      DeepSpeed optimiser state (torch files written by DeepSpeed; for resuming
                         your own runs, not for sharing; share `model/` only)
-  replay/shard-<i>.parquet[.ready]   each shard's pool and its queue of finished groups
-  driver.json           data position, RNG state, policy version, delayed-start flag, pending plans
+  replay/shard-<i>.parquet[.ready|.seen]   each shard's pool, its finished groups, its pushed ids
+  driver.json           data position, RNG states (selection and shuffle), policy version,
+                        delayed-start flag, pending plans
 
-A checkpoint is written under `.tmp-step-000010` and renamed when complete, so a driver killed
-mid-write leaves the previous checkpoint as the latest loadable one. The last
-`trainer.keep_checkpoints` are kept.
+Everything goes through the role verbs (`Learners.save/load`, `Replay.snapshot/restore`,
+`Driver.state_dict/load_state_dict`). A checkpoint is written under a temporary name and renamed when
+complete, so a driver killed mid-write leaves the previous checkpoint as the latest loadable one.
+The last `keep` are kept.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
-import ray
+from exgrpo.driver import Driver
+from exgrpo.fileio import atomic_path
 
 PREFIX = "step-"
+TOKENIZER_FILES = ("tokenizer", "special_tokens", "chat_template", "vocab", "merges")
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -36,37 +39,41 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def save_checkpoint(run_dir: Path, *, driver: Any, learners: Any, replay: Any, model_path: str,
-                    keep: int) -> tuple[Path, float]:
-    """Drain in-flight requests, then write the checkpoint atomically. Returns (path, seconds)."""
-    from exgrpo.run import copy_tokenizer
-
-    t0 = time.perf_counter()
-    driver.drain()
-    root = checkpoint_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    name = f"{PREFIX}{driver.step:06d}"
-    tmp, final = root / f".tmp-{name}", root / name
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "replay").mkdir(parents=True)
-    learners.save(path=str(tmp / "model"))
-    copy_tokenizer(model_path, tmp / "model")
-    ray.get([s.snapshot.remote(path=str(tmp / "replay" / f"shard-{i}.parquet")) for i, s in enumerate(replay.shards)])
-    (tmp / "driver.json").write_text(json.dumps(driver.state_dict()))
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    for old in sorted(p for p in root.glob(f"{PREFIX}*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final, time.perf_counter() - t0
+def copy_tokenizer(model_path: str | Path, out_dir: Path) -> None:
+    """Make a saved model directory self-contained (engines and evaluation load the tokenizer from it)."""
+    for f in Path(model_path).iterdir():
+        if f.name.startswith(TOKENIZER_FILES):
+            shutil.copy2(f, Path(out_dir) / f.name)
 
 
-def restore_checkpoint(ckpt: Path, *, driver: Any, learners: Any, replay: Any) -> None:
-    """Load a checkpoint into freshly started actors and a fresh driver (samplers get weights next)."""
-    learners.load(path=str(ckpt / "model"))
-    shards = sorted((ckpt / "replay").glob("shard-*.parquet"))
-    if len(shards) != len(replay.shards):
-        raise ValueError(f"{ckpt} holds {len(shards)} replay shards but the config starts {len(replay.shards)}; "
-                         "resume with the same replay.num_shards (questions are routed by hash(qid) % shards)")
-    ray.get([s.restore.remote(path=str(ckpt / "replay" / f"shard-{i}.parquet")) for i, s in enumerate(replay.shards)])
+class Checkpointer:
+    """`checkpointer(driver)` drains in-flight requests and writes one checkpoint atomically."""
+
+    def __init__(self, run_dir: Path, *, model_path: str, keep: int) -> None:
+        self.root = checkpoint_dir(run_dir)
+        self.model_path = model_path
+        self.keep = max(1, keep)
+        self.seconds: list[float] = []  # time of every write (for the overhead figure)
+
+    def __call__(self, driver: Driver) -> Path:
+        t0 = time.perf_counter()
+        driver.drain()
+        final = self.root / f"{PREFIX}{driver.step:06d}"
+        with atomic_path(final, directory=True) as tmp:
+            driver.learners.save(path=str(tmp / "model"))
+            copy_tokenizer(self.model_path, tmp / "model")
+            driver.replay.snapshot(path=str(tmp / "replay"))
+            (tmp / "driver.json").write_text(json.dumps(driver.state_dict()))
+        for old in sorted(self.root.glob(f"{PREFIX}*"))[:-self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        self.seconds.append(time.perf_counter() - t0)
+        return final
+
+
+def restore_checkpoint(ckpt: Path, *, driver: Driver) -> None:
+    """Load a checkpoint into freshly started roles and a fresh driver, then publish its weights."""
+    driver.learners.load(path=str(ckpt / "model"))
+    driver.replay.restore(path=str(ckpt / "replay"))
     driver.load_state_dict(json.loads((ckpt / "driver.json").read_text()))
-    replay.set_collect(on=driver.delayed_start.started)
+    driver.replay.set_collect(on=driver.delayed_start.started)
+    driver.weights.broadcast(version=driver.version)  # samplers loaded the checkpoint's model; tag its version

@@ -19,6 +19,12 @@ import yaml
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 
+# The project's literal types, defined here once and imported everywhere else.
+EngineKind = Literal["hf", "vllm"]  # generation engine: transformers or vLLM
+TemplateName = Literal["plain", "chat", "think", "llama-base"]  # prompt template (exgrpo.data.templates)
+Dtype = Literal["float32", "bfloat16", "float16"]  # parameter dtype on learners and engines
+RewardMode = Literal["boxed", "think"]  # where the verifier looks for the final answer (exgrpo.rewards)
+
 
 class ConfigError(ValueError):
     """An invalid configuration; the message names the field and the fix."""
@@ -27,10 +33,10 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class ModelConfig:
     path: str = "builtin:tiny"  # HF model directory, or builtin:<name> (made locally and cached)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # parameter dtype on learners and engines
+    dtype: Dtype = "float32"  # parameter dtype on learners and engines
     max_prompt_len: int = 64  # prompt token budget (engine context = prompt + response); longer prompts fail loudly
     max_response_len: int = 32  # generated tokens per rollout (also the Dr.GRPO loss normaliser)
-    template: Literal["plain", "chat", "think", "llama-base"] = "plain"  # prompt template
+    template: TemplateName = "plain"  # prompt template
     cache_dir: str = "~/.cache/exgrpo"  # where builtin models are built and reused
 
 
@@ -49,7 +55,7 @@ class DataConfig:
 @dataclass(frozen=True)
 class SamplerConfig:
     num: int = 2  # sampler actors (scaled at run time with `python -m exgrpo.scale`)
-    engine: Literal["hf", "vllm"] = "hf"  # generation engine
+    engine: EngineKind = "hf"  # generation engine
     num_cpus: float = 1.0  # CPUs reserved per sampler actor
     num_gpus: float = 0.0  # GPUs reserved per sampler actor
     temperature: float = 1.0  # sampling temperature (1.0: log-probs match the policy)

@@ -1,15 +1,20 @@
-"""The training loop (DESIGN.md 2 and 5), top to bottom.
+"""The training loop (DESIGN.md 2 and 5), top to bottom. Typed by `exgrpo/core.py`; imports no Ray.
 
 Per step t:
   1. admit: requests for step t may be issued once the learner version v >= t - eta, so every
      group is trained at most eta versions after the weights that sampled it (AReaL-style
      admission control; nothing stale is dropped, admission is paced instead);
   2. schedule: after the delayed start, n_replay = min(floor(rho * B), replayable questions) are
-     drawn from replay (K - 1 fresh rollouts each), the rest are fresh questions (K rollouts);
-  3. wait for step t's groups, pull them from the replay service;
-  4. pick each replayed question's stored trajectory (lowest entropy under the current learner
-     weights) and put it in slot 0 of its group;
-  5. update the learner group; version += 1; broadcast the weights to the samplers.
+     drawn from replay (K - 1 fresh rollouts each; the request carries the question's stored
+     candidates), the rest are fresh questions (K rollouts);
+  3. wait for step t's requests, pull their groups by request id; a replay request whose question
+     retired in flight is re-issued as a fresh request (a retired question is never replayed);
+  4. put each replayed question's stored trajectory with the lowest entropy under the current
+     learner weights into slot 0 of its group;
+  5. shuffle the batch (seeded, checkpointed), update the learners; version += 1; broadcast.
+
+Clipping: PPO clipping on fresh tokens holds until the delayed start; it is removed from the step
+*after* the one whose fresh solve ratio triggers the start (official `loss_remove_clip`).
 """
 
 from __future__ import annotations
@@ -17,19 +22,27 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import ray
 
-from buffers.experience import select_trajectory
 from exgrpo import metrics as M
 from exgrpo.algorithm import DelayedStart
 from exgrpo.config import Config
+from exgrpo.core import Learners, Replay, Rollouts, Scaling, WeightTransport
 from exgrpo.data.stream import PromptStream
-from exgrpo.types import GenerationRequest, Group, Prompt, ReplayCandidate, TrainBatch
+from exgrpo.selection import fill_replay_slots
+from exgrpo.types import (
+    GenerationRequest,
+    Group,
+    Prompt,
+    ReplayCandidate,
+    ReplayPick,
+    ReplayStats,
+    TrainBatch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,34 +57,36 @@ class StepPlan:
     n_fresh: int
     n_replay: int
     available: int = 0  # replayable questions when the step was scheduled
+    replaced: int = 0  # replay requests re-issued as fresh (question retired in flight)
     done: set[int] = field(default_factory=set)
     tokens: int = 0
 
 
 class Driver:
-    def __init__(self, *, cfg: Config, samplers: Any, replay: Any, learners: Any, train: Sequence[Prompt],
-                 evaluation: Sequence[Prompt] = (), logger: M.MetricsLogger | None = None, progress: Any = None,
-                 controller: Any = None, on_batch: Any = None, stall_timeout_s: float = 900.0,
-                 checkpointer: Any = None) -> None:
+    def __init__(self, *, cfg: Config, rollouts: Rollouts, replay: Replay, learners: Learners,
+                 weights: WeightTransport, train: Sequence[Prompt], evaluation: Sequence[Prompt] = (),
+                 scaling: Scaling | None = None, logger: M.MetricsLogger | None = None,
+                 progress: Callable[[dict[str, Any]], None] | None = None,
+                 checkpointer: Callable[[Driver], None] | None = None,
+                 on_batch: Callable[[TrainBatch], None] | None = None, stall_timeout_s: float = 900.0) -> None:
         self.cfg = cfg
-        self.samplers, self.replay, self.learners = samplers, replay, learners
-        self.logger, self.progress, self.controller = logger, progress, controller
-        self.on_batch = on_batch  # optional hook(TrainBatch) for tests and debugging
+        self.rollouts, self.replay, self.learners, self.weights = rollouts, replay, learners, weights
+        self.scaling, self.logger, self.progress = scaling, logger, progress
+        self.checkpointer = checkpointer  # callable(driver) that writes a checkpoint
+        self.on_batch = on_batch  # hook(TrainBatch) for tests and debugging
         self.stall_timeout_s = stall_timeout_s
-        self.results: list[tuple[str, int, int]] = []  # (sampler, sampling version, learner version on receipt)
         self.K = cfg.trainer.rollouts_per_question
         self.B = cfg.trainer.questions_per_step
         self.eta = cfg.async_.max_staleness
-        self.rng = np.random.default_rng(cfg.trainer.seed)
+        self.rng = np.random.default_rng(cfg.trainer.seed)  # question and trajectory selection
+        self.shuffle_rng = np.random.default_rng([cfg.trainer.seed, 1])  # mini-batch shuffle
         self.prompts = {p.qid: p for p in train}
         self.stream = PromptStream(list(train), seed=cfg.data.seed, retired=replay.retired)
         self.evaluation = list(evaluation)
         # with replay disabled (on-policy GRPO) the threshold is 1: a solve ratio never exceeds it
-        threshold = cfg.replay.start_solve_ratio if cfg.replay.enabled else 1.0
-        self.delayed_start = DelayedStart(threshold)
+        self.delayed_start = DelayedStart(cfg.replay.start_solve_ratio if cfg.replay.enabled else 1.0)
         if self.delayed_start.started:
             replay.set_collect(on=True)
-        self.checkpointer = checkpointer  # optional callable(driver) that writes a checkpoint
         self.step = 0  # next step to train
         self.next_schedule = 0  # next step to admit
         self.version = 0
@@ -79,55 +94,54 @@ class Driver:
         self.plans: dict[int, StepPlan] = {}
         self.owner: dict[int, int] = {}  # request id -> step
         self.eval_history: list[dict[str, float]] = []
-        self.staleness: list[int] = []
+        self.replay_stats = ReplayStats(bucket_sizes={}, active=0, retired=0, trajectories=0, ready=0)
         self._last_step_end = time.perf_counter()
-        self._weight_loads: list[float] = []
 
     # -- the loop --------------------------------------------------------------------------------------
     def train(self) -> list[dict[str, Any]]:
         """Run (or, after `load_state_dict`, continue) until `trainer.steps`; returns this call's records."""
         steps = self.cfg.trainer.steps
         records: list[dict[str, Any]] = []
-        if self.step == 0:
+        if self.step == 0 and not self.eval_history:
             self.evaluate()
         while self.step < steps:
-            step = self.step
-            t0 = time.perf_counter()
+            step, t0 = self.step, time.perf_counter()
             self.apply_scaling()
             while self.next_schedule < steps and self.next_schedule <= self.version + self.eta:
                 self.schedule(self.next_schedule)
                 self.next_schedule += 1
             plan = self.wait(step)
+            groups = self.pull(plan)
             t_wait = time.perf_counter()
-            groups = self.replay.pull_batch(n_fresh=plan.n_fresh, n_replay=plan.n_replay)
             groups, t_entropy = self.mix(groups)
             solve_ratio = _solve_ratio([g for g in groups if g.kind == "fresh"])
+            # clipping follows the state *before* this step's ratio: removed from the step after the start
+            clip = not (self.delayed_start.started and self.cfg.loss.remove_clip_after_replay)
             started_before = self.delayed_start.started
             self.delayed_start.update(solve_ratio=solve_ratio)
-            clip = not (self.delayed_start.started and self.cfg.loss.remove_clip_after_replay)
-            t1 = time.perf_counter()
-            batch = TrainBatch(groups=tuple(groups), version=self.version, clip=clip)
+            order = self.shuffle_rng.permutation(len(groups))
+            batch = TrainBatch(groups=tuple(groups[i] for i in order), version=self.version, clip=clip)
             if self.on_batch is not None:
                 self.on_batch(batch)
+            t1 = time.perf_counter()
             learner_metrics = self.learners.update(batch=batch)
             t_update = time.perf_counter() - t1
             staleness = [self.version - g.policy_version for g in groups]
-            self.staleness += staleness
             self.version += 1
-            t_sync = self.broadcast()
+            t2 = time.perf_counter()
+            sync_metrics = self.weights.broadcast(version=self.version)
+            t_sync = time.perf_counter() - t2
             if self.delayed_start.started and not started_before:
                 self.replay.set_collect(on=True)
                 log.info("replay started at step %d (fresh solve ratio %.3f)", step, solve_ratio)
             t_end = time.perf_counter()
             record = {M.STEP: step, **learner_metrics, **self.rollout_metrics(groups, plan, solve_ratio),
-                      **self.replay_metrics(), M.VERSION: self.version,
+                      **self.replay_metrics(), **sync_metrics, M.VERSION: self.version,
                       M.STALENESS_MEAN: float(np.mean(staleness)), M.STALENESS_MAX: int(max(staleness)),
                       M.STEP_TIME: t_end - t0, M.WAIT_TIME: t_wait - t0, M.ENTROPY_TIME: t_entropy,
                       M.UPDATE_TIME: t_update, M.SYNC_TIME: t_sync,
                       M.IDLE_TIME: (t_end - t0) - (t_wait - t0) - t_entropy - t_update - t_sync,
-                      M.SAMPLERS: self.samplers.size(), M.SAMPLER_RESTARTS: self.samplers.restarts}
-            self._weight_loads += self.samplers.weight_load_times()
-            record[M.WEIGHT_LOAD] = float(np.mean(self._weight_loads[-8:])) if self._weight_loads else 0.0
+                      M.SAMPLERS: self.rollouts.size(), M.SAMPLER_RESTARTS: self.rollouts.restarts}
             every = self.cfg.trainer.eval_every
             if (every and (step + 1) % every == 0) or step == steps - 1:
                 record.update(self.evaluate())
@@ -145,38 +159,41 @@ class Driver:
 
     def apply_scaling(self) -> None:
         """Follow the sampler count an operator set through `python -m exgrpo.scale`."""
-        if self.controller is None:
-            return
-        desired = ray.get(self.controller.desired_samplers.remote())
-        if desired != self.samplers.size():
-            log.info("scaling samplers %d -> %d", self.samplers.size(), desired)
-            self.samplers.scale(desired)
+        desired = self.scaling.desired_samplers() if self.scaling is not None else None
+        if desired is not None and desired != self.rollouts.size():
+            log.info("scaling samplers %d -> %d", self.rollouts.size(), desired)
+            self.rollouts.scale(num=desired)
 
     # -- 1-2. admission and scheduling -----------------------------------------------------------------
     def schedule(self, step: int) -> StepPlan:
         """Admit step `step`'s B requests at the current learner version."""
-        replay_qids: list[str] = []
+        picks: list[ReplayPick] = []
         available = 0
         if self.delayed_start.started and self.cfg.replay.rho > 0:
-            available = self.replay.size()
-            replay_qids = self.replay.sample_questions(int(math.floor(self.cfg.replay.rho * self.B)), rng=self.rng)
-        fresh = self.stream.next(self.B - len(replay_qids))
+            available = self.replay_stats.active
+            picks = self.replay.sample_questions(n=int(math.floor(self.cfg.replay.rho * self.B)), rng=self.rng)
+        fresh = self.stream.next(self.B - len(picks))
         requests = [self._request(p, kind="fresh", n=self.K) for p in fresh]
-        requests += [self._request(self.prompts[q], kind="replay", n=self.K - 1) for q in replay_qids]
+        requests += [self._request(self.prompts[p.qid], kind="replay", n=self.K - 1, candidates=p.candidates)
+                     for p in picks]
         plan = StepPlan(step=step, admitted_version=self.version, request_ids={r.request_id for r in requests},
-                        n_fresh=len(fresh), n_replay=len(replay_qids), available=available)
+                        n_fresh=len(fresh), n_replay=len(picks), available=available)
         self.plans[step] = plan
-        for r in requests:
-            self.owner[r.request_id] = step
-        self.samplers.submit(requests)
+        self._submit(plan, requests)
         return plan
 
-    def _request(self, prompt: Prompt, *, kind: str, n: int) -> GenerationRequest:
+    def _request(self, prompt: Prompt, *, kind: str, n: int, candidates: tuple = ()) -> GenerationRequest:
         self.next_request_id += 1
-        return GenerationRequest(request_id=self.next_request_id, prompt=prompt, n=n, kind=kind,
-                                 admitted_version=self.version)
+        return GenerationRequest(request_id=self.next_request_id, prompt=prompt, n=n, kind=kind,  # type: ignore[arg-type]
+                                 admitted_version=self.version, candidates=candidates)
 
-    # -- 3. waiting ------------------------------------------------------------------------------------
+    def _submit(self, plan: StepPlan, requests: Sequence[GenerationRequest]) -> None:
+        plan.request_ids |= {r.request_id for r in requests}
+        for r in requests:
+            self.owner[r.request_id] = plan.step
+        self.rollouts.submit(requests=requests)
+
+    # -- 3. waiting and pulling ------------------------------------------------------------------------
     def wait(self, step: int) -> StepPlan:
         plan = self.plans[step]
         last_progress = time.monotonic()
@@ -184,10 +201,9 @@ class Driver:
             if time.monotonic() - last_progress > self.stall_timeout_s:
                 raise RuntimeError(f"step {step}: no generation finished for {self.stall_timeout_s:.0f} s; "
                                    f"{len(plan.request_ids - plan.done)} requests outstanding, "
-                                   f"{self.samplers.size()} live samplers")
-            for result in self.samplers.poll(timeout_s=0.05):
+                                   f"{self.rollouts.size()} live samplers")
+            for result in self.rollouts.poll(timeout_s=0.05):
                 last_progress = time.monotonic()
-                self.results.append((result.sampler, result.policy_version, self.version))
                 # tokens are attributed to the step of the call's first request
                 first = self.plans.get(self.owner.get(result.request_ids[0], step))
                 (first or plan).tokens += result.tokens
@@ -196,6 +212,29 @@ class Driver:
                     if owner is not None:
                         owner.done.add(rid)
         return plan
+
+    def pull(self, plan: StepPlan) -> list[Group]:
+        """The step's groups; replay requests dropped by Replay are re-issued as fresh ones first."""
+        groups: list[Group] = []
+        wanted = set(plan.request_ids)
+        while wanted:
+            pulled = self.replay.pull_batch(request_ids=sorted(wanted))
+            self.replay_stats = pulled.stats
+            groups += pulled.groups
+            wanted = set()
+            if pulled.dropped:
+                log.info("step %d: %d replay questions retired in flight; re-issued as fresh",
+                         plan.step, len(pulled.dropped))
+                plan.request_ids -= set(pulled.dropped)
+                plan.done -= set(pulled.dropped)
+                plan.n_replay -= len(pulled.dropped)
+                plan.n_fresh += len(pulled.dropped)
+                plan.replaced += len(pulled.dropped)
+                requests = [self._request(p, kind="fresh", n=self.K) for p in self.stream.next(len(pulled.dropped))]
+                self._submit(plan, requests)
+                self.wait(plan.step)
+                wanted = {r.request_id for r in requests}
+        return sorted(groups, key=lambda g: g.request_id)
 
     # -- 4. mixing -------------------------------------------------------------------------------------
     def mix(self, groups: Sequence[Group]) -> tuple[list[Group], float]:
@@ -207,36 +246,13 @@ class Driver:
         mode = self.cfg.replay.trajectory_selection
         flat = [ReplayCandidate(qid=g.qid, prompt_ids=g.prompt_ids, trajectory=c) for g in replay for c in g.candidates]
         ent = self.learners.entropies(candidates=flat) if mode != "random" else [0.0] * len(flat)
-        chosen: dict[int, Group] = {}
-        i = 0
-        for g in replay:
-            scores = ent[i:i + len(g.candidates)]
-            i += len(g.candidates)
-            pick = g.candidates[select_trajectory(scores, mode=mode, rng=self.rng)]
-            slot0 = replace(pick, replayed=True)
-            chosen[g.request_id] = replace(g, trajectories=(slot0, *g.trajectories), candidates=())
-        return [chosen.get(g.request_id, g) for g in groups], time.perf_counter() - t0
-
-    # -- 5. weights ------------------------------------------------------------------------------------
-    def broadcast(self) -> float:
-        t0 = time.perf_counter()
-        if self.cfg.async_.weight_sync == "object_store":
-            ref = self.learners.get_weights_ref()
-            ray.wait([ref])
-            self.samplers.set_weights(ref=ref, version=self.version)
-        else:
-            self.samplers.broadcast_collective(learners=self.learners, version=self.version)
-        return time.perf_counter() - t0
+        return fill_replay_slots(groups, ent, mode=mode, rng=self.rng), time.perf_counter() - t0
 
     # -- evaluation and metrics ------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
         if not self.evaluation:
             return {}
-        handles = self.samplers.handles()
-        n = self.cfg.trainer.eval_samples
-        chunks = [self.evaluation[i::len(handles)] for i in range(len(handles))]
-        refs = [h.evaluate.remote(prompts=c, n=n) for h, c in zip(handles, chunks, strict=True) if c]
-        scores = [s for part in ray.get(refs) for s in part]
+        scores = self.rollouts.evaluate(prompts=self.evaluation, n=self.cfg.trainer.eval_samples)
         out = {M.EVAL_ACCURACY: float(np.mean([np.mean(s) for s in scores])),
                M.EVAL_PASS: float(np.mean([max(s) for s in scores])), "eval/version": self.version}
         self.eval_history.append(out)
@@ -246,36 +262,39 @@ class Driver:
         now = time.perf_counter()
         dt, self._last_step_end = now - self._last_step_end, now
         fresh = [t for g in groups for t in g.trajectories if not t.replayed]
+        flat = [len({t.reward for t in g.trajectories}) == 1 for g in groups]
         return {M.MEAN_REWARD: float(np.mean([t.reward for t in fresh])) if fresh else 0.0,
                 M.SOLVE_RATIO: solve_ratio, M.TOKENS: plan.tokens, M.TOKENS_PER_S: plan.tokens / max(dt, 1e-9),
-                M.GROUPS_PER_S: len(groups) / max(dt, 1e-9),
+                M.GROUPS_PER_S: len(groups) / max(dt, 1e-9), M.ZERO_VARIANCE_FRAC: float(np.mean(flat)),
                 M.RESPONSE_LEN: float(np.mean([len(t.response_ids) for t in fresh])) if fresh else 0.0,
-                M.N_FRESH: plan.n_fresh, M.N_REPLAY: plan.n_replay, M.REPLAY_AVAILABLE: plan.available}
+                M.N_FRESH: plan.n_fresh, M.N_REPLAY: plan.n_replay, M.REPLAY_AVAILABLE: plan.available,
+                M.REPLACED: plan.replaced}
 
     def replay_metrics(self) -> dict[str, float]:
-        st = self.replay.stats()
+        st = self.replay_stats
         out = {M.REPLAY_STARTED: int(self.delayed_start.started), M.REPLAY_SIZE: st.active, M.RETIRED: st.retired,
                M.TRAJECTORIES: st.trajectories}
         for k in range(1, self.K):
             out[M.REPLAY_BUCKET.format(k=k)] = st.bucket_sizes.get(k, 0)
         return out
 
-
     # -- checkpoint state ------------------------------------------------------------------------------
     def drain(self) -> None:
-        """Finish every admitted request (their groups wait in the shards), so a checkpoint is exact."""
+        """Finish every admitted request (their groups wait in Replay), so a checkpoint is exact."""
         for step in sorted(self.plans):
             self.wait(step)
+        self.replay_stats = self.replay.stats()  # what a resumed driver reads first, so both continue alike
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able driver state; call `drain()` first."""
         return {
             "step": self.step, "next_schedule": self.next_schedule, "version": self.version,
             "next_request_id": self.next_request_id, "rng": self.rng.bit_generator.state,
+            "shuffle_rng": self.shuffle_rng.bit_generator.state,
             "stream": self.stream.state_dict(), "delayed_start": self.delayed_start.state_dict(),
             "plans": [{"step": p.step, "admitted_version": p.admitted_version, "request_ids": sorted(p.request_ids),
-                       "n_fresh": p.n_fresh, "n_replay": p.n_replay, "available": p.available, "tokens": p.tokens}
-                      for p in self.plans.values()],
+                       "n_fresh": p.n_fresh, "n_replay": p.n_replay, "available": p.available,
+                       "replaced": p.replaced, "tokens": p.tokens} for p in self.plans.values()],
             "eval_history": self.eval_history,
         }
 
@@ -283,6 +302,7 @@ class Driver:
         self.step, self.next_schedule = int(state["step"]), int(state["next_schedule"])
         self.version, self.next_request_id = int(state["version"]), int(state["next_request_id"])
         self.rng.bit_generator.state = state["rng"]
+        self.shuffle_rng.bit_generator.state = state["shuffle_rng"]
         self.stream.load_state_dict(state["stream"])
         self.delayed_start.load_state_dict(state["delayed_start"])
         self.plans = {}
@@ -290,8 +310,9 @@ class Driver:
             ids = set(p["request_ids"])
             self.plans[p["step"]] = StepPlan(step=p["step"], admitted_version=p["admitted_version"], request_ids=ids,
                                              n_fresh=p["n_fresh"], n_replay=p["n_replay"], available=p["available"],
-                                             done=set(ids), tokens=p["tokens"])
+                                             replaced=p.get("replaced", 0), done=set(ids), tokens=p["tokens"])
         self.eval_history = list(state.get("eval_history", []))
+        self.replay_stats = self.replay.stats()
 
 
 def _solve_ratio(groups: Sequence[Group]) -> float:

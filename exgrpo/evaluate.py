@@ -17,8 +17,10 @@ unweighted mean of the per-source scores (`mean_of_sources`, the "Avg." column o
 tables). At temperature 0 the n samples would all equal the greedy decode, so only the greedy
 decode is generated and reused for all n.
 
-`evaluate` is engine-agnostic (anything implementing `GenerationEngine.generate`) and has no
-Ray/vLLM import, so the driver can call it on any engine it holds.
+`sample_rewards` is the project's one "generate n, verify" loop (used by `evaluate`, the samplers'
+held-out evaluation and the warm-up's solve counts). Both are engine-agnostic (anything
+implementing `GenerationEngine.generate`) and import no Ray, vLLM or DeepSpeed, so the driver can
+call them on any engine it holds.
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, get_args
 
-from exgrpo.data.templates import TEMPLATES, TemplateName, render_prompt, reward_mode
+from exgrpo.config import Dtype, EngineKind, TemplateName
+from exgrpo.data.sources import SourceData, read_source
+from exgrpo.data.templates import TEMPLATES, render_prompt, reward_mode
+from exgrpo.fileio import atomic_write_text
 from exgrpo.types import Prompt
 
 if TYPE_CHECKING:  # the engines import torch; evaluate itself only calls `generate`
@@ -83,6 +88,46 @@ class EvalReport:
         return asdict(self)
 
 
+def sample_rewards(
+    engine: GenerationEngine,
+    verifier: Scorer,
+    prompts: Sequence[Prompt],
+    *,
+    n: int,
+    template: TemplateName,
+    max_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    tokenizer: Any = None,
+) -> list[tuple[float, ...]]:
+    """Per prompt, the rewards of its n sampled responses: one engine call, one verifier call.
+
+    Prompts are rendered with `render_prompt(question, template=..., tokenizer=...)`; `tokenizer`
+    defaults to the engine's own `tokenizer` attribute when it has one. The engine call is
+    `generate(texts, n=n, max_tokens=, temperature=, top_p=, seed=)` (vLLM seeds prompt i's sample
+    j with seed + i * n + j). At temperature 0 all n samples would be the greedy decode: one is
+    generated and its reward repeated n times. The verifier's extraction mode must be
+    `reward_mode(template)` (checked when the verifier has a `mode`).
+    """
+    _check(verifier, n=n, temperature=temperature, template=template)
+    if not prompts:
+        return []
+    if tokenizer is None:
+        tokenizer = getattr(engine, "tokenizer", None)
+    texts = [render_prompt(p.question, template=template, tokenizer=tokenizer) for p in prompts]
+    drawn = 1 if temperature == 0 else n
+    outs = engine.generate(texts, n=drawn, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    if len(outs) != len(prompts) or any(len(comps) != drawn for comps in outs):
+        raise RuntimeError(
+            f"the engine returned {[len(c) for c in outs]} completions for {len(prompts)} prompts, "
+            f"asked for {drawn} each"
+        )
+    golds = [p.answer for p in prompts for _ in range(drawn)]
+    rewards = verifier.score_many([c.text for comps in outs for c in comps], golds)
+    return [tuple(rewards[i * drawn : (i + 1) * drawn]) * (n // drawn) for i in range(len(prompts))]
+
+
 def evaluate(
     engine: GenerationEngine,
     prompts: Sequence[Prompt],
@@ -100,68 +145,47 @@ def evaluate(
 ) -> EvalReport:
     """Avg@n, Pass@1 and Pass@n of `engine` on `prompts` (see the module docstring).
 
-    Prompts are rendered with `render_prompt(question, template=..., tokenizer=...)`; `tokenizer`
-    defaults to the engine's own `tokenizer` attribute when it has one. The verifier's extraction
-    mode must be `reward_mode(template)` (checked when the verifier has a `mode`). Prompts go to
-    the engine `chunk_size` at a time, a greedy call (n=1, T=0) and a sampling call (n, T) per
-    chunk; the chunk starting at prompt index s samples with seed `seed + s * n`, so prompt i's
-    samples get the seeds a single call would give them (vLLM: seed + i * n + j).
-    `progress(done, total)` is called after each chunk.
+    Prompts go to `sample_rewards` `chunk_size` at a time, a greedy pass (n=1, T=0) and a sampling
+    pass (n, T) per chunk (at T = 0 the greedy rewards stand in for the samples); the chunk
+    starting at prompt index s samples with seed `seed + s * n`, so prompt i's samples get the
+    seeds a single call would give them (vLLM: seed + i * n + j). `progress(done, total)` is
+    called after each chunk.
     """
     if not prompts:
         raise ValueError("no prompts to evaluate")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    _check(verifier, n=n, temperature=temperature, template=template)
+    common: dict[str, Any] = dict(template=template, max_tokens=max_tokens, tokenizer=tokenizer)
+    results: list[QuestionResult] = []
+    for start in range(0, len(prompts), chunk_size):
+        chunk = prompts[start : start + chunk_size]
+        greedy = sample_rewards(engine, verifier, chunk, n=1, temperature=0.0, seed=seed, **common)
+        if temperature == 0:
+            samples = [g * n for g in greedy]
+        else:
+            sample_seed = None if seed is None else seed + start * n
+            samples = sample_rewards(
+                engine, verifier, chunk, n=n, temperature=temperature, top_p=top_p, seed=sample_seed, **common
+            )
+        for p, g, drawn in zip(chunk, greedy, samples, strict=True):
+            results.append(QuestionResult(p.qid, p.data_source, sum(1 for r in drawn if r > 0.5), float(g[0] > 0.5)))
+        if progress is not None:
+            progress(len(results), len(prompts))
+    return summarize(results, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+
+
+def _check(verifier: Scorer, *, n: int, temperature: float, template: TemplateName) -> None:
     if n < 1:
         raise ValueError(f"n must be >= 1 samples per question, got {n}")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     mode = reward_mode(template)
     if getattr(verifier, "mode", mode) != mode:
         raise ValueError(
             f"template {template!r} puts the final answer in {mode!r} mode but the verifier extracts "
             f"in {verifier.mode!r} mode; make it with Verifier(mode=reward_mode(template))"
         )
-    if tokenizer is None:
-        tokenizer = getattr(engine, "tokenizer", None)
-    texts = [render_prompt(p.question, template=template, tokenizer=tokenizer) for p in prompts]
-
-    results: list[QuestionResult] = []
-    for start in range(0, len(prompts), chunk_size):
-        chunk, chunk_texts = prompts[start : start + chunk_size], texts[start : start + chunk_size]
-        greedy = _responses(engine.generate(chunk_texts, n=1, max_tokens=max_tokens, temperature=0.0), 1)
-        if temperature == 0:
-            samples = [r * n for r in greedy]
-        else:
-            outs = engine.generate(
-                chunk_texts,
-                n=n,
-                max_tokens=max_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                seed=None if seed is None else seed + start * n,
-            )
-            samples = _responses(outs, n)
-        # one verifier call per chunk: greedy decodes first, then the samples, prompt by prompt
-        flat = [g[0] for g in greedy] + [y for ys in samples for y in ys]
-        golds = [p.answer for p in chunk] + [p.answer for p in chunk for _ in range(n)]
-        rewards = verifier.score_many(flat, golds)
-        m = len(chunk)
-        for i, p in enumerate(chunk):
-            drawn = rewards[m + i * n : m + (i + 1) * n]
-            correct = sum(1 for r in drawn if r > 0.5)
-            results.append(QuestionResult(p.qid, p.data_source, correct, float(rewards[i] > 0.5)))
-        if progress is not None:
-            progress(len(results), len(prompts))
-    return summarize(results, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
-
-
-def _responses(outs: list[list[Any]], n: int) -> list[list[str]]:
-    if any(len(comps) != n for comps in outs):
-        raise RuntimeError(
-            f"the engine returned {[len(c) for c in outs]} completions per prompt, asked for {n}"
-        )
-    return [[c.text for c in comps] for comps in outs]
 
 
 def summarize(
@@ -227,28 +251,10 @@ def format_table(report: EvalReport) -> str:
 DEFAULT_MAX_TOKENS = 4096  # response budget when --max-tokens is not given (capped by the context)
 
 
-@dataclass(frozen=True)
-class LoadedData:
-    """The questions to evaluate and what was skipped on the way."""
-
-    prompts: tuple[Prompt, ...]
-    stem: str  # names the default output file: eval-<stem>.json
-    rows_read: int  # rows seen (valid + skipped)
-    skipped: tuple[tuple[int, str], ...]  # (row, reason) of the malformed rows
-
-
-def load_data(data: str, *, num: int, seed: int, question_key: str, answer_key: str) -> LoadedData:
+def load_data(data: str, *, num: int, seed: int, question_key: str, answer_key: str) -> SourceData:
     """`builtin:<task>` (its held-out split, `num` questions) or a parquet/jsonl file (bad rows skipped)."""
-    if data.startswith("builtin:"):
-        from exgrpo.data.tasks import builtin_task
-
-        prompts = builtin_task(data).make_split(split="eval", n=num, seed=seed)
-        return LoadedData(tuple(prompts), data.removeprefix("builtin:"), len(prompts), ())
-    from exgrpo.data.readers import read_prompts
-
-    result = read_prompts(data, question_key=question_key, answer_key=answer_key, on_bad_row="skip")
-    skipped = tuple((b.row, b.reason) for b in result.skipped)
-    return LoadedData(result.prompts, Path(data).stem, len(result.prompts) + len(skipped), skipped)
+    return read_source(data, split="eval", num=num, seed=seed, question_key=question_key,
+                       answer_key=answer_key, on_bad_row="skip")
 
 
 def _context_length(model_dir: Path) -> int | None:
@@ -265,7 +271,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="HF model directory, or builtin:<name>")
     p.add_argument("--data", required=True, help="parquet/jsonl file, or builtin:<task> (its held-out split)")
     p.add_argument("--num", type=int, default=200, help="questions of a builtin task's held-out split")
-    p.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="generation engine")
+    p.add_argument("--engine", choices=get_args(EngineKind), default="hf", help="generation engine")
     p.add_argument("--n", type=int, default=32, help="samples per question for Avg@n and Pass@n")
     p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature of the n samples")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling of the n samples")
@@ -280,7 +286,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--question-key", default="question", help="question column of a plain-layout file")
     p.add_argument("--answer-key", default="answer", help="answer column of a plain-layout file")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (and builtin task seed)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    p.add_argument("--dtype", choices=get_args(Dtype), default="float32")
     p.add_argument("--verify-timeout", type=float, default=5.0, help="seconds per answer verification")
     p.add_argument("--verify-workers", type=int, default=1, help="math-verify worker processes")
     p.add_argument("--cache-dir", default="~/.cache/exgrpo", help="where builtin models are built")
@@ -305,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if data.skipped:
-        shown = "; ".join(f"row {row}: {reason}" for row, reason in data.skipped[:5])
+        shown = "; ".join(f"row {b.row}: {b.reason}" for b in data.skipped[:5])
         print(f"skipped {len(data.skipped)} of {data.rows_read} rows ({shown})", file=sys.stderr)
 
     from actors.engines import make_engine
@@ -347,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     wall_s = time.perf_counter() - t0
     print(format_table(report))
-    out = Path(args.out) if args.out else model_dir / f"eval-{data.stem}.json"
+    out = Path(args.out) if args.out else model_dir / f"eval-{data.name}.json"
     payload = {
         "model": str(model_dir),
         "data": args.data,
@@ -358,13 +364,12 @@ def main(argv: list[str] | None = None) -> int:
             "read": data.rows_read,
             "evaluated": len(data.prompts),
             "skipped": len(data.skipped),
-            "skipped_rows": [{"row": row, "reason": reason} for row, reason in data.skipped],
+            "skipped_rows": [{"row": b.row, "reason": b.reason} for b in data.skipped],
         },
         "wall_s": wall_s,
         **report.to_dict(),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=2) + "\n")
+    atomic_write_text(out, json.dumps(payload, indent=2) + "\n")
     print(f"wrote {out}", file=sys.stderr)
     return 0
 

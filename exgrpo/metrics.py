@@ -22,6 +22,7 @@ TOKENS = "rollout/tokens"  # tokens generated for this step's batch
 TOKENS_PER_S = "rollout/tokens_per_s"  # generated tokens per wall second since the last step
 GROUPS_PER_S = "rollout/groups_per_s"  # finished groups per wall second since the last step
 RESPONSE_LEN = "rollout/response_len"  # mean response length (tokens) in the batch
+ZERO_VARIANCE_FRAC = "rollout/zero_variance_frac"  # fraction of groups whose rewards are all equal (no signal)
 # replay/
 REPLAY_STARTED = "replay/started"  # 1 once the delayed start has switched replay on
 REPLAY_SIZE = "replay/size"  # questions that can be replayed (bucket 1..K-1 with a stored trajectory)
@@ -31,6 +32,19 @@ TRAJECTORIES = "replay/trajectories"  # stored correct trajectories
 N_REPLAY = "replay/n_replay"  # replayed groups in this step's batch
 N_FRESH = "replay/n_fresh"  # fresh groups in this step's batch
 REPLAY_AVAILABLE = "replay/available"  # replayable questions when this step was scheduled
+REPLACED = "replay/replaced"  # replay requests whose question retired in flight, re-issued as fresh
+# learner/ (reported by every rank; averaged over ranks except LEARNER_TOKENS, which is summed)
+LOSS = "learner/loss"  # total loss (policy gradient - entropy bonus)
+PG_LOSS = "learner/pg_loss"  # policy-gradient part of the loss
+ENTROPY = "learner/entropy"  # mean token entropy of the batch under the current weights
+CLIP_FRAC = "learner/clip_frac"  # fraction of fresh tokens whose ratio was clipped
+RATIO_FRESH = "learner/ratio_fresh"  # mean importance ratio on fresh tokens
+RATIO_REPLAY = "learner/ratio_replay"  # mean importance ratio on replayed tokens (vs stored behaviour)
+APPROX_KL = "learner/approx_kl"  # approximate KL(old || new) on fresh tokens
+GRAD_NORM = "learner/grad_norm"  # gradient norm before clipping
+SKIPPED_STEPS = "learner/skipped_steps"  # optimiser steps skipped (non-finite or huge grad norm)
+LEARNER_TOKENS = "learner/tokens"  # trained response tokens (summed over ranks)
+LEARNER_UPDATE_TIME = "learner/update_time_s"  # a rank's time inside update
 # system/
 VERSION = "system/policy_version"  # learner version after this step
 STALENESS_MEAN = "system/staleness_mean"  # mean (training version - sampling version) over the batch
@@ -41,7 +55,7 @@ ENTROPY_TIME = "system/entropy_s"  # scoring replay candidates on the learner
 UPDATE_TIME = "system/update_s"  # learner update
 SYNC_TIME = "system/sync_s"  # weight export + broadcast issue on the driver side
 IDLE_TIME = "system/idle_s"  # everything else (scheduling, pulling, logging)
-WEIGHT_LOAD = "system/weight_load_s"  # mean time a sampler took to apply new weights
+WEIGHT_LOAD = "system/weight_load_s"  # mean time a sampler took to apply new weights (last finished loads)
 SAMPLERS = "system/samplers"  # live sampler actors
 SAMPLER_RESTARTS = "system/sampler_restarts"  # samplers replaced after a failure
 # eval/
@@ -64,12 +78,10 @@ class MetricsLogger:
         self._file = self.path.open("a", buffering=1)
         self._ray = ray_metrics
         self._gauges: dict[str, Any] = {}
-        self.history: list[dict[str, Any]] = []
 
     def log(self, record: dict[str, Any]) -> None:
         clean = {k: _jsonable(v) for k, v in record.items()}
         self._file.write(json.dumps(clean) + "\n")
-        self.history.append(clean)
         if self._ray:
             self._export(clean)
 

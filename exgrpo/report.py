@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo import metrics as M
+from exgrpo.fileio import atomic_write_text
 
 
 class Progress:
@@ -82,9 +83,9 @@ def format_summary(s: dict[str, Any]) -> str:
 def write_report(run_dir: Path, *, records: Sequence[dict[str, Any]], evals: Sequence[dict[str, float]],
                  wall_s: float, plots: bool = True) -> dict[str, Any]:
     s = summary(records, evals, wall_s)
-    (Path(run_dir) / "summary.json").write_text(json.dumps(s, indent=2))
+    atomic_write_text(Path(run_dir) / "summary.json", json.dumps(s, indent=2))
     text = format_summary(s)
-    (Path(run_dir) / "summary.txt").write_text(text + "\n")
+    atomic_write_text(Path(run_dir) / "summary.txt", text + "\n")
     print(text)
     if plots and records:
         write_plots(Path(run_dir), records, evals)

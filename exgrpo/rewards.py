@@ -5,9 +5,12 @@ else 0.0. Equivalence is math-verify's: both sides are parsed from LaTeX into sy
 numerically (floats to 6 decimals), symbolically (simplify(a - b) == 0), as sets, intervals or
 relations. Gold goes first (verify is not symmetric; e.g. the answer `x = 3` matches the gold 3).
 
-Extraction is one linear scan with a brace stack (no recursive regex): the content of the last
-`\\boxed{...}` to close (`\\{`, `\\}` are literal braces) or the token of a brace-less `\\boxed 5`.
-"think" mode searches only the text after the first `</think>`, which a `<think>` must precede.
+The box format is spelt once, here: `BOX_COMMAND` and `boxed(answer)` write it, `last_boxed(text)`
+reads it, for every caller (task solutions, dataset cleaning, gold answers, responses). Extraction is
+one linear scan with a brace stack (no recursive regex): the content of the last `\\boxed{...}` to
+close (nested braces matched; `\\{`, `\\}` are brace escapes that neither open nor close) or the
+token of a brace-less `\\boxed 5`. "think" mode searches only the text after the first `</think>`,
+which a `<think>` must precede.
 
 Verification runs in worker processes (`python -c`, so nothing depends on how the host process
 was started), and the deadline holds in any thread, unlike math-verify's SIGALRM timeouts: the
@@ -40,15 +43,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from multiprocessing.connection import wait
-from typing import Literal
+from typing import get_args
+
+from exgrpo.config import RewardMode
 
 logger = logging.getLogger(__name__)
 
-Mode = Literal["boxed", "think"]
+BOX_COMMAND = "\\boxed"  # the box the final answer goes in: `\\boxed{42}`
+BOX_OPEN = BOX_COMMAND + "{"
 
-_TOKEN = re.compile(r"\\boxed(?![A-Za-z])|\\.|[{}]", re.DOTALL)  # box command, escape, brace
+_TOKEN = re.compile(re.escape(BOX_COMMAND) + r"(?![A-Za-z])|\\.|[{}]", re.DOTALL)  # box command, escape, brace
 _SPACES = re.compile(r"\s*")
-_BARE_ARG = re.compile(r"[ \t]+([^\s${}]+)")  # `\boxed 5`
+_BARE_ARG = re.compile(r"[ \t]+([^\s${}]*[^\s${}.,;:])")  # `\boxed 5` (a sentence's final `.` is not in it)
 _INTEGER = re.compile(r"([+-]?)0*(\d+)", re.ASCII)
 _READY = b"ready"
 _STARTUP_TIMEOUT_S = 120.0  # a worker imports sympy and math-verify (~1 s idle, more under load)
@@ -57,11 +63,16 @@ _STARTUP_TIMEOUT_S = 120.0  # a worker imports sympy and math-verify (~1 s idle,
 # ----------------------------------------------------------------------------------- extraction
 
 
-def extract_answer(response: str, *, mode: Mode = "boxed") -> str | None:
+def boxed(answer: str | int) -> str:
+    """`answer` written in the box format: `boxed(413) == "\\\\boxed{413}"` (what `last_boxed` reads)."""
+    return f"{BOX_OPEN}{answer}}}"
+
+
+def extract_answer(response: str, *, mode: RewardMode = "boxed") -> str | None:
     """The final answer of `response` (stripped), or None when there is none.
 
-    "boxed": the content of the last `\\boxed{...}` to close (nested braces matched; an unclosed
-    box at the end is ignored, so an earlier complete one wins) or of `\\boxed 5`.
+    "boxed": `last_boxed(response)`, the content of the last `\\boxed{...}` to close (nested braces
+    matched; an unclosed box at the end is ignored, so an earlier complete one wins) or of `\\boxed 5`.
     "think": the same, searched only after the first `</think>`, which a `<think>` must precede.
     Linear time in len(response).
     """
@@ -72,10 +83,18 @@ def extract_answer(response: str, *, mode: Mode = "boxed") -> str | None:
         response = response[close + len("</think>") :]
     elif mode != "boxed":
         raise ValueError(f"mode must be 'boxed' or 'think', got {mode!r}")
-    return _last_boxed(response)
+    return last_boxed(response)
 
 
-def _last_boxed(text: str) -> str | None:
+def last_boxed(text: str) -> str | None:
+    """Content (stripped) of the last `\\boxed{...}` in `text` to close, or of a brace-less `\\boxed 5`.
+
+    Braces nest; `\\{` and `\\}` are escapes (literal braces) that neither open nor close, so
+    `\\boxed{x\\}y}` gives `x\\}y`; `\\boxed 5.` gives `5` (the run of characters after the
+    spaces up to a space, `$` or brace, less trailing `.,;:`). A box that never closes is ignored
+    (an earlier complete one wins). None when no box closes or the last one is empty. Linear time
+    in len(text).
+    """
     span: tuple[int, int] | None = None  # (start, end) of the last box content closed so far
     opens: list[int] = []  # per open brace: start of the box content it opens, or -1
     box_brace = -1  # position of the `{` that follows the latest `\boxed`
@@ -86,7 +105,7 @@ def _last_boxed(text: str) -> str | None:
         elif token == "}":
             if opens and (start := opens.pop()) >= 0:
                 span = (start, m.start())
-        elif token == "\\boxed":
+        elif token == BOX_COMMAND:
             after = _SPACES.match(text, m.end()).end()
             if after < len(text) and text[after] == "{":
                 box_brace = after
@@ -102,8 +121,8 @@ def _clean_gold(gold: str) -> str:
     gold = gold.strip()
     while len(gold) >= 2 and gold[0] == "$" and gold[-1] == "$":
         gold = gold[1:-1].strip()
-    if "\\boxed" in gold:
-        gold = _last_boxed(gold) or gold
+    if BOX_COMMAND in gold:
+        gold = last_boxed(gold) or gold
     return gold
 
 
@@ -142,10 +161,10 @@ def _worker_main() -> None:
 
     @lru_cache(maxsize=1024)  # the K rollouts of a question share one gold
     def parse_gold(gold: str) -> list:
-        return parse(f"\\boxed{{{gold}}}", extraction_config=configs, parsing_timeout=None)
+        return parse(boxed(gold), extraction_config=configs, parsing_timeout=None)
 
     def equivalent(answer: str, gold: str) -> bool:
-        answer_parsed = parse(f"\\boxed{{{answer}}}", extraction_config=configs, parsing_timeout=None)
+        answer_parsed = parse(boxed(answer), extraction_config=configs, parsing_timeout=None)
         gold_parsed = parse_gold(gold)
         return bool(
             gold_parsed and answer_parsed and verify(gold_parsed, answer_parsed, timeout_seconds=None)
@@ -351,7 +370,7 @@ class Verifier:
     def __init__(
         self,
         *,
-        mode: Mode = "boxed",
+        mode: RewardMode = "boxed",
         timeout_s: float = 5.0,
         workers: int = 1,
         max_answer_chars: int | None = 1000,
@@ -359,7 +378,7 @@ class Verifier:
         max_memory_mb: int | None = 4096,
         _pool: _Pool | None = None,  # share another Verifier's workers (module-level functions)
     ) -> None:
-        if mode not in ("boxed", "think"):
+        if mode not in get_args(RewardMode):
             raise ValueError(f"mode must be 'boxed' or 'think', got {mode!r}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -367,7 +386,7 @@ class Verifier:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if max_answer_chars is not None and max_answer_chars < 1:
             raise ValueError(f"max_answer_chars must be >= 1 or None, got {max_answer_chars}")
-        self.mode: Mode = mode
+        self.mode: RewardMode = mode
         self.timeout_s = timeout_s
         self.max_answer_chars = max_answer_chars
         self.fast_path = fast_path
@@ -432,17 +451,17 @@ def _shared_pool() -> _Pool:
 
 
 @lru_cache(maxsize=16)
-def _shared_verifier(mode: Mode, timeout_s: float) -> Verifier:
+def _shared_verifier(mode: RewardMode, timeout_s: float) -> Verifier:
     return Verifier(mode=mode, timeout_s=timeout_s, _pool=_shared_pool())
 
 
-def score(response: str, gold: str, *, mode: Mode = "boxed", timeout_s: float = 5.0) -> float:
+def score(response: str, gold: str, *, mode: RewardMode = "boxed", timeout_s: float = 5.0) -> float:
     """Verifier.score on a module-wide pool of min(4, cpu_count) workers, started lazily."""
     return _shared_verifier(mode, timeout_s).score(response, gold)
 
 
 def score_many(
-    responses: Sequence[str], golds: Sequence[str], *, mode: Mode = "boxed", timeout_s: float = 5.0
+    responses: Sequence[str], golds: Sequence[str], *, mode: RewardMode = "boxed", timeout_s: float = 5.0
 ) -> list[float]:
     """Verifier.score_many on a module-wide pool of min(4, cpu_count) workers, started lazily."""
     return _shared_verifier(mode, timeout_s).score_many(responses, golds)

@@ -7,7 +7,7 @@ carries the policy version that produced it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 GroupKind = Literal["fresh", "replay"]
@@ -53,8 +53,8 @@ class Group:
     """The rollouts of one question produced by one generation request.
 
     A fresh group holds K rollouts. A replay group holds K - 1 fresh rollouts plus the stored
-    candidate trajectories (captured when the request was scheduled, so never from this group);
-    the learner picks one candidate (lowest entropy) and puts it in slot 0 with replayed=True.
+    candidate trajectories its request carried (pinned when the question was sampled, so never from
+    this group); the driver picks one (lowest entropy) and puts it in slot 0 with replayed=True.
     """
 
     qid: str
@@ -87,12 +87,33 @@ class Group:
 class GenerationRequest:
     """A driver's request to a sampler: n rollouts of one question."""
 
-    request_id: int
+    request_id: int  # driver-assigned, increasing in issue order; the key of every later hop
     prompt: Prompt
     n: int  # K for fresh questions, K - 1 for replayed ones
     kind: GroupKind = "fresh"
     admitted_version: int = 0
-    candidates: tuple[Trajectory, ...] = ()
+    candidates: tuple[Trajectory, ...] = ()  # replay: the stored trajectories pinned at sampling time
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    """What a sampler reports for one generate call (its groups went to Replay before this)."""
+
+    sampler: str
+    request_ids: tuple[int, ...]
+    policy_version: int  # weights version that sampled the groups
+    tokens: int  # generated tokens
+    gen_time_s: float
+    verify_time_s: float
+    groups: tuple[Group, ...] = ()  # only when the sampler has no Replay to push to (tests, tools)
+
+
+@dataclass(frozen=True)
+class ReplayPick:
+    """A question drawn for replay, with the candidates stored for it when it was drawn."""
+
+    qid: str
+    candidates: tuple[Trajectory, ...]
 
 
 @dataclass(frozen=True)
@@ -105,18 +126,29 @@ class ReplayCandidate:
 
 
 @dataclass(frozen=True)
+class ReplayStats:
+    """What the replay service reports for metrics and scheduling."""
+
+    bucket_sizes: dict[int, int]  # sampleable questions per bucket k
+    active: int  # sampleable questions (bucket 1..K-1 with a stored trajectory)
+    retired: int  # questions solved K/K (never replayed again)
+    trajectories: int  # stored correct trajectories
+    ready: int  # finished groups waiting to be pulled
+
+
+@dataclass(frozen=True)
+class PulledBatch:
+    """The groups `pull_batch` took, the replay requests it refused, and the replay stats after it."""
+
+    groups: tuple[Group, ...]
+    dropped: tuple[int, ...]  # replay request ids whose question retired in flight (never replayed)
+    stats: ReplayStats
+
+
+@dataclass(frozen=True)
 class TrainBatch:
-    """One learner step's groups: fresh groups and mixed groups (slot 0 replayed)."""
+    """One learner step's groups (shuffled): fresh groups and mixed groups (slot 0 replayed)."""
 
     groups: tuple[Group, ...]
     version: int  # learner version the batch is trained at
-    clip: bool = True  # PPO clipping on fresh tokens (switched off once replay starts)
-    metadata: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def n_replay(self) -> int:
-        return sum(g.kind == "replay" for g in self.groups)
-
-    @property
-    def n_fresh(self) -> int:
-        return len(self.groups) - self.n_replay
+    clip: bool = True  # PPO clipping on fresh tokens (removed from the step after the delayed start)

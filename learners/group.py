@@ -5,7 +5,11 @@ port on bundle 0's node for the torch.distributed rendezvous, starts the actors 
 ``make_actor`` (the caller's single ``ray.remote`` site, e.g. ``exgrpo.launch.remote_actor``) and calls
 ``setup`` on all of them concurrently.
 
-A batch is split into L equal contiguous slices of whole groups, one per rank. Every rank must run the
+It implements ``exgrpo.core.Learners`` (``entropies``, ``update``, ``save``, ``load``) plus what the weight
+transports need (``rank0``, ``get_weights_ref``, ``version``).
+
+A batch is split into L equal contiguous slices of whole groups, one per rank, in the order given (the
+driver shuffles the batch with its seeded generator before ``update``; the group never reorders). Every rank must run the
 same number of micro-batches (ZeRO reduces gradients inside backward), so the slices must hold the same
 number of rows per mini-batch; ``update`` checks this before dispatching. With ``minibatches`` > 1,
 optimiser step m uses the m-th mini-batch of every rank's slice (not the m-th contiguous part of the batch).
@@ -22,11 +26,12 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from exgrpo import metrics as M
 from exgrpo.config import LearnerConfig, LossConfig
 from exgrpo.types import Group, ReplayCandidate, TrainBatch
 from learners.learner import Learner
 
-SUMMED_METRICS = ("learner/tokens",)  # summed over ranks; every other metric is averaged (NaN-aware)
+SUMMED_METRICS = (M.LEARNER_TOKENS,)  # summed over ranks; every other metric is averaged (NaN-aware)
 
 
 class _Rendezvous:
@@ -58,7 +63,7 @@ def _minibatch_rows(groups: Sequence[Group], minibatches: int) -> tuple[int, ...
 
 
 class LearnerGroup:
-    """L ``Learner`` actors named ``exgrpo-learner-<i>``; one verb each: ``entropies``, ``update``."""
+    """L ``Learner`` actors named ``exgrpo-learner-<i>`` (``exgrpo.core.Learners``)."""
 
     def __init__(
         self,
@@ -160,6 +165,10 @@ class LearnerGroup:
         if self.cfg.zero_stage == 3:
             return [a.get_weights.remote() for a in self.actors][0]
         return self.rank0.get_weights.remote()
+
+    def version(self) -> int:
+        """Rank 0's policy version: the tag of weights exported now (the last update's version + 1)."""
+        return int(ray.get(self.rank0.get_version.remote()))
 
     def checksums(self) -> list[float]:
         """Each rank's float64 parameter sum (equal across ranks after every step)."""

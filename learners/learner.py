@@ -20,10 +20,11 @@ so the accumulated, rank-averaged gradient equals the gradient of exgrpo_loss ov
 mini-batch of all ranks (the entropy bonus is always a token mean). exgrpo_loss returns
 pg_j - c_H H_j; the difference of the two weights is added back as c_H (w_pg - w_H) H_j.
 
-The grad-norm rule (``GuardedAdamW``): DeepSpeed's ``gradient_clipping`` is off; the client optimiser's
-``step`` sees the final, rank-averaged, unscaled fp32 gradients (the whole model under ZeRO-0, this rank's
-partition under ZeRO 1-3, where the squared sums are all-reduced), skips the step when the global norm is
-non-finite or above ``skip_grad_norm``, else clips to ``grad_clip`` and steps.
+The grad-norm rule is applied by the client optimiser (``learners.optim.GuardedAdamW``).
+
+Weights leave through ``get_weights`` (object store) or the thin collective entry points
+(``open_sync_group`` / ``connect_sync_group`` / ``broadcast_weights``); the order of those calls is the
+transport's business (``learners.weight_sync``).
 """
 
 from __future__ import annotations
@@ -42,67 +43,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from exgrpo import metrics as M
 from exgrpo.algorithm import exgrpo_loss, group_advantages, masked_mean, token_entropy, token_logprobs
 from exgrpo.config import LearnerConfig, LossConfig
 from exgrpo.types import Group, ReplayCandidate
+from learners.optim import deepspeed_config, make_optimizer
 from learners.weight_sync import CollectiveSender, ParamSpec, SyncGroupInfo, param_specs, to_numpy_state
 
 DEFAULT_TORCH_EXTENSIONS_DIR = "~/.cache/exgrpo/torch_extensions"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class GuardedAdamW(torch.optim.AdamW):
-    """AdamW whose ``step`` applies the global grad-norm rule (skip if non-finite or > skip, else clip).
-
-    DeepSpeed calls ``step`` once per engine step with one param group: the model's parameters under
-    ZeRO-0 (gradients already averaged and complete on every rank), or this rank's flat fp32 partition
-    under ZeRO 1/2 (and 3 with one sub-group), where ``partitioned=True`` all-reduces the squared sums.
-    A skipped step zeroes the gradients and leaves parameters and moments untouched.
-    """
-
-    def __init__(
-        self,
-        params: Any,
-        *,
-        lr: float,
-        betas: tuple[float, float],
-        weight_decay: float,
-        grad_clip: float,
-        skip_grad_norm: float,
-        partitioned: bool,
-    ) -> None:
-        super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay)
-        self.grad_clip = grad_clip
-        self.skip_grad_norm = skip_grad_norm
-        self.partitioned = partitioned
-        self.overflow = False  # read by DeepSpeed's ZeRO-0 engine: counts skipped steps
-        self.last_grad_norm = math.inf  # reset before each engine step; stays inf if ZeRO skipped first
-
-    def begin(self) -> None:
-        """Mark the coming engine step as skipped until ``step`` runs (ZeRO may skip without calling it)."""
-        self.last_grad_norm, self.overflow = math.inf, True
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
-        device = params[0].grad.device if params else torch.device("cpu")
-        sq = torch.zeros((), dtype=torch.float64, device=device)
-        for p in params:
-            sq += p.grad.double().pow(2).sum()
-        if self.partitioned and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(sq)
-        norm = float(sq.sqrt())
-        self.last_grad_norm = norm
-        self.overflow = not math.isfinite(norm) or norm > self.skip_grad_norm
-        if self.overflow:
-            for p in params:
-                p.grad = None
-            return None
-        scale = self.grad_clip / (norm + 1e-6)
-        if scale < 1.0:
-            for p in params:
-                p.grad.mul_(scale)
-        return super().step(closure)
 
 
 @dataclass(frozen=True)
@@ -190,7 +139,7 @@ class Learner:
 
     # ---------------------------------------------------------------- setup
     def setup(self) -> None:
-        """Init torch.distributed, load the HF model, wrap it in a DeepSpeed engine with GuardedAdamW."""
+        """Init torch.distributed, load the HF model, wrap it in a DeepSpeed engine with ``GuardedAdamW``."""
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser(DEFAULT_TORCH_EXTENSIONS_DIR))
         torch.set_num_threads(max(1, int(self.cfg.num_cpus)))
         torch.manual_seed(self.seed)
@@ -226,35 +175,11 @@ class Learner:
         model.config.use_cache = False
         model.eval()  # dropout off: old_logp equals the first micro-batch's logp (ratio 1 at the start)
         self._specs = param_specs(model.state_dict())  # before ZeRO-3 could partition the parameters
-        self.optimizer = GuardedAdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=self.cfg.lr,
-            betas=self.cfg.betas,
-            weight_decay=self.cfg.weight_decay,
-            grad_clip=self.cfg.grad_clip,
-            skip_grad_norm=self.cfg.skip_grad_norm,
-            partitioned=self.cfg.zero_stage >= 1,
-        )
+        self.optimizer = make_optimizer(model, self.cfg)
         self.engine, *_ = deepspeed.initialize(
-            model=model, optimizer=self.optimizer, config=self._ds_config()
+            model=model, optimizer=self.optimizer, config=deepspeed_config(self.cfg, world_size=self.world_size,
+                                                                           dtype=self.dtype)
         )
-
-    def _ds_config(self) -> dict[str, Any]:
-        zero: dict[str, Any] = {"stage": self.cfg.zero_stage}
-        if self.cfg.zero_stage == 3:
-            zero["sub_group_size"] = 10**12  # one sub-group: GuardedAdamW.step runs once per engine step
-        return {
-            "train_micro_batch_size_per_gpu": self.cfg.micro_batch_size,
-            "gradient_accumulation_steps": 1,  # accumulation boundary set by hand; no division by GAS
-            "train_batch_size": self.cfg.micro_batch_size * self.world_size,
-            "gradient_clipping": 0.0,  # GuardedAdamW applies the grad-norm rule
-            "zero_optimization": zero,
-            "zero_allow_untested_optimizer": True,  # GuardedAdamW is a torch AdamW subclass
-            "bf16": {"enabled": self.dtype == "bfloat16"},
-            "fp16": {"enabled": self.dtype == "float16"},
-            "steps_per_print": 2**62,
-            "wall_clock_breakdown": False,
-        }
 
     @property
     def version(self) -> int:
@@ -339,9 +264,9 @@ class Learner:
             )
         self._version = version + 1
         out = {k: _weighted([(h[k], 1.0) for h in history]) for k in history[0]}
-        out["learner/skipped_steps"] = sum(h["learner/skipped_steps"] for h in history)
-        out["learner/tokens"] = sum(h["learner/tokens"] for h in history)
-        out["learner/update_time_s"] = time.perf_counter() - start
+        out[M.SKIPPED_STEPS] = sum(h[M.SKIPPED_STEPS] for h in history)
+        out[M.LEARNER_TOKENS] = sum(h[M.LEARNER_TOKENS] for h in history)
+        out[M.LEARNER_UPDATE_TIME] = time.perf_counter() - start
         return out
 
     def _minibatch(
@@ -397,18 +322,18 @@ class Learner:
         ent = _weighted([(m["entropy"], t) for m, _, t in parts])
         fresh = [(m, m["num_fresh_tokens"]) for m, _, _ in parts]
         return {
-            "learner/loss": pg - self.loss_cfg.entropy_coef * ent,
-            "learner/pg_loss": pg,
-            "learner/entropy": ent,
-            "learner/clip_frac": _weighted([(m["clip_frac"], f) for m, f in fresh]),
-            "learner/ratio_fresh": _weighted([(m["ratio_fresh_mean"], f) for m, f in fresh]),
-            "learner/ratio_replay": _weighted(
+            M.LOSS: pg - self.loss_cfg.entropy_coef * ent,
+            M.PG_LOSS: pg,
+            M.ENTROPY: ent,
+            M.CLIP_FRAC: _weighted([(m["clip_frac"], f) for m, f in fresh]),
+            M.RATIO_FRESH: _weighted([(m["ratio_fresh_mean"], f) for m, f in fresh]),
+            M.RATIO_REPLAY: _weighted(
                 [(m["ratio_replay_mean"], m["num_replay_tokens"]) for m, _, _ in parts]
             ),
-            "learner/approx_kl": _weighted([(m["approx_kl"], f) for m, f in fresh]),
-            "learner/grad_norm": self.optimizer.last_grad_norm,
-            "learner/skipped_steps": float(self.optimizer.overflow),
-            "learner/tokens": float(sum(t for _, _, t in parts)),
+            M.APPROX_KL: _weighted([(m["approx_kl"], f) for m, f in fresh]),
+            M.GRAD_NORM: self.optimizer.last_grad_norm,
+            M.SKIPPED_STEPS: float(self.optimizer.overflow),
+            M.LEARNER_TOKENS: float(sum(t for _, _, t in parts)),
         }
 
     # ---------------------------------------------------------------- weights
@@ -437,9 +362,21 @@ class Learner:
         """Names, shapes and dtypes of the state dict, in the order ``get_weights`` and the sender use."""
         return list(self._specs)
 
-    def open_sync_group(self, *, world_size: int, group_name: str, host: str = "127.0.0.1") -> SyncGroupInfo:
-        """Host a collective sync world (this learner is rank 0); hand the info to the receivers."""
-        self._sender = CollectiveSender(world_size=world_size, group_name=group_name, host=host)
+    def get_version(self) -> int:
+        """``version`` as a remote-callable method (the tag of weights exported now)."""
+        return self._version
+
+    # Thin collective entry points; the order of calls is ``learners.weight_sync.CollectiveTransport``'s.
+    def open_sync_group(
+        self, *, world_size: int, group_name: str, bucket_mb: float = 32.0, timeout_s: float = 600.0
+    ) -> SyncGroupInfo:
+        """Host a new sync world (this learner is rank 0) on this node's address; replaces any old one."""
+        if self._sender is not None:
+            self._sender.close()
+        self._sender = CollectiveSender(
+            world_size=world_size, group_name=group_name, host=self.master_addr, bucket_mb=bucket_mb,
+            timeout_s=timeout_s,
+        )
         return self._sender.info
 
     def connect_sync_group(self) -> None:
@@ -449,10 +386,7 @@ class Learner:
         self._sender.connect()
 
     def broadcast_weights(self) -> float:
-        """Broadcast the current weights to the sync world; returns seconds.
-
-        Under ZeRO-3 the parameters are gathered first, a collective: every rank must call this then.
-        """
+        """Broadcast the current weights to the sync world; returns seconds (rank 0 only; not ZeRO-3)."""
         if self._sender is None:
             raise RuntimeError("call open_sync_group and connect_sync_group before broadcast_weights")
         with self._full_params():

@@ -27,7 +27,6 @@ naming the first few rows (`on_bad_row="error"`). Nothing is dropped silently.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,8 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from exgrpo.fileio import atomic_write, atomic_write_text
+from exgrpo.rewards import last_boxed
 from exgrpo.types import Prompt
 
 Layout = Literal["plain", "verl", "openr1"]
@@ -45,7 +46,6 @@ BadRowPolicy = Literal["skip", "error"]
 PARQUET_SUFFIXES = (".parquet",)
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _MAX_LISTED = 5  # bad rows named in an error message
-_BOXED = re.compile(r"\\boxed\s*\{")
 
 
 class DataError(ValueError):
@@ -350,28 +350,14 @@ def _openr1_answer(record: dict[str, Any]) -> str:
     return boxed if boxed is not None else content
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` in text, braces balanced; None if there is none."""
-    starts = [m.end() for m in _BOXED.finditer(text)]
-    for start in reversed(starts):
-        depth = 1
-        for i in range(start, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                inner = text[start:i].strip()
-                if inner:
-                    return inner
-                break
-    return None
-
-
 # --------------------------------------------------------------------------- writing
 
 
 def write_prompts(prompts: Iterable[Prompt], path: str | Path) -> Path:
     """Write prompts in the plain layout (columns qid, question, answer, data_source).
 
-    `read_prompts` gives the same records back. The format follows the suffix like the reader.
+    `read_prompts` gives the same records back. The format follows the suffix like the reader; the
+    file is written under a temporary name and renamed into place (`exgrpo.fileio`).
     """
     path = Path(path)
     rows = [
@@ -379,17 +365,13 @@ def write_prompts(prompts: Iterable[Prompt], path: str | Path) -> Path:
         for p in prompts
     ]
     suffix = path.suffix.lower()
-    path.parent.mkdir(parents=True, exist_ok=True)
     if suffix in PARQUET_SUFFIXES:
         schema = pa.schema([(name, pa.string()) for name in ("qid", "question", "answer", "data_source")])
-        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
-    elif suffix in JSONL_SUFFIXES:
-        with path.open("w", encoding="utf-8") as f:
-            for r in rows:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    else:
-        raise DataError(
-            f"cannot write {str(path)!r}: unknown suffix {path.suffix!r}; "
-            f"use one of {', '.join(PARQUET_SUFFIXES + JSONL_SUFFIXES)}"
-        )
-    return path
+        table = pa.Table.from_pylist(rows, schema=schema)
+        return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+    if suffix in JSONL_SUFFIXES:
+        return atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    raise DataError(
+        f"cannot write {str(path)!r}: unknown suffix {path.suffix!r}; "
+        f"use one of {', '.join(PARQUET_SUFFIXES + JSONL_SUFFIXES)}"
+    )

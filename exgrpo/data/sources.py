@@ -1,33 +1,95 @@
-"""Where a run's questions come from: a builtin seeded task or dataset files (config `data`)."""
+"""Where questions come from: a `builtin:<task>` seeded generator or a dataset file.
+
+`builtin_name` is the one parser of the `builtin:` prefix (tasks here, models in
+`exgrpo.models.resolve`); `read_source` is the one dispatch from a data spec to prompts, used by
+the training run (`load_prompts`, config `data`), `python -m exgrpo.evaluate` and the benchmarks.
+Imports nothing heavy at module level (the readers need pyarrow, the tasks numpy).
+"""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from exgrpo.config import Config
 from exgrpo.types import Prompt
+
+if TYPE_CHECKING:
+    from exgrpo.config import Config
+    from exgrpo.data.readers import BadRow, BadRowPolicy
+    from exgrpo.data.tasks import Split
 
 log = logging.getLogger(__name__)
 
+BUILTIN_PREFIX = "builtin:"
 
-def load_prompts(cfg: Config) -> tuple[list[Prompt], list[Prompt]]:
-    """(train, eval) prompts for a config; bad rows are skipped with a count or rejected per config."""
-    d = cfg.data
-    if d.train.startswith("builtin:"):
+
+def builtin_name(spec: str) -> str | None:
+    """`"builtin:arith"` -> `"arith"` (a builtin task or model); None for anything else (a path)."""
+    return spec[len(BUILTIN_PREFIX) :] if spec.startswith(BUILTIN_PREFIX) else None
+
+
+@dataclass(frozen=True)
+class SourceData:
+    """The prompts of one data spec and what was skipped on the way."""
+
+    prompts: tuple[Prompt, ...]
+    name: str  # the builtin task's name or the file's stem (names output files: eval-<name>.json)
+    skipped: tuple[BadRow, ...] = ()  # malformed rows of a file (none for a builtin task)
+
+    @property
+    def rows_read(self) -> int:
+        """Rows seen: valid plus skipped."""
+        return len(self.prompts) + len(self.skipped)
+
+
+def read_source(
+    spec: str,
+    *,
+    split: Split,
+    num: int,
+    seed: int = 0,
+    question_key: str = "question",
+    answer_key: str = "answer",
+    on_bad_row: BadRowPolicy = "skip",
+) -> SourceData:
+    """`builtin:<task>`: `num` questions of the task's `split` split drawn with `seed`; anything
+    else: every row of a parquet/jsonl file (`exgrpo.data.readers.read_prompts`, which raises a
+    `DataError` for unreadable files; `split`, `num` and `seed` do not apply to files)."""
+    name = builtin_name(spec)
+    if name is not None:
         from exgrpo.data.tasks import builtin_task
 
-        task = builtin_task(d.train.removeprefix("builtin:"))
-        train = task.make_split(split="train", n=d.num_train, seed=d.seed)
-        evaluation = task.make_split(split="eval", n=d.num_eval, seed=d.seed) if not d.eval else _read(cfg, d.eval)
-        return train, evaluation
-    return _read(cfg, d.train), (_read(cfg, d.eval) if d.eval else [])
-
-
-def _read(cfg: Config, path: str) -> list[Prompt]:
+        prompts = builtin_task(name).make_split(split=split, n=num, seed=seed)
+        return SourceData(tuple(prompts), name)
     from exgrpo.data.readers import read_prompts
 
-    result = read_prompts(path, question_key=cfg.data.question_key, answer_key=cfg.data.answer_key,
-                          on_bad_row=cfg.data.on_bad_row)
-    if result.skipped:
-        log.warning("%s: skipped %d malformed rows (first: %s)", path, len(result.skipped), result.skipped[:3])
-    return list(result.prompts)
+    result = read_prompts(spec, question_key=question_key, answer_key=answer_key, on_bad_row=on_bad_row)
+    return SourceData(result.prompts, Path(spec).stem, result.skipped)
+
+
+def load_prompts(cfg: Config) -> tuple[list[Prompt], list[Prompt]]:
+    """(train, eval) prompts for a config; bad rows are skipped with a count or rejected per config.
+
+    eval: `data.eval` when set (a file or `builtin:<task>`, whose held-out split is used), else the
+    held-out split of a builtin `data.train`, else none.
+    """
+    d = cfg.data
+    train = _read(cfg, d.train, split="train", num=d.num_train)
+    if d.eval:
+        evaluation = _read(cfg, d.eval, split="eval", num=d.num_eval)
+    elif builtin_name(d.train) is not None:
+        evaluation = _read(cfg, d.train, split="eval", num=d.num_eval)
+    else:
+        evaluation = []
+    return train, evaluation
+
+
+def _read(cfg: Config, spec: str, *, split: Split, num: int) -> list[Prompt]:
+    d = cfg.data
+    data = read_source(spec, split=split, num=num, seed=d.seed, question_key=d.question_key,
+                       answer_key=d.answer_key, on_bad_row=d.on_bad_row)
+    if data.skipped:
+        log.warning("%s: skipped %d malformed rows (first: %s)", spec, len(data.skipped), data.skipped[:3])
+    return list(data.prompts)

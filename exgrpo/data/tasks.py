@@ -28,6 +28,8 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from exgrpo.data.sources import builtin_name
+from exgrpo.rewards import boxed  # the response format the tasks expect (re-exported)
 from exgrpo.types import Prompt
 
 Split = Literal["train", "eval"]
@@ -37,11 +39,6 @@ _HASH_KEY = b"exgrpo-arith-v1"  # fixed: changing it re-partitions the question 
 _SPLIT_STREAM = {"train": 0, "eval": 1}  # separate random streams per split
 _QUESTION = re.compile(r"\d{1,3}(?:[+-]\d{1,3}){1,2}")
 _TERM = re.compile(r"([+-]?)(\d+)")
-
-
-def boxed(answer: str | int) -> str:
-    """The response format the tasks expect: `\\boxed{<answer>}`."""
-    return f"\\boxed{{{answer}}}"
 
 
 def in_eval_part(question: str) -> bool:
@@ -386,7 +383,7 @@ BUILTIN_TASKS: dict[str, Callable[..., Task]] = {"arith": ArithTask, "gsm": GsmT
 
 def builtin_task(name: str, *, seed: int = 0) -> Task:
     """A builtin task by name ("arith", "gsm", or "builtin:gsm" as written in configs)."""
-    key = name.removeprefix("builtin:")
+    key = builtin_name(name) or name
     if key not in BUILTIN_TASKS:
         raise ValueError(f"unknown builtin task {name!r}; valid names: {', '.join(sorted(BUILTIN_TASKS))}")
     return BUILTIN_TASKS[key](seed=seed)

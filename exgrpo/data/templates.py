@@ -16,20 +16,22 @@ think template, the last `\\boxed{}` otherwise.
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
-TemplateName = Literal["plain", "chat", "think", "llama-base"]
-RewardMode = Literal["think", "boxed"]
+from exgrpo.config import RewardMode, TemplateName
+from exgrpo.rewards import boxed
+
 TEMPLATES: tuple[str, ...] = get_args(TemplateName)
 
-BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+_EMPTY_BOX = boxed("")  # `\\boxed{}`, as the instructions name the answer format
+BOXED_INSTRUCTION = f"Please reason step by step, and put your final answer within {_EMPTY_BOX}."
 THINK_SYSTEM_PROMPT = (
     "You are a careful problem solver. First think the problem through: reason step by step, "
     "check your work and correct mistakes, writing all of this inside <think> </think> tags. "
     "After </think>, write a short, clear solution that follows from your reasoning and put "
-    "the final answer within \\boxed{}."
+    f"the final answer within {_EMPTY_BOX}."
 )
-LLAMA_BASE_SUFFIX = "Let's think step by step and output the final answer within \\boxed{}."
+LLAMA_BASE_SUFFIX = f"Let's think step by step and output the final answer within {_EMPTY_BOX}."
 
 
 class TemplateError(ValueError):

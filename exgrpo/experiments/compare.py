@@ -45,32 +45,15 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
 
 def run_one(name: str, seed: int, overrides: list[str], out: Path) -> dict[str, Any]:
     from exgrpo.config import load_config
-    from exgrpo.data.sources import load_prompts
-    from exgrpo.driver import Driver
-    from exgrpo.metrics import MetricsLogger
-    from exgrpo.models.resolve import resolve_model
-    from exgrpo.run import build_system
+    from exgrpo.launch import train
 
     run_dir = out / f"{name}-seed{seed}"
     cfg = load_config(None, [*overrides, *VARIANTS[name][0], f"trainer.seed={seed}", f"logging.run_dir={run_dir}",
-                             "logging.progress=false", "logging.plots=false"])
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(cfg.to_yaml())
-    model_path = str(resolve_model(cfg.model.path, cache_dir=cfg.model.cache_dir))
-    train, evaluation = load_prompts(cfg)
-    t0 = time.perf_counter()
-    system = build_system(cfg, model_path=model_path)
-    logger = MetricsLogger(run_dir, ray_metrics=False)
-    driver = Driver(cfg=cfg, samplers=system.samplers, replay=system.replay, learners=system.learners,
-                    train=train, evaluation=evaluation, logger=logger)
-    try:
-        records = driver.train()
-    finally:
-        logger.close()
-        system.shutdown()
-    wall = time.perf_counter() - t0
-    curve = [(e["eval/version"], e["eval/accuracy"]) for e in driver.eval_history]
-    return {"variant": name, "seed": seed, "curve": curve, "wall_s": wall,
+                             "logging.progress=false", "logging.plots=false", "logging.ray_metrics=false"])
+    result = train(cfg, checkpoints=False)
+    records = result.records
+    curve = [(e["eval/version"], e["eval/accuracy"]) for e in result.evals]
+    return {"variant": name, "seed": seed, "curve": curve, "wall_s": result.wall_s,
             "replay_groups": int(sum(r.get("replay/n_replay", 0) for r in records)),
             "final_reward": records[-1].get("rollout/mean_reward"), "retired": records[-1].get("replay/retired")}
 
@@ -127,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from exgrpo.config import load_config
-    from exgrpo.run import init_ray
+    from exgrpo.launch import init_ray
 
     init_ray(load_config(None, args.overrides))
     results_path = out / "results.json"

@@ -11,13 +11,12 @@ processes) and reuses it; any other path must be an HF model directory with a `c
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from exgrpo.data.sources import BUILTIN_PREFIX, builtin_name
+from exgrpo.fileio import atomic_path
 from exgrpo.models.smollm2 import convert_smollm2, smollm2_fingerprint
 from exgrpo.models.tiny import TinyModelSpec, build_tiny_model
 from exgrpo.models.warmup import WARMED_SPECS, warm_up
@@ -58,33 +57,28 @@ def resolve_model(path: str, *, cache_dir: str) -> Path:
     Builtins are built in a temporary directory next to the target and renamed into place, so
     several processes may resolve at once: one rename wins, the others discard their build.
     """
-    if path.startswith("builtin:"):
-        name = path.removeprefix("builtin:")
+    name = builtin_name(path)
+    if name is not None:
         if name not in BUILTIN_MODELS:
             raise ModelResolveError(
-                f"unknown builtin model {path!r}; known: {', '.join('builtin:' + n for n in sorted(BUILTIN_MODELS))}"
+                f"unknown builtin model {path!r}; known: {', '.join(BUILTIN_PREFIX + n for n in sorted(BUILTIN_MODELS))}"
             )
         builtin = BUILTIN_MODELS[name]
         cache = Path(cache_dir).expanduser()
         target = cache / "models" / f"{name}-{builtin.fingerprint}"
         if (target / "config.json").is_file():
             return target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
+        # several processes may build at once: one rename wins, the others discard their build
+        with atomic_path(target, directory=True, exist_ok=True) as tmp:
             builtin.build(tmp, cache_dir=cache)
-            os.rename(tmp, target)  # atomic; fails if another process already put the target in place
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").is_file():
+            raise ModelResolveError(f"{target} exists but holds no config.json; delete it to rebuild {path!r}")
         return target
     model_dir = Path(path).expanduser()
     if not model_dir.is_dir():
         raise ModelResolveError(
             f"model path {path!r} does not exist; give an HF model directory or one of "
-            f"{', '.join('builtin:' + n for n in sorted(BUILTIN_MODELS))}"
+            f"{', '.join(BUILTIN_PREFIX + n for n in sorted(BUILTIN_MODELS))}"
         )
     if not (model_dir / "config.json").is_file():
         raise ModelResolveError(f"model path {path!r} has no config.json; it must be an HF model directory")

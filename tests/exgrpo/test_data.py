@@ -10,8 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from exgrpo.data.readers import BadRow, DataError, last_boxed, read_prompts, write_prompts
+from exgrpo.data.readers import BadRow, DataError, read_prompts, write_prompts
 from exgrpo.data.templates import THINK_SYSTEM_PROMPT, TemplateError, render_prompt, reward_mode
+from exgrpo.rewards import BOX_COMMAND, Verifier, boxed, extract_answer, last_boxed
 from exgrpo.types import Prompt
 
 
@@ -137,11 +138,39 @@ def test_openr1_layout_problem_answer_and_target_only(tmp_path: Path, suffix: st
     assert [p.answer for p in result.prompts] == ["\\sqrt{2}", "7"]
 
 
-def test_last_boxed_balances_braces() -> None:
-    assert last_boxed("x \\boxed{\\frac{1}{2}} y") == "\\frac{1}{2}"
-    assert last_boxed("\\boxed{1} and \\boxed {2}") == "2"
-    assert last_boxed("no box") is None
-    assert last_boxed("\\boxed{3} \\boxed{unclosed") == "3"  # an unclosed last box falls back
+# Inputs on which the data cleaner and the verifier once disagreed (the reader had its own
+# extractor): one extractor now reads every box, so every path gives the same answer.
+ONE_ANSWER = [
+    ("so \\boxed 5", "5"),  # TeX's brace-less argument (the reader found no box)
+    ("\\boxed{x\\}y}", "x\\}y"),  # an escaped brace does not close (the reader stopped at it)
+    ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"),  # escaped braces are literal braces
+    ("\\boxed{3} and \\boxed{}", None),  # the last box is empty (the reader fell back to 3)
+    ("x \\boxed{\\frac{1}{2}} y", "\\frac{1}{2}"),
+    ("\\boxed{1} and \\boxed {2}", "2"),
+    ("\\boxed{3} \\boxed{unclosed", "3"),  # a box that never closes is ignored
+    ("no box", None),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), ONE_ANSWER)
+def test_one_box_extractor_for_data_and_rewards(tmp_path: Path, text: str, expected: str | None) -> None:
+    assert last_boxed(text) == expected
+    assert extract_answer(text) == expected  # the reward path reads responses with it
+    # the data path: an openr1 row with no gold column takes its answer from the target's last box
+    rows = [{"prompt": [_chat("user", "q")], "target": [_chat("assistant", text)]}]
+    (prompt,) = read_prompts(_write(rows, tmp_path / "t.jsonl")).prompts
+    assert prompt.answer == (text if expected is None else expected)
+    if expected is not None:
+        # a gold written boxed is unboxed by the same extractor: response and gold agree exactly
+        # (fast path, no worker process)
+        with Verifier() as verifier:
+            assert verifier.score_many([text, boxed(expected)], [boxed(expected), text]) == [1.0, 1.0]
+            assert verifier.stats().fast == 2
+
+
+def test_box_format_is_spelt_once() -> None:
+    assert boxed(413) == BOX_COMMAND + "{413}" == "\\boxed{413}"
+    assert last_boxed(boxed("\\frac{1}{2}")) == "\\frac{1}{2}"
 
 
 def test_layout_forced_and_mismatch(tmp_path: Path) -> None:

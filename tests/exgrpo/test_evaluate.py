@@ -13,7 +13,7 @@ import torch
 from actors.engines import Completion, GenerationEngine
 from exgrpo.data.readers import read_prompts
 from exgrpo.data.templates import render_prompt
-from exgrpo.evaluate import EvalReport, SourceScores, evaluate, format_table, main
+from exgrpo.evaluate import EvalReport, SourceScores, evaluate, format_table, main, sample_rewards
 from exgrpo.rewards import Verifier
 
 torch.set_num_threads(1)
@@ -176,6 +176,41 @@ def test_rejects_bad_arguments(data_file: Path, verifier: Verifier) -> None:
         evaluate(CannedEngine(), prompts, verifier=verifier, **{**kwargs, "n": 0})
     with pytest.raises(ValueError, match="think.*boxed"):  # think template, boxed verifier
         evaluate(CannedEngine(), prompts, verifier=verifier, **{**kwargs, "template": "think"})
+
+
+def test_sample_rewards_is_the_one_generate_verify_loop(data_file: Path, verifier: Verifier) -> None:
+    prompts = read_prompts(data_file).prompts
+    engine = CannedEngine()
+    rewards = sample_rewards(engine, verifier, prompts, n=4, template="plain", max_tokens=16,
+                             temperature=0.6, top_p=0.9, seed=11)  # fmt: skip
+    assert rewards == [(1.0,) * 4, (1.0,) * 4, (1.0,) * 4, (1.0, 0.0, 0.0, 0.0), (0.0,) * 4]
+    (call,) = engine.calls  # one engine call with the given settings, plain-rendered prompts
+    assert (call["n"], call["temperature"], call["top_p"], call["seed"]) == (4, 0.6, 0.9, 11)
+    assert call["prompts"] == [render_prompt(p.question, template="plain") for p in prompts]
+    # T = 0: one greedy decode per prompt, its reward repeated n times
+    engine = CannedEngine()
+    greedy = sample_rewards(engine, verifier, prompts, n=3, template="plain", max_tokens=16, temperature=0.0)
+    assert greedy == [(r,) * 3 for r in (1.0, 1.0, 1.0, 0.0, 1.0)] and engine.calls[0]["n"] == 1
+    engine = CannedEngine()
+    assert sample_rewards(engine, verifier, [], n=2, template="plain", max_tokens=4, temperature=1.0) == []
+    assert engine.calls == []
+
+
+def test_sample_rewards_checks_engine_and_verifier(data_file: Path, verifier: Verifier) -> None:
+    prompts = read_prompts(data_file).prompts
+
+    class Short(CannedEngine):
+        def generate(self, prompts, **kwargs):
+            return [comps[:1] for comps in super().generate(prompts, **kwargs)]
+
+    with pytest.raises(RuntimeError, match="completions"):
+        sample_rewards(Short(), verifier, prompts, n=2, template="plain", max_tokens=4, temperature=1.0)
+    with pytest.raises(ValueError, match="think.*boxed"):
+        sample_rewards(CannedEngine(), verifier, prompts, n=2, template="think", max_tokens=4, temperature=1.0)
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        sample_rewards(CannedEngine(), verifier, prompts, n=0, template="plain", max_tokens=4, temperature=1.0)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        sample_rewards(CannedEngine(), verifier, prompts, n=1, template="plain", max_tokens=4, temperature=-1)
 
 
 def test_table_lists_sources_then_totals(data_file: Path, verifier: Verifier) -> None:

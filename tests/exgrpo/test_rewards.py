@@ -58,10 +58,28 @@ def _timed(fn, *args):
         ("the answer is 5", None),
         (r"\boxed{}", None),
         (r"\boxed{ }", None),
+        (r"\boxed{3} then \boxed{}", None),  # the last box is empty: no answer (no fallback to 3)
+        (r"\boxed{x\}y}", r"x\}y"),  # an escaped brace neither closes nor opens
+        (r"\boxed{a\{b}", r"a\{b"),
+        (r"so \boxed 5", "5"),  # TeX's brace-less argument
+        ("\\boxed 42.", "42"),  # up to the next space, `$` or brace, less sentence punctuation
+        (r"\boxed 3.14, so", "3.14"),
+        (r"$\boxed 5$", "5"),
+        (r"\\boxed{5}", None),  # `\\` is a line break: the text "boxed{5}" follows, no box
     ],
 )
 def test_extract_boxed(response, expected):
     assert extract_answer(response) == expected
+    assert rewards.last_boxed(response) == expected  # the one extractor, shared with the data cleaner
+
+
+@pytest.mark.parametrize(
+    ("gold", "clean"),
+    [(r"\boxed 5", "5"), (r"$\boxed{x\}y}$", r"x\}y"), (rewards.boxed(r"\frac{1}{2}"), r"\frac{1}{2}"),
+     (r"\boxed{}", r"\boxed{}"), (" 7 ", "7")],
+)
+def test_gold_is_unboxed_by_the_same_extractor(gold, clean):
+    assert rewards._clean_gold(gold) == clean
 
 
 def test_extract_think_mode():

@@ -12,10 +12,10 @@ import torch
 
 from exgrpo.data.tasks import GsmProblem, GsmStep, GsmTask, builtin_task, in_eval_part, parse_gsm
 from exgrpo.models.smollm2 import MARKER, SmolLM2Error, convert_smollm2, gguf_file, smollm2_fingerprint
+from exgrpo.rewards import last_boxed
 from exgrpo.types import Prompt
 
 torch.set_num_threads(1)
-BOXED_INT = re.compile(r"\\boxed\{(-?\d+)\}")
 
 
 def _prompt(question: str, answer: str = "") -> Prompt:
@@ -98,8 +98,7 @@ def test_gsm_parse_solution_and_difficulty_by_hand() -> None:
 def test_gsm_every_generated_question_parses_and_solves() -> None:
     task = GsmTask()
     for p in task.make_split(split="eval", n=500, seed=3):
-        match = BOXED_INT.search(task.solution_text(p))
-        assert match is not None and match.group(1) == p.answer
+        assert last_boxed(task.solution_text(p)) == p.answer
         assert 1 <= task.difficulty(p) <= 6
 
 

@@ -41,3 +41,51 @@ def test_state_round_trip_continues_identically():
     b = PromptStream(_prompts(7), seed=1)
     b.load_state_dict(a.state_dict())
     assert [p.qid for p in a.next(9)] == [p.qid for p in b.next(9)]
+
+
+# --------------------------------------------------------------------------- sources: builtin:<task> or a file
+
+
+def test_builtin_prefix_is_parsed_in_one_place():
+    from exgrpo.data.sources import builtin_name
+    from exgrpo.data.tasks import ArithTask, builtin_task
+
+    assert builtin_name("builtin:arith") == "arith"
+    assert builtin_name("data/arith.parquet") is None and builtin_name("arith") is None
+    assert isinstance(builtin_task("builtin:arith"), ArithTask) and isinstance(builtin_task("arith"), ArithTask)
+
+
+def test_read_source_builtin_task_and_file(tmp_path):
+    from exgrpo.data.readers import write_prompts
+    from exgrpo.data.sources import read_source
+    from exgrpo.data.tasks import builtin_task
+
+    data = read_source("builtin:arith", split="eval", num=5, seed=3)
+    assert data.name == "arith" and data.skipped == () and data.rows_read == 5
+    assert list(data.prompts) == builtin_task("arith").make_split(split="eval", n=5, seed=3)
+    path = tmp_path / "few.jsonl"
+    write_prompts(data.prompts, path)
+    path.write_text(path.read_text() + '{"qid": "no-answer", "question": "1+1"}\n')
+    from_file = read_source(str(path), split="train", num=1)  # files: every row, split/num unused
+    assert from_file.name == "few" and from_file.prompts == data.prompts
+    assert from_file.rows_read == 6 and [b.row for b in from_file.skipped] == [5]
+    with pytest.raises(ValueError, match="unknown builtin task 'nope'"):
+        read_source("builtin:nope", split="eval", num=1)
+
+
+def test_load_prompts_train_and_eval_specs(tmp_path):
+    from exgrpo.config import load_config
+    from exgrpo.data.readers import write_prompts
+    from exgrpo.data.sources import load_prompts
+    from exgrpo.data.tasks import builtin_task
+
+    task = builtin_task("arith")
+    cfg = load_config(overrides=["data.num_train=6", "data.num_eval=4", "data.seed=2"])
+    train, evaluation = load_prompts(cfg)  # builtin train: its held-out split is the eval set
+    assert train == task.make_split(split="train", n=6, seed=2)
+    assert evaluation == task.make_split(split="eval", n=4, seed=2)
+    path = write_prompts(train, tmp_path / "train.jsonl")
+    cfg = load_config(overrides=[f"data.train={path}", "data.eval=builtin:gsm", "data.num_eval=3"])
+    train_from_file, gsm = load_prompts(cfg)
+    assert train_from_file == train and gsm == builtin_task("gsm").make_split(split="eval", n=3, seed=0)
+    assert load_prompts(load_config(overrides=[f"data.train={path}"]))[1] == []  # a file alone: no eval set

@@ -8,9 +8,8 @@ from collections import Counter
 import pytest
 
 from exgrpo.data.tasks import ArithTask, boxed, builtin_task, in_eval_part
+from exgrpo.rewards import last_boxed
 from exgrpo.types import Prompt
-
-BOXED_INT = re.compile(r"\\boxed\{(-?\d+)\}")
 
 
 def _prompt(question: str, answer: str = "") -> Prompt:
@@ -97,8 +96,7 @@ def test_solution_text_is_a_correct_boxed_answer() -> None:
     assert boxed(7) == "\\boxed{7}"
     for p in task.make_split(split="train", n=500, seed=3):
         text = task.solution_text(p)
-        match = BOXED_INT.fullmatch(text)
-        assert match is not None and match.group(1) == p.answer
+        assert text == boxed(p.answer) and last_boxed(text) == p.answer
     with pytest.raises(ValueError, match="gold answer '5'"):
         task.solution_text(_prompt("2+2", "5"))
     with pytest.raises(ValueError, match="not an arith question"):

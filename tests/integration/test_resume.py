@@ -11,13 +11,10 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
-import ray
 
-from exgrpo.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
+from exgrpo.checkpoint import latest_checkpoint
 from exgrpo.config import load_config
-from exgrpo.data.sources import load_prompts
-from exgrpo.driver import Driver
-from exgrpo.run import build_system
+from exgrpo.launch import train
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +23,7 @@ DETERMINISTIC = [
     "trainer.questions_per_step=4", "trainer.rollouts_per_question=4",
     "replay.start_solve_ratio=0.0", "replay.num_shards=2", "samplers.num=1", "samplers.requests_per_call=2",
     "async.max_staleness=0", "learners.lr=1e-3", "learners.micro_batch_size=32", "model.max_response_len=12",
-    "logging.progress=false", "logging.plots=false", "trainer.eval_samples=1",
+    "logging.progress=false", "logging.plots=false", "trainer.eval_samples=1", "trainer.keep_checkpoints=2",
 ]
 
 
@@ -35,44 +32,32 @@ def model_path(warm_model):
     return warm_model
 
 
-def _train(cfg, model_path, run_dir, *, resume_from=None):
-    train, evaluation = load_prompts(cfg)
-    system = build_system(cfg, model_path=str(resume_from / "model") if resume_from else model_path)
+def _train(cfg, run_dir, *, resume=False):
     qids: list[list[str]] = []
 
-    def checkpointer(drv):
-        save_checkpoint(run_dir, driver=drv, learners=system.learners, replay=system.replay,
-                        model_path=model_path, keep=2)
+    def inspect(system, driver):
+        system.replay.snapshot(path=str(run_dir / "final-replay"))
+        tables = [pq.read_table(p) for p in sorted((run_dir / "final-replay").glob("shard-*.parquet"))]
+        return tables, system.replay.retired(), system.learners.checksums()[0]
 
-    driver = Driver(cfg=cfg, samplers=system.samplers, replay=system.replay, learners=system.learners,
-                    train=train, evaluation=evaluation, checkpointer=checkpointer,
-                    on_batch=lambda b: qids.append([g.qid for g in b.groups]))
-    try:
-        if resume_from is not None:
-            restore_checkpoint(resume_from, driver=driver, learners=system.learners, replay=system.replay)
-            driver.broadcast()
-        driver.train()
-        tables = []
-        for i, s in enumerate(system.replay.shards):
-            path = run_dir / f"final-shard-{i}.parquet"
-            ray.get(s.snapshot.remote(path=str(path)))
-            tables.append(pq.read_table(path))
-        retired = system.replay.retired()
-        checksum = system.learners.checksums()[0]
-    finally:
-        system.shutdown()
+    result = train(cfg, resume=resume, on_batch=lambda b: qids.append(sorted(g.qid for g in b.groups)),
+                   inspect=inspect)
+    tables, retired, checksum = result.inspected
     return qids, tables, retired, checksum
 
 
 def test_resume_matches_uninterrupted_run(ray_cluster, tmp_path, model_path, single_digit_data):
-    data = [f"data.train={single_digit_data['train']}", f"data.eval={single_digit_data['eval']}"]
-    full = load_config(None, [*DETERMINISTIC, *data, "trainer.steps=4"])
-    half = load_config(None, [*DETERMINISTIC, *data, "trainer.steps=2"])
-    qids_full, tables_full, retired_full, sum_full = _train(full, model_path, tmp_path / "full")
-    qids_a, _, _, _ = _train(half, model_path, tmp_path / "split")
-    ckpt = latest_checkpoint(tmp_path / "split")
+    data = [f"data.train={single_digit_data['train']}", f"data.eval={single_digit_data['eval']}",
+            f"model.path={model_path}"]
+    full_dir, split_dir = tmp_path / "full", tmp_path / "split"
+    full = load_config(None, [*DETERMINISTIC, *data, "trainer.steps=4", f"logging.run_dir={full_dir}"])
+    half = load_config(None, [*DETERMINISTIC, *data, "trainer.steps=2", f"logging.run_dir={split_dir}"])
+    rest = load_config(None, [*DETERMINISTIC, *data, "trainer.steps=4", f"logging.run_dir={split_dir}"])
+    qids_full, tables_full, retired_full, sum_full = _train(full, full_dir)
+    qids_a, _, _, _ = _train(half, split_dir)
+    ckpt = latest_checkpoint(split_dir)
     assert ckpt is not None and ckpt.name == "step-000002"
-    qids_b, tables_split, retired_split, sum_split = _train(full, model_path, tmp_path / "split", resume_from=ckpt)
+    qids_b, tables_split, retired_split, sum_split = _train(rest, split_dir, resume=True)
     assert qids_a + qids_b == qids_full  # same data order
     assert retired_split == retired_full
     for a, b in zip(tables_full, tables_split, strict=True):  # same replay contents

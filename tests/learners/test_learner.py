@@ -17,6 +17,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
+from exgrpo import metrics as M  # noqa: E402
 from exgrpo.algorithm import exgrpo_loss, token_entropy, token_logprobs  # noqa: E402
 from exgrpo.config import LearnerConfig, LossConfig  # noqa: E402
 from exgrpo.types import Group, ReplayCandidate, TrainBatch, Trajectory  # noqa: E402
@@ -172,9 +173,9 @@ def test_update_matches_plain_torch_reference(model_path, norm):
     want, norms = _reference(model_path, groups, cfg=learner.cfg, loss=loss, clip=True)
     assert learner.version == 8
     assert min(norms) > 0.1  # so both steps really were clipped
-    assert metrics["learner/grad_norm"] == pytest.approx(sum(norms) / 2, rel=1e-5)
-    assert metrics["learner/skipped_steps"] == 0
-    assert metrics["learner/tokens"] == sum(len(t.response_ids) for g in groups for t in g.trajectories)
+    assert metrics[M.GRAD_NORM] == pytest.approx(sum(norms) / 2, rel=1e-5)
+    assert metrics[M.SKIPPED_STEPS] == 0
+    assert metrics[M.LEARNER_TOKENS] == sum(len(t.response_ids) for g in groups for t in g.trajectories)
     # 1% of one Adam step (~lr): step 2's m/sqrt(v) amplifies float noise where g1 ~ -g2, so an exact
     # bound would flake; a wrong weighting or clip moves most elements by O(lr).
     _assert_weights_close(learner.get_weights(), want, atol=1e-5)
@@ -214,13 +215,13 @@ def test_replayed_rows_use_stored_logprobs(model_path):
     # w* = exp(logp - stored), stored = -3.0 + 0.1 k while the model gives ~log(1/64) = -4.16: w* ~ 0.3
     expected = float(torch.exp(logp - torch.tensor(replayed.logprobs)).mean())
     metrics = learner.update(groups=groups, clip=True, version=0)
-    assert metrics["learner/ratio_replay"] == pytest.approx(expected, rel=1e-5)
+    assert metrics[M.RATIO_REPLAY] == pytest.approx(expected, rel=1e-5)
     assert expected < 0.9
-    assert metrics["learner/ratio_fresh"] == pytest.approx(1.0, abs=1e-6)  # proximal policy = current
-    assert metrics["learner/approx_kl"] == pytest.approx(0.0, abs=1e-6)
-    assert metrics["learner/clip_frac"] == 0.0
+    assert metrics[M.RATIO_FRESH] == pytest.approx(1.0, abs=1e-6)  # proximal policy = current
+    assert metrics[M.APPROX_KL] == pytest.approx(0.0, abs=1e-6)
+    assert metrics[M.CLIP_FRAC] == 0.0
     fresh_only = learner.update(groups=_groups(2, replay=False), clip=True, version=1)
-    assert math.isnan(fresh_only["learner/ratio_replay"])
+    assert math.isnan(fresh_only[M.RATIO_REPLAY])
 
 
 @pytest.mark.parametrize("case", ["above_threshold", "non_finite"])
@@ -235,11 +236,11 @@ def test_grad_norm_rule_skips_the_step(model_path, case):
         groups = (replace(groups[0], trajectories=(bad, *groups[0].trajectories[1:])), *groups[1:])
     before, checksum = learner.get_weights(), learner.checksum()
     metrics = learner.update(groups=groups, clip=True, version=4)
-    assert metrics["learner/skipped_steps"] == 1.0
+    assert metrics[M.SKIPPED_STEPS] == 1.0
     if case == "above_threshold":
-        assert 0 < metrics["learner/grad_norm"] < 10
+        assert 0 < metrics[M.GRAD_NORM] < 10
     else:
-        assert not math.isfinite(metrics["learner/grad_norm"])
+        assert not math.isfinite(metrics[M.GRAD_NORM])
     assert learner.checksum() == checksum
     _assert_weights_close(learner.get_weights(), before, atol=0)
     assert learner.version == 5
@@ -258,8 +259,8 @@ def test_micro_batching_is_exact(model_path, norm):
     (w1, m1), (w16, m16) = results
     # The grad norm checks the accumulated gradient's size; Adam's first step is ~lr * sign(g), so the
     # parameters check its direction (lr = 1e-4 keeps eps-regime noise, |g| ~ 1e-8, under 1e-6).
-    assert m1["learner/grad_norm"] == pytest.approx(m16["learner/grad_norm"], rel=1e-6)
-    assert m1["learner/loss"] == pytest.approx(m16["learner/loss"], rel=1e-6, abs=1e-9)
+    assert m1[M.GRAD_NORM] == pytest.approx(m16[M.GRAD_NORM], rel=1e-6)
+    assert m1[M.LOSS] == pytest.approx(m16[M.LOSS], rel=1e-6, abs=1e-9)
     _assert_weights_close(w1, w16, atol=1e-6)
 
 
@@ -341,8 +342,8 @@ def test_two_learners_under_ray_match_one_learner(ray_cluster, model_path, zero_
             batch = TrainBatch(groups=_groups(10 + step), version=step, clip=True)
             got = group.update(batch=batch)
             want = single.update(groups=batch.groups, clip=True, version=step)
-            assert got["learner/grad_norm"] == pytest.approx(want["learner/grad_norm"], rel=1e-5)
-            assert got["learner/tokens"] == want["learner/tokens"]
+            assert got[M.GRAD_NORM] == pytest.approx(want[M.GRAD_NORM], rel=1e-5)
+            assert got[M.LEARNER_TOKENS] == want[M.LEARNER_TOKENS]
         sums = group.checksums()
         assert sums[0] == sums[1]  # both ranks hold (or gather) the same full parameters
         assert sums[0] == pytest.approx(single.checksum(), rel=1e-6)

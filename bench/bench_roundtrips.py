@@ -1,0 +1,64 @@
+"""Blocking Ray round trips per step in the driver process, and the median step time.
+
+    .venv/bin/python bench/bench_roundtrips.py [--config default] [--steps 20 40] [overrides ...]
+
+Counts `ray.get` calls (each one blocking round trip, a list counting once) made in the driver
+process while `python -m exgrpo.run` trains, for two step counts; the difference divided by the
+difference in steps is the per-step figure (start-up, the first and last evaluation and shutdown
+cancel out). Run from another checkout's root to measure that checkout (the script only needs its
+`exgrpo.run.main`). Prints one JSON line per run and the per-step result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+
+def count_run(config: str, steps: int, overrides: list[str]) -> dict:
+    import ray
+
+    calls = {"get": 0}
+    original = ray.get
+
+    def counting_get(*args, **kwargs):
+        calls["get"] += 1
+        return original(*args, **kwargs)
+
+    ray.get = counting_get
+    from exgrpo.run import main
+
+    run_dir = Path(tempfile.mkdtemp(prefix="roundtrips-"))
+    try:
+        main(["--config", config, f"trainer.steps={steps}", "trainer.eval_every=0", "logging.progress=false",
+              "logging.plots=false", f"logging.run_dir={run_dir}", *overrides])
+    finally:
+        ray.get = original
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    times = [r["system/step_time_s"] for r in records]
+    return {"steps": steps, "ray_get_calls": calls["get"], "median_step_s": statistics.median(times[1:] or times)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", default="default")
+    parser.add_argument("--steps", type=int, nargs=2, default=(20, 40))
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    sys.path.insert(0, os.getcwd())
+    a = count_run(args.config, args.steps[0], args.overrides)
+    print(json.dumps(a), flush=True)
+    b = count_run(args.config, args.steps[1], args.overrides)
+    print(json.dumps(b), flush=True)
+    per_step = (b["ray_get_calls"] - a["ray_get_calls"]) / (b["steps"] - a["steps"])
+    print(json.dumps({"driver_ray_get_per_step": per_step, "median_step_s": [a["median_step_s"], b["median_step_s"]]}))
+
+
+if __name__ == "__main__":
+    main()

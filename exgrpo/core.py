@@ -1,0 +1,108 @@
+"""The roles of the system on one page (DESIGN.md 2-3).
+
+The driver (`exgrpo/driver.py`) is written against these Protocols only, so the training loop runs
+on in-process fakes in unit tests and on Ray actors in production; `exgrpo/launch.py` is the one
+module that builds the Ray-backed implementations:
+
+    Rollouts         actors/pool.py::SamplerPool        samplers: generate, verify, push to replay
+    Replay           buffers/sharded.py::ShardedReplay  question statistics, trajectories, finished groups
+    Learners         learners/group.py::LearnerGroup    DeepSpeed ranks: entropies and updates
+    WeightTransport  learners/weight_sync.py            learner weights -> every sampler
+    Scaling          exgrpo/launch.py::ControllerClient the operator's desired sampler count
+
+Data between roles are the frozen records of `exgrpo/types.py`. Every verb takes keyword arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from exgrpo.types import (
+    GenerationRequest,
+    Prompt,
+    PulledBatch,
+    ReplayCandidate,
+    ReplayPick,
+    ReplayStats,
+    RolloutResult,
+    TrainBatch,
+)
+
+
+class Rollouts(Protocol):
+    """Samplers: turn requests into verified groups, pushed to Replay before the result is reported."""
+
+    restarts: int  # samplers replaced after a failure, since the start
+
+    def submit(self, *, requests: Sequence[GenerationRequest]) -> None:
+        """Queue requests; each is reported by `poll` exactly once, after its group reached Replay."""
+
+    def poll(self, *, timeout_s: float) -> list[RolloutResult]:
+        """Results finished since the last call (waits at most `timeout_s` for the first)."""
+
+    def evaluate(self, *, prompts: Sequence[Prompt], n: int) -> list[tuple[float, ...]]:
+        """n rewards per prompt at the sampling temperature (nothing reaches Replay)."""
+
+    def scale(self, *, num: int) -> None:
+        """Grow to `num` samplers (newcomers get the current weights first) or drain the newest."""
+
+    def size(self) -> int:
+        """Live samplers that take new requests."""
+
+
+class Replay(Protocol):
+    """The experience pool and the queue of finished groups (sharded by question id)."""
+
+    def set_collect(self, *, on: bool) -> None:
+        """Start storing correct trajectories (the delayed start switches it on for good)."""
+
+    def sample_questions(self, *, n: int, rng: np.random.Generator) -> list[ReplayPick]:
+        """Up to n distinct questions by bucket weight, each with its stored candidates at this moment."""
+
+    def pull_batch(self, *, request_ids: Sequence[int]) -> PulledBatch:
+        """Take the named finished groups; replay groups whose question has retired come back as `dropped`."""
+
+    def stats(self) -> ReplayStats:
+        """Bucket sizes, retired and stored counts (also returned by every `pull_batch`)."""
+
+    def retired(self) -> frozenset[str]:
+        """Questions solved K/K (the prompt stream skips them from its next epoch)."""
+
+    def snapshot(self, *, path: str) -> None:
+        """Write every shard's pool and queue under the directory `path`."""
+
+    def restore(self, *, path: str) -> None:
+        """Load what `snapshot` wrote."""
+
+
+class Learners(Protocol):
+    """The learner group (L data-parallel ranks)."""
+
+    def entropies(self, *, candidates: Sequence[ReplayCandidate]) -> list[float]:
+        """Mean response-token entropy of each candidate under the current weights, in order."""
+
+    def update(self, *, batch: TrainBatch) -> dict[str, float]:
+        """One optimiser step (or `minibatches` of them) on the batch; returns `learner/` metrics."""
+
+    def save(self, *, path: str) -> None:
+        """HF safetensors (rank 0) and optimiser state (every rank) under `path`."""
+
+    def load(self, *, path: str) -> None:
+        """Restore what `save` wrote."""
+
+
+class WeightTransport(Protocol):
+    """Moves the learner's weights to every live sampler (chosen once, at build time)."""
+
+    def broadcast(self, *, version: int) -> dict[str, float]:
+        """Publish the current weights as `version`; returns `system/` timing metrics."""
+
+
+class Scaling(Protocol):
+    """Where an operator's sampler count comes from (`python -m exgrpo.scale`)."""
+
+    def desired_samplers(self) -> int | None:
+        """The requested count, or None when there is no (new) answer; never blocks."""

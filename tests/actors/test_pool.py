@@ -1,0 +1,86 @@
+"""SamplerPool on a real local Ray cluster with tiny HF samplers: requests, on_new, failures, scaling, evaluate."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from actors.pool import SamplerPool
+from actors.sampler import EngineSpec, Sampler
+from exgrpo.launch import remote_actor
+from exgrpo.models.tiny import TinyModelSpec, build_tiny_model
+from exgrpo.types import GenerationRequest, Prompt, RolloutResult, Trajectory
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("pool") / "tiny", spec=TinyModelSpec())
+
+
+def _spawn(model_dir: Path, prefix: str):
+    spec = EngineSpec(kind="hf", model_path=str(model_dir))
+
+    def spawn(index: int):
+        return remote_actor(Sampler, name=f"{prefix}-{index}", num_cpus=0.5, index=index, engine=spec,
+                            template="plain", max_response_len=4, replay=None, seed=index)
+    return spawn
+
+
+def _request(i: int) -> GenerationRequest:
+    cands = ()
+    if i % 2:
+        cands = (Trajectory(qid=f"q{i}", response_ids=(4,), logprobs=(-1.0,), reward=1.0, policy_version=0),)
+    return GenerationRequest(request_id=i, prompt=Prompt(qid=f"q{i}", question=f"{i}+1", answer=str(i + 1)), n=2,
+                             kind="replay" if cands else "fresh", candidates=cands)
+
+
+def _collect(pool: SamplerPool, want: int, timeout_s: float = 120.0) -> list[RolloutResult]:
+    out, deadline = [], time.monotonic() + timeout_s
+    while sum(len(r.request_ids) for r in out) < want and time.monotonic() < deadline:
+        out += pool.poll(timeout_s=0.2)
+    return out
+
+
+def test_requests_on_new_failure_replacement_and_scaling(ray_cluster, model_dir):
+    seen: list = []
+    pool = SamplerPool(spawn=_spawn(model_dir, "pool-a"), num=0, requests_per_call=2, on_new=seen.append)
+    try:
+        pool.scale(num=2)
+        assert pool.size() == 2 and list(pool.members()) == ["exgrpo-sampler-0", "exgrpo-sampler-1"]
+        assert seen == list(pool.members().values())  # on_new saw every sampler before any request
+        pool.submit(requests=[_request(i) for i in range(8)])
+        victim = pool.members()["exgrpo-sampler-0"]
+        ray.kill(victim, no_restart=True)  # with requests in flight on it
+        results = _collect(pool, 8)
+        ids = sorted(i for r in results for i in r.request_ids)
+        assert ids == list(range(8))  # every request exactly once, none lost with the dead sampler
+        assert pool.restarts == 1 and pool.size() == 2 and pool.num_pending() == 0
+        assert len(seen) == 3 and seen[-1] is pool.members()["exgrpo-sampler-2"]  # the replacement
+        groups = {g.request_id: g for r in results for g in r.groups}
+        for i, g in groups.items():
+            assert g.candidates == _request(i).candidates and len(g.trajectories) == 2
+        pool.scale(num=1)  # drains the newest (idle: removed at once)
+        assert list(pool.members()) == ["exgrpo-sampler-1"]
+        pool.submit(requests=[_request(i) for i in range(8, 10)])
+        assert {r.sampler for r in pool.wait_idle(timeout_s=120)} == {"exgrpo-sampler-1"}
+        with pytest.raises(ValueError, match="at least one sampler"):
+            pool.scale(num=0)
+    finally:
+        pool.shutdown()
+    assert pool.size() == 0
+
+
+def test_evaluate_splits_prompts_and_keeps_their_order(ray_cluster, model_dir):
+    pool = SamplerPool(spawn=_spawn(model_dir, "pool-b"), num=2, requests_per_call=1)
+    try:
+        prompts = [Prompt(qid=f"e{i}", question=f"{i}+0", answer=str(i)) for i in range(5)]
+        scores = pool.evaluate(prompts=prompts, n=3)
+        assert len(scores) == 5 and all(len(s) == 3 and set(s) <= {0.0, 1.0} for s in scores)
+        assert pool.evaluate(prompts=[], n=3) == []
+    finally:
+        pool.shutdown()

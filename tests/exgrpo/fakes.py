@@ -1,0 +1,206 @@
+"""In-process fakes of the roles in `exgrpo/core.py` (no Ray, no model) for driver tests.
+
+FakeRollouts "generates" a request when it is polled (or at once), with rewards scripted by a
+function of (request, rollout index, weights version), pushes the groups into a real replay
+(`ShardedReplay` over in-process `ReplayShard`s) and reports `RolloutResult`s, like a sampler does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from buffers.shard import ReplayShard
+from buffers.sharded import ShardedReplay, local_invoke
+from exgrpo.types import (
+    GenerationRequest,
+    Group,
+    Prompt,
+    ReplayCandidate,
+    RolloutResult,
+    TrainBatch,
+    Trajectory,
+)
+
+# reward(request, index, version) -> 0.0 or 1.0
+RewardFn = Callable[[GenerationRequest, int, int], float]
+
+
+def prompts(n: int) -> list[Prompt]:
+    return [Prompt(qid=f"q{i}", question=f"question {i}", answer=str(i)) for i in range(n)]
+
+
+def make_replay(k_rollouts: int, num_shards: int = 2) -> tuple[ShardedReplay, list[ReplayShard]]:
+    shards = [ReplayShard(k_rollouts=k_rollouts) for _ in range(num_shards)]
+    return ShardedReplay(shards=shards, k_rollouts=k_rollouts, invoke=local_invoke), shards
+
+
+def sampleable(shards: Sequence[ReplayShard]) -> int:
+    """Replayable questions right now (bucket 1..K-1 with a stored trajectory), read from the shards."""
+    return sum(len(s.pool) for s in shards)
+
+
+class FakeWeights:
+    def __init__(self) -> None:
+        self.version = 0
+        self.broadcasts: list[int] = []
+
+    def broadcast(self, *, version: int) -> dict[str, float]:
+        self.version = version
+        self.broadcasts.append(version)
+        return {}
+
+
+@dataclass
+class Submission:
+    """One `submit` call as the samplers saw it."""
+
+    version: int  # weights version at the time of the call
+    requests: list[GenerationRequest]
+    sampleable: int  # replayable questions in the shards at that moment
+
+
+@dataclass
+class FakeRollouts:
+    replay: ShardedReplay
+    shards: list[ReplayShard]
+    weights: FakeWeights
+    reward: RewardFn
+    version_at: str = (
+        "poll"  # "poll": weights when generated; "submit": weights when submitted (max staleness)
+    )
+    hold: Callable[[GenerationRequest], int] = lambda r: 0  # polls to hold a request back
+    duplicate: Callable[[GenerationRequest], bool] = lambda r: False  # push a second, re-generated copy
+    before_push: Callable[[FakeRollouts, GenerationRequest], None] | None = None
+    restarts: int = 0
+    submissions: list[Submission] = field(default_factory=list)
+    pending: list[list[Any]] = field(default_factory=list)  # [request, polls left, version at submit]
+    pushed: dict[int, Group] = field(default_factory=dict)  # request id -> the copy pushed first
+    duplicates: dict[int, Group] = field(default_factory=dict)  # request id -> the second copy
+    reported: list[int] = field(default_factory=list)
+    polls: int = 0
+
+    def submit(self, *, requests: Sequence[GenerationRequest]) -> None:
+        self.submissions.append(Submission(self.weights.version, list(requests), sampleable(self.shards)))
+        self.pending += [[r, self.hold(r), self.weights.version] for r in requests]
+
+    def poll(self, *, timeout_s: float) -> list[RolloutResult]:
+        self.polls += 1
+        ready, still = [], []
+        for item in self.pending:
+            (ready if item[1] <= 0 else still).append(item)
+            item[1] -= 1
+        self.pending = still
+        out = []
+        for request, _, submitted_at in ready:
+            version = submitted_at if self.version_at == "submit" else self.weights.version
+            if self.before_push is not None:
+                self.before_push(self, request)
+            group = self.generate(request, version)
+            self.replay.push(groups=[group])
+            self.pushed[request.request_id] = group
+            if self.duplicate(request):  # a sampler died after pushing; the request ran again elsewhere
+                again = self.generate(request, version, copy=1)
+                self.replay.push(groups=[again])
+                self.duplicates[request.request_id] = again
+            self.reported.append(request.request_id)
+            out.append(
+                RolloutResult(
+                    sampler="fake-0",
+                    request_ids=(request.request_id,),
+                    policy_version=version,
+                    tokens=2 * len(group.trajectories),
+                    gen_time_s=0.0,
+                    verify_time_s=0.0,
+                )
+            )
+        return out
+
+    def generate(self, request: GenerationRequest, version: int, copy: int = 0) -> Group:
+        gid = f"r{request.request_id}" + (f"-copy{copy}" if copy else "")
+        trajs = tuple(
+            Trajectory(
+                qid=request.prompt.qid,
+                response_ids=(request.request_id, i, copy),
+                logprobs=(-0.5, -0.25, -1.0),
+                reward=self.reward(request, i, version) if not copy else 1.0,
+                policy_version=version,
+                text=f"{gid}/{i}",
+                group_id=gid,
+            )
+            for i in range(request.n)
+        )
+        return Group(
+            qid=request.prompt.qid,
+            prompt_ids=(int(request.prompt.qid[1:]), 0),
+            trajectories=trajs,
+            kind=request.kind,
+            gold=request.prompt.answer,
+            group_id=gid,
+            request_id=request.request_id,
+            policy_version=version,
+            admitted_version=request.admitted_version,
+            candidates=request.candidates if request.kind == "replay" else (),
+        )
+
+    def solved_group(self, qid: str, request_id: int) -> Group:
+        """A fresh group of `qid` with all K rollouts correct (as if another sampler had finished it)."""
+        trajs = tuple(
+            Trajectory(
+                qid=qid,
+                response_ids=(request_id, i, 0),
+                logprobs=(-0.5, -0.25, -1.0),
+                reward=1.0,
+                policy_version=self.weights.version,
+                group_id=f"r{request_id}",
+            )
+            for i in range(self.replay.k_rollouts)
+        )
+        return Group(
+            qid=qid,
+            prompt_ids=(int(qid[1:]), 0),
+            trajectories=trajs,
+            group_id=f"r{request_id}",
+            request_id=request_id,
+            policy_version=self.weights.version,
+        )
+
+    def evaluate(self, *, prompts: Sequence[Prompt], n: int) -> list[tuple[float, ...]]:
+        return [(0.0,) * n for _ in prompts]
+
+    def scale(self, *, num: int) -> None:
+        pass
+
+    def size(self) -> int:
+        return 1
+
+
+def score(t: Trajectory) -> float:
+    """The fake learner's entropy of a candidate: deterministic, distinct per trajectory."""
+    rid, i, copy = t.response_ids
+    return ((rid * 7 + i * 3) % 11) + 0.01 * i + copy
+
+
+class FakeLearners:
+    def __init__(self) -> None:
+        self.batches: list[TrainBatch] = []
+        self.scored: list[list[ReplayCandidate]] = []
+        self.loaded: dict | None = None
+
+    def entropies(self, *, candidates: Sequence[ReplayCandidate]) -> list[float]:
+        self.scored.append(list(candidates))
+        return [score(c.trajectory) for c in candidates]
+
+    def update(self, *, batch: TrainBatch) -> dict[str, float]:
+        self.batches.append(batch)
+        return {"learner/loss": float(len(self.batches))}
+
+    def save(self, *, path: str) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "learner.json").write_text(json.dumps({"updates": len(self.batches)}))
+
+    def load(self, *, path: str) -> None:
+        self.loaded = json.loads((Path(path) / "learner.json").read_text())

@@ -1,0 +1,429 @@
+"""The training loop (exgrpo/driver.py) on in-process fakes: no Ray, no model, a few seconds.
+
+Rollouts, learners and weights are the fakes of tests/exgrpo/fakes.py; replay is the real
+ShardedReplay over two in-process ReplayShards. Rewards are scripted per (request, rollout, version),
+so every expected count below is derived by hand from the script.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from fakes import FakeLearners, FakeRollouts, FakeWeights, make_replay, prompts, sampleable, score
+
+from exgrpo import metrics as M
+from exgrpo.checkpoint import Checkpointer, latest_checkpoint, restore_checkpoint
+from exgrpo.config import load_config
+from exgrpo.driver import Driver
+
+B, K = 8, 4
+
+
+def config(*extra: str):
+    return load_config(
+        None,
+        [
+            f"trainer.questions_per_step={B}",
+            f"trainer.rollouts_per_question={K}",
+            "trainer.steps=6",
+            "replay.start_solve_ratio=0.0",
+            "replay.rho=0.5",
+            "trainer.eval_every=0",
+            "trainer.checkpoint_every=0",
+            "logging.progress=false",
+            "async.max_staleness=0",
+            *extra,
+        ],
+    )
+
+
+def qnum(request) -> int:
+    return int(request.prompt.qid[1:])
+
+
+def build(cfg, reward, *, n_prompts=16, checkpointer=None, **fake):
+    replay, shards = make_replay(K)
+    weights, learners = FakeWeights(), FakeLearners()
+    rollouts = FakeRollouts(replay=replay, shards=shards, weights=weights, reward=reward, **fake)
+    driver = Driver(
+        cfg=cfg,
+        rollouts=rollouts,
+        replay=replay,
+        learners=learners,
+        weights=weights,
+        train=prompts(n_prompts),
+        checkpointer=checkpointer,
+        stall_timeout_s=10.0,
+    )
+    return driver, rollouts, learners, shards
+
+
+def step_of_requests(learners) -> dict[int, int]:
+    return {g.request_id: t for t, b in enumerate(learners.batches) for g in b.groups}
+
+
+def first_submission_per_step(rollouts, learners):
+    """step -> the submission that admitted it (the first one holding one of its request ids)."""
+    owner = step_of_requests(learners)
+    out = {}
+    for s in rollouts.submissions:
+        steps = {owner[r.request_id] for r in s.requests if r.request_id in owner}
+        for t in steps:
+            out.setdefault(t, s)
+    return out
+
+
+def check_batches(records, learners):
+    """Every step trains exactly B distinct groups of K rollouts each."""
+    assert len(learners.batches) == len(records)
+    for t, (rec, batch) in enumerate(zip(records, learners.batches, strict=True)):
+        assert rec[M.STEP] == t and batch.version == t
+        assert len(batch.groups) == B == rec[M.N_FRESH] + rec[M.N_REPLAY]
+        assert len({g.request_id for g in batch.groups}) == B
+        assert all(len(g.trajectories) == K and not g.candidates for g in batch.groups)
+        assert Counter(g.kind for g in batch.groups) == Counter(fresh=rec[M.N_FRESH], replay=rec[M.N_REPLAY])
+        for g in batch.groups:
+            assert [t.replayed for t in g.trajectories] == [g.kind == "replay"] + [False] * (K - 1)
+
+
+# -- 1. admission ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("eta", [0, 1, 2])
+def test_admission_paces_requests_to_at_most_eta_versions_ahead(eta):
+    # Rewards: question q has k_q = 1 + q % 2 correct fresh rollouts (a replay group: k_q of K - 1 plus
+    # the slot, at most 3 < K), so nothing retires and nothing is replaced. Samplers use the weights of
+    # the submit time (worst case) and hold every third request back for 2 polls.
+    # Step t is admitted at the top of iteration max(0, t - eta), i.e. at version max(0, t - eta),
+    # and trained at version t: staleness = min(t, eta) exactly, for every group of the step.
+    cfg = config(f"async.max_staleness={eta}", "trainer.steps=7")
+    driver, rollouts, learners, _ = build(
+        cfg,
+        lambda r, i, v: float(i < 1 + qnum(r) % 2),
+        version_at="submit",
+        hold=lambda r: 2 * (r.request_id % 3 == 0),
+    )
+    records = driver.train()
+    check_batches(records, learners)
+    assert driver.weights.broadcasts == list(range(1, 8))
+    for t, (rec, batch) in enumerate(zip(records, learners.batches, strict=True)):
+        assert rec[M.REPLACED] == 0
+        for g in batch.groups:
+            assert g.admitted_version == max(0, t - eta)
+            assert batch.version - g.policy_version == min(t, eta)
+        assert rec[M.STALENESS_MAX] == min(t, eta) <= eta
+    # submissions as the samplers saw them: never more than eta steps ahead of the weights, and the
+    # pipeline is actually eta deep (with eta = 0 every step waits for the previous update)
+    owner = step_of_requests(learners)
+    ahead = [owner[r.request_id] - s.version for s in rollouts.submissions for r in s.requests]
+    assert max(ahead) == eta and min(ahead) >= 0
+    assert len(rollouts.submissions) == 7  # one submit per step (no re-issues)
+
+
+# -- 2. mixing counts ------------------------------------------------------------------------------
+
+
+def test_empty_pool_gives_only_fresh_groups():
+    # nothing is ever correct -> nothing stored -> no question is replayable, although replay is on
+    driver, rollouts, learners, shards = build(config(), lambda r, i, v: 0.0)
+    records = driver.train()
+    check_batches(records, learners)
+    assert [r[M.N_REPLAY] for r in records] == [0] * 6 and [r[M.N_FRESH] for r in records] == [B] * 6
+    assert all(s.sampleable == 0 for s in rollouts.submissions) and sampleable(shards) == 0
+    assert learners.scored == []  # no entropy call without replay groups
+
+
+def test_pool_smaller_than_rho_b_replays_the_whole_pool():
+    # Only q0 and q1 are ever solved (k = 2 of 4 fresh; replayed: 2 of 3 + slot = 3): the pool holds at
+    # most 2 < floor(0.5 * 8) = 4 questions. With eta = 0 every group is pushed before the step's pull,
+    # so at step t's schedule the pool is {q0, q1} & {questions of steps < t}, and
+    # n_replay(t) = min(4, that size) = that size.
+    driver, rollouts, learners, shards = build(
+        config("trainer.steps=8"), lambda r, i, v: float(qnum(r) < 2 and i < 2)
+    )
+    records = driver.train()
+    check_batches(records, learners)
+    seen: set[str] = set()
+    for t, rec in enumerate(records):
+        expected = len(seen & {"q0", "q1"})
+        assert rec[M.N_REPLAY] == expected == rec[M.REPLAY_AVAILABLE], t
+        assert {g.qid for g in learners.batches[t].groups if g.kind == "replay"} == seen & {"q0", "q1"}
+        seen |= {g.qid for g in learners.batches[t].groups}
+    assert records[-1][M.N_REPLAY] == 2 and records[0][M.N_REPLAY] == 0
+    assert sampleable(shards) == 2
+
+
+def test_shortage_mid_run_replays_min_of_rho_b_and_what_is_there():
+    # q0..q5 are learnable: k = 2 before version 3; from version 3 on every rollout of them is correct,
+    # so a fresh group retires its question and a replay group does too (3 of 3 + slot = K; that group
+    # retired its own question, so it is trained, with all advantages 0). The pool grows, then shrinks
+    # to nothing. A replay request whose question another group retired meanwhile is replaced.
+    # Oracle, read from the shards when the step's requests were submitted (the draw and the submit are
+    # adjacent, nothing is pushed in between): requested replay = n_replay + replaced = min(4, pool).
+    def reward(r, i, v):
+        return float(qnum(r) < 6 and (i < 2 or v >= 3))
+
+    driver, rollouts, learners, shards = build(config("trainer.steps=9"), reward)
+    records = driver.train()
+    check_batches(records, learners)
+    first = first_submission_per_step(rollouts, learners)
+    pools = [first[t].sampleable for t in range(9)]
+    for t, rec in enumerate(records):
+        assert rec[M.N_REPLAY] + rec[M.REPLACED] == min(4, pools[t]), (t, pools)
+        assert rec[M.REPLAY_AVAILABLE] == pools[t]
+    for batch in learners.batches[3:]:  # sampled at version >= 3: every replay group is all correct
+        assert all(t.correct for g in batch.groups if g.kind == "replay" for t in g.trajectories)
+    peak = pools.index(max(pools))
+    # observed pools: 0, 5, 5, 6, 1, 0, 0, 0, 0 -> a shortage (1 < 4) after the pool was full
+    assert max(pools) >= 4 and any(0 < p < 4 for p in pools[peak:])
+    assert pools[-1] == 0 and sampleable(shards) == 0
+    assert driver.replay.stats().retired == 6
+
+
+# -- 3. delayed start and the clip switch ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("remove_clip", [True, False])
+def test_delayed_start_latches_and_clip_is_removed_from_the_next_step(remove_clip):
+    # fresh solve ratio per step (eta = 0: step t sampled at version t): 1/4, 1/4, 2/4, 2/4, 0, 0
+    # threshold 0.3: step 2 (0.5 > 0.3) triggers; it is still trained with clip=True, step 3 on without;
+    # the ratio falling to 0 later does not switch replay off.
+    def reward(r, i, v):
+        return float(i < (1 if v < 2 else 2 if v < 4 else 0))
+
+    cfg = config("replay.start_solve_ratio=0.3", f"loss.remove_clip_after_replay={str(remove_clip).lower()}")
+    driver, rollouts, learners, shards = build(cfg, reward)
+    records = driver.train()
+    check_batches(records, learners)
+    assert [r[M.SOLVE_RATIO] for r in records] == [0.25, 0.25, 0.5, 0.5, 0.0, 0.0]
+    assert [r[M.REPLAY_STARTED] for r in records] == [0, 0, 1, 1, 1, 1]
+    clip = [b.clip for b in learners.batches]
+    assert clip == ([True, True, True, False, False, False] if remove_clip else [True] * 6)
+    assert driver.delayed_start.started and all(s.collect for s in shards)
+    # trajectories are stored from step 3's groups on (collection switched on after step 2's update);
+    # step 3 is scheduled after the switch but the pool is still empty, so replay begins at step 4
+    assert [r[M.TRAJECTORIES] > 0 for r in records] == [False, False, False, True, True, True]
+    assert [r[M.N_REPLAY] for r in records] == [0, 0, 0, 0, 4, 4]
+
+
+def test_replay_disabled_never_starts():
+    cfg = config("replay.enabled=false", "replay.start_solve_ratio=0.0")
+    driver, rollouts, learners, shards = build(cfg, lambda r, i, v: float(i < 2))
+    records = driver.train()
+    assert [r[M.REPLAY_STARTED] for r in records] == [0] * 6 and all(b.clip for b in learners.batches)
+    assert all(r[M.N_REPLAY] == 0 for r in records) and not any(s.collect for s in shards)
+
+
+# -- 4. a question retired in flight ---------------------------------------------------------------
+
+
+def test_replay_request_of_a_question_retired_in_flight_is_replaced_by_a_fresh_one():
+    # Every group solves k = 1 (fresh: 1 of 4; replayed: 0 of 3 + slot), so all 16 questions stay in
+    # bucket 1. Step 0: 8 fresh -> 8 replayable. Step 1 draws 4 replay questions; before the first of
+    # their groups reaches replay, another sampler's fresh group solves that question X 4/4 (X retires).
+    # The pull drops X's replay request, the driver re-issues a fresh request: step 1 still trains
+    # B = 8 groups, 3 replayed + 5 fresh, replay/replaced = 1; X is never replayed afterwards.
+    retired = {}
+
+    def before_push(fake, request):
+        if request.kind == "replay" and not retired:
+            retired["qid"], retired["rid"] = request.prompt.qid, request.request_id
+            fake.replay.push(groups=[fake.solved_group(request.prompt.qid, 10**6)])
+
+    driver, rollouts, learners, shards = build(
+        config("trainer.steps=5"),
+        lambda r, i, v: float(i == 0 and r.kind == "fresh"),
+        before_push=before_push,
+    )
+    records = driver.train()
+    check_batches(records, learners)
+    x, rid = retired["qid"], retired["rid"]
+    assert driver.replay.retired() == frozenset({x})
+    assert [r[M.REPLACED] for r in records] == [0, 1, 0, 0, 0]
+    assert (records[1][M.N_REPLAY], records[1][M.N_FRESH]) == (3, 5)
+    trained = {g.request_id for b in learners.batches for g in b.groups}
+    assert rid not in trained  # the dropped replay group is never trained
+    assert not any(g.qid == x and g.kind == "replay" for b in learners.batches for g in b.groups)
+    replacement = [r for s in rollouts.submissions[2:3] for r in s.requests]
+    assert len(replacement) == 1 and replacement[0].kind == "fresh" and replacement[0].n == K
+    assert replacement[0].request_id in {g.request_id for g in learners.batches[1].groups}
+    later = [r for s in rollouts.submissions[3:] for r in s.requests if r.kind == "replay"]
+    assert later and all(r.prompt.qid != x for r in later)
+
+
+# -- 5. a request pushed twice ---------------------------------------------------------------------
+
+
+def test_a_request_pushed_twice_is_recorded_and_trained_once():
+    # Real groups always give k = 1 (fresh: 1 of 4; replayed: 0 of 3 + slot). The re-run copy of a
+    # duplicated request has every rollout correct: recorded, it would retire its question (k = K) and
+    # store its trajectories. Duplicated: request 1 (fresh, step 0) and the first two replay requests.
+    dup: set[int] = {1}
+
+    def duplicate(request):
+        if request.kind == "replay" and len(dup) < 3:
+            dup.add(request.request_id)
+        return request.request_id in dup
+
+    driver, rollouts, learners, shards = build(
+        config("trainer.steps=4"), lambda r, i, v: float(i == 0 and r.kind == "fresh"), duplicate=duplicate
+    )
+    records = driver.train()
+    check_batches(records, learners)
+    assert len(dup) == 3 and set(rollouts.duplicates) == dup
+    assert driver.replay.stats().retired == 0 and driver.replay.stats().ready == 0  # no second copy left
+    for s in shards:  # k recorded once: every question is still in bucket 1
+        assert all(s.pool.bucket_of(q) in (None, 1) for q in (f"q{i}" for i in range(16)))
+        assert not any(
+            "copy" in c.group_id for q in (f"q{i}" for i in range(16)) for c in s.pool.candidates(q)
+        )
+    trained = {g.request_id: g for b in learners.batches for g in b.groups}
+    for rid in dup:
+        g, first = trained[rid], rollouts.pushed[rid]
+        assert g.trajectories[-(len(first.trajectories)) :] == first.trajectories  # the first copy is trained
+    assert Counter(rollouts.reported) == Counter(set(rollouts.reported))  # each request reported once
+    for s in rollouts.submissions:
+        for r in s.requests:  # a replay request never carries its own (or its re-run's) trajectories
+            assert all(not c.group_id.startswith(f"r{r.request_id}") for c in r.candidates)
+    for b in learners.batches:
+        for g in b.groups:
+            if g.kind == "replay":
+                slot = g.trajectories[0]
+                assert slot.group_id != g.group_id and "copy" not in slot.group_id
+                # lowest entropy under the (fake) learner among the candidates its request carried
+                (req,) = [r for s in rollouts.submissions for r in s.requests if r.request_id == g.request_id]
+                best = min(req.candidates, key=score)
+                assert slot.response_ids == best.response_ids
+
+
+# -- 6. the batch is shuffled ----------------------------------------------------------------------
+
+
+def _kinds_per_step(seed):
+    driver, rollouts, learners, _ = build(
+        config(f"trainer.seed={seed}", "trainer.steps=4"), lambda r, i, v: float(i == 0 and r.kind == "fresh")
+    )
+    records = driver.train()
+    check_batches(records, learners)
+    assert [r[M.N_REPLAY] for r in records] == [0, 4, 4, 4]  # 8 replayable questions after step 0
+    return [[(g.kind, g.request_id) for g in b.groups] for b in learners.batches[1:]]
+
+
+def test_batch_is_shuffled_and_reproducible():
+    # Unshuffled, a batch is in request order: the 4 fresh requests (issued first), then the 4 replay.
+    per_seed = {seed: _kinds_per_step(seed) for seed in range(5)}
+    batches = [b for bs in per_seed.values() for b in bs]
+    replay_last = [all(kind == "replay" for kind, _ in b[4:]) for b in batches]
+    replay_first = [all(kind == "replay" for kind, _ in b[:4]) for b in batches]
+    in_order = [[rid for _, rid in b] == sorted(rid for _, rid in b) for b in batches]
+    # with a uniform shuffle each of these has probability 1/70 or 1/8! per batch; over 15 batches
+    assert not all(replay_last) and not all(replay_first) and not all(in_order)
+    assert sum(replay_last) <= 3 and sum(in_order) <= 1
+    assert _kinds_per_step(3) == per_seed[3]  # same seed, same order
+    assert per_seed[0] != per_seed[1]
+
+
+# -- 7. checkpoint round trip ----------------------------------------------------------------------
+
+
+class Killed(Exception):
+    pass
+
+
+def _summary(learners, records):
+    steps = []
+    for b, rec in zip(learners.batches, records, strict=True):
+        steps.append(
+            (
+                [
+                    (g.qid, g.kind, g.request_id, g.policy_version, g.trajectories[0].response_ids)
+                    for g in b.groups
+                ],
+                b.version,
+                b.clip,
+                {
+                    k: rec[k]
+                    for k in (
+                        M.N_REPLAY,
+                        M.N_FRESH,
+                        M.REPLACED,
+                        M.REPLAY_STARTED,
+                        M.TRAJECTORIES,
+                        M.RETIRED,
+                        M.REPLAY_AVAILABLE,
+                        M.SOLVE_RATIO,
+                        M.STALENESS_MAX,
+                    )
+                },
+            )
+        )
+    return steps
+
+
+# eta = 1 is the regression for a drain at a checkpoint leaving the replay sizes stale (the
+# uninterrupted run then drew other replay questions than the resumed one).
+@pytest.mark.parametrize("eta", [0, 1])
+def test_checkpoint_round_trip_continues_identically(tmp_path, eta):
+    # k = (q + v) % 4 fresh rollouts correct at version v: the step-0 solve ratio is above 0.3, so the
+    # delayed start fires after step 0's update (collection on from then). The fake samples a request
+    # at the first poll after its submit, so:
+    #   eta = 0: step 1 is admitted and sampled after the switch -> stored -> replay from step 2;
+    #   eta = 1: steps 0, 1 are admitted at once and sampled in wait(0), before the switch; step 2 is
+    #            sampled in wait(2) (wait(1) finds step 1 done, no poll), step 3 is admitted before that
+    #            -> nothing to replay; replay from step 4.
+    # Killed after the checkpoint at step 4 (with eta = 1 its drain samples step 4, admitted earlier).
+    # Some replay groups solve 3 of 3 (+ slot = K) and are dropped and replaced.
+    def reward(r, i, v):
+        return float(i < (qnum(r) + v) % 4)
+
+    cfg = config(
+        f"async.max_staleness={eta}",
+        "replay.start_solve_ratio=0.3",
+        "trainer.checkpoint_every=4",
+        "trainer.steps=8",
+    )
+    model = tmp_path / "base-model"
+    model.mkdir()
+
+    # A: uninterrupted (it writes the same checkpoints, so both runs drain at the same points)
+    ckpt_a = Checkpointer(tmp_path / "a", model_path=str(model), keep=2)
+    driver, _, learners_a, _ = build(cfg, reward, checkpointer=ckpt_a)
+    records_a = driver.train()
+    want = _summary(learners_a, records_a)
+    first = 2 if eta == 0 else 4
+    assert [r[M.N_REPLAY] + r[M.REPLACED] > 0 for r in records_a] == [t >= first for t in range(8)]
+    assert all(r[M.REPLAY_STARTED] for r in records_a)
+
+    # B: killed right after the checkpoint at step 4, then resumed by fresh roles and a fresh driver
+    ckpt_b = Checkpointer(tmp_path / "b", model_path=str(model), keep=2)
+
+    def kill_after(d):
+        ckpt_b(d)
+        if d.step == 4:
+            raise Killed
+
+    driver, _, learners_b, _ = build(cfg, reward, checkpointer=kill_after)
+    records_b: list = []
+    driver.progress = records_b.append
+    with pytest.raises(Killed):
+        driver.train()
+    assert len(records_b) == 4
+    first_half = _summary(learners_b, records_b)
+
+    ckpt = latest_checkpoint(tmp_path / "b")
+    assert ckpt is not None and ckpt.name == "step-000004"
+    driver2, rollouts2, learners2, shards2 = build(cfg, reward, checkpointer=ckpt_b)
+    restore_checkpoint(ckpt, driver=driver2)
+    assert learners2.loaded == {"updates": 4} and driver2.weights.broadcasts == [4]
+    assert driver2.step == 4 and driver2.version == 4
+    assert set(driver2.plans) == set(
+        range(4, 4 + eta)
+    )  # admitted steps come back (their groups wait in replay)
+    assert driver2.delayed_start.started and all(s.collect for s in shards2)
+    records2 = driver2.train()
+    assert [r[M.STEP] for r in records2] == [4, 5, 6, 7]
+    got = first_half + _summary(learners2, records2)
+    assert got[:4] == want[:4]
+    for t in range(4, 8):
+        assert got[t] == want[t], f"step {t} differs after the resume"

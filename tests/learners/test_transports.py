@@ -1,0 +1,168 @@
+"""Weight transports end to end on a real local Ray cluster: one DeepSpeed learner, tiny HF samplers.
+
+After every broadcast each live sampler serves the learner's exact weights (checksums) and version;
+a sampler added after a broadcast is caught up through `on_new` before its first request; the
+collective transport rebuilds its own gloo world whenever the sampler membership changed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/exgrpo/torch_extensions"))
+
+import pytest  # noqa: E402
+import ray  # noqa: E402
+
+from actors.pool import SamplerPool  # noqa: E402
+from actors.sampler import EngineSpec, Sampler  # noqa: E402
+from exgrpo import metrics as M  # noqa: E402
+from exgrpo.config import LearnerConfig, LossConfig  # noqa: E402
+from exgrpo.launch import remote_actor  # noqa: E402
+from exgrpo.models.tiny import TinyModelSpec, build_tiny_model  # noqa: E402
+from exgrpo.types import GenerationRequest, Group, Prompt, TrainBatch, Trajectory  # noqa: E402
+from learners.group import LearnerGroup  # noqa: E402
+from learners.weight_sync import CollectiveTransport, ObjectStoreTransport, make_transport  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("transports") / "tiny", spec=TinyModelSpec())
+
+
+@pytest.fixture(scope="module")
+def learners(ray_cluster, model_dir):
+    group = LearnerGroup(num=1, make_actor=remote_actor, model_path=str(model_dir),
+                         learner_cfg=LearnerConfig(lr=1e-2, micro_batch_size=8), loss_cfg=LossConfig(),
+                         max_response_len=4)
+    group.disk_checksum = group.checksums()[0]
+    yield group
+    group.shutdown()
+
+
+def _step(learners: LearnerGroup) -> int:
+    """One real update (mixed rewards, so the weights move); returns the new version."""
+    v = learners.version()
+    groups = tuple(
+        Group(qid=f"q{i}", prompt_ids=(3, 4 + i), kind="fresh", trajectories=tuple(
+            Trajectory(qid=f"q{i}", response_ids=(5 + k, 6 + i), logprobs=(-4.0, -4.0), reward=float(k % 2),
+                       policy_version=v) for k in range(4)))
+        for i in range(2))
+    learners.update(batch=TrainBatch(groups=groups, version=v))
+    return v + 1
+
+
+def _pool(model_dir: Path, prefix: str) -> SamplerPool:
+    spec = EngineSpec(kind="hf", model_path=str(model_dir))
+
+    def spawn(index: int):
+        return remote_actor(Sampler, name=f"{prefix}-{index}", num_cpus=0.5, index=index, engine=spec,
+                            template="plain", max_response_len=4, replay=None, seed=index)
+    return SamplerPool(spawn=spawn, num=0, requests_per_call=1)
+
+
+def _served(pool: SamplerPool) -> list[tuple[int, float]]:
+    """(version, checksum) of every live sampler (queued after its weight loads, so after them)."""
+    handles = list(pool.members().values())
+    return list(zip(ray.get([h.version.remote() for h in handles]), ray.get([h.checksum.remote() for h in handles]),
+                    strict=True))
+
+
+def _assert_in_sync(pool: SamplerPool, learners: LearnerGroup, version: int) -> None:
+    want = learners.checksums()[0]
+    for v, s in _served(pool):
+        assert v == version
+        assert s == pytest.approx(want, rel=1e-12)
+
+
+def _check_metrics(m: dict[str, float]) -> None:
+    assert set(m) == {M.SYNC_TIME, M.WEIGHT_LOAD}
+    assert m[M.SYNC_TIME] > 0 and m[M.WEIGHT_LOAD] >= 0 and not math.isnan(m[M.WEIGHT_LOAD])
+
+
+def _start(pool: SamplerPool, transport, num: int) -> None:
+    pool.on_new = transport.catch_up  # as the wiring does; nothing published yet: a no-op
+    pool.scale(num=num)
+
+
+def test_object_store_broadcast_and_catch_up(learners, model_dir):
+    pool = _pool(model_dir, "os")
+    transport = make_transport("object_store", learners=learners, samplers=pool)
+    assert isinstance(transport, ObjectStoreTransport)
+    try:
+        _start(pool, transport, 2)
+        assert [s for _, s in _served(pool)] == pytest.approx([learners.disk_checksum] * 2, rel=1e-12)
+        v = _step(learners)
+        assert learners.checksums()[0] != pytest.approx(learners.disk_checksum, rel=1e-9)
+        _check_metrics(transport.broadcast(version=v))
+        _assert_in_sync(pool, learners, v)
+        assert transport.broadcast(version=v)[M.WEIGHT_LOAD] > 0  # the first loads have finished by now
+        pool.scale(num=3)  # the newcomer gets the published weights before its first request
+        pool.submit(requests=[GenerationRequest(request_id=i, prompt=Prompt(qid=f"q{i}", question="1+1", answer="2"),
+                                                n=1) for i in range(3)])
+        results = pool.wait_idle(timeout_s=120)
+        assert {r.sampler for r in results} == set(pool.members()) and len(pool.members()) == 3
+        assert {r.policy_version for r in results} == {v}
+        _assert_in_sync(pool, learners, v)
+    finally:
+        pool.shutdown()
+
+
+def test_collective_broadcast_rebuilds_its_world_on_membership_change(learners, model_dir):
+    pool = _pool(model_dir, "coll")
+    transport = make_transport("collective", learners=learners, samplers=pool)
+    assert isinstance(transport, CollectiveTransport)
+    try:
+        _start(pool, transport, 2)
+        assert {v for v, _ in _served(pool)} == {0}  # still the disk model: nothing was broadcast yet
+        for _ in range(2):
+            v = _step(learners)
+            t0 = time.perf_counter()
+            _check_metrics(transport.broadcast(version=v))
+            assert time.perf_counter() - t0 < 60
+            _assert_in_sync(pool, learners, v)
+        assert transport.rebuilds == 1 and transport.world == ("exgrpo-sampler-0", "exgrpo-sampler-1")
+        pool.scale(num=3)  # caught up through the object store, joins the world at the next broadcast
+        newcomer = pool.members()["exgrpo-sampler-2"]
+        assert ray.get(newcomer.version.remote()) == v
+        assert ray.get(newcomer.checksum.remote()) == pytest.approx(learners.checksums()[0], rel=1e-12)
+        v = _step(learners)
+        _check_metrics(transport.broadcast(version=v))
+        assert transport.rebuilds == 2 and len(transport.world) == 3
+        _assert_in_sync(pool, learners, v)
+        pool.scale(num=2)  # the newest drains (idle: removed at once)
+        v = _step(learners)
+        transport.broadcast(version=v)
+        assert transport.rebuilds == 3 and transport.world == ("exgrpo-sampler-0", "exgrpo-sampler-1")
+        _assert_in_sync(pool, learners, v)
+    finally:
+        pool.shutdown()
+
+
+def test_collective_falls_back_to_the_object_store_when_a_sampler_died(learners, model_dir):
+    pool = _pool(model_dir, "dead")
+    transport = CollectiveTransport(learners=learners, samplers=pool, timeout_s=30)
+    try:
+        _start(pool, transport, 2)
+        transport.broadcast(version=learners.version())
+        assert transport.rebuilds == 1
+        ray.kill(pool.members()["exgrpo-sampler-0"], no_restart=True)  # the pool has not noticed yet
+        v = _step(learners)
+        t0 = time.perf_counter()
+        transport.broadcast(version=v)  # fails over gloo, then goes through the object store
+        assert time.perf_counter() - t0 < 40 and transport.world == ()
+        survivor = pool.members()["exgrpo-sampler-1"]
+        assert ray.get(survivor.version.remote()) == v
+        assert ray.get(survivor.checksum.remote()) == pytest.approx(learners.checksums()[0], rel=1e-12)
+    finally:
+        pool.shutdown()
+
+
+def test_make_transport_rejects_unknown_kinds():
+    with pytest.raises(ValueError, match="unknown weight transport"):
+        make_transport("carrier_pigeon", learners=None, samplers=None)  # type: ignore[arg-type]
