@@ -120,7 +120,7 @@ class Sampler:
 
     def join_sync_group(self, *, info: Any, rank: int, specs: Sequence[Any], timeout_s: float = 600.0) -> None:
         """Collective transport: join a new learner-rank-0 + samplers world (blocks until all join)."""
-        from learners.weight_sync import CollectiveReceiver
+        from learners.gloo_sync import CollectiveReceiver
 
         if self._receiver is not None:
             self._receiver.close()

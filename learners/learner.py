@@ -47,8 +47,8 @@ from exgrpo import metrics as M
 from exgrpo.algorithm import exgrpo_loss, group_advantages, masked_mean, token_entropy, token_logprobs
 from exgrpo.config import LearnerConfig, LossConfig
 from exgrpo.types import Group, ReplayCandidate
+from learners.gloo_sync import CollectiveSender, ParamSpec, SyncGroupInfo, param_specs, to_numpy_state
 from learners.optim import deepspeed_config, make_optimizer
-from learners.weight_sync import CollectiveSender, ParamSpec, SyncGroupInfo, param_specs, to_numpy_state
 
 DEFAULT_TORCH_EXTENSIONS_DIR = "~/.cache/exgrpo/torch_extensions"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

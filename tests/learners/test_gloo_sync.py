@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from learners.weight_sync import (
+from learners.gloo_sync import (
     Bucket,
     CollectiveReceiver,
     CollectiveSender,
