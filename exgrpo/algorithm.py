@@ -29,6 +29,16 @@ Deviations from the paper (arXiv 2510.02245) and its official code
       normaliser ``norm_len`` (= ``model.max_response_len``) per sequence, then average over sequences.
       The official code divides each micro-batch's token sum by a fixed 8192 instead. ``norm_len=None``
       gives a plain token mean.
+    * Weight of the entropy bonus. The official code adds, per micro-batch on each GPU,
+          (sum of the micro-batch's token losses) / 8192 - 0.001 * (its mean token entropy)
+      and averages the gradients over GPUs. Its recipe trains mini-batches of 64 prompts x 8 rollouts
+      = 512 sequences on 8 GPUs, i.e. 64 sequences per GPU per optimiser step, with responses of up to
+      8192 tokens. Writing S for the token-loss sum of those 64 sequences, its objective per GPU is
+      S / 8192 - 0.001 H (one micro-batch; with gradient accumulation the same ratio holds per
+      micro-batch). Ours with L = 8192 is (1/64) sum_i S_i / 8192 - c_H H = S / (64 * 8192) - c_H H.
+      Equal relative weight therefore needs c_H = 0.001 / 64 = 1.5625e-5, the default of
+      ``loss.entropy_coef`` (the knob stays; 0.001 reproduces the paper's text literally, which makes the
+      entropy term 64x stronger relative to the policy gradient than in the official runs).
     * Entropy follows the paper's definition (mean softmax entropy over response tokens only). The
       official code's entropy has a masking bug (its issue #57); we do not reproduce it.
     * Clipping is removed on all tokens once replay starts (the official ``loss_remove_clip``); the

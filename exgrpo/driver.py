@@ -172,7 +172,10 @@ class Driver:
         if self.delayed_start.started and self.cfg.replay.rho > 0:
             available = self.replay_stats.active
             picks = self.replay.sample_questions(n=int(math.floor(self.cfg.replay.rho * self.B)), rng=self.rng)
-        fresh = self.stream.next(self.B - len(picks))
+        # official stream: B questions every step, the first B - n_replay used, so an epoch lasts the
+        # same number of steps with or without replay ("batch"); "needed" draws only B - n_replay
+        take = self.B if self.cfg.data.fresh_take == "batch" else self.B - len(picks)
+        fresh = self.stream.next(take)[: self.B - len(picks)]
         requests = [self._request(p, kind="fresh", n=self.K) for p in fresh]
         requests += [self._request(self.prompts[p.qid], kind="replay", n=self.K - 1, candidates=p.candidates)
                      for p in picks]

@@ -31,6 +31,7 @@ def config(*extra: str):
             "replay.rho=0.5",
             "trainer.eval_every=0",
             "trainer.checkpoint_every=0",
+            "data.fresh_take=needed",  # the scenarios below were derived for a stream of B - n_replay per step
             "logging.progress=false",
             "async.max_staleness=0",
             *extra,
@@ -427,3 +428,25 @@ def test_checkpoint_round_trip_continues_identically(tmp_path, eta):
     assert got[:4] == want[:4]
     for t in range(4, 8):
         assert got[t] == want[t], f"step {t} differs after the resume"
+
+
+def test_fresh_take_batch_draws_b_questions_every_step_like_the_official_stream():
+    # "batch": every step takes B questions from the stream and uses the first B - n_replay, so the
+    # stream position after step t is (t + 1) * B whatever was replayed; "needed" advances by B - n_replay.
+    def reward(r, i, v):
+        return float(i < 2)  # k = 2 of 4 everywhere: every question stays replayable
+
+    for take in ("batch", "needed"):
+        driver, rollouts, learners, shards = build(config("trainer.steps=4", f"data.fresh_take={take}"), reward)
+        records = driver.train()
+        n_fresh = [r[M.N_FRESH] for r in records]
+        assert sum(r[M.N_REPLAY] for r in records) > 0
+        position = driver.stream.state_dict()
+        used = sum(n_fresh)
+        drawn = driver.cfg.trainer.questions_per_step * len(records) if take == "batch" else used
+        assert _stream_drawn(position) == drawn, (take, position, n_fresh)
+
+
+def _stream_drawn(state: dict) -> int:
+    """Questions drawn from the stream so far (no retirement here, so every epoch has the same length)."""
+    return int(state["epoch"]) * len(state["order"]) + int(state["position"])
