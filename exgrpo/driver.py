@@ -68,12 +68,17 @@ class Driver:
                  scaling: Scaling | None = None, logger: M.MetricsLogger | None = None,
                  progress: Callable[[dict[str, Any]], None] | None = None,
                  checkpointer: Callable[[Driver], None] | None = None,
-                 on_batch: Callable[[TrainBatch], None] | None = None, stall_timeout_s: float = 900.0) -> None:
+                 on_batch: Callable[[TrainBatch], None] | None = None, stall_timeout_s: float = 900.0,
+                 trace_check: Callable[[Prompt, str], bool] | None = None,
+                 on_candidates: Callable[[int, list[dict[str, Any]]], None] | None = None) -> None:
         self.cfg = cfg
         self.rollouts, self.replay, self.learners, self.weights = rollouts, replay, learners, weights
         self.scaling, self.logger, self.progress = scaling, logger, progress
         self.checkpointer = checkpointer  # callable(driver) that writes a checkpoint
         self.on_batch = on_batch  # hook(TrainBatch) for tests and debugging
+        # measurement only (the reward stays outcome-only): is a response's reasoning trace fully valid?
+        self.trace_check = trace_check
+        self.on_candidates = on_candidates  # hook(step, one row per scored replay candidate)
         self.stall_timeout_s = stall_timeout_s
         self.K = cfg.trainer.rollouts_per_question
         self.B = cfg.trainer.questions_per_step
@@ -113,7 +118,7 @@ class Driver:
             plan = self.wait(step)
             groups = self.pull(plan)
             t_wait = time.perf_counter()
-            groups, t_entropy = self.mix(groups)
+            groups, t_entropy, mix_metrics = self.mix(groups, step=step)
             solve_ratio = _solve_ratio([g for g in groups if g.kind == "fresh"])
             # clipping follows the state *before* this step's ratio: removed from the step after the start
             clip = not (self.delayed_start.started and self.cfg.loss.remove_clip_after_replay)
@@ -136,7 +141,7 @@ class Driver:
                 log.info("replay started at step %d (fresh solve ratio %.3f)", step, solve_ratio)
             t_end = time.perf_counter()
             record = {M.STEP: step, **learner_metrics, **self.rollout_metrics(groups, plan, solve_ratio),
-                      **self.replay_metrics(), **sync_metrics, M.VERSION: self.version,
+                      **self.replay_metrics(), **mix_metrics, **sync_metrics, M.VERSION: self.version,
                       M.STALENESS_MEAN: float(np.mean(staleness)), M.STALENESS_MAX: int(max(staleness)),
                       M.STEP_TIME: t_end - t0, M.WAIT_TIME: t_wait - t0, M.ENTROPY_TIME: t_entropy,
                       M.UPDATE_TIME: t_update, M.SYNC_TIME: t_sync,
@@ -240,16 +245,36 @@ class Driver:
         return sorted(groups, key=lambda g: g.request_id)
 
     # -- 4. mixing -------------------------------------------------------------------------------------
-    def mix(self, groups: Sequence[Group]) -> tuple[list[Group], float]:
-        """Fill slot 0 of each replay group with its chosen stored trajectory."""
+    def mix(self, groups: Sequence[Group], *, step: int) -> tuple[list[Group], float, dict[str, float]]:
+        """Fill slot 0 of each replay group with its chosen stored trajectory.
+
+        Returns the groups, the seconds spent and, with a `trace_check`, the share of chosen (and of all
+        candidate) trajectories whose reasoning trace is fully valid.
+        """
         replay = [g for g in groups if g.kind == "replay"]
         if not replay:
-            return list(groups), 0.0
+            return list(groups), 0.0, {}
         t0 = time.perf_counter()
         mode = self.cfg.replay.trajectory_selection
         flat = [ReplayCandidate(qid=g.qid, prompt_ids=g.prompt_ids, trajectory=c) for g in replay for c in g.candidates]
-        ent = self.learners.entropies(candidates=flat) if mode != "random" else [0.0] * len(flat)
-        return fill_replay_slots(groups, ent, mode=mode, rng=self.rng), time.perf_counter() - t0
+        scored = mode != "random" or self.on_candidates is not None
+        ent = self.learners.entropies(candidates=flat) if scored else [0.0] * len(flat)
+        mixed = fill_replay_slots(groups, ent, mode=mode, rng=self.rng)
+        seconds = time.perf_counter() - t0
+        if self.trace_check is None:
+            return mixed, seconds, {}
+        valid = [self.trace_check(self.prompts[c.qid], c.trajectory.text) for c in flat]
+        chosen = [self.trace_check(self.prompts[g.qid], g.trajectories[0].text) for g in mixed if g.kind == "replay"]
+        if self.on_candidates is not None:
+            rows, i = [], 0
+            for g in replay:
+                for j, c in enumerate(g.candidates):
+                    rows.append({"step": step, "request_id": g.request_id, "qid": g.qid, "candidate": j,
+                                 "entropy": float(ent[i]), "valid": bool(valid[i]), "tokens": len(c.response_ids),
+                                 "policy_version": c.policy_version})
+                    i += 1
+            self.on_candidates(step, rows)
+        return mixed, seconds, {M.CHOSEN_VALID: float(np.mean(chosen)), M.CANDIDATES_VALID: float(np.mean(valid))}
 
     # -- evaluation and metrics ------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -257,7 +282,12 @@ class Driver:
             return {}
         scores = self.rollouts.evaluate(prompts=self.evaluation, n=self.cfg.trainer.eval_samples)
         out = {M.EVAL_ACCURACY: float(np.mean([np.mean(s) for s in scores])),
-               M.EVAL_PASS: float(np.mean([max(s) for s in scores])), "eval/version": self.version}
+               M.EVAL_PASS: float(np.mean([max(s) for s in scores])), M.EVAL_VERSION: self.version}
+        sources = sorted({p.data_source for p in self.evaluation})
+        if len(sources) > 1:  # e.g. in-distribution and out-of-distribution questions, scored separately
+            for source in sources:
+                mine = [np.mean(s) for p, s in zip(self.evaluation, scores, strict=True) if p.data_source == source]
+                out[M.EVAL_ACCURACY_SOURCE.format(source=M.metric_safe(source))] = float(np.mean(mine))
         self.eval_history.append(out)
         return out
 

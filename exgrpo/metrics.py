@@ -32,6 +32,8 @@ TRAJECTORIES = "replay/trajectories"  # stored correct trajectories
 N_REPLAY = "replay/n_replay"  # replayed groups in this step's batch
 N_FRESH = "replay/n_fresh"  # fresh groups in this step's batch
 REPLAY_AVAILABLE = "replay/available"  # replayable questions when this step was scheduled
+CHOSEN_VALID = "replay/chosen_valid_frac"  # replayed slot-0 trajectories whose trace is fully valid (tasks with a process check)
+CANDIDATES_VALID = "replay/candidates_valid_frac"  # the same over all candidates scored this step
 REPLACED = "replay/replaced"  # replay requests whose question retired in flight, re-issued as fresh
 # learner/ (reported by every rank; averaged over ranks except LEARNER_TOKENS, which is summed)
 LOSS = "learner/loss"  # total loss (policy gradient - entropy bonus)
@@ -61,8 +63,18 @@ SAMPLER_RESTARTS = "system/sampler_restarts"  # samplers replaced after a failur
 # eval/
 EVAL_ACCURACY = "eval/accuracy"  # held-out Avg@n (mean reward over samples and questions)
 EVAL_PASS = "eval/pass_at_n"  # held-out Pass@n
+EVAL_VERSION = "eval/version"  # policy version the evaluation used
+EVAL_ACCURACY_SOURCE = "eval/accuracy_{source}"  # Avg@n per data_source when the eval set has several
+
+# keys present only in some records (evaluation steps; batches with replay groups and a process check)
+OPTIONAL_KEYS = frozenset({EVAL_ACCURACY, EVAL_PASS, EVAL_VERSION, CHOSEN_VALID, CANDIDATES_VALID})
 
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def metric_safe(name: str) -> str:
+    """A data source or other free name as a metric-name part: `scratchpad-id` -> `scratchpad_id`."""
+    return _NAME_RE.sub("_", name)
 
 
 def prometheus_name(key: str) -> str:
