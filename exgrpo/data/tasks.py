@@ -28,6 +28,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from exgrpo.data.scratchpad import SCRATCHPAD_TASKS, trace_valid
 from exgrpo.data.sources import builtin_name
 from exgrpo.rewards import boxed  # the response format the tasks expect (re-exported)
 from exgrpo.types import Prompt
@@ -378,7 +379,13 @@ class GsmTask:
         return " ".join(sentences), GsmProblem(start=start, steps=tuple(steps))
 
 
-BUILTIN_TASKS: dict[str, Callable[..., Task]] = {"arith": ArithTask, "gsm": GsmTask}
+BUILTIN_TASKS: dict[str, Callable[..., Task]] = {"arith": ArithTask, "gsm": GsmTask, **SCRATCHPAD_TASKS}
+
+
+def trace_checker(name: str) -> Callable[[Prompt, str], bool] | None:
+    """The process check of a builtin task with reasoning traces (measurement only), else None."""
+    key = builtin_name(name) or name
+    return trace_valid if key.startswith("scratchpad") else None
 
 
 def builtin_task(name: str, *, seed: int = 0) -> Task:

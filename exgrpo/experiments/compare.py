@@ -1,17 +1,21 @@
-"""ExGRPO vs on-policy GRPO and the paper's ablations, several seeds each, on the builtin task.
+"""ExGRPO vs on-policy GRPO and the paper's ablations, several seeds each, on the embedded task.
 
-    python -m exgrpo.experiments.compare                       # everything (see VARIANTS), 3 seeds
-    python -m exgrpo.experiments.compare --variants exgrpo grpo --seeds 0 1 --out runs/compare
-    python -m exgrpo.experiments.compare trainer.steps=10      # overrides apply to every run
+    python -m exgrpo.experiments.compare                       # every variant (see VARIANTS), seeds 0 1 2
+    python -m exgrpo.experiments.compare --variants exgrpo grpo --seeds 0 1 2 3 4 --out runs/compare
+    python -m exgrpo.experiments.compare data.eval=builtin:scratchpad-val-all   # choose settings on val
+    python -m exgrpo.experiments.compare --report runs/compare  # tables and curves from results.json only
 
-All runs share one local Ray cluster and run one after another (the machine has 2 cores, so
-parallel trials would only slow each other down; this is why Ray Tune is not used here). Each run
-is the normal driver on the default config plus the variant's overrides; held-out accuracy is
-measured every `trainer.eval_every` steps on the same held-out questions for every run
-(`data.seed` stays fixed; `trainer.seed` varies).
+All runs share one local Ray cluster and run one after another through `exgrpo.launch.train` (the
+machine has 2 cores: parallel trials would only slow each other down, which is why Ray Tune is not
+used). Each run is the default config plus the variant's overrides; every run of one seed sees the
+same questions in the same order (`data.seed` fixed, `data.fresh_take=batch`), so runs are paired
+by seed. Held-out accuracy (Avg@n) is measured every `trainer.eval_every` steps on the same questions,
+in-distribution (ID) and out-of-distribution (OOD) separately.
 
-Outputs in --out: results.json (every run's eval curve, wall time), table.md (mean +- std over
-seeds at each evaluated step), curves.png.
+Outputs in --out: results.json (one record per run: variant, seed, overrides, run directory, wall
+time and its curve of accuracy by learner step and by generated tokens; resumable and re-runnable
+per seed), table.md (mean +- std over seeds; paired differences with their standard errors at
+equal learner steps and at equal generated tokens), curves.png.
 """
 
 from __future__ import annotations
@@ -27,20 +31,45 @@ from typing import Any
 import numpy as np
 
 log = logging.getLogger("exgrpo.compare")
+ID, OOD = "eval/accuracy_scratchpad_id", "eval/accuracy_scratchpad_ood"
 
-# name -> (overrides, what it tests); mirrors the paper's Table 1 (ExGRPO vs on-policy), Table 5/6 ablations
+# name -> (overrides, what it tests); the paper's Table 1 (ExGRPO vs on-policy) and its ablations
 VARIANTS: dict[str, tuple[list[str], str]] = {
     "exgrpo": ([], "ExGRPO: rho = 0.5 from replay, Gaussian buckets, lowest-entropy trajectory, shaping"),
     "grpo": (["replay.enabled=false"], "on-policy GRPO (Dr.GRPO advantages, clipped), no replay"),
-    "uniform-buckets": (["replay.question_selection=uniform"], "no question selection (uniform over buckets)"),
-    "random-trajectory": (["replay.trajectory_selection=random"], "no trajectory selection (random stored one)"),
+    "uniform-buckets": (
+        ["replay.question_selection=uniform"],
+        "no question selection (uniform over buckets)",
+    ),
+    "random-trajectory": (
+        ["replay.trajectory_selection=random"],
+        "no trajectory selection (random stored one)",
+    ),
     "highest-entropy": (["replay.trajectory_selection=highest_entropy"], "highest-entropy trajectory"),
-    "no-shaping": (["loss.policy_shaping=false"], "replayed tokens use the plain ratio w (no f(w)=w/(w+beta))"),
+    "no-shaping": (["loss.policy_shaping=false"], "replayed tokens use the plain ratio w (no w/(w+beta))"),
+    "rho-0.25": (["replay.rho=0.25"], "a quarter of each batch from replay"),
+    "rho-0.75": (["replay.rho=0.75"], "three quarters of each batch from replay"),
     # the paper's weak-model setting (Llama) replays from the first step: no delayed start
-    "exgrpo-weak": (["model.path=builtin:arith-weak", "replay.start_solve_ratio=0.0"],
-                    "ExGRPO on the weak base model, no delayed start"),
-    "grpo-weak": (["model.path=builtin:arith-weak", "replay.enabled=false"], "GRPO on the weak base model"),
+    "exgrpo-weak": (
+        ["model.path=builtin:scratchpad-weak", "replay.start_solve_ratio=0.0"],
+        "ExGRPO on the weak base model, no delayed start",
+    ),
+    "grpo-weak": (
+        ["model.path=builtin:scratchpad-weak", "replay.enabled=false"],
+        "GRPO on the weak base model",
+    ),
 }
+# (a, b): report a - b per seed; ablations are compared with full ExGRPO
+PAIRS = [
+    ("exgrpo", "grpo"),
+    ("exgrpo", "uniform-buckets"),
+    ("exgrpo", "random-trajectory"),
+    ("exgrpo", "highest-entropy"),
+    ("exgrpo", "no-shaping"),
+    ("exgrpo", "rho-0.25"),
+    ("exgrpo", "rho-0.75"),
+    ("exgrpo-weak", "grpo-weak"),
+]
 
 
 def run_one(name: str, seed: int, overrides: list[str], out: Path) -> dict[str, Any]:
@@ -48,87 +77,197 @@ def run_one(name: str, seed: int, overrides: list[str], out: Path) -> dict[str, 
     from exgrpo.launch import train
 
     run_dir = out / f"{name}-seed{seed}"
-    cfg = load_config(None, [*overrides, *VARIANTS[name][0], f"trainer.seed={seed}", f"logging.run_dir={run_dir}",
-                             "logging.progress=false", "logging.plots=false", "logging.ray_metrics=false"])
-    result = train(cfg, checkpoints=False)
+    every = [
+        *overrides,
+        *VARIANTS[name][0],
+        f"trainer.seed={seed}",
+        f"logging.run_dir={run_dir}",
+        "logging.progress=false",
+        "logging.plots=false",
+        "logging.ray_metrics=false",
+    ]
+    result = train(load_config(None, every), checkpoints=False)
     records = result.records
-    curve = [(e["eval/version"], e["eval/accuracy"]) for e in result.evals]
-    return {"variant": name, "seed": seed, "curve": curve, "wall_s": result.wall_s,
-            "replay_groups": int(sum(r.get("replay/n_replay", 0) for r in records)),
-            "final_reward": records[-1].get("rollout/mean_reward"), "retired": records[-1].get("replay/retired")}
+    tokens = np.cumsum([0] + [r["rollout/tokens"] for r in records])  # tokens[v]: generated before version v
+    curve = [
+        {
+            "step": int(e["eval/version"]),
+            "tokens": int(tokens[int(e["eval/version"])]),
+            "all": e["eval/accuracy"],
+            "id": e.get(ID),
+            "ood": e.get(OOD),
+        }
+        for e in result.evals
+    ]
+    chosen = [r["replay/chosen_valid_frac"] for r in records if "replay/chosen_valid_frac" in r]
+    return {
+        "variant": name,
+        "seed": seed,
+        "overrides": every,
+        "run_dir": str(run_dir),
+        "wall_s": result.wall_s,
+        "curve": curve,
+        "replay_groups": int(sum(r.get("replay/n_replay", 0) for r in records)),
+        "chosen_valid_frac": float(np.mean(chosen)) if chosen else None,
+        "final_reward": records[-1].get("rollout/mean_reward"),
+        "retired": records[-1].get("replay/retired"),
+    }
 
 
-def aggregate(results: list[dict[str, Any]]) -> dict[str, dict[int, tuple[float, float, int]]]:
-    """variant -> step -> (mean, std, n) of held-out accuracy over seeds."""
-    table: dict[str, dict[int, list[float]]] = {}
+# -- aggregation ----------------------------------------------------------------------------------------
+def _by(results: list[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
+    table: dict[str, dict[int, dict[str, Any]]] = {}
     for r in results:
-        for step, acc in r["curve"]:
-            table.setdefault(r["variant"], {}).setdefault(int(step), []).append(acc)
-    return {v: {s: (float(np.mean(a)), float(np.std(a)), len(a)) for s, a in sorted(steps.items())}
-            for v, steps in table.items()}
+        table.setdefault(r["variant"], {})[r["seed"]] = r
+    return table
 
 
-def format_table(agg: dict[str, dict[int, tuple[float, float, int]]]) -> str:
-    steps = sorted({s for v in agg.values() for s in v})
-    head = "| variant | " + " | ".join(f"step {s}" for s in steps) + " |"
-    lines = [head, "|" + "---|" * (len(steps) + 1)]
-    for v, row in agg.items():
-        cells = [f"{row[s][0]:.3f} ± {row[s][1]:.3f}" if s in row else "-" for s in steps]
-        lines.append(f"| {v} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def _at_step(run: dict[str, Any], step: int, key: str) -> float | None:
+    return next((p[key] for p in run["curve"] if p["step"] == step), None)
 
 
-def plot(agg: dict[str, dict[int, tuple[float, float, int]]], path: Path) -> None:
+def _at_tokens(run: dict[str, Any], tokens: float, key: str) -> float:
+    """Accuracy at a token budget, linearly interpolated along the run's eval curve."""
+    xs = [p["tokens"] for p in run["curve"]]
+    ys = [p[key] for p in run["curve"]]
+    return float(np.interp(tokens, xs, ys))
+
+
+def mean_std(values: list[float]) -> tuple[float, float, int]:
+    v = np.asarray(values, dtype=float)
+    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0, len(v)
+
+
+def paired(diffs: list[float]) -> tuple[float, float, int]:
+    """Mean paired difference and its standard error (std with ddof 1 / sqrt(n))."""
+    d = np.asarray(diffs, dtype=float)
+    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
+    return float(d.mean()), se, len(d)
+
+
+def format_report(results: list[dict[str, Any]]) -> str:
+    by = _by(results)
+    steps = sorted({p["step"] for r in results for p in r["curve"]})
+    last = steps[-1] if steps else 0
+    lines = ["## Held-out accuracy (Avg@n), mean ± std over seeds, at equal learner steps", ""]
+    for key, label in (("id", "ID"), ("ood", "OOD"), ("all", "all")):
+        lines += [
+            f"### {label}",
+            "",
+            "| variant | seeds | " + " | ".join(f"step {s}" for s in steps) + " |",
+            "|---|---|" + "---|" * len(steps),
+        ]
+        for v, runs in by.items():
+            cells = []
+            for s in steps:
+                vals = [x for x in (_at_step(r, s, key) for r in runs.values()) if x is not None]
+                cells.append(f"{mean_std(vals)[0]:.3f} ± {mean_std(vals)[1]:.3f}" if vals else "-")
+            lines.append(f"| {v} | {len(runs)} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += [
+        f"## Paired differences a − b per seed (mean ± standard error), at step {last} and at equal "
+        "generated tokens",
+        "",
+        "| a − b | seeds | ID (steps) | OOD (steps) | ID (tokens) | OOD (tokens) | token budget |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for a, b in PAIRS:
+        seeds = sorted(set(by.get(a, {})) & set(by.get(b, {})))
+        if not seeds:
+            continue
+        cells = []
+        for key in ("id", "ood"):
+            d = [_at_step(by[a][s], last, key) - _at_step(by[b][s], last, key) for s in seeds]
+            m, se, _ = paired(d)
+            cells.append(f"{m:+.3f} ± {se:.3f}")
+        budgets = [min(by[a][s]["curve"][-1]["tokens"], by[b][s]["curve"][-1]["tokens"]) for s in seeds]
+        for key in ("id", "ood"):
+            d = [
+                _at_tokens(by[a][s], t, key) - _at_tokens(by[b][s], t, key)
+                for s, t in zip(seeds, budgets, strict=True)
+            ]
+            m, se, _ = paired(d)
+            cells.append(f"{m:+.3f} ± {se:.3f}")
+        lines.append(f"| {a} − {b} | {len(seeds)} | " + " | ".join(cells) + f" | {np.mean(budgets):.0f} |")
+    lines += [
+        "",
+        "## Per run",
+        "",
+        "| variant | seed | wall s | replay groups | chosen valid | final ID | final OOD |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        c = r["curve"][-1]
+        cv = "-" if r.get("chosen_valid_frac") is None else f"{r['chosen_valid_frac']:.3f}"
+        lines.append(
+            f"| {r['variant']} | {r['seed']} | {r['wall_s']:.0f} | {r['replay_groups']} | {cv} | "
+            f"{c['id']:.3f} | {c['ood']:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for v, row in agg.items():
-        steps = sorted(row)
-        mean = np.array([row[s][0] for s in steps])
-        std = np.array([row[s][1] for s in steps])
-        ax.plot(steps, mean, marker="o", ms=3, label=v)
-        ax.fill_between(steps, mean - std, mean + std, alpha=0.15)
-    ax.set_xlabel("learner step")
-    ax.set_ylabel("held-out accuracy (mean ± std over seeds)")
-    ax.legend(fontsize=7)
+    by = _by(results)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=False)
+    for ax, key, label in ((axes[0], "id", "ID"), (axes[1], "ood", "OOD")):
+        for v, runs in by.items():
+            steps = sorted({p["step"] for r in runs.values() for p in r["curve"]})
+            stats = [
+                mean_std([_at_step(r, s, key) for r in runs.values() if _at_step(r, s, key) is not None])
+                for s in steps
+            ]
+            mean = np.array([m for m, _, _ in stats])
+            sd = np.array([sd for _, sd, _ in stats])
+            ax.plot(steps, mean, marker="o", ms=3, label=v)
+            ax.fill_between(steps, mean - sd, mean + sd, alpha=0.1)
+        ax.set_xlabel("learner step")
+        ax.set_ylabel(f"held-out {label} accuracy (mean ± std over seeds)")
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m exgrpo.experiments.compare", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m exgrpo.experiments.compare", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--out", default="runs/compare")
+    parser.add_argument(
+        "--report", metavar="DIR", help="only write table.md and curves.png from DIR/results.json"
+    )
     parser.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    out = Path(args.out)
+    out = Path(args.report or args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from exgrpo.config import load_config
-    from exgrpo.launch import init_ray
-
-    init_ray(load_config(None, args.overrides))
     results_path = out / "results.json"
     results: list[dict[str, Any]] = json.loads(results_path.read_text()) if results_path.exists() else []
-    done = {(r["variant"], r["seed"]) for r in results}
     t0 = time.perf_counter()
-    for seed in args.seeds:  # seeds outermost: a partial sweep still compares every variant
-        for name in args.variants:
-            if (name, seed) in done:
-                continue
-            log.info("run %s seed %d", name, seed)
-            results.append(run_one(name, seed, list(args.overrides), out))
-            results_path.write_text(json.dumps(results, indent=1))  # resumable sweep
-            agg = aggregate(results)
-            (out / "table.md").write_text(format_table(agg) + "\n")
-    agg = aggregate(results)
-    plot(agg, out / "curves.png")
-    print(format_table(agg))
+    if not args.report:
+        from exgrpo.config import load_config
+        from exgrpo.launch import init_ray
+
+        init_ray(load_config(None, args.overrides))
+        done = {(r["variant"], r["seed"]) for r in results}
+        for seed in args.seeds:  # seeds outermost: a partial sweep still compares every variant
+            for name in args.variants:
+                if (name, seed) in done:
+                    continue
+                log.info("run %s seed %d", name, seed)
+                results.append(run_one(name, seed, list(args.overrides), out))
+                results_path.write_text(json.dumps(results, indent=1))  # resumable sweep
+                (out / "table.md").write_text(format_report(results))
+    (out / "table.md").write_text(format_report(results))
+    plot(results, out / "curves.png")
+    print(format_report(results))
     print(f"sweep wall time this invocation: {time.perf_counter() - t0:.0f} s")
     return 0
 

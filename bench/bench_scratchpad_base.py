@@ -1,0 +1,60 @@
+"""What the scratchpad base models can do before RL: build time, solve rates, k histogram, trace quality.
+
+    .venv/bin/python bench/bench_scratchpad_base.py [--model builtin:scratchpad-base] [--n 200] [--k 8]
+
+Builds (or reuses) the model, samples K responses per question at temperature 1.0 with the HF engine
+(as the RL samplers do), scores them with the project's Verifier and checks every trace step by step.
+Prints per split (train, val, eval, ood-eval): the solve rate, by operand length, the histogram of k
+(correct out of K per question, k = 0..K), the share of correct samples whose trace has a wrong step
+(right answer by luck or a compensating error), and the share of samples with no parsable answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter
+
+import numpy as np
+import torch
+
+from exgrpo.data.scratchpad import ScratchpadTask, solution_steps
+from exgrpo.models.resolve import resolve_model
+from exgrpo.models.trace_warmup import measure_traces
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="builtin:scratchpad-base")
+    parser.add_argument("--n", type=int, default=200, help="questions per split")
+    parser.add_argument("--k", type=int, default=8, help="samples per question")
+    parser.add_argument("--cache-dir", default="~/.cache/exgrpo")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    model = resolve_model(args.model, cache_dir=args.cache_dir)
+    print(json.dumps({"model": str(model), "resolve_s": round(time.perf_counter() - t0, 1)}))
+    task = ScratchpadTask()
+    for split in ("train", "val", "eval", "ood-eval"):
+        prompts = task.make_split(split=split, n=args.n, seed=0)
+        s = measure_traces(model, prompts, n=args.k)
+        rewards = np.array(s.rewards, dtype=float)  # (questions, K)
+        k = rewards.sum(axis=1).astype(int)
+        by_len: dict[int, list[float]] = {}
+        for p, r in zip(prompts, rewards, strict=True):
+            by_len.setdefault(len(solution_steps(p.question)), []).append(float(r.mean()))
+        correct = [c for row_r, row_c in zip(s.rewards, s.checks, strict=True)
+                   for r, c in zip(row_r, row_c, strict=True) if r > 0.5]
+        flawed = sum(not c.valid for c in correct)
+        unparsed = sum(not c.parsed for row in s.checks for c in row)
+        print(json.dumps({
+            "split": split, "questions": len(prompts), "solve_rate": round(float(rewards.mean()), 3),
+            "by_digits": {d: round(float(np.mean(v)), 3) for d, v in sorted(by_len.items())},
+            "k_histogram": [Counter(k.tolist()).get(i, 0) for i in range(args.k + 1)],
+            "correct_with_flawed_trace": f"{flawed}/{len(correct)}",
+            "unparsed_share": round(unparsed / rewards.size, 3)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

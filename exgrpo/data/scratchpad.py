@@ -1,0 +1,412 @@
+"""`scratchpad`: column addition written digit by digit, a reasoning trace with a ground truth.
+
+A question is the sum of two non-negative integers, e.g. `"4827+396"`; the expected response works
+the columns from the units up, one step per column, then boxes the sum:
+
+    7+6+0=13;2+9+1=12;8+3+1=12;4+0+1=05;\\boxed{5223}
+
+Step k (from 0, units first) is `a_k+b_k+c_k=s;` with a_k, b_k the k-th digits from the right
+of the two operands (0 where an operand is shorter), c_k the carry in (the tens digit of step
+k-1's written result; 0 for step 0) and s = a_k + b_k + c_k written with two digits (`05`), so
+the tens digit of every result is the carry out. The boxed answer is the final carry (when it is
+1) followed by the units digits of the results, last step first. A response has one step per
+digit of the longer operand: at most 4 * 9 + 13 = 49 characters at 4 digits, 59 at 5 digits.
+
+The reward stays outcome-only (the boxed answer, `exgrpo.rewards`); `check_trace` is a process
+check for measurement: it finds the first wrong step of a response, so a right answer reached
+through a wrong step (a flawed trace) can be told from a fully valid one. `noisy_solution` writes
+traces with controlled noise, the material of the warm-up (`exgrpo.models.trace_warmup`):
+
+- propagating error: one step's result is off by 1 or 2; the later steps carry the wrong carry
+  faithfully and the answer is read off the written results, so the answer is wrong;
+- silent error: one step miscopies an operand digit but writes the true column sum, so the carry
+  and the answer stay right and the trace is flawed.
+
+Splits. The ID range has operands of `id_digits` (default 1-4) digits. The OOD range is chosen
+by `ood`: "carry-chain" (default) keeps the digits but asks for a longer run of consecutive
+carries than any ID question has (ID: longest run <= `id_max_chain` = 2, e.g. "4827+396" with its
+three carries in a row is OOD, "4827+96" is ID): every step is of a trained kind, their
+composition is not. "longer" asks for longer operands (`ood_digits`, e.g. 5 digits: more steps
+than any trained); measured out of reach of the tiny rotary warm-ups (0 of 1600 samples at T=1
+right on 200 five-digit questions), so it is not the default.
+A keyed hash of the question text (its own key, independent of `arith`'s) puts one question in
+eight in the eval part, one in eight in the val part and the rest in the train part, whatever the
+seeds; `train` draws ID questions from the train part only, `val` / `eval` ID questions from the
+val / eval parts, and `ood-val` / `ood-eval` OOD questions from the val / eval parts. So no val or
+eval question text can occur in any train split (and no OOD question in any split but the OOD
+ones); choose hyper-parameters on `val` (and `ood-val`) and keep `eval` / `ood-eval` for the
+final numbers. Prompts carry `data_source` `scratchpad-id` or `scratchpad-ood`, so evaluation
+tables score the two ranges separately.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from exgrpo.rewards import BOX_OPEN, boxed, extract_answer
+from exgrpo.types import Prompt
+
+OodKind = Literal["longer", "carry-chain"]
+ScratchpadSplit = Literal["train", "val", "eval", "ood-val", "ood-eval"]
+SPLITS: tuple[str, ...] = ("train", "val", "eval", "ood-val", "ood-eval")
+ID_SOURCE = "scratchpad-id"
+OOD_SOURCE = "scratchpad-ood"
+
+PARTS = 8  # the question space in eighths: part 0 = eval, part 1 = val, parts 2..7 = train
+_HASH_KEY = b"exgrpo-scratchpad-v1"  # fixed: changing it re-partitions the question space
+_PART_OF_SPLIT = {"train": "train", "val": "val", "eval": "eval", "ood-val": "val", "ood-eval": "eval"}
+_STREAM = {"train": 0, "val": 1, "eval": 2, "ood-val": 3, "ood-eval": 4}  # one random stream per split
+_QUESTION = re.compile(r"(\d+)\+(\d+)")
+_STEP = re.compile(r"(\d)\+(\d)\+(\d)=(\d\d);")
+_STEPS = re.compile(r"(?:\d\+\d\+\d=\d\d;)*")
+_PROPAGATING_DELTAS = (-2, -1, 1, 2)  # how far a propagating error's written result is off
+
+
+def question_part(question: str) -> Literal["train", "val", "eval"]:
+    """The part of the question space `question` belongs to (by a keyed hash of its text)."""
+    digest = hashlib.blake2b(question.encode("utf-8"), digest_size=8, key=_HASH_KEY).digest()
+    part = int.from_bytes(digest, "big") % PARTS
+    return "eval" if part == 0 else "val" if part == 1 else "train"
+
+
+def parse_question(question: str) -> tuple[int, int]:
+    """ "4827+396" -> (4827, 396) (raises ValueError on any other text)."""
+    m = _QUESTION.fullmatch(question.strip())
+    if m is None:
+        raise ValueError(f"{question!r} is not a scratchpad question (like '4827+396')")
+    return int(m.group(1)), int(m.group(2))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One column of the trace as written: `a+b+carry=result;`."""
+
+    a: int
+    b: int
+    carry: int
+    result: int  # 0..99 as written (two digits)
+
+    def text(self) -> str:
+        return f"{self.a}+{self.b}+{self.carry}={self.result:02d};"
+
+
+def solution_steps(question: str) -> list[Step]:
+    """The correct steps of `question`, units column first."""
+    a, b = parse_question(question)
+    steps, carry = [], 0
+    for k in range(max(len(str(a)), len(str(b)))):
+        da, db = a // 10**k % 10, b // 10**k % 10
+        total = da + db + carry
+        steps.append(Step(da, db, carry, total))
+        carry = total // 10
+    return steps
+
+
+def carry_chain(steps: list[Step]) -> int:
+    """The longest run of consecutive steps that carry out (e.g. 9999+1 -> 4, 4827+396 -> 3)."""
+    best = run = 0
+    for s in steps:
+        run = run + 1 if s.result >= 10 else 0
+        best = max(best, run)
+    return best
+
+
+def answer_from_steps(steps: list[Step]) -> int:
+    """The sum read off written steps: final carry, then result units digits, last step first.
+
+    Carries are the tens digits of the written results (a result of 2 digits always).
+    """
+    digits = [str(s.result % 10) for s in reversed(steps)]
+    carry = steps[-1].result // 10 if steps else 0
+    return int((str(carry) if carry else "") + "".join(digits) or "0")
+
+
+def render(steps: list[Step], answer: int | str) -> str:
+    """The response text of written steps and a final answer."""
+    return "".join(s.text() for s in steps) + boxed(answer)
+
+
+@dataclass(frozen=True)
+class TraceCheck:
+    """What `check_trace` found in one response.
+
+    A step is right when its operand digits are the question's digits of that column, its carry
+    is the tens digit of the previous written result (0 for the first step) and its result is the
+    sum of its three written terms. A trace with too few or too many steps has its first wrong
+    step at the first missing or extra one.
+    """
+
+    parsed: bool  # the response is steps followed by exactly one `\\boxed{...}` (nothing else)
+    num_steps: int  # steps written (0 when not parsed)
+    first_wrong_step: int | None  # index of the first wrong step (None: every step right)
+    answer_correct: bool  # the boxed answer equals the sum (what the outcome reward sees)
+
+    @property
+    def valid(self) -> bool:
+        """A fully valid trace: parsed, every step right, the right answer."""
+        return self.parsed and self.first_wrong_step is None and self.answer_correct
+
+    @property
+    def flawed_correct(self) -> bool:
+        """The right answer reached through a trace with a wrong (or missing/extra) step."""
+        return self.answer_correct and not self.valid
+
+
+def check_trace(question: str, response: str) -> TraceCheck:
+    """Check `response` to `question` step by step (measurement only; the reward is outcome-only).
+
+    `answer_correct` is judged from `exgrpo.rewards.extract_answer` (the last box), whether or not
+    the rest parses, so it agrees with the outcome reward on integer answers.
+    """
+    a, b = parse_question(question)
+    answer = extract_answer(response)
+    answer_correct = answer is not None and answer.isdigit() and int(answer) == a + b
+    box_at = response.rfind(BOX_OPEN)
+    prefix = response[:box_at] if box_at >= 0 else ""
+    parsed = (
+        box_at >= 0
+        and answer is not None
+        and _STEPS.fullmatch(prefix) is not None
+        and response[box_at:].rstrip() == boxed(answer)
+    )
+    if not parsed:
+        return TraceCheck(parsed=False, num_steps=0, first_wrong_step=None, answer_correct=answer_correct)
+    written = [Step(*(int(g) for g in m.groups())) for m in _STEP.finditer(prefix)]
+    expected = max(len(str(a)), len(str(b)))
+    first_wrong = None
+    carry = 0
+    for k, step in enumerate(written):
+        right = (
+            k < expected
+            and step.a == a // 10**k % 10
+            and step.b == b // 10**k % 10
+            and step.carry == carry
+            and step.result == step.a + step.b + step.carry
+        )
+        if not right:
+            first_wrong = k
+            break
+        carry = step.result // 10
+    if first_wrong is None and len(written) < expected:
+        first_wrong = len(written)
+    return TraceCheck(
+        parsed=True, num_steps=len(written), first_wrong_step=first_wrong, answer_correct=answer_correct
+    )
+
+
+@dataclass(frozen=True)
+class ScratchpadTask:
+    """Two-operand column addition with a digit-by-digit trace (see the module docstring).
+
+    Sampling per question: the longer operand's digit count L uniform over the split's range
+    (`id_digits`; `ood_digits` for ood="longer"; for ood="carry-chain" OOD splits, L >=
+    id_max_chain + 1), the other operand's uniform in 1..L, the order of the two uniform; a d-digit
+    operand is uniform in 10^(d-1)..10^d - 1 (0-9 for one digit); a draw on the wrong side of the
+    ID/OOD line (`is_ood`) or in another part of the hash partition is discarded. Questions are
+    unique within a split.
+    """
+
+    seed: int = 0  # default seed of make_split
+    id_digits: tuple[int, int] = (1, 4)  # in-distribution range of the longer operand's digits
+    ood: OodKind = "carry-chain"  # what makes a question out of distribution
+    ood_digits: tuple[int, int] = (5, 5)  # ood="longer": the OOD range (disjoint from id_digits)
+    id_max_chain: int = 2  # ood="carry-chain": ID questions' longest run of carries; OOD ones' is longer
+    name: str = "scratchpad"
+
+    def __post_init__(self) -> None:
+        (lo, hi), (olo, ohi) = self.id_digits, self.ood_digits
+        if self.ood not in ("longer", "carry-chain"):
+            raise ValueError(f"ood={self.ood!r} must be 'longer' or 'carry-chain'")
+        if self.ood == "longer" and (not (1 <= lo <= hi and 1 <= olo <= ohi) or not (ohi < lo or olo > hi)):
+            raise ValueError(
+                f"id_digits={self.id_digits} and ood_digits={self.ood_digits} must be disjoint ranges >= 1"
+            )
+        if self.ood == "carry-chain" and not (1 <= lo <= hi and 0 <= self.id_max_chain < hi):
+            raise ValueError(
+                f"id_max_chain={self.id_max_chain} must be in 0..{hi - 1} (id_digits={self.id_digits})"
+            )
+
+    def is_ood(self, question: str) -> bool:
+        """True if `question` lies in the OOD range (longer operands, or a longer run of carries)."""
+        steps = solution_steps(question)
+        if self.ood == "longer":
+            return len(steps) > self.id_digits[1] or len(steps) < self.id_digits[0]
+        return carry_chain(steps) > self.id_max_chain
+
+    def make_split(self, *, split: ScratchpadSplit, n: int, seed: int | None = None) -> list[Prompt]:
+        """n prompts with qids `scratchpad-{split}-{i:05d}`; deterministic in (split, n, seed) and
+        prefix-stable (a longer list with the same seed starts with the shorter one)."""
+        if split not in _STREAM:
+            raise ValueError(f"split={split!r} must be one of {', '.join(SPLITS)}")
+        if n < 0:
+            raise ValueError(f"n={n} must be >= 0")
+        seed = self.seed if seed is None else seed
+        ood = split.startswith("ood-")
+        lo, hi = self.ood_digits if ood and self.ood == "longer" else self.id_digits
+        if ood and self.ood == "carry-chain":
+            lo = max(lo, self.id_max_chain + 1)  # a run of c carries needs c columns
+        rng = np.random.default_rng([seed, _STREAM[split], 11])  # 11: streams apart from the other tasks
+        part = _PART_OF_SPLIT[split]
+        questions: list[str] = []
+        seen: set[str] = set()
+        for _ in range(200 * n + 10_000):
+            if len(questions) == n:
+                break
+            longer = int(rng.integers(lo, hi + 1))
+            shorter = int(rng.integers(1, longer + 1))
+            x, y = _operand(rng, longer), _operand(rng, shorter)
+            q = f"{x}+{y}" if rng.random() < 0.5 else f"{y}+{x}"
+            if q in seen or question_part(q) != part or self.is_ood(q) != ood:
+                continue
+            seen.add(q)
+            questions.append(q)
+        if len(questions) < n:
+            raise RuntimeError(f"could not draw {n} distinct {split} scratchpad questions")
+        source = OOD_SOURCE if ood else ID_SOURCE
+        return [
+            Prompt(
+                qid=f"scratchpad-{split}-{i:05d}",
+                question=q,
+                answer=str(sum(parse_question(q))),
+                data_source=source,
+            )
+            for i, q in enumerate(questions)
+        ]
+
+    def solution_text(self, prompt: Prompt) -> str:
+        """The fully valid trace (raises if the gold answer disagrees with the question)."""
+        steps = solution_steps(prompt.question)
+        value = answer_from_steps(steps)
+        if prompt.answer.strip() != str(value):
+            raise ValueError(f"{prompt.qid}: gold answer {prompt.answer!r} but {prompt.question} = {value}")
+        return render(steps, value)
+
+    def noisy_solution(
+        self, prompt: Prompt, rng: np.random.Generator, p_propagating: float, p_silent: float
+    ) -> str:
+        """A trace with controlled noise (see the module docstring): with probability p_propagating
+        one step's result is off by 1 or 2 and the error propagates to a wrong answer; with
+        probability p_silent one step miscopies an operand digit but writes the true sum (flawed
+        trace, right answer); otherwise the valid trace. The step is uniform over the steps."""
+        if not (p_propagating >= 0 and p_silent >= 0 and p_propagating + p_silent <= 1):
+            raise ValueError(
+                f"need p_propagating, p_silent >= 0 with sum <= 1, got {p_propagating}, {p_silent}"
+            )
+        a, b = parse_question(prompt.question)
+        true_steps = solution_steps(prompt.question)
+        u = float(rng.random())
+        k = int(rng.integers(len(true_steps)))
+        if u < p_propagating:
+            steps, carry = [], 0
+            for j, s in enumerate(true_steps):
+                total = s.a + s.b + carry
+                if j == k:
+                    choices = [total + d for d in _PROPAGATING_DELTAS if 0 <= total + d <= 19]
+                    total = choices[int(rng.integers(len(choices)))]
+                steps.append(Step(s.a, s.b, carry, total))
+                carry = total // 10
+            return render(steps, answer_from_steps(steps))
+        steps = list(true_steps)
+        if u < p_propagating + p_silent:
+            s = steps[k]
+            which = int(rng.integers(2))
+            old = s.a if which == 0 else s.b
+            new = int(rng.choice([d for d in range(10) if d != old]))
+            steps[k] = Step(new, s.b, s.carry, s.result) if which == 0 else Step(s.a, new, s.carry, s.result)
+        return render(steps, a + b)
+
+    def difficulty(self, prompt: Prompt) -> int:
+        """(steps - 1) + carries, e.g. "5+3" -> 0, "4827+396" -> 3 + 3 = 6."""
+        steps = solution_steps(prompt.question)
+        return len(steps) - 1 + sum(s.result >= 10 for s in steps)
+
+    def num_steps(self, prompt: Prompt) -> int:
+        """Digits of the longer operand (= steps of the valid trace)."""
+        return len(solution_steps(prompt.question))
+
+
+def _operand(rng: np.random.Generator, digits: int) -> int:
+    if digits == 1:
+        return int(rng.integers(0, 10))
+    return int(rng.integers(10 ** (digits - 1), 10**digits))
+
+
+@dataclass(frozen=True)
+class ScratchpadView:
+    """`ScratchpadTask` with its `eval` split redirected, for configs that only know train/eval.
+
+    `data.eval: builtin:scratchpad-ood` scores the OOD held-out questions; `builtin:scratchpad-val`
+    and `builtin:scratchpad-ood-val` score the validation questions (hyper-parameter search), so
+    the held-out eval questions stay for the final numbers. Every other split is passed through
+    (`train` is the ID train split).
+    """
+
+    seed: int = 0  # default seed of make_split
+    eval_split: ScratchpadSplit = "ood-eval"  # what `make_split(split="eval")` returns
+    name: str = "scratchpad-ood"
+    task: ScratchpadTask = ScratchpadTask()
+
+    def make_split(self, *, split: ScratchpadSplit, n: int, seed: int | None = None) -> list[Prompt]:
+        seed = self.seed if seed is None else seed
+        return self.task.make_split(split=self.eval_split if split == "eval" else split, n=n, seed=seed)
+
+    def solution_text(self, prompt: Prompt) -> str:
+        return self.task.solution_text(prompt)
+
+    def difficulty(self, prompt: Prompt) -> int:
+        return self.task.difficulty(prompt)
+
+
+@dataclass(frozen=True)
+class ScratchpadHeldOut:
+    """`ScratchpadTask` whose `eval` split is half ID and half OOD questions (each tagged by its
+    `data_source`), so one run scores both ranges separately (`eval/accuracy_scratchpad_id`, `..._ood`).
+
+    `builtin:scratchpad-heldout` gives the held-out eval and ood-eval questions (final numbers only);
+    `builtin:scratchpad-val-all` the val and ood-val questions (choosing hyper-parameters).
+    """
+
+    seed: int = 0
+    splits: tuple[ScratchpadSplit, ScratchpadSplit] = ("eval", "ood-eval")
+    name: str = "scratchpad-heldout"
+    task: ScratchpadTask = ScratchpadTask()
+
+    def make_split(self, *, split: ScratchpadSplit, n: int, seed: int | None = None) -> list[Prompt]:
+        seed = self.seed if seed is None else seed
+        if split != "eval":
+            return self.task.make_split(split=split, n=n, seed=seed)
+        id_split, ood_split = self.splits
+        return self.task.make_split(split=id_split, n=n - n // 2, seed=seed) + self.task.make_split(
+            split=ood_split, n=n // 2, seed=seed
+        )
+
+    def solution_text(self, prompt: Prompt) -> str:
+        return self.task.solution_text(prompt)
+
+    def difficulty(self, prompt: Prompt) -> int:
+        return self.task.difficulty(prompt)
+
+
+def trace_valid(prompt: Prompt, response: str) -> bool:
+    """Process check for measurement (replay/chosen_valid_frac): every step of the trace is right."""
+    return check_trace(prompt.question, response).valid
+
+
+# builtin task names -> factories (seed=...) for `exgrpo.data.tasks.BUILTIN_TASKS`
+SCRATCHPAD_TASKS = {
+    "scratchpad-heldout": ScratchpadHeldOut,
+    "scratchpad-val-all": lambda seed=0: ScratchpadHeldOut(
+        seed=seed, splits=("val", "ood-val"), name="scratchpad-val-all"
+    ),
+    "scratchpad": ScratchpadTask,
+    "scratchpad-val": lambda seed=0: ScratchpadView(seed=seed, eval_split="val", name="scratchpad-val"),
+    "scratchpad-ood": lambda seed=0: ScratchpadView(seed=seed, eval_split="ood-eval", name="scratchpad-ood"),
+    "scratchpad-ood-val": lambda seed=0: ScratchpadView(
+        seed=seed, eval_split="ood-val", name="scratchpad-ood-val"
+    ),
+}
