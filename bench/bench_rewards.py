@@ -1,19 +1,34 @@
-"""Throughput of exgrpo.rewards.Verifier.score_many (answers per second).
+"""Throughput and adversarial latency of exgrpo.rewards (answers per second, seconds per case).
 
-Run: .venv/bin/python bench/bench_rewards.py [--workers 1 2]
+Run: .venv/bin/python bench/bench_rewards.py [--workers 1 2] [--quick]
+
+Only `Verifier`, its `score`/`score_many`/`start`/`stats`, and `boxed` are used, so the same file
+measures an older package too: `cd /tmp/before && PYTHONPATH=/tmp/before python .../bench_rewards.py`
+(the first line printed is the `exgrpo.rewards` file that was imported).
 
 Workloads: 1,000 boxed integers (half right, half off by one), scored with the integer fast path
 and with it off (every answer through a math-verify worker); 100 expanded quadratics
-`\\boxed{x^2+2ax+a^2}` against the gold `(x+a)^2` (all right, symbolic simplification).
+`\\boxed{x^2+2ax+a^2}` against the gold `(x+a)^2` (all right, symbolic simplification); the same
+polynomials scored one score() call each from 1 thread and from 3 threads at once; the issue's two
+concurrency cases (3 threads: 2 pathological answers then an easy one, the easy one's latency; a
+score_many of 10 pathological + 10 normal answers, total seconds), each with a pathological answer
+that reaches the deadline (a power tower against a tower gold) and one the verifier may settle early
+(a power tower against `1`); the adversarial table (case, seconds, reward).
 """
 
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 from dataclasses import dataclass
 
+import exgrpo.rewards
 from exgrpo.rewards import Verifier, boxed
+
+TIMEOUT_S = 5.0
+TOWER = r"\boxed{9^{9^{9^{9^{9}}}}}"  # sympy tries to compute it
+TOWER_GOLD = "9^{9^{9^{9^{8}}}}"  # against a tower gold it never returns: only the deadline ends it
 
 
 @dataclass(frozen=True)
@@ -34,7 +49,7 @@ def workloads() -> list[Workload]:
 
 
 def bench(workers: int, *, fast_path: bool, workload: Workload) -> None:
-    with Verifier(workers=workers, fast_path=fast_path, timeout_s=5.0) as verifier:
+    with Verifier(workers=workers, fast_path=fast_path, timeout_s=TIMEOUT_S) as verifier:
         verifier.start()
         start = time.perf_counter()
         rewards = verifier.score_many(workload.responses, workload.golds)
@@ -49,15 +64,102 @@ def bench(workers: int, *, fast_path: bool, workload: Workload) -> None:
     )
 
 
+def throughput(workers: int, threads: int, n: int = 120) -> float:
+    """answers/s of score() calls (one answer each) from `threads` threads at once."""
+    polys = [(boxed(f"x^2+{2 * a}x+{a * a}"), f"(x+{a})^2") for a in range(1, n + 1)]
+    with Verifier(workers=workers, timeout_s=TIMEOUT_S) as verifier:
+        verifier.start()
+        parts = [polys[i::threads] for i in range(threads)]
+        start = time.perf_counter()
+        pool = [threading.Thread(target=lambda p=p: [verifier.score(r, g) for r, g in p]) for p in parts]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        return n / (time.perf_counter() - start)
+
+
+def concurrent_easy(verifier: Verifier, gold: str) -> tuple[float, float]:
+    """3 threads at once: two pathological score() calls, then an easy one; (easy reward, latency)."""
+    results: dict[str, tuple[float, float]] = {}
+
+    def run(key: str, response: str, gold: str) -> None:
+        start = time.perf_counter()
+        results[key] = (verifier.score(response, gold), time.perf_counter() - start)
+
+    threads = [threading.Thread(target=run, args=(f"tower{i}", TOWER, gold)) for i in range(2)]
+    threads.append(threading.Thread(target=run, args=("easy", r"\boxed{\frac{1}{2}}", "0.5")))
+    for t in threads:
+        t.start()
+        time.sleep(0.05)  # the pathological ones first
+    for t in threads:
+        t.join()
+    return results["easy"]
+
+
+def mixed_batch(verifier: Verifier, gold: str) -> tuple[float, float]:
+    """score_many of 10 pathological + 10 normal answers: (seconds, rewards summed)."""
+    start = time.perf_counter()
+    rewards = verifier.score_many(
+        [TOWER] * 10 + [boxed(k) for k in range(10)], [gold] * 10 + [str(k) for k in range(10)]
+    )
+    return time.perf_counter() - start, sum(rewards)
+
+
+ADVERSARIAL = [
+    (r"\boxed{43 = 42}", "42"),
+    (r"\boxed{0 = 42}", "42"),
+    (r"\boxed{1+1 = 42}", "42"),
+    (r"\boxed{x \approx 42}", "42"),
+    (r"\boxed{x = 42}", "42"),
+    (r"\boxed{" + "(" * 450 + "42" + ")" * 450 + "}", "42"),
+    (r"\boxed{1} and \boxed{2} and \boxed{3}", r"\{1,2,3\}"),
+    (r"\boxed{1,2}", r"\boxed{1}\boxed{2}"),
+    (r"\boxed{1 000}", "1000"),
+    (r"\boxed{1,000}", "1000"),
+    (r"\boxed{1000,99}", "1000.99"),
+    ("The final answer is 42.", "42"),
+    (TOWER, "1"),
+    (TOWER, TOWER_GOLD),
+]
+
+
+def adversarial(workers: int = 2) -> None:
+    print("| case | seconds | reward |\n|---|---|---|")
+    with Verifier(workers=workers, timeout_s=TIMEOUT_S, max_answer_chars=None) as verifier:
+        verifier.start()
+        for response, gold in ADVERSARIAL:
+            start = time.perf_counter()
+            reward = verifier.score(response, gold)
+            name = response if len(response) < 50 else response[:20] + f"...({len(response)} chars)"
+            print(f"| `{name}` vs `{gold}` | {time.perf_counter() - start:.2f} | {reward} |")
+        for label, gold in (("tower vs tower gold", TOWER_GOLD), ("tower vs 1", "1")):
+            reward, seconds = concurrent_easy(verifier, gold)
+            print(
+                f"| 3 threads: 2 x {label}, then an easy answer (easy's latency) | {seconds:.2f} | {reward} |"
+            )
+            seconds, total = mixed_batch(verifier, gold)
+            print(f"| score_many 10 x {label} + 10 normal (total) | {seconds:.2f} | {total} of 20 |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--quick", action="store_true", help="skip the fast_path=False integer runs")
     args = parser.parse_args()
+    print(f"exgrpo.rewards: {exgrpo.rewards.__file__}")
     ints, polys = workloads()
     for workers in args.workers:
         bench(workers, fast_path=True, workload=ints)
-        bench(workers, fast_path=False, workload=ints)
+        if not args.quick:
+            bench(workers, fast_path=False, workload=ints)
         bench(workers, fast_path=True, workload=polys)
+    for threads in (1, 3):
+        rate = throughput(2, threads)
+        print(
+            f"polynomials, score() per answer, workers=2, {threads} thread(s) at once: {rate:.1f} answers/s"
+        )
+    adversarial()
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/bench_roundtrips.py [--config default] [--steps 20 40] [overrides ...]
 
-Counts `ray.get` calls (each one blocking round trip, a list counting once) made in the driver
-process while `python -m exgrpo.run` trains, for two step counts; the difference divided by the
+Counts `ray.get` calls made in the driver process while `python -m exgrpo.run` trains (a list
+counts once), and among them the blocking ones (some object not ready when the call starts: the
+driver waits for remote work, one round trip), for two step counts; the difference divided by the
 difference in steps is the per-step figure (start-up, the first and last evaluation and shutdown
 cancel out). Run from another checkout's root to measure that checkout (the script only needs its
 `exgrpo.run.main`). Prints one JSON line per run and the per-step result.
@@ -23,12 +24,18 @@ from pathlib import Path
 def count_run(config: str, steps: int, overrides: list[str]) -> dict:
     import ray
 
-    calls = {"get": 0}
+    calls = {"get": 0, "blocking": 0}
     original = ray.get
 
-    def counting_get(*args, **kwargs):
+    def counting_get(refs, *args, **kwargs):
         calls["get"] += 1
-        return original(*args, **kwargs)
+        flat = refs if isinstance(refs, list) else [refs]
+        if flat and not isinstance(flat[0], ray.ObjectRef):
+            return original(refs, *args, **kwargs)
+        ready, _ = ray.wait(flat, num_returns=len(flat), timeout=0, fetch_local=False)
+        if len(ready) < len(flat):  # the driver waits for remote work: a blocking round trip
+            calls["blocking"] += 1
+        return original(refs, *args, **kwargs)
 
     ray.get = counting_get
     from exgrpo.run import main
@@ -41,7 +48,8 @@ def count_run(config: str, steps: int, overrides: list[str]) -> dict:
         ray.get = original
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     times = [r["system/step_time_s"] for r in records]
-    return {"steps": steps, "ray_get_calls": calls["get"], "median_step_s": statistics.median(times[1:] or times)}
+    return {"steps": steps, "ray_get_calls": calls["get"], "blocking_gets": calls["blocking"],
+            "median_step_s": statistics.median(times[1:] or times)}
 
 
 def main() -> None:
@@ -56,8 +64,10 @@ def main() -> None:
     print(json.dumps(a), flush=True)
     b = count_run(args.config, args.steps[1], args.overrides)
     print(json.dumps(b), flush=True)
-    per_step = (b["ray_get_calls"] - a["ray_get_calls"]) / (b["steps"] - a["steps"])
-    print(json.dumps({"driver_ray_get_per_step": per_step, "median_step_s": [a["median_step_s"], b["median_step_s"]]}))
+    steps = b["steps"] - a["steps"]
+    print(json.dumps({"driver_ray_get_per_step": (b["ray_get_calls"] - a["ray_get_calls"]) / steps,
+                      "driver_blocking_gets_per_step": (b["blocking_gets"] - a["blocking_gets"]) / steps,
+                      "median_step_s": [a["median_step_s"], b["median_step_s"]]}))
 
 
 if __name__ == "__main__":

@@ -97,9 +97,6 @@ class _IndexedSet:
             self.items[i] = last
             self.pos[last] = i
 
-    def sample(self, n: int, rng: np.random.Generator) -> list[str]:
-        return [self.items[i] for i in rng.choice(len(self.items), size=n, replace=False)]
-
 
 class ExperiencePool:
     """Question statistics and stored correct trajectories of one replay shard (or all of them)."""
@@ -179,7 +176,9 @@ class ExperiencePool:
         """Up to counts[k] distinct sampleable qids from each bucket k (ascending k), uniformly without
         replacement, never one in `exclude`. A bucket smaller than its count gives all it has (the
         caller redistributes the shortfall): bucket sizes read earlier may be stale under concurrent
-        pushes, and a draw must never fail because of it. Cost O(size of the buckets drawn from)."""
+        pushes, and a draw must never fail because of it. A bucket is drawn from in qid order, so the
+        draw does not depend on the order in which concurrent samplers' pushes arrived (a run with
+        eta = 0 repeats its draws with any number of samplers). Cost O(n log n), n the bucket's size."""
         out: list[str] = []
         for k in sorted(counts):
             c = counts[k]
@@ -188,11 +187,8 @@ class ExperiencePool:
             members = self._buckets.get(k)
             if not c or members is None or not len(members):
                 continue
-            if exclude:
-                pool = [q for q in members.items if q not in exclude]
-                out.extend(pool[i] for i in rng.choice(len(pool), size=min(c, len(pool)), replace=False))
-            else:
-                out.extend(members.sample(min(c, len(members)), rng))
+            pool = sorted(q for q in members.items if q not in exclude)
+            out.extend(pool[i] for i in rng.choice(len(pool), size=min(c, len(pool)), replace=False))
         return out
 
     # -- queries ---------------------------------------------------------------------------------

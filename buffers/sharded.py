@@ -11,11 +11,21 @@ filled by the driver with fresh questions.
 The shards are Ray actor handles (`invoke=ray_invoke`, the default) or plain in-process objects
 (`invoke=local_invoke`, for tests). The client holds only those, so it can be passed to samplers
 (which push groups) and used by the driver (which samples questions and pulls batches).
+
+Shard failures: a call that fails because its shard actor died or is restarting (`RayActorError`:
+`ActorDiedError`, `ActorUnavailableError`) is sent again, to the same handle (Ray restarts the actor
+under it, `replay.shard_max_restarts`), until it succeeds or `RayInvoke.retry_s` has passed. Every
+shard verb is safe to repeat: `push` is idempotent by request id, `take` by the `take_id` that
+`pull_batch` gives it, `set_collect`/`snapshot`/`restore` are idempotent and the rest read only.
+Samplers push through their copy of this client, so their pushes wait out a shard restart too.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,13 +37,47 @@ from exgrpo.types import Group, PulledBatch, ReplayPick, ReplayStats
 
 Call = tuple[Any, str, dict[str, Any]]  # (shard, method name, keyword arguments)
 MAX_SAMPLE_ROUNDS = 3
+log = logging.getLogger(__name__)
 
 
-def ray_invoke(calls: Sequence[Call]) -> list[Any]:
-    """Run the calls on Ray actors concurrently and wait for all (one parallel round trip)."""
-    import ray
+class RayInvoke:
+    """Run the calls on Ray actors concurrently and wait for all (one parallel round trip); a call
+    whose actor died or is restarting is re-sent until `retry_s` seconds after its first failure."""
 
-    return ray.get([getattr(shard, method).remote(**kwargs) for shard, method, kwargs in calls])
+    def __init__(self, *, retry_s: float = 120.0, backoff_s: float = 0.2) -> None:
+        self.retry_s, self.backoff_s = retry_s, backoff_s
+        self.retries = 0  # calls re-sent by this client (copy) so far
+
+    def __call__(self, calls: Sequence[Call]) -> list[Any]:
+        import ray
+        from ray.exceptions import RayActorError
+
+        def send(i: int) -> Any:
+            shard, method, kwargs = calls[i]
+            return getattr(shard, method).remote(**kwargs)
+
+        refs = {i: send(i) for i in range(len(calls))}
+        out: list[Any] = [None] * len(calls)
+        first_failure: dict[int, float] = {}
+        while refs:
+            for i, ref in list(refs.items()):
+                try:
+                    out[i] = ray.get(ref)
+                    del refs[i]
+                except RayActorError as e:
+                    t0 = first_failure.setdefault(i, time.monotonic())
+                    if time.monotonic() - t0 >= self.retry_s:
+                        raise RuntimeError(f"replay shard call {calls[i][1]!r} still failing after "
+                                           f"{self.retry_s:.0f} s of retries: {e}") from e
+                    log.warning("replay shard call %r failed (%s); retrying while Ray restarts the shard",
+                                calls[i][1], type(e).__name__)
+                    self.retries += 1
+                    time.sleep(self.backoff_s)
+                    refs[i] = send(i)
+        return out
+
+
+ray_invoke = RayInvoke()
 
 
 def local_invoke(calls: Sequence[Call]) -> list[Any]:
@@ -117,7 +161,8 @@ class ShardedReplay:
         Raises if any named request is neither finished nor dropped: the driver pulls only requests
         that the samplers reported done, and a push is acknowledged before that report.
         """
-        parts: list[PulledBatch] = self._all("take", request_ids=list(request_ids))
+        # one take_id for every attempt: a shard that died after removing the groups hands them out again
+        parts: list[PulledBatch] = self._all("take", request_ids=list(request_ids), take_id=uuid.uuid4().hex)
         groups = sorted((g for p in parts for g in p.groups), key=lambda g: g.request_id)
         dropped = tuple(sorted(r for p in parts for r in p.dropped))
         missing = set(request_ids) - {g.request_id for g in groups} - set(dropped)

@@ -7,25 +7,80 @@ Layout of `<run_dir>/checkpoints/step-000010/`:
   replay/shard-<i>.parquet[.ready|.seen]   each shard's pool, its finished groups, its pushed ids
   driver.json           data position, RNG states (selection and shuffle), policy version,
                         delayed-start flag, pending plans
+  config.json           the run's config and the fingerprint of the settings that define it
 
 Everything goes through the role verbs (`Learners.save/load`, `Replay.snapshot/restore`,
 `Driver.state_dict/load_state_dict`). A checkpoint is written under a temporary name and renamed when
 complete, so a driver killed mid-write leaves the previous checkpoint as the latest loadable one.
 The last `keep` are kept.
+
+Resuming (`resume_checkpoint`) refuses, with a message that says what to do: a run dir with no
+checkpoint, a run that already finished its `trainer.steps`, and a config whose meaning differs from
+the checkpoint's (any key outside `HARMLESS_KEYS`: K, B, shards, model, data, algorithm). A run that
+stops because a learner or replay shard died raises `RunInterrupted`, naming the checkpoint and the
+exact `--resume` command (`interrupted_message`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import re
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
+from exgrpo.config import Config
 from exgrpo.driver import Driver
-from exgrpo.fileio import atomic_path
+from exgrpo.fileio import atomic_path, atomic_write_text
+
+log = logging.getLogger(__name__)
 
 PREFIX = "step-"
 TOKENIZER_FILES = ("tokenizer", "special_tokens", "chat_template", "vocab", "merges")
+CONFIG_FILE = "config.json"
+
+# Settings a resume may change: they size, pace, place or report the run but do not change what it
+# trains. Everything else (K, B, shards, model, data, algorithm, seeds, learner count) must match.
+HARMLESS_KEYS = frozenset(
+    {
+        "logging.*",
+        "model.cache_dir",
+        "trainer.steps",
+        "trainer.eval_every",
+        "trainer.eval_samples",
+        "trainer.checkpoint_every",
+        "trainer.keep_checkpoints",
+        "samplers.num",
+        "samplers.num_cpus",
+        "samplers.num_gpus",
+        "samplers.requests_per_call",
+        "samplers.verify_timeout_s",
+        "samplers.gpu_memory_utilization",
+        "learners.num_cpus",
+        "learners.num_gpus",
+        "learners.micro_batch_size",
+        "data.eval",
+        "data.num_eval",
+        "replay.wal",
+        "replay.shard_max_restarts",
+        "replay.wal_compact_mb",
+    }
+)
+
+
+class ResumeError(ValueError):
+    """A resume that cannot continue the run it names; the message says why and what to do."""
+
+
+class RunInterrupted(RuntimeError):
+    """A run stopped by the death of a learner or replay shard; the message names the resume command."""
+
+    def __init__(self, message: str, *, run_dir: Path, checkpoint: Path | None) -> None:
+        super().__init__(message)
+        self.run_dir, self.checkpoint = run_dir, checkpoint
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -39,11 +94,154 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def copy_tokenizer(model_path: str | Path, out_dir: Path) -> None:
-    """Make a saved model directory self-contained (engines and evaluation load the tokenizer from it)."""
-    for f in Path(model_path).iterdir():
-        if f.name.startswith(TOKENIZER_FILES):
-            shutil.copy2(f, Path(out_dir) / f.name)
+def checkpoint_step(ckpt: Path) -> int:
+    return int(Path(ckpt).name[len(PREFIX) :])
+
+
+def flat_config(cfg: Config | dict[str, Any]) -> dict[str, Any]:
+    """{"trainer.steps": 20, ...} with JSON values (tuples as lists)."""
+    data = cfg.to_dict() if isinstance(cfg, Config) else cfg
+    return {
+        f"{sec}.{key}": value
+        for sec, values in json.loads(json.dumps(data)).items()
+        for key, value in (values or {}).items()
+    }
+
+
+def harmless(key: str) -> bool:
+    return key in HARMLESS_KEYS or f"{key.split('.')[0]}.*" in HARMLESS_KEYS
+
+
+def config_fingerprint(cfg: Config | dict[str, Any]) -> str:
+    """sha256 (16 hex) of the settings that define the run (every key outside HARMLESS_KEYS)."""
+    meaning = {k: v for k, v in sorted(flat_config(cfg).items()) if not harmless(k)}
+    return hashlib.sha256(json.dumps(meaning, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def config_differences(stored: dict[str, Any], cfg: Config) -> list[str]:
+    """'key: checkpoint value -> new value' for every meaningful key that differs.
+
+    Keys the checkpoint does not know (fields added to the code since it was written) are not compared.
+    """
+    old, new = flat_config(stored), flat_config(cfg)
+    return [
+        f"{k}: {old[k]!r} -> {new[k]!r}"
+        for k in sorted(new)
+        if k in old and not harmless(k) and old[k] != new[k]
+    ]
+
+
+def resume_checkpoint(run_dir: Path, cfg: Config) -> Path:
+    """The checkpoint `--resume run_dir` continues from, after checking it can continue `cfg`."""
+    run_dir = Path(run_dir)
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        if not run_dir.is_dir():
+            raise ResumeError(f"cannot resume {str(run_dir)!r}: no such run directory")
+        raise ResumeError(
+            f"cannot resume {str(run_dir)!r}: it holds no complete checkpoint under "
+            f"{checkpoint_dir(run_dir)} (the run stopped before its first one; start it again)"
+        )
+    step = checkpoint_step(ckpt)
+    meta_file = ckpt / CONFIG_FILE
+    if meta_file.is_file():
+        meta = json.loads(meta_file.read_text())
+        diffs = config_differences(meta["config"], cfg)
+        if diffs:
+            raise ResumeError(
+                f"cannot resume {str(run_dir)!r} from {ckpt.name} with a different config; these settings "
+                f"change what the run trains:\n  - "
+                + "\n  - ".join(diffs)
+                + "\nresume with the checkpoint's values (drop those overrides), or start a new run in another "
+                "logging.run_dir; harmless overrides (e.g. trainer.steps, samplers.num, logging.*) are allowed"
+            )
+    else:
+        log.warning(
+            "%s has no %s (written by an older version); the config is not checked", ckpt, CONFIG_FILE
+        )
+    if step >= cfg.trainer.steps:
+        raise ResumeError(
+            f"run {str(run_dir)!r} already finished {step} steps; pass trainer.steps=M>{step} to "
+            f"continue, e.g. python -m exgrpo.run --resume {run_dir} trainer.steps={2 * step}"
+        )
+    return ckpt
+
+
+def rewind_metrics(run_dir: Path, step: int) -> int:
+    """Drop metrics.jsonl records of steps >= `step` (trained after the checkpoint, trained again on
+    resume) and any torn last line; returns how many lines were dropped."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            dropped += 1
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] >= step:
+            dropped += 1
+            continue
+        kept.append(line)
+    if dropped:
+        atomic_write_text(path, "".join(f"{line}\n" for line in kept))
+    return dropped
+
+
+def fresh_run_dir_check(cfg: Config) -> None:
+    """A fresh run must not write over another run's checkpoints (it would rotate them away)."""
+    if not cfg.logging.run_dir:
+        return None
+    run_dir = Path(cfg.logging.run_dir).expanduser()
+    old = latest_checkpoint(run_dir)
+    if old is not None:
+        raise ResumeError(
+            f"{str(run_dir)!r} already holds the checkpoint {old.name} of an earlier run; continue it "
+            f"with python -m exgrpo.run --resume {run_dir}, or choose another logging.run_dir"
+        )
+    return None
+
+
+def dead_actor(error_text: str) -> str:
+    """'learner exgrpo-learner-0 died' from a Ray actor error's text (which names the actor)."""
+    match = re.search(r"exgrpo-(learner|replay|sampler|controller)(-\d+)?", error_text)
+    if match is None:
+        return "a Ray actor of the run died"
+    role = {"replay": "replay shard"}.get(match.group(1), match.group(1))
+    return f"{role} {match.group(0)} died"
+
+
+def interrupted_message(run_dir: Path, *, what: str, step: int) -> str:
+    """The message of a run stopped by a dead learner or shard: which checkpoint, which command."""
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        return (
+            f"{what} at step {step}; no checkpoint was written yet, so nothing can be resumed: start the run "
+            f"again (lower trainer.checkpoint_every to checkpoint sooner)"
+        )
+    return (
+        f"{what} at step {step}; the run stopped. Resume it from {ckpt} (step {checkpoint_step(ckpt)}) with:\n"
+        f"  python -m exgrpo.run --resume {run_dir}"
+    )
+
+
+def tokenizer_files(model_path: str | Path) -> dict[str, bytes]:
+    """The tokenizer files of a model directory, read once: a resumed run's model directory lies inside a
+    checkpoint that the run itself later rotates away, so the files must not be read from it again."""
+    return {
+        f.name: f.read_bytes()
+        for f in sorted(Path(model_path).iterdir())
+        if f.is_file() and f.name.startswith(TOKENIZER_FILES)
+    }
+
+
+def copy_tokenizer(source: str | Path | dict[str, bytes], out_dir: Path) -> None:
+    """Make a saved model directory self-contained (engines and evaluation load the tokenizer from it);
+    `source` is a model directory or what `tokenizer_files` read from one."""
+    files = source if isinstance(source, dict) else tokenizer_files(source)
+    for name, data in files.items():
+        (Path(out_dir) / name).write_bytes(data)
 
 
 class Checkpointer:
@@ -52,6 +250,7 @@ class Checkpointer:
     def __init__(self, run_dir: Path, *, model_path: str, keep: int) -> None:
         self.root = checkpoint_dir(run_dir)
         self.model_path = model_path
+        self.tokenizer = tokenizer_files(model_path)
         self.keep = max(1, keep)
         self.seconds: list[float] = []  # time of every write (for the overhead figure)
 
@@ -61,10 +260,15 @@ class Checkpointer:
         final = self.root / f"{PREFIX}{driver.step:06d}"
         with atomic_path(final, directory=True) as tmp:
             driver.learners.save(path=str(tmp / "model"))
-            copy_tokenizer(self.model_path, tmp / "model")
+            copy_tokenizer(self.tokenizer, tmp / "model")
             driver.replay.snapshot(path=str(tmp / "replay"))
+            (tmp / CONFIG_FILE).write_text(
+                json.dumps(
+                    {"fingerprint": config_fingerprint(driver.cfg), "config": driver.cfg.to_dict()}, indent=1
+                )
+            )
             (tmp / "driver.json").write_text(json.dumps(driver.state_dict()))
-        for old in sorted(self.root.glob(f"{PREFIX}*"))[:-self.keep]:
+        for old in sorted(self.root.glob(f"{PREFIX}*"))[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         self.seconds.append(time.perf_counter() - t0)
         return final
@@ -76,4 +280,6 @@ def restore_checkpoint(ckpt: Path, *, driver: Driver) -> None:
     driver.replay.restore(path=str(ckpt / "replay"))
     driver.load_state_dict(json.loads((ckpt / "driver.json").read_text()))
     driver.replay.set_collect(on=driver.delayed_start.started)
-    driver.weights.broadcast(version=driver.version)  # samplers loaded the checkpoint's model; tag its version
+    driver.weights.broadcast(
+        version=driver.version
+    )  # samplers loaded the checkpoint's model; tag its version

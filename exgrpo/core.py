@@ -8,7 +8,7 @@ module that builds the Ray-backed implementations:
     Replay           buffers/sharded.py::ShardedReplay  question statistics, trajectories, finished groups
     Learners         learners/group.py::LearnerGroup    DeepSpeed ranks: entropies and updates
     WeightTransport  learners/weight_sync.py            learner weights -> every sampler
-    Scaling          exgrpo/launch.py::ControllerClient the operator's desired sampler count
+    Scaling          exgrpo/scale.py::ControllerClient  the operator's desired sampler count
 
 Data between roles are the frozen records of `exgrpo/types.py`. Every verb takes keyword arguments.
 """

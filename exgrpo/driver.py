@@ -289,7 +289,8 @@ class Driver:
                 mine = [np.mean(s) for p, s in zip(self.evaluation, scores, strict=True) if p.data_source == source]
                 out[M.EVAL_ACCURACY_SOURCE.format(source=M.metric_safe(source))] = float(np.mean(mine))
         # per-question Avg@n, in eval order: the paired standard error of a gain between two evaluations
-        self.eval_history.append({**out, "per_question": [float(np.mean(s)) for s in scores]})
+        self.eval_history.append({**out, "per_question": [float(np.mean(s)) for s in scores],
+                                  "sources": [p.data_source for p in self.evaluation]})
         return out
 
     def rollout_metrics(self, groups: Sequence[Group], plan: StepPlan, solve_ratio: float) -> dict[str, float]:

@@ -117,7 +117,9 @@ def sample_rewards(
         tokenizer = getattr(engine, "tokenizer", None)
     texts = [render_prompt(p.question, template=template, tokenizer=tokenizer) for p in prompts]
     drawn = 1 if temperature == 0 else n
-    outs = engine.generate(texts, n=drawn, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    outs = engine.generate(
+        texts, n=drawn, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed
+    )
     if len(outs) != len(prompts) or any(len(comps) != drawn for comps in outs):
         raise RuntimeError(
             f"the engine returned {[len(c) for c in outs]} completions for {len(prompts)} prompts, "
@@ -169,7 +171,9 @@ def evaluate(
                 engine, verifier, chunk, n=n, temperature=temperature, top_p=top_p, seed=sample_seed, **common
             )
         for p, g, drawn in zip(chunk, greedy, samples, strict=True):
-            results.append(QuestionResult(p.qid, p.data_source, sum(1 for r in drawn if r > 0.5), float(g[0] > 0.5)))
+            results.append(
+                QuestionResult(p.qid, p.data_source, sum(1 for r in drawn if r > 0.5), float(g[0] > 0.5))
+            )
         if progress is not None:
             progress(len(results), len(prompts))
     return summarize(results, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
@@ -253,8 +257,15 @@ DEFAULT_MAX_TOKENS = 4096  # response budget when --max-tokens is not given (cap
 
 def load_data(data: str, *, num: int, seed: int, question_key: str, answer_key: str) -> SourceData:
     """`builtin:<task>` (its held-out split, `num` questions) or a parquet/jsonl file (bad rows skipped)."""
-    return read_source(data, split="eval", num=num, seed=seed, question_key=question_key,
-                       answer_key=answer_key, on_bad_row="skip")
+    return read_source(
+        data,
+        split="eval",
+        num=num,
+        seed=seed,
+        question_key=question_key,
+        answer_key=answer_key,
+        on_bad_row="skip",
+    )
 
 
 def _context_length(model_dir: Path) -> int | None:

@@ -30,7 +30,9 @@ def _remove(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_path(target: str | os.PathLike, *, directory: bool = False, exist_ok: bool = False) -> Iterator[Path]:
+def atomic_path(
+    target: str | os.PathLike, *, directory: bool = False, exist_ok: bool = False
+) -> Iterator[Path]:
     """Yield a temporary path next to `target`; when the block succeeds, move it to `target`.
 
     Files: the yielded path does not exist yet (the block creates it) and replaces any existing

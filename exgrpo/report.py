@@ -1,31 +1,130 @@
-"""Terminal progress, the end-of-run summary table and the PNG plots of a run directory."""
+"""Terminal progress (phase lines, the step bar), the end-of-run summary table, the plots and report.html.
+
+- `Phases`: one line on stderr for every start-up / shut-down phase that runs past a couple of
+  seconds (building the base model, starting Ray, starting actors, ...), with its duration; all
+  phase times go into the summary (`phases_s`, `fixed_overhead_s`).
+- `Progress`: the tqdm bar over the steps (reward, solve ratio, replay size, held-out accuracy).
+- `write_report`: `summary.json`, `summary.txt` (also printed), `plots/*.png` (`logging.plots`) and
+  one self-contained `report.html` (`logging.report`: the plots inlined as base64 PNG, no
+  external file or network access).
+"""
 
 from __future__ import annotations
 
+import base64
+import html
+import io
 import json
+import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from exgrpo import metrics as M
 from exgrpo.fileio import atomic_write_text
+
+PREFIX = "[exgrpo]"
+
+
+class Phases:
+    """Named, timed phases; `start(name)` ends the previous one. A phase still running after
+    `announce_after_s` gets a line on `stream` (`[exgrpo] building base model ...`) and, when it
+    ends, its duration; `announce=False` phases (the step loop, which has its own bar) stay silent."""
+
+    def __init__(
+        self, *, enabled: bool = True, announce_after_s: float = 2.0, stream: IO[str] | None = None
+    ) -> None:
+        self.enabled = enabled
+        self.announce_after_s = announce_after_s
+        self.stream = stream
+        self.times: dict[str, float] = {}
+        self._current: tuple[str, float, threading.Timer | None, list[bool]] | None = None
+        self._lock = threading.Lock()
+
+    def _say(self, text: str) -> None:
+        print(f"{PREFIX} {text}", file=self.stream or sys.stderr, flush=True)
+
+    def start(self, name: str, detail: str = "", *, announce: bool = True) -> None:
+        self.end()
+        said = [False]
+        timer = None
+        if self.enabled and announce:
+
+            def announce_now() -> None:
+                with self._lock:
+                    if self._current is not None and self._current[3] is said:
+                        said[0] = True
+                        self._say(f"{name}{': ' + detail if detail else ''} ...")
+
+            timer = threading.Timer(self.announce_after_s, announce_now)
+            timer.daemon = True
+            timer.start()
+        self._current = (name, time.perf_counter(), timer, said)
+
+    def end(self) -> None:
+        with self._lock:
+            current, self._current = self._current, None
+        if current is None:
+            return
+        name, t0, timer, said = current
+        if timer is not None:
+            timer.cancel()
+        dt = time.perf_counter() - t0
+        self.times[name] = self.times.get(name, 0.0) + dt
+        if said[0]:
+            self._say(f"{name}: {dt:.1f} s")
+
+    def note(self, text: str) -> None:
+        """A line the user should see now (e.g. the dashboard URL), printed even for short phases."""
+        if self.enabled:
+            self._say(text)
+
+
+def quiet_libraries(*, verbose: bool) -> None:
+    """In this process: no transformers / HF hub progress bars ("Writing model shards", "Loading
+    weights") and only errors from their loggers, unless `verbose`. Actors get the same through
+    `exgrpo.launch.QUIET_ENV`."""
+    if verbose:
+        return
+    try:
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+    except ImportError:  # pragma: no cover - transformers is a core dependency
+        pass
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    except ImportError:  # pragma: no cover
+        pass
 
 
 class Progress:
     """A tqdm bar showing reward, solve ratio, replay size and held-out accuracy."""
 
-    def __init__(self, *, total: int, enabled: bool = True) -> None:
+    def __init__(self, *, total: int, enabled: bool = True, evaluating: bool = False) -> None:
+        """`evaluating`: the loop starts with a held-out evaluation; the bar says so until the first step."""
         self._bar = None
         if enabled:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, desc="exgrpo", unit="step", dynamic_ncols=True)
+            if evaluating:
+                self._bar.set_postfix_str("held-out evaluation before the first step")
 
     def update(self, record: dict[str, Any]) -> None:
         if self._bar is None:
             return
-        post = {"reward": f"{record.get(M.MEAN_REWARD, 0):.3f}", "solve": f"{record.get(M.SOLVE_RATIO, 0):.3f}",
-                "buffer": record.get(M.REPLAY_SIZE, 0), "v": record.get(M.VERSION, 0)}
+        post = {
+            "reward": f"{record.get(M.MEAN_REWARD, 0):.3f}",
+            "solve": f"{record.get(M.SOLVE_RATIO, 0):.3f}",
+            "buffer": record.get(M.REPLAY_SIZE, 0),
+            "v": record.get(M.VERSION, 0),
+        }
         if M.EVAL_ACCURACY in record:
             post["eval"] = f"{record[M.EVAL_ACCURACY]:.3f}"
         self._bar.set_postfix(post, refresh=False)
@@ -41,14 +140,30 @@ class Progress:
             self._bar.close()
 
 
-def summary(records: Sequence[dict[str, Any]], evals: Sequence[dict[str, float]], wall_s: float) -> dict[str, Any]:
+# Start-up and tear-down phases (`Phases` names used by `exgrpo.launch.train`): the fixed overhead of a run.
+FIXED_PHASES = ("base model", "data", "Ray start-up", "actor start-up", "loggers", "shutdown", "report")
+TIME_SPLIT = (
+    ("generation_wait", M.WAIT_TIME),
+    ("entropy", M.ENTROPY_TIME),
+    ("update", M.UPDATE_TIME),
+    ("sync", M.SYNC_TIME),
+    ("idle", M.IDLE_TIME),
+)
+
+
+def summary(
+    records: Sequence[dict[str, Any]],
+    evals: Sequence[dict[str, float]],
+    wall_s: float,
+    phases: dict[str, float] | None = None,
+) -> dict[str, Any]:
     last = records[-1] if records else {}
     buckets = {k: v for k, v in last.items() if k.startswith("replay/bucket_")}
 
     def total(key: str) -> float:
         return float(sum(r.get(key) or 0 for r in records))
 
-    return {
+    out = {
         "steps": len(records),
         "eval_accuracy_before": evals[0][M.EVAL_ACCURACY] if evals else None,
         "eval_accuracy_after": evals[-1][M.EVAL_ACCURACY] if evals else None,
@@ -59,68 +174,225 @@ def summary(records: Sequence[dict[str, Any]], evals: Sequence[dict[str, float]]
         "buckets": buckets,
         "replay_started": bool(last.get(M.REPLAY_STARTED, 0)),
         "wall_s": wall_s,
-        "time_split_s": {k: total(key) for k, key in (("generation_wait", M.WAIT_TIME), ("entropy", M.ENTROPY_TIME),
-                                                      ("update", M.UPDATE_TIME), ("sync", M.SYNC_TIME),
-                                                      ("idle", M.IDLE_TIME))},
+        "time_split_s": {k: total(key) for k, key in TIME_SPLIT},
     }
+    out.update(heldout_gain(evals))
+    if phases:
+        steps_s = total(M.STEP_TIME)
+        out["phases_s"] = dict(phases)
+        out["steps_s"] = steps_s
+        # the loop minus its steps: held-out evaluations, checkpoints, the final save
+        out["eval_and_checkpoints_s"] = max(phases.get("train loop", 0.0) - steps_s, 0.0)
+        out["fixed_overhead_s"] = sum(phases.get(p, 0.0) for p in FIXED_PHASES)
+    return out
 
 
-def format_summary(s: dict[str, Any]) -> str:
+def heldout_gain(evals: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Held-out gain from the first to the last evaluation with its paired standard error.
+
+    Each evaluation keeps every question's Avg@n in the same order (`per_question`), so the gain is the
+    mean of per-question differences d_i and its standard error std(d, ddof=1) / sqrt(#questions);
+    also per data source (e.g. ID and OOD) when the eval set mixes several (`gain_by_source`).
+    """
+    if len(evals) < 2 or "per_question" not in evals[0] or "per_question" not in evals[-1]:
+        return {}
+    first, last = evals[0]["per_question"], evals[-1]["per_question"]
+    if len(first) != len(last) or len(first) < 2:
+        return {}
+    d = [b - a for a, b in zip(first, last, strict=True)]
+    mean = sum(d) / len(d)
+    se = (sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d)) ** 0.5
+    out: dict[str, Any] = {"eval_gain": mean, "eval_gain_se": se}
+    sources = evals[0].get("sources")
+    if sources and len(sources) == len(d):
+        by: dict[str, list[float]] = {}
+        for src, x in zip(sources, d, strict=True):
+            by.setdefault(src, []).append(x)
+        out["gain_by_source"] = {
+            src: (sum(v) / len(v), (sum((x - sum(v) / len(v)) ** 2 for x in v) / max(len(v) - 1, 1) / len(v)) ** 0.5)
+            for src, v in by.items()}
+    return out
+
+
+def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     def f(x: Any) -> str:
         return f"{x:.3f}" if isinstance(x, float) else str(x)
 
-    rows = [("steps", s["steps"]), ("held-out accuracy before", f(s["eval_accuracy_before"])),
-            ("held-out accuracy after", f(s["eval_accuracy_after"])), ("generated tokens", s["tokens"]),
-            ("tokens/s (per step time)", f(s["tokens_per_s"])), ("replay started", s["replay_started"]),
-            ("replayable questions", s["replay_size"]), ("retired questions", s["retired"]),
-            ("buffer per bucket", " ".join(f"{k.split('_')[-1]}:{v}" for k, v in s["buckets"].items()) or "-"),
-            ("wall time (s)", f(s["wall_s"]))]
+    rows = [
+        ("steps", s["steps"]),
+        ("held-out accuracy before", f(s["eval_accuracy_before"])),
+        ("held-out accuracy after", f(s["eval_accuracy_after"])),
+        *([("held-out gain (± s.e.)", f"{s['eval_gain']:+.3f} ± {s['eval_gain_se']:.3f}")] if "eval_gain" in s else []),
+        *[(f"  gain {src} (± s.e.)", f"{g:+.3f} ± {e:.3f}") for src, (g, e) in s.get("gain_by_source", {}).items()],
+        ("generated tokens", s["tokens"]),
+        ("tokens/s (per step time)", f(s["tokens_per_s"])),
+        ("replay started", s["replay_started"]),
+        ("replayable questions", s["replay_size"]),
+        ("retired questions", s["retired"]),
+        ("buffer per bucket", " ".join(f"{k.split('_')[-1]}:{v}" for k, v in s["buckets"].items()) or "-"),
+        ("wall time (s)", f(s["wall_s"])),
+    ]
     rows += [(f"  time in {k} (s)", f(v)) for k, v in s["time_split_s"].items()]
+    if "phases_s" in s:
+        rows.append(("fixed overhead (s)", f"{s['fixed_overhead_s']:.1f}"))
+        rows += [(f"  {k} (s)", f"{v:.1f}") for k, v in s["phases_s"].items() if k in FIXED_PHASES]
+        rows.append(("steps (s)", f"{s['steps_s']:.1f}"))
+        rows.append(("evaluation + checkpoints (s)", f"{s['eval_and_checkpoints_s']:.1f}"))
+    return [(k, str(v)) for k, v in rows]
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    rows = _rows(s)
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def write_report(run_dir: Path, *, records: Sequence[dict[str, Any]], evals: Sequence[dict[str, float]],
-                 wall_s: float, plots: bool = True) -> dict[str, Any]:
-    s = summary(records, evals, wall_s)
-    atomic_write_text(Path(run_dir) / "summary.json", json.dumps(s, indent=2))
+def write_report(
+    run_dir: Path,
+    *,
+    records: Sequence[dict[str, Any]],
+    evals: Sequence[dict[str, float]],
+    wall_s: float,
+    plots: bool = True,
+    html_report: bool = False,
+    phases: dict[str, float] | None = None,
+    run_id: str = "",
+    config_yaml: str = "",
+) -> dict[str, Any]:
+    """summary.json / summary.txt (printed), `plots/*.png` if `plots`, `report.html` if `html_report`."""
+    run_dir = Path(run_dir)
+    s = summary(records, evals, wall_s, phases)
+    atomic_write_text(run_dir / "summary.json", json.dumps(s, indent=2))
     text = format_summary(s)
-    atomic_write_text(Path(run_dir) / "summary.txt", text + "\n")
+    atomic_write_text(run_dir / "summary.txt", text + "\n")
     print(text)
-    if plots and records:
-        write_plots(Path(run_dir), records, evals)
+    if records and (plots or html_report):
+        figures = render_figures(records, evals)
+        if plots:
+            out = run_dir / "plots"
+            out.mkdir(exist_ok=True)
+            for name, png in figures.items():
+                (out / f"{name}.png").write_bytes(png)
+        if html_report:
+            page = report_html(s, figures, run_id=run_id or run_dir.name, config_yaml=config_yaml)
+            atomic_write_text(run_dir / "report.html", page)
     return s
 
 
 def write_plots(run_dir: Path, records: Sequence[dict[str, Any]], evals: Sequence[dict[str, float]]) -> None:
+    out = Path(run_dir) / "plots"
+    out.mkdir(exist_ok=True)
+    for name, png in render_figures(records, evals).items():
+        (out / f"{name}.png").write_bytes(png)
+
+
+# Figures of the report: name -> (title, what it shows). PNG names in plots/ are the keys.
+FIGURES = {
+    "reward": (
+        "Reward and held-out accuracy",
+        "fresh rollouts' mean reward and solve ratio per step; "
+        "held-out Avg@n after each evaluation (x = policy version = steps done)",
+    ),
+    "eval_accuracy": ("Held-out accuracy", "Avg@n and Pass@n on the held-out set by policy version"),
+    "buckets": ("Replay buckets", "questions per correctness bucket k/K (stacked) and retired questions"),
+    "staleness": ("Staleness", "training version minus sampling version over each batch"),
+    "step_time": ("Step-time split", "where each step's wall time went (stacked)"),
+    "weight_sync": ("Weight sync", "driver-side broadcast time and the samplers' mean weight-load time"),
+}
+
+
+def render_figures(records: Sequence[dict[str, Any]], evals: Sequence[dict[str, float]]) -> dict[str, bytes]:
+    """The run's plots as PNG bytes (matplotlib, Agg)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = run_dir / "plots"
-    out.mkdir(exist_ok=True)
     steps = [r[M.STEP] for r in records]
 
-    def line(keys: Sequence[str], name: str, ylabel: str) -> None:
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for key in keys:
-            ax.plot(steps, [r.get(key) or 0 for r in records], label=key)
-        ax.set_xlabel("step")
-        ax.set_ylabel(ylabel)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / f"{name}.png", dpi=100)
-        plt.close(fig)
+    def series(key: str) -> list[float]:
+        return [float(r.get(key) or 0) for r in records]
 
-    line([M.MEAN_REWARD, M.SOLVE_RATIO], "reward", "reward")
-    line(sorted(k for k in records[-1] if k.startswith("replay/bucket_")) + [M.RETIRED], "buckets", "questions")
-    line([M.STALENESS_MEAN, M.STALENESS_MAX], "staleness", "versions")
+    def png(fig: Any, ax: Any, ylabel: str, xlabel: str = "step") -> bytes:
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=100)
+        plt.close(fig)
+        return buf.getvalue()
+
+    out: dict[str, bytes] = {}
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, series(M.MEAN_REWARD), label=M.MEAN_REWARD)
+    ax.plot(steps, series(M.SOLVE_RATIO), label=M.SOLVE_RATIO)
+    if evals:
+        ax.plot(
+            [e.get("eval/version", 0) for e in evals],
+            [e[M.EVAL_ACCURACY] for e in evals],
+            marker="o",
+            label=f"{M.EVAL_ACCURACY} (held-out)",
+        )
+    out["reward"] = png(fig, ax, "reward")
     if evals:
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.plot([e["eval/version"] for e in evals], [e[M.EVAL_ACCURACY] for e in evals], marker="o")
-        ax.set_xlabel("policy version")
-        ax.set_ylabel("held-out accuracy")
-        fig.tight_layout()
-        fig.savefig(out / "eval_accuracy.png", dpi=100)
-        plt.close(fig)
+        versions = [e.get("eval/version", 0) for e in evals]
+        ax.plot(versions, [e[M.EVAL_ACCURACY] for e in evals], marker="o", label=M.EVAL_ACCURACY)
+        if all(M.EVAL_PASS in e for e in evals):
+            ax.plot(versions, [e[M.EVAL_PASS] for e in evals], marker="s", label=M.EVAL_PASS)
+        out["eval_accuracy"] = png(fig, ax, "held-out accuracy", "policy version")
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    bucket_keys = sorted(
+        (k for k in records[-1] if k.startswith("replay/bucket_")), key=lambda k: int(k.rsplit("_", 1)[-1])
+    )
+    if bucket_keys:
+        ax.stackplot(steps, [series(k) for k in bucket_keys], labels=bucket_keys, alpha=0.8)
+    ax.plot(steps, series(M.RETIRED), color="black", label=M.RETIRED)
+    out["buckets"] = png(fig, ax, "questions")
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, series(M.STALENESS_MEAN), label=M.STALENESS_MEAN)
+    ax.plot(steps, series(M.STALENESS_MAX), label=M.STALENESS_MAX, drawstyle="steps-mid")
+    out["staleness"] = png(fig, ax, "versions")
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.stackplot(
+        steps, [series(key) for _, key in TIME_SPLIT], labels=[key for _, key in TIME_SPLIT], alpha=0.85
+    )
+    out["step_time"] = png(fig, ax, "seconds")
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, series(M.SYNC_TIME), label=M.SYNC_TIME)
+    ax.plot(steps, series(M.WEIGHT_LOAD), label=M.WEIGHT_LOAD)
+    out["weight_sync"] = png(fig, ax, "seconds")
+    return out
+
+
+_CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1300px;color:#222}
+h1{font-size:1.4em}h2{font-size:1.1em;margin:0 0 .3em}table{border-collapse:collapse}
+td{padding:2px 12px 2px 0;border-bottom:1px solid #eee}td:first-child{white-space:pre}
+.grid{display:flex;flex-wrap:wrap;gap:16px}.fig{flex:0 0 600px}.fig p{margin:0;color:#666;font-size:.85em}
+img{width:600px;height:350px;display:block}img[data-failed]{outline:2px solid red}
+pre{background:#f6f6f6;padding:8px;font-size:.8em;overflow:auto}"""
+
+
+def report_html(s: dict[str, Any], figures: dict[str, bytes], *, run_id: str, config_yaml: str = "") -> str:
+    """One self-contained page: the summary table, every figure as a base64 PNG, the config."""
+    esc = html.escape
+    rows = "\n".join(f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>" for k, v in _rows(s))
+    figs = []
+    for name, png in figures.items():
+        title, what = FIGURES.get(name, (name, ""))
+        data = base64.b64encode(png).decode("ascii")
+        figs.append(
+            f'<div class="fig" id="fig-{esc(name)}"><h2>{esc(title)}</h2><p>{esc(what)}</p>'
+            f'<img alt="{esc(title)}" src="data:image/png;base64,{data}" '
+            f'onload="this.dataset.loaded=this.naturalWidth" onerror="this.dataset.failed=1"></div>'
+        )
+    config = f"<h2>Config</h2><pre>{esc(config_yaml)}</pre>" if config_yaml else ""
+    return (
+        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>exgrpo run {esc(run_id)}</title>'
+        f"<style>{_CSS}</style></head><body>\n<h1>exgrpo run {esc(run_id)}</h1>\n"
+        f'<table id="summary">{rows}</table>\n<div class="grid">{"".join(figs)}</div>\n{config}\n'
+        f"</body></html>\n"
+    )

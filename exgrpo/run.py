@@ -3,6 +3,9 @@
     python -m exgrpo.run                                  # embedded default (configs/default.yaml)
     python -m exgrpo.run --config configs/tiny-cpu.yaml trainer.steps=5
     python -m exgrpo.run --print-config | --dry-run
+    python -m exgrpo.run --dashboard                      # the Ray dashboard on 127.0.0.1 (its URL is printed)
+    python -m exgrpo.run --verbose                        # the actors' own progress bars and warnings too
+    python -m exgrpo.run logging.backends=[tensorboard,wandb]   # + TensorBoard and (offline) W&B
     python -m exgrpo.run --resume runs/<id> [trainer.steps=40]
     ray job submit --address http://127.0.0.1:8265 --working-dir . -- python -m exgrpo.run --config tiny-cpu
 
@@ -25,17 +28,52 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m exgrpo.run", description=__doc__.split("\n")[0])
     parser.add_argument("--config", help="YAML file or packaged config name (default: the embedded default)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    parser.add_argument("--dry-run", action="store_true", help="validate and print the placement plan, start nothing")
-    parser.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint "
-                        "(its config.yaml is used; overrides such as trainer.steps=40 still apply)")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. replay.rho=0.25 trainer.steps=10")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--dry-run", action="store_true", help="validate and print the placement plan, start nothing"
+    )
+    parser.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a run from its latest checkpoint "
+        "(its config.yaml is used; overrides such as trainer.steps=40 still apply)",
+    )
+    parser.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="local cluster: start the Ray dashboard on "
+        "127.0.0.1 and print its URL (= logging.dashboard=true; docs/operating.md)",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="let the actors' progress bars, library warnings "
+        "and info logs through (= logging.verbose=true; quiet by default)",
+    )
+    parser.add_argument(
+        "overrides", nargs="*", help="dotted overrides, e.g. replay.rho=0.25 trainer.steps=10"
+    )
+    args = parser.parse_intermixed_args(argv)  # overrides may come before or after the options
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.resume:
         if args.config:
-            parser.error("--resume uses the run's own config.yaml; pass changes as overrides instead of --config")
+            parser.error(
+                "--resume uses the run's own config.yaml; pass changes as overrides instead of --config"
+            )
         args.config = str(Path(args.resume) / "config.yaml")
+        if not Path(args.config).is_file():
+            print(
+                f"error: cannot resume {args.resume!r}: "
+                f"{'it has no config.yaml' if Path(args.resume).is_dir() else 'no such run directory'} "
+                "(give the run directory that `python -m exgrpo.run` printed, e.g. runs/<timestamp>)",
+                file=sys.stderr,
+            )
+            return 2
         args.overrides = [*args.overrides, f"logging.run_dir={args.resume}"]
+    args.overrides = [
+        *args.overrides,
+        *(["logging.dashboard=true"] if args.dashboard else []),
+        *(["logging.verbose=true"] if args.verbose else []),
+    ]
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
@@ -47,13 +85,29 @@ def main(argv: list[str] | None = None) -> int:
     from exgrpo import launch
 
     if args.dry_run:
-        print(launch.placement_plan(cfg))
+        from exgrpo.resources import placement_plan
+
+        print(placement_plan(cfg))
         return 0
+    from exgrpo.checkpoint import ResumeError, RunInterrupted, latest_checkpoint
+    from exgrpo.data.readers import DataError
+    from exgrpo.models.resolve import ModelResolveError
+
     try:
         launch.train(cfg, resume=bool(args.resume))
-    except FileNotFoundError as e:
+    except (ConfigError, DataError, ModelResolveError, ResumeError, FileNotFoundError) as e:
+        # bad input (config, resources, data, model, resume): nothing was trained, nothing is lost
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RunInterrupted as e:  # a learner or replay shard died; the message names the resume command
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        run_dir = cfg.logging.run_dir
+        ckpt = latest_checkpoint(Path(run_dir)) if run_dir else None
+        hint = f"; resume from {ckpt} with: python -m exgrpo.run --resume {run_dir}" if ckpt else ""
+        print(f"interrupted{hint}", file=sys.stderr)
+        return 130
     finally:
         if not os.environ.get("RAY_ADDRESS"):
             import ray

@@ -1,6 +1,8 @@
 """`python -m exgrpo.scale --samplers N`: grow or shrink the samplers of a running job.
 
-Reaches the job's named controller actor (namespace `exgrpo`) on the cluster at RAY_ADDRESS (or
+`Controller` is the job's named actor `exgrpo-controller` holding the desired count;
+`ControllerClient` is how the driver reads it (`exgrpo.core.Scaling`) without blocking. The CLI reaches
+the job's named controller actor (namespace `exgrpo`) on the cluster at RAY_ADDRESS (or
 --address). New samplers receive the current weights before their first rollout; removed ones
 finish their in-flight requests first, so no request is lost.
 """
@@ -9,6 +11,45 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
+
+
+class Controller:
+    """The named actor `exgrpo-controller` through which operators steer a running job."""
+
+    def __init__(self, *, samplers: int) -> None:
+        self._samplers = samplers
+
+    def ping(self) -> str:
+        return "pong"
+
+    def set_samplers(self, *, n: int) -> int:
+        if n < 1:
+            raise ValueError(f"samplers must be >= 1, got {n}")
+        self._samplers = n
+        return n
+
+    def desired_samplers(self) -> int:
+        return self._samplers
+
+
+class ControllerClient:
+    """`exgrpo.core.Scaling` over the controller actor without blocking: one query is always in
+    flight; `desired_samplers()` returns its answer once it has arrived (and asks again), else None."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self._ref = handle.desired_samplers.remote()
+
+    def desired_samplers(self) -> int | None:
+        import ray
+
+        ready, _ = ray.wait([self._ref], timeout=0)
+        if not ready:
+            return None
+        value = ray.get(self._ref)
+        self._ref = self.handle.desired_samplers.remote()
+        return int(value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         controller = ray.get_actor("exgrpo-controller", namespace="exgrpo")
     except ValueError:
-        print("error: no running exgrpo job found (actor 'exgrpo-controller' in namespace 'exgrpo')", file=sys.stderr)
+        print(
+            "error: no running exgrpo job found (actor 'exgrpo-controller' in namespace 'exgrpo')",
+            file=sys.stderr,
+        )
         return 1
     n = ray.get(controller.set_samplers.remote(n=args.samplers))
     print(f"asked the job for {n} samplers; it applies the change at its next step")

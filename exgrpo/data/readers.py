@@ -27,6 +27,7 @@ naming the first few rows (`on_bad_row="error"`). Nothing is dropped silently.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +102,7 @@ def read_prompts(
     if suffix in PARQUET_SUFFIXES:
         try:
             columns = pq.read_schema(path).names
-        except (pa.ArrowException, OSError) as err:
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
             raise DataError(f"{str(path)!r} is not a readable parquet file: {err}") from err
         chosen = _choose_layout(layout, columns, question_key=question_key, path=path)
         rows: Iterable[tuple[int, dict[str, Any]]] = _parquet_rows(path, _needed_columns(chosen, columns))
@@ -213,18 +214,31 @@ def _parquet_rows(path: Path, columns: list[str] | None) -> Iterator[tuple[int, 
             for record in batch.to_pylist():
                 yield row, record
                 row += 1
-    except (pa.ArrowException, OSError) as err:
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as err:  # corrupt pages can hold invalid UTF-8
         raise DataError(f"{str(path)!r}: parquet data unreadable at row {row} or after: {err}") from err
 
 
 def _read_jsonl(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[BadRow]]:
-    """JSON lines (row = 0-based line index); a `.json` file holding one array is also accepted."""
-    text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
+    """JSON lines (row = 0-based line index); a `.json` file holding one array is also accepted.
+
+    Lines are split on "\\n" only (a JSON string may hold U+2028 and other line separators); a line
+    that is not UTF-8, not JSON, nested too deeply or not an object is a bad row.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise DataError(f"cannot read {str(path)!r}: {err}") from err
+    if data.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte order mark
+        data = data[3:]
+    if path.suffix.lower() == ".json" and data.lstrip().startswith(b"["):
         try:
-            items = json.loads(text)
+            items = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            raise DataError(f"{str(path)!r} is not UTF-8 text: {err}") from err
         except json.JSONDecodeError as err:
             raise DataError(f"{str(path)!r} is not valid JSON: {err}") from err
+        except RecursionError as err:
+            raise DataError(f"{str(path)!r}: JSON nested too deeply to read") from err
         good, bad = [], []
         for row, item in enumerate(items):
             if isinstance(item, dict):
@@ -233,13 +247,21 @@ def _read_jsonl(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[BadR
                 bad.append(BadRow(row, f"expected a JSON object, got {type(item).__name__}"))
         return good, bad
     good, bad = [], []
-    for row, line in enumerate(text.splitlines()):
+    for row, raw in enumerate(data.split(b"\n")):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            bad.append(BadRow(row, f"line {row + 1} is not UTF-8 text (byte {err.start})"))
+            continue
         if not line.strip():
             continue
         try:
             item = json.loads(line)
         except json.JSONDecodeError as err:
             bad.append(BadRow(row, f"invalid JSON on line {row + 1}: {err.msg} at column {err.colno}"))
+            continue
+        except RecursionError:
+            bad.append(BadRow(row, f"JSON on line {row + 1} is nested too deeply"))
             continue
         if not isinstance(item, dict):
             bad.append(BadRow(row, f"expected a JSON object on line {row + 1}, got {type(item).__name__}"))
@@ -302,6 +324,8 @@ def _answer_text(value: Any, where: str) -> str:
         raise _RowError(f"missing answer ({where} is null or absent)")
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise _RowError(f"answer must be a string or a number, got {type(value).__name__} in {where}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _RowError(f"answer must be a finite number, got {value} in {where}")
     text = str(value).strip()
     if not text:
         raise _RowError(f"empty answer in {where}")

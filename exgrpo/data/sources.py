@@ -57,13 +57,19 @@ def read_source(
     """`builtin:<task>`: `num` questions of the task's `split` split drawn with `seed`; anything
     else: every row of a parquet/jsonl file (`exgrpo.data.readers.read_prompts`, which raises a
     `DataError` for unreadable files; `split`, `num` and `seed` do not apply to files)."""
+    from exgrpo.data.readers import DataError, read_prompts
+
     name = builtin_name(spec)
     if name is not None:
-        from exgrpo.data.tasks import builtin_task
+        from exgrpo.data.tasks import BUILTIN_TASKS, builtin_task
 
+        if name not in BUILTIN_TASKS:
+            raise DataError(
+                f"unknown builtin task {spec!r}; valid: "
+                f"{', '.join(BUILTIN_PREFIX + n for n in sorted(BUILTIN_TASKS))}, or a parquet/jsonl path"
+            )
         prompts = builtin_task(name).make_split(split=split, n=num, seed=seed)
         return SourceData(tuple(prompts), name)
-    from exgrpo.data.readers import read_prompts
 
     result = read_prompts(spec, question_key=question_key, answer_key=answer_key, on_bad_row=on_bad_row)
     return SourceData(result.prompts, Path(spec).stem, result.skipped)
@@ -88,8 +94,23 @@ def load_prompts(cfg: Config) -> tuple[list[Prompt], list[Prompt]]:
 
 def _read(cfg: Config, spec: str, *, split: Split, num: int) -> list[Prompt]:
     d = cfg.data
-    data = read_source(spec, split=split, num=num, seed=d.seed, question_key=d.question_key,
-                       answer_key=d.answer_key, on_bad_row=d.on_bad_row)
+    data = read_source(
+        spec,
+        split=split,
+        num=num,
+        seed=d.seed,
+        question_key=d.question_key,
+        answer_key=d.answer_key,
+        on_bad_row=d.on_bad_row,
+    )
     if data.skipped:
-        log.warning("%s: skipped %d malformed rows (first: %s)", spec, len(data.skipped), data.skipped[:3])
+        first = "; ".join(f"row {b.row}: {b.reason}" for b in data.skipped[:3])
+        log.warning(
+            "%s: skipped %d of %d rows as malformed (data.on_bad_row=skip; set data.on_bad_row=error to "
+            "fail instead); first: %s",
+            spec,
+            len(data.skipped),
+            data.rows_read,
+            first,
+        )
     return list(data.prompts)

@@ -16,7 +16,9 @@ from exgrpo.types import Prompt
 
 
 class PromptStream:
-    def __init__(self, prompts: Sequence[Prompt], *, seed: int, retired: Callable[[], frozenset[str]] = frozenset) -> None:
+    def __init__(
+        self, prompts: Sequence[Prompt], *, seed: int, retired: Callable[[], frozenset[str]] = frozenset
+    ) -> None:
         if not prompts:
             raise ValueError("the training set is empty")
         self.prompts = list(prompts)
@@ -41,7 +43,7 @@ class PromptStream:
         while len(out) < n:
             if self.position >= len(self._order):
                 self._new_epoch()
-            take = self._order[self.position:self.position + n - len(out)]
+            take = self._order[self.position : self.position + n - len(out)]
             self.position += len(take)
             out += [self.prompts[i] for i in take]
         return out
@@ -50,4 +52,8 @@ class PromptStream:
         return {"epoch": self.epoch, "position": self.position, "order": list(self._order)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.position, self._order = int(state["epoch"]), int(state["position"]), list(state["order"])
+        self.epoch, self.position, self._order = (
+            int(state["epoch"]),
+            int(state["position"]),
+            list(state["order"]),
+        )

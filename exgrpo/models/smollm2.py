@@ -95,7 +95,9 @@ def convert_smollm2(out_dir: Path, *, dtype: Dtype = "float32") -> Path:
     with atomic_path(out_dir, directory=True, exist_ok=True) as tmp:
         _write(tmp, dtype=dtype, fingerprint=fingerprint)
     if not _is_conversion(out_dir, fingerprint):
-        raise SmolLM2Error(f"{out_dir} was filled by another writer with something other than this conversion")
+        raise SmolLM2Error(
+            f"{out_dir} was filled by another writer with something other than this conversion"
+        )
     return out_dir
 
 
@@ -147,9 +149,7 @@ def _write(out_dir: Path, *, dtype: Dtype, fingerprint: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Convert the SmolLM2-135M-Instruct GGUF to HF safetensors.")
     parser.add_argument("--out", required=True, type=Path, help="output directory (new or empty)")
-    parser.add_argument(
-        "--dtype", default="float32", choices=get_args(Dtype), help="saved weight dtype"
-    )
+    parser.add_argument("--dtype", default="float32", choices=get_args(Dtype), help="saved weight dtype")
     args = parser.parse_args(argv)
     print(convert_smollm2(args.out, dtype=args.dtype))
 

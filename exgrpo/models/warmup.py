@@ -222,8 +222,16 @@ def solve_counts(
 
     engine = HFEngine(model_dir, seed=seed)
     with Verifier(mode=reward_mode(template)) as verifier:
-        rewards = sample_rewards(engine, verifier, prompts, n=n, template=template, max_tokens=max_tokens,
-                                 temperature=temperature, seed=seed)
+        rewards = sample_rewards(
+            engine,
+            verifier,
+            prompts,
+            n=n,
+            template=template,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=seed,
+        )
     return [int(sum(r)) for r in rewards]
 
 

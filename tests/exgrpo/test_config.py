@@ -20,7 +20,7 @@ def test_default_loads_and_round_trips():
 
 
 def test_every_packaged_config_validates_and_plans():
-    from exgrpo.launch import placement_plan
+    from exgrpo.resources import placement_plan
 
     names = sorted(PACKAGED_CONFIGS.glob("*.yaml"))
     assert {p.stem for p in names} >= {"default", "tiny-cpu", "qwen2.5-math-7b", "qwen2.5-math-1.5b", "llama3.1-8b"}

@@ -1,7 +1,9 @@
-"""Tests of exgrpo.rewards: extraction, math-verify equivalence, hard timeouts, safety, cleanup."""
+"""Tests of exgrpo.rewards and exgrpo.verify_pool: extraction, math-verify equivalence, hard timeouts,
+parallel callers, safety, cleanup. Pure extraction rules: test_answers.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -11,12 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo import rewards
+from exgrpo import answers, rewards
 from exgrpo.rewards import Verifier, extract_answer
 
 TIMEOUT_S = 1.0  # deadline of the verifier used for pathological inputs
 MARGIN_S = 1.5  # kill + reap + scheduling noise on a loaded 2-core machine
-POWER_TOWER = r"\boxed{9^{9^{9^{9^{9}}}}}"  # sympy tries to evaluate it and never returns
+POWER_TOWER = (
+    r"\boxed{9^{9^{9^{9^{9}}}}}"  # against a gold that is a tower too: sympy computes and never returns
+)
+TOWER_GOLD = "9^{9^{9^{9^{8}}}}"
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +80,16 @@ def test_extract_boxed(response, expected):
 
 @pytest.mark.parametrize(
     ("gold", "clean"),
-    [(r"\boxed 5", "5"), (r"$\boxed{x\}y}$", r"x\}y"), (rewards.boxed(r"\frac{1}{2}"), r"\frac{1}{2}"),
-     (r"\boxed{}", r"\boxed{}"), (" 7 ", "7")],
+    [
+        (r"\boxed 5", "5"),
+        (r"$\boxed{x\}y}$", r"x\}y"),
+        (rewards.boxed(r"\frac{1}{2}"), r"\frac{1}{2}"),
+        (r"\boxed{}", r"\boxed{}"),
+        (" 7 ", "7"),
+    ],
 )
 def test_gold_is_unboxed_by_the_same_extractor(gold, clean):
-    assert rewards._clean_gold(gold) == clean
+    assert answers.clean_gold(gold) == clean
 
 
 def test_extract_think_mode():
@@ -130,9 +140,11 @@ def test_extract_is_linear_on_huge_inputs():
         (r"\boxed{6}", "5", 0.0),
         (r"\boxed{0.51}", r"\frac12", 0.0),
         (r"\boxed{hello}", "5", 0.0),
-        ("The answer is 5.", "5", 0.0),  # no box, no reward
-        (r"\boxed{4} no wait \boxed{5}", "5", 1.0),  # last box wins
-        (r"\boxed{5} no wait \boxed{4}", "5", 0.0),
+        ("The answer is 5.", "5", 1.0),  # no box: math-verify reads the stated answer
+        ("The answer is 6.", "5", 0.0),
+        (r"\boxed{4}. Wait. I made an error in step two. \boxed{5}", "5", 1.0),  # far apart: last box
+        (r"\boxed{4} no wait \boxed{5}", "5", 0.0),  # < 10 characters apart: one answer, {4, 5}
+        (r"\boxed{5}. Wait. I made an error in step two. \boxed{4}", "5", 0.0),
         (r"\boxed{007}", "7", 1.0),  # integer fast path
         (r"\boxed{-0}", "0", 1.0),
         (r"\boxed{-5}", "5", 0.0),
@@ -176,13 +188,13 @@ def test_bad_inputs(verifier):
 
 
 def test_power_tower_times_out(strict_verifier):
-    reward, wall = _timed(strict_verifier.score, POWER_TOWER, "1")
+    reward, wall = _timed(strict_verifier.score, POWER_TOWER, TOWER_GOLD)
     assert reward == 0.0
     assert TIMEOUT_S * 0.9 < wall < TIMEOUT_S + MARGIN_S  # it did reach the deadline, no further
 
 
 def test_deep_parentheses_cost_at_most_the_timeout(strict_verifier):
-    answer = "(" * 100_000 + "1" + ")" * 100_000
+    answer = "(1+" * 100_000 + "1" + ")" * 100_000  # not redundant: normalize cannot drop them
     reward, wall = _timed(strict_verifier.score, rf"\boxed{{{answer}}}", "1")
     assert reward == 0.0
     assert wall < TIMEOUT_S + MARGIN_S
@@ -217,7 +229,7 @@ def test_timeout_works_outside_the_main_thread(strict_verifier):
     results: dict[str, float] = {}
 
     def run() -> None:
-        results["tower"], results["wall"] = _timed(strict_verifier.score, POWER_TOWER, "1")
+        results["tower"], results["wall"] = _timed(strict_verifier.score, POWER_TOWER, TOWER_GOLD)
         results["half"] = strict_verifier.score(r"\boxed{0.5}", r"\frac12")
 
     thread = threading.Thread(target=run)
@@ -230,11 +242,39 @@ def test_timeout_works_outside_the_main_thread(strict_verifier):
 def test_score_many_with_one_pathological_item(strict_verifier):
     timeouts_before = strict_verifier.stats().timeouts
     responses = [r"\boxed{0.5}", POWER_TOWER, r"\boxed{7}", r"\boxed{x^2+2x+1}", "no box", r"\boxed{2}"]
-    golds = [r"\frac{1}{2}", "1", "8", "(x+1)^2", "1", "2"]
+    golds = [r"\frac{1}{2}", TOWER_GOLD, "8", "(x+1)^2", "1", "2"]
     rewards_, wall = _timed(strict_verifier.score_many, responses, golds)
     assert rewards_ == [1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
     assert wall < TIMEOUT_S + MARGIN_S  # the others finish on the second worker meanwhile
     assert strict_verifier.stats().timeouts == timeouts_before + 1
+
+
+def test_pathological_calls_do_not_delay_an_easy_one_from_another_thread():
+    """Three threads at once, two answers that only the deadline ends and one easy answer: the easy
+    one runs on the third worker at once (a serialising verifier would return it after 10 s)."""
+    results: dict[str, tuple[float, float]] = {}
+    with Verifier(timeout_s=5.0, workers=3, max_answer_chars=None) as v:
+        v.start()
+
+        def run(key: str, response: str, gold: str) -> None:
+            with contextlib.suppress(RuntimeError):  # closed under the towers: the test does not wait
+                results[key] = _timed(v.score, response, gold)
+
+        threads = [
+            threading.Thread(target=run, args=(f"tower{i}", POWER_TOWER, TOWER_GOLD)) for i in range(2)
+        ]
+        threads.append(threading.Thread(target=run, args=("easy", r"\boxed{\frac{1}{2}}", "0.5")))
+        for t in threads:
+            t.start()
+            time.sleep(0.05)  # the towers are dispatched first
+        threads[2].join(timeout=30)
+        assert not any(key.startswith("tower") for key in results)  # still running: they did not block
+        v.close()
+    for t in threads:
+        t.join(timeout=30)
+    reward, wall = results["easy"]
+    assert reward == 1.0
+    assert wall < 1.5  # well under the 5 s timeout of the items ahead of it
 
 
 # ------------------------------------------------------------------------------------- cleanup
@@ -251,7 +291,7 @@ def _verify_children() -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == os.getpid() and b"_worker_main" in cmdline:
+        if ppid == os.getpid() and b"exgrpo.verify_pool" in cmdline:
             found.append(int(entry.name))
     return found
 
@@ -260,8 +300,11 @@ def _verify_children() -> list[int]:
 def test_close_reaps_every_worker():
     before = set(_verify_children())
     v = Verifier(timeout_s=TIMEOUT_S, workers=2)
-    assert v.score_many([POWER_TOWER, r"\boxed{1}"], ["1", "2"]) == [0.0, 0.0]  # one kill + restart
-    assert len(set(_verify_children()) - before) == 2
+    assert v.score_many([POWER_TOWER, r"\boxed{1}"], [TOWER_GOLD, "2"]) == [0.0, 0.0]  # one kill + restart
+    deadline = time.monotonic() + 30  # the replacement and the spare start in the background
+    while time.monotonic() < deadline and len(set(_verify_children()) - before) < 3:
+        time.sleep(0.1)
+    assert len(set(_verify_children()) - before) == 3  # 2 workers + the loaded spare
     v.close()
     assert set(_verify_children()) - before == set()  # none left, not even as zombies
     with pytest.raises(RuntimeError, match="closed"):

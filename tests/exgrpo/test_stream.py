@@ -69,7 +69,7 @@ def test_read_source_builtin_task_and_file(tmp_path):
     from_file = read_source(str(path), split="train", num=1)  # files: every row, split/num unused
     assert from_file.name == "few" and from_file.prompts == data.prompts
     assert from_file.rows_read == 6 and [b.row for b in from_file.skipped] == [5]
-    with pytest.raises(ValueError, match="unknown builtin task 'nope'"):
+    with pytest.raises(ValueError, match="unknown builtin task 'builtin:nope'"):
         read_source("builtin:nope", split="eval", num=1)
 
 
@@ -80,7 +80,8 @@ def test_load_prompts_train_and_eval_specs(tmp_path):
     from exgrpo.data.tasks import builtin_task
 
     task = builtin_task("arith")
-    cfg = load_config(overrides=["data.num_train=6", "data.num_eval=4", "data.seed=2"])
+    cfg = load_config(overrides=["data.train=builtin:arith", "data.eval=", "data.num_train=6", "data.num_eval=4",
+                                 "data.seed=2"])
     train, evaluation = load_prompts(cfg)  # builtin train: its held-out split is the eval set
     assert train == task.make_split(split="train", n=6, seed=2)
     assert evaluation == task.make_split(split="eval", n=4, seed=2)
@@ -88,4 +89,4 @@ def test_load_prompts_train_and_eval_specs(tmp_path):
     cfg = load_config(overrides=[f"data.train={path}", "data.eval=builtin:gsm", "data.num_eval=3"])
     train_from_file, gsm = load_prompts(cfg)
     assert train_from_file == train and gsm == builtin_task("gsm").make_split(split="eval", n=3, seed=0)
-    assert load_prompts(load_config(overrides=[f"data.train={path}"]))[1] == []  # a file alone: no eval set
+    assert load_prompts(load_config(overrides=[f"data.train={path}", "data.eval="]))[1] == []  # a file alone: no eval set

@@ -57,3 +57,66 @@ def test_compare_experiment_small(tmp_path):
     assert all(len(r["curve"]) == 3 for r in results)  # before, step 2, step 4
     assert "| exgrpo |" in (tmp_path / "cmp" / "table.md").read_text()
     assert (tmp_path / "cmp" / "curves.png").stat().st_size > 1000
+
+
+# --------------------------------------------------------------------------- bad input: a clear message, nothing lost
+
+
+def _fake_run(tmp_path, step, *overrides):
+    """A run dir with config.yaml and one complete (fake) checkpoint at `step`, as a finished run leaves it."""
+    from exgrpo.checkpoint import CONFIG_FILE, config_fingerprint
+    from exgrpo.config import load_config
+
+    run = tmp_path / "done"
+    cfg = load_config("tiny-cpu", [f"logging.run_dir={run}", *overrides])
+    ckpt = run / "checkpoints" / f"step-{step:06d}"
+    ckpt.mkdir(parents=True)
+    (run / "config.yaml").write_text(cfg.to_yaml())
+    (ckpt / CONFIG_FILE).write_text(json.dumps({"fingerprint": config_fingerprint(cfg), "config": cfg.to_dict()}))
+    (ckpt / "driver.json").write_text("{}")
+    return run
+
+
+def _cli(tmp_path, *args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "exgrpo.run", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=tmp_path)
+
+
+def test_resume_errors_name_the_fix_and_change_nothing(tmp_path):
+    run = _fake_run(tmp_path, 4, "trainer.steps=4")
+    before = (run / "config.yaml").read_text()
+    out = _cli(tmp_path, "--resume", str(run))
+    assert out.returncode == 2 and "already finished 4 steps; pass trainer.steps=M>4 to continue" in out.stderr
+    out = _cli(tmp_path, "--resume", str(run), "trainer.steps=8", "trainer.rollouts_per_question=8",
+               "replay.num_shards=3")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "trainer.rollouts_per_question: 4 -> 8" in out.stderr and "replay.num_shards: 2 -> 3" in out.stderr
+    assert (run / "config.yaml").read_text() == before  # a refused resume writes nothing
+    out = _cli(tmp_path, "--resume", str(tmp_path / "nope"))
+    assert out.returncode == 2 and "no such run directory" in out.stderr
+
+
+def test_model_dir_without_tokenizer_fails_before_any_actor(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"\0")
+    out = run_cli(tmp_path, "--config", "tiny-cpu", f"model.path={model}")
+    assert out.returncode == 2
+    assert f"model directory '{model}'" in out.stderr and "has no tokenizer files (tokenizer.json" in out.stderr
+    assert "Traceback" not in out.stderr and "exgrpo-sampler" not in out.stderr
+
+
+def test_bad_data_file_fails_with_rows_named(tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"question": "1+1"}\nnot json\n')
+    out = run_cli(tmp_path, "--config", "tiny-cpu", f"data.train={data}", "data.eval=builtin:arith")
+    assert out.returncode == 2 and "holds no valid prompt" in out.stderr and "row 1: invalid JSON" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_plan_that_cannot_fit_fails_at_once(tmp_path):
+    out = run_cli(tmp_path, "--config", "tiny-cpu", "samplers.num_gpus=1", timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "the plan needs 2 GPUs (2 samplers x 1 + 1 learner x 0) but the cluster has 0" in out.stderr
+    assert "samplers.num_gpus=0" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,138 @@
+"""A replay shard's write-ahead log: the state-changing calls since its last self-snapshot.
+
+Layout of one shard's directory (`<run_dir>/replay-wal/shard-<i>/`):
+
+    snap-<gen>/      the shard's own snapshot of generation `gen` (written as `.snap-<gen>.tmp`,
+                     fsync'd, then renamed: a directory of that name is always complete)
+    log-<gen>.wal    the calls applied after `snap-<gen>` (generation 0: after the empty start)
+
+A log is a sequence of frames `magic (4 bytes) | crc32 (u32) | length (u64) | payload`, each payload
+one Arrow IPC stream (a table whose schema metadata names the call). `append` returns after the
+frame is fsync'd. A frame torn by a crash fails its length or crc check: `open` drops it (it was
+never acknowledged) and truncates the file there, so later appends follow the last good frame.
+
+`open` recovers: newest complete snapshot, then its log's frames, in order. `rotate` (after the
+shard has written `snap-<gen+1>`) starts `log-<gen+1>` and deletes the older generation, which keeps
+the log bounded by the shard's compaction threshold.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+
+MAGIC = b"XWAL"
+HEADER = struct.Struct("<4sIQ")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def encode(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    payload = sink.getvalue().to_pybytes()
+    return HEADER.pack(MAGIC, zlib.crc32(payload), len(payload)) + payload
+
+
+def read_frames(path: Path) -> tuple[list[pa.Table], int]:
+    """The intact frames of a log and the byte offset where they end (a torn tail is ignored)."""
+    data = path.read_bytes() if path.exists() else b""
+    tables, pos = [], 0
+    while pos + HEADER.size <= len(data):
+        magic, crc, length = HEADER.unpack_from(data, pos)
+        payload = data[pos + HEADER.size: pos + HEADER.size + length]
+        if magic != MAGIC or len(payload) != length or zlib.crc32(payload) != crc:
+            break
+        tables.append(pa.ipc.open_stream(payload).read_all())
+        pos += HEADER.size + length
+    return tables, pos
+
+
+class WriteAheadLog:
+    """One shard's log directory; `open` recovers, `append` logs one call durably."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.dir = Path(directory)
+        self.gen = 0
+        self._file = None
+        self.bytes = 0  # size of the current log
+        self.appends = 0  # frames appended since the process started
+
+    def snap_dir(self, gen: int) -> Path:
+        return self.dir / f"snap-{gen:06d}"
+
+    def log_path(self, gen: int) -> Path:
+        return self.dir / f"log-{gen:06d}.wal"
+
+    def open(self) -> tuple[Path | None, list[pa.Table]]:
+        """Recover: (the newest complete snapshot directory or None, the frames logged after it)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for tmp in self.dir.glob(".snap-*.tmp"):  # a snapshot that never completed
+            shutil.rmtree(tmp, ignore_errors=True)
+        gens = sorted(int(p.name.split("-")[1]) for p in self.dir.glob("snap-*") if p.is_dir())
+        self.gen = gens[-1] if gens else 0
+        self._drop_older()
+        path = self.log_path(self.gen)
+        tables, end = read_frames(path)
+        with open(path, "ab") as f:  # cut a torn tail so the next frame follows the last good one
+            f.truncate(end)
+            os.fsync(f.fileno())
+        self._file = open(path, "ab")  # noqa: SIM115 - held open for appends
+        self.bytes = end
+        _fsync_dir(self.dir)
+        return (self.snap_dir(self.gen) if gens else None), tables
+
+    def append(self, table: pa.Table) -> None:
+        """Write one frame and fsync it: once this returns, a restarted shard replays it."""
+        frame = encode(table)
+        self._file.write(frame)
+        self._file.flush()
+        os.fdatasync(self._file.fileno())
+        self.bytes += len(frame)
+        self.appends += 1
+
+    def rotate(self, write_snapshot: Callable[[Path], None]) -> None:
+        """Write snapshot gen+1 with `write_snapshot(tmp_dir)`, start its empty log, drop generation gen."""
+        gen = self.gen + 1
+        tmp = self.dir / f".snap-{gen:06d}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        write_snapshot(tmp)
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        _fsync_dir(tmp)
+        new_log = self.log_path(gen)
+        new_log.write_bytes(b"")
+        tmp.rename(self.snap_dir(gen))
+        _fsync_dir(self.dir)
+        self._file.close()
+        self._file = open(new_log, "ab")  # noqa: SIM115
+        self.gen, self.bytes = gen, 0
+        self._drop_older()
+
+    def _drop_older(self) -> None:
+        for p in self.dir.glob("snap-*"):
+            if int(p.name.split("-")[1]) < self.gen:
+                shutil.rmtree(p, ignore_errors=True)
+        for p in self.dir.glob("log-*.wal"):
+            if int(p.name.split("-")[1].split(".")[0]) < self.gen:
+                p.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

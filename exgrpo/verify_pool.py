@@ -1,0 +1,450 @@
+"""Verification worker processes: a pool that runs math-verify jobs in parallel, each under a hard deadline.
+
+This module holds the processes, the scheduling and the deadlines; what is verified (the answer, the
+gold, the equation rule) is decided by `exgrpo.rewards` and `exgrpo.answers`, which hand it `Job`s.
+
+Workers: each is `python -c "from exgrpo.verify_pool import worker_main; ..."`, so nothing depends
+on how the host process was started. A worker reads one JSON line per job on stdin,
+`[kind, payloads, gold, timeout_s]`, and writes `1` or `0` on stdout; math-verify parses the LaTeX
+into sympy and compares (`worker_main`). The parent never parses model text into anything but
+strings: no pickle, no eval, no sympify on its side. Nothing reads or writes files.
+
+Scheduling: one dispatcher thread per `Pool` owns its workers. Callers from any number of threads
+queue their batches (`Pool.run`); the dispatcher hands the next job of each batch in turn (round
+robin) to the next idle worker, so concurrent calls run in parallel up to the worker count.
+
+Deadlines: a job with no reply `timeout_s` after its dispatch scores 0 and its worker is SIGKILLed,
+reaped and replaced at once. One spare worker stands by loaded (at most `size` jobs run at once), so
+the job waiting behind a killed one starts on it at once while the successor loads. So an item waits
+for a worker at most as long as the job ahead of it runs, which is at most that job's own timeout
+(while the spare is loaded), and it never waits at all while fewer than `size` jobs run. The deadline holds in any thread, unlike
+math-verify's SIGALRM timeouts (off here). An orphaned worker exits at EOF on its stdin, or by
+RLIMIT_CPU (timeout + 2 s of CPU per job) if the parent died mid-job; RLIMIT_AS caps its memory.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from multiprocessing.connection import wait
+from typing import Literal
+
+from exgrpo.answers import boxed, equation_values, has_relation, normalize
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Job", "Pool", "worker_main"]
+
+_READY = b"ready"
+_STARTUP_TIMEOUT_S = 120.0  # a worker imports sympy and math-verify (~1 s idle, more under load)
+
+_HUGE_LOG10 = 1e6  # numbers past 10^(10^6) are judged without being computed
+
+
+def _log10(expr: object) -> float | None:
+    """log10 |expr| estimated from its literals for numbers, powers and factorials (never evaluated)."""
+    import math
+
+    if getattr(expr, "is_Integer", False):
+        digits = str(abs(int(expr)))  # a parsed literal: at most as long as the answer
+        return math.log10(int(digits)) if len(digits) < 300 and digits != "0" else len(digits) - 1.0
+    if getattr(expr, "is_Number", False):
+        return math.log10(abs(float(expr))) if expr != 0 else None
+    if getattr(expr, "is_Pow", False) and expr.exp.is_positive:
+        base, exponent = _log10(expr.base), _log10(expr.exp)
+        if base is None or exponent is None or base <= 0:
+            return None
+        return base * (10.0**exponent if exponent < 300 else math.inf)
+    if type(expr).__name__ == "factorial" and (n := _log10(expr.args[0])) is not None:
+        return 10.0**n * n if n < 300 else math.inf
+    return None
+
+
+def _huge(expr: object) -> bool:
+    """Whether a power or factorial in `expr` exceeds 10^(10^6) (sympy would try to compute it)."""
+    from sympy import Basic, preorder_traversal
+
+    if not isinstance(expr, Basic):
+        return False
+    try:
+        return any(
+            (size := _log10(node)) is not None and size > _HUGE_LOG10
+            for node in preorder_traversal(expr)
+            if node.is_Pow or type(node).__name__ == "factorial"
+        )
+    except Exception:
+        return False
+
+
+def worker_main() -> None:
+    """Worker loop (run as `python -c`): read JSON [kind, payloads, gold, timeout_s] lines on stdin,
+    write b"1" or b"0" lines: whether math-verify finds the answer equivalent to the gold."""
+    import resource
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints from libraries go to stderr, not into the reply pipe
+    memory_mb = int(os.environ.get("EXGRPO_VERIFY_MAX_MEMORY_MB", "0"))
+    if memory_mb > 0:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_AS, (memory_mb * 2**20, memory_mb * 2**20))
+    # math-verify warns that its own (SIGALRM) timeouts are off; the parent owns the deadline.
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    boxed_configs = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+    text_configs = [LatexExtractionConfig(), ExprExtractionConfig()]  # math-verify's own defaults
+
+    def parse_boxed(text: str) -> list:
+        return parse(boxed(text), extraction_config=boxed_configs, parsing_timeout=None)
+
+    parse_gold = lru_cache(maxsize=1024)(parse_boxed)  # the K rollouts of a question share one gold
+
+    def right(answer_parsed: list, gold: str) -> bool:
+        gold_parsed = parse_gold(gold)
+        if any(map(_huge, answer_parsed)) and not any(map(_huge, gold_parsed)):
+            return False  # a number of > 10^6 digits equals no ordinary gold; sympy would compute it
+        return bool(
+            gold_parsed and answer_parsed and verify(gold_parsed, answer_parsed, timeout_seconds=None)
+        )
+
+    def equivalent(kind: str, payloads: list[str], gold: str) -> bool:
+        if kind == "values":  # every value must verify
+            return bool(payloads) and all(right(parse_boxed(value), gold) for value in payloads)
+        parsed = parse(payloads[0], extraction_config=text_configs, parsing_timeout=None)
+        stated = next((p for p in parsed if isinstance(p, str)), None)  # the text math-verify read
+        if stated is not None and has_relation(stated) and not has_relation(gold):
+            values = equation_values(normalize(stated), gold)
+            return values is not None and equivalent("values", values, gold)
+        return right(parsed, gold)
+
+    equivalent("values", ["1"], "1")  # warm-up (regex compilation) before the first deadline starts
+    equivalent("text", ["so 1"], "1")
+    equivalent("values", ["x^2+2x+1"], "(x+1)^2")  # sympy's first simplify is slow (~0.6 s)
+    replies.write(_READY + b"\n")
+    replies.flush()
+    _, cpu_hard = resource.getrlimit(resource.RLIMIT_CPU)
+    for line in sys.stdin.buffer:  # ends when the parent closes the pipe or exits
+        try:
+            kind, payloads, gold, timeout_s = json.loads(line)
+            # Backstop if the parent dies mid-job: the kernel kills a job past its CPU budget.
+            used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+            soft = int(used + timeout_s) + 2
+            if cpu_hard == resource.RLIM_INFINITY or soft < cpu_hard:
+                resource.setrlimit(resource.RLIMIT_CPU, (soft, cpu_hard))
+            ok = equivalent(kind, payloads, gold)
+        except Exception:  # unparsable or pathological text: not equivalent
+            ok = False
+        replies.write(b"1\n" if ok else b"0\n")
+        replies.flush()
+
+
+@dataclass(frozen=True)
+class Job:
+    """One verification: "values": every payload must verify against gold; "text": math-verify's
+    extraction finds the stated answer in payloads[0] (a response tail with no box)."""
+
+    kind: Literal["values", "text"]
+    payloads: list[str]
+    gold: str
+
+
+class _Worker:
+    """One verification process (started at construction; `ready` once math-verify is loaded)."""
+
+    def __init__(self, *, max_memory_mb: int | None) -> None:
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, EXGRPO_VERIFY_MAX_MEMORY_MB=str(max_memory_mb or 0))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", "from exgrpo.verify_pool import worker_main; worker_main()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        self.ready = False
+        self.started = time.monotonic()
+
+    def fileno(self) -> int:  # lets multiprocessing.connection.wait select on the reply pipe
+        return self.process.stdout.fileno()
+
+    def send(self, job: Job, timeout_s: float) -> bool:
+        """Hand the worker a job; False if it is dead."""
+        try:
+            self.process.stdin.write(
+                json.dumps([job.kind, job.payloads, job.gold, timeout_s]).encode() + b"\n"
+            )
+            self.process.stdin.flush()
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def recv(self) -> bytes | None:
+        """The worker's next reply line (without newline), or None if it died."""
+        try:
+            line = self.process.stdout.readline()
+        except (OSError, ValueError):
+            return None
+        return line.rstrip(b"\n") if line.endswith(b"\n") else None
+
+    def kill(self) -> None:
+        """SIGKILL the process and reap it (no zombie)."""
+        with contextlib.suppress(OSError):
+            self.process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+        for pipe in (self.process.stdin, self.process.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+
+@dataclass(eq=False)
+class _Batch:
+    """One caller's jobs: undispatched indices, verdicts, and how many are still out."""
+
+    jobs: Sequence[Job]
+    timeout_s: float
+    pending: deque[int] = field(default_factory=deque)
+    verdicts: list[bool] = field(default_factory=list)
+    left: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.pending.extend(range(len(self.jobs)))
+        self.verdicts = [False] * len(self.jobs)
+        self.left = len(self.jobs)
+
+    def finish(self, index: int, ok: bool) -> None:
+        self.verdicts[index] = ok
+        self.left -= 1
+        if self.left <= 0:
+            self.done.set()
+
+
+_POOLS: weakref.WeakSet[Pool] = weakref.WeakSet()
+
+
+class Pool:
+    """`size` busy workers at most, plus `spares` loaded standby ones, driven by one dispatcher
+    thread (all started on first use).
+
+    Batches from any thread queue up; the dispatcher gives each idle worker the next job of the
+    next batch in turn while fewer than `size` jobs run, kills a job at its deadline and replaces a
+    dead worker at once. The spare makes a kill cost no start-up: the job waiting behind a killed
+    one goes to the standby worker at once while the successor loads (~1 s idle, several under load).
+    """
+
+    def __init__(self, *, size: int, max_memory_mb: int | None, spares: int = 1) -> None:
+        self._size = size
+        self._spares = spares
+        self._max_memory_mb = max_memory_mb
+        self._closed = False
+        self.timeouts = 0
+        self._reset()
+        _POOLS.add(self)
+
+    def _reset(self) -> None:
+        """Fresh state (at construction, and in a forked child: the workers are the parent's)."""
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._queue: deque[_Batch] = deque()  # batches with undispatched jobs, served in turn
+        self._busy: dict[_Worker, tuple[_Batch, int, float]] = {}  # worker -> (batch, job, deadline)
+        self._thread: threading.Thread | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._start_error: str | None = None
+
+    def run(self, jobs: Sequence[Job], *, timeout_s: float) -> list[bool]:
+        """Verdict per job; a job with no reply timeout_s after its dispatch is False."""
+        if not jobs:
+            return []
+        batch = _Batch(jobs, timeout_s)
+        with self._lock:
+            self._prepare()
+            self._queue.append(batch)
+        self._wake()
+        try:
+            batch.done.wait()
+        finally:
+            if not batch.done.is_set():  # interrupted: dispatch no more of it
+                with self._lock:
+                    batch.pending.clear()
+        if batch.error is not None:
+            raise RuntimeError(batch.error)
+        return batch.verdicts
+
+    def start(self) -> None:
+        """Start the workers now and wait until every one is ready."""
+        with self._lock:
+            self._prepare()
+        self._wake()
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("this Verifier is closed")
+                if self._start_error is not None:
+                    raise RuntimeError(self._start_error)
+                if all(w.ready for w in self._workers):
+                    return
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._fail_all("this Verifier was closed while scoring")
+            for worker in self._workers:
+                worker.kill()
+            self._workers.clear()
+        self._wake()
+
+    def _prepare(self) -> None:
+        """Top the workers up and make sure the dispatcher runs (lock held)."""
+        if self._closed:
+            raise RuntimeError("this Verifier is closed")
+        self._start_error = None
+        for dead in [w for w in self._workers if w.process.poll() is not None and w not in self._busy]:
+            self._replace(dead)
+        while len(self._workers) < self._size + self._spares:
+            self._workers.append(_Worker(max_memory_mb=self._max_memory_mb))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._dispatch, name="exgrpo-verifier", daemon=True)
+            self._thread.start()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"x")
+
+    def _next_job(self) -> tuple[_Batch, int] | None:
+        while self._queue:
+            batch = self._queue.popleft()
+            if batch.pending:
+                index = batch.pending.popleft()
+                if batch.pending:
+                    self._queue.append(batch)  # round robin: the next batch goes next
+                return batch, index
+        return None
+
+    def _dispatch(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if self._closed:
+                        return
+                    self._assign()
+                    starting = [w for w in self._workers if not w.ready]
+                    watched = [*self._busy, *starting]
+                    deadlines = [deadline for _, _, deadline in self._busy.values()]
+                    deadlines += [w.started + _STARTUP_TIMEOUT_S for w in starting]
+                timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+                ready = wait([*watched, self._wake_r], timeout=timeout)
+                with self._lock:
+                    if self._closed:
+                        return
+                    if self._wake_r in ready:
+                        os.read(self._wake_r, 4096)
+                    self._handle([w for w in ready if isinstance(w, _Worker)])
+        except BaseException as error:  # a bug here must not leave callers waiting forever
+            with self._lock:
+                self._fail_all(f"the verifier's dispatcher failed: {error!r}")
+                self._thread = None
+            raise
+
+    def _assign(self) -> None:
+        for worker in [w for w in self._workers if w.ready and w not in self._busy]:
+            if len(self._busy) >= self._size or (job := self._next_job()) is None:
+                return
+            batch, index = job
+            if worker.send(batch.jobs[index], batch.timeout_s):
+                self._busy[worker] = (batch, index, time.monotonic() + batch.timeout_s)
+            else:  # died while idle: the job goes first to another worker
+                batch.pending.appendleft(index)
+                if batch not in self._queue:
+                    self._queue.appendleft(batch)
+                self._replace(worker)
+
+    def _handle(self, ready: list[_Worker]) -> None:
+        """Replies, workers ready, deadlines passed (lock held)."""
+        for worker in ready:
+            if worker not in self._workers:
+                continue
+            reply = worker.recv()
+            if worker in self._busy:
+                batch, index, _ = self._busy.pop(worker)
+                batch.finish(index, reply == b"1")
+                if reply is None:  # crashed on this job (it scores 0)
+                    self._replace(worker)
+            elif reply == _READY:
+                worker.ready = True
+            else:
+                self._start_failed(
+                    worker, "a math-verify worker failed to start; see its traceback on stderr"
+                )
+        now = time.monotonic()
+        for worker, (batch, index, deadline) in list(self._busy.items()):
+            if deadline <= now and not wait([worker], timeout=0):
+                del self._busy[worker]
+                self.timeouts += 1  # counted before the caller can see the result
+                batch.finish(index, False)
+                self._replace(worker)
+                logger.debug("a job passed its deadline; its worker was killed")
+        for worker in [w for w in self._workers if not w.ready]:
+            if worker.started + _STARTUP_TIMEOUT_S <= now:
+                self._start_failed(
+                    worker, f"a math-verify worker did not start within {_STARTUP_TIMEOUT_S:.0f} s"
+                )
+
+    def _start_failed(self, worker: _Worker, message: str) -> None:
+        worker.kill()
+        self._workers.remove(worker)  # not replaced: the next call tries again
+        self._start_error = message
+        if not any(w.ready for w in self._workers):
+            self._fail_all(message)
+
+    def _fail_all(self, message: str) -> None:
+        batches = {*self._queue, *(batch for batch, _, _ in self._busy.values())}
+        for worker in self._busy:
+            worker.kill()
+            if worker in self._workers:
+                self._workers.remove(worker)
+        self._busy.clear()
+        self._queue.clear()
+        for batch in batches:
+            batch.error = message
+            batch.pending.clear()
+            batch.done.set()
+
+    def _replace(self, worker: _Worker) -> None:
+        """Kill a worker and start its successor now, so it loads while others work."""
+        worker.kill()
+        if worker in self._workers:
+            self._workers.remove(worker)
+        if not self._closed:
+            self._workers.append(_Worker(max_memory_mb=self._max_memory_mb))
+
+
+def _close_all() -> None:
+    for pool in list(_POOLS):
+        pool.close()
+
+
+def _after_fork() -> None:
+    for pool in list(_POOLS):
+        pool._reset()
+
+
+atexit.register(_close_all)
+os.register_at_fork(after_in_child=_after_fork)

@@ -1,0 +1,176 @@
+"""Logger backends (exgrpo/loggers.py behind exgrpo.metrics.MetricsLogger): the same metric names in
+metrics.jsonl, TensorBoard event files (read back) and an offline W&B run (its directory and its
+.wandb log read back); config and run id recorded by each; a resume keeps the run id."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exgrpo import metrics as M
+from exgrpo.config import ConfigError, load_config
+
+
+def records(n: int = 3) -> list[dict]:
+    out = []
+    for step in range(n):
+        out.append({M.STEP: step, M.MEAN_REWARD: 0.1 * step, M.SOLVE_RATIO: 0.2 + 0.1 * step,
+                    M.REPLAY_BUCKET.format(k=1): step, M.RETIRED: 2 * step, M.STALENESS_MEAN: 0.5,
+                    M.SYNC_TIME: 0.01 * (step + 1), M.REPLAY_STARTED: True, "eval/version": step + 1,
+                    M.LOSS: float("nan")})
+    return out
+
+
+def numeric_keys(record: dict) -> set[str]:
+    return {k for k, v in record.items()
+            if k != M.STEP and not isinstance(v, bool) and isinstance(v, int | float) and v == v}
+
+
+def test_config_backends_parse_and_validate():
+    assert load_config().logging.backends == ("jsonl",)
+    cfg = load_config(None, ["logging.backends=[tensorboard,wandb]"])
+    assert cfg.logging.backends == ("jsonl", "tensorboard", "wandb")  # jsonl is always on
+    assert load_config(None, ["logging.backends=wandb"]).logging.backends == ("jsonl", "wandb")
+    assert "backends:\n  - jsonl\n  - tensorboard\n  - wandb" in cfg.to_yaml()  # round-trips as a YAML list
+    with pytest.raises(ConfigError, match="unknown backend"):
+        load_config(None, ["logging.backends=[tensorbord]"])
+
+
+def test_jsonl_only_and_run_id_kept_on_resume(tmp_path):
+    logger = M.MetricsLogger(tmp_path, ray_metrics=False, config={"trainer": {"steps": 3}})
+    run_id = logger.run_id
+    for r in records(2):
+        logger.log(r)
+    logger.close()
+    lines = M.read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r[M.STEP] for r in lines] == [0, 1] and lines[0][M.LOSS] is None  # NaN -> null
+    info = json.loads((tmp_path / "run.json").read_text())
+    assert info["run_id"] == run_id and info["config"] == {"trainer": {"steps": 3}}
+    again = M.MetricsLogger(tmp_path, ray_metrics=False)
+    assert again.run_id == run_id
+    again.close()
+
+
+def test_tensorboard_and_offline_wandb_share_names(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard", reason="pip install -e '.[logging]' (scripts/setup.sh installs it)")
+    pytest.importorskip("wandb", reason="pip install -e '.[logging]' (scripts/setup.sh installs it)")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "")  # offline needs no account
+    cfg = load_config(None, ["logging.backends=[tensorboard,wandb]", "trainer.steps=3"])
+    logger = M.MetricsLogger.from_config(tmp_path, cfg)
+    recs = records(3)
+    for r in recs:
+        logger.log(r)
+    logger.summary({"steps": 3, "wall_s": 1.5})
+    wandb_dir = logger.backends["wandb"].dir
+    logger.close()
+    expected = numeric_keys(recs[0])
+
+    # TensorBoard: every numeric metric is a scalar tag of the same name, one event per step
+    acc = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert expected <= tags, expected - tags
+    assert [e.step for e in acc.Scalars(M.MEAN_REWARD)] == [0, 1, 2]
+    assert [round(e.value, 4) for e in acc.Scalars(M.SYNC_TIME)] == [0.01, 0.02, 0.03]
+    text = {t: acc.Tensors(t)[0].tensor_proto.string_val[0].decode() for t in acc.Tags()["tensors"]}
+    assert text["run_id/text_summary"] == logger.run_id
+    assert "rollouts_per_question" in text["config/text_summary"]
+
+    # W&B offline: <run_dir>/wandb/offline-run-*-<run id>/ with the config and the history in run-<id>.wandb
+    run_dirs = list((tmp_path / "wandb").glob(f"offline-run-*-{logger.run_id}"))
+    assert len(run_dirs) == 1 and wandb_dir.parent == run_dirs[0]
+    history, summary, config = wandb_records(run_dirs[0] / f"run-{logger.run_id}.wandb")
+    assert config["trainer"]["rollouts_per_question"] == cfg.trainer.rollouts_per_question
+    assert config["logging"]["backends"] == ["jsonl", "tensorboard", "wandb"]
+    assert [h[M.STEP] for h in history] == [0, 1, 2]
+    assert expected <= set(history[0]), expected - set(history[0])
+    assert history[2][M.MEAN_REWARD] == pytest.approx(0.2)
+    assert summary.get("final/wall_s") == 1.5
+
+
+def wandb_log_records(path) -> list[bytes]:
+    """The payloads of a .wandb file: a 7-byte header (":W&B", magic, version), then 32 KiB blocks of
+    records with a 7-byte header each (crc32, length, type: 1 full, 2 first, 3 middle, 4 last)."""
+    import struct
+
+    raw, block = path.read_bytes(), 32768
+    assert raw[:4] == b":W&B", raw[:8]
+    pos, out, parts = 7, [], b""
+    while pos + 7 <= len(raw):
+        if block - pos % block < 7:  # block trailer padding
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", raw[pos:pos + 7])
+        if kind == 0 and length == 0:
+            break
+        data, pos = raw[pos + 7:pos + 7 + length], pos + 7 + length
+        parts = data if kind in (1, 2) else parts + data
+        if kind in (1, 4):
+            out.append(parts)
+    return out
+
+
+def wandb_records(path) -> tuple[list[dict], dict, dict]:
+    """History rows, summary and config of an offline .wandb file (its records are W&B's protobufs)."""
+    from wandb.proto import wandb_internal_pb2
+
+    history, summary, config = [], {}, {}
+    for data in wandb_log_records(path):
+        rec = wandb_internal_pb2.Record()
+        rec.ParseFromString(data)
+        kind = rec.WhichOneof("record_type")
+        if kind == "history":
+            history.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
+        elif kind == "summary":
+            summary.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update})
+        elif kind in ("run", "config"):
+            items = rec.run.config.update if kind == "run" else rec.config.update
+            config.update({i.key: json.loads(i.value_json) for i in items})
+    return history, summary, {k: v.get("value", v) if isinstance(v, dict) else v for k, v in config.items()}
+
+
+def test_actor_env_quiet_by_default_and_verbose_restores(monkeypatch):
+    """init_ray passes QUIET_ENV to every actor unless logging.verbose (no progress bars, no info noise)."""
+    from exgrpo import launch
+
+    seen = {}
+
+    class Ctx:
+        dashboard_url = "127.0.0.1:8265"
+
+    def fake_init(**kwargs):
+        seen.update(kwargs)
+        return Ctx()
+
+    monkeypatch.setattr(launch.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(launch.ray, "init", fake_init)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    launch.init_ray(load_config(None, []))
+    env = seen["runtime_env"]["env_vars"]
+    assert env["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and env["TQDM_DISABLE"] == "1"
+    assert seen["include_dashboard"] is False
+    info = launch.init_ray(load_config(None, ["logging.verbose=true", "logging.dashboard=true"]))
+    env = seen["runtime_env"]["env_vars"]
+    assert not set(launch.QUIET_ENV) & set(env) and env["OMP_NUM_THREADS"] == "1"
+    assert seen["include_dashboard"] is True and seen["dashboard_host"] == "127.0.0.1"
+    assert info["dashboard_url"] == "http://127.0.0.1:8265"
+
+
+def test_attached_job_keeps_its_own_runtime_env_vars(monkeypatch):
+    """Under `ray job submit --runtime-env` with env_vars, init_ray leaves those keys to the job (Ray
+    refuses a driver runtime env that sets the same keys again)."""
+    from exgrpo import launch
+
+    seen = {}
+    monkeypatch.setattr(launch.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(launch.ray, "init", lambda **kw: seen.update(kw))
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR",
+                       json.dumps({"runtime_env": {"env_vars": {"OMP_NUM_THREADS": "2"}, "working_dir": "x"}}))
+    launch.init_ray(load_config(None, []))
+    env = seen["runtime_env"]["env_vars"]
+    assert "OMP_NUM_THREADS" not in env and env["TQDM_DISABLE"] == "1"

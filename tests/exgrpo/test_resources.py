@@ -1,0 +1,112 @@
+"""The plan against the cluster's resources, checked before anything waits (no Ray cluster needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from exgrpo.config import ConfigError, load_config
+from exgrpo.resources import (
+    ResourceError,
+    check_cluster,
+    check_fits,
+    model_weight_bytes,
+    plan_resources,
+    shortfalls,
+)
+
+GIB = 1024**3
+
+
+def cfg_of(*overrides):
+    return load_config(None, list(overrides))
+
+
+def test_plan_counts_samplers_and_learner_bundles():
+    cfg = cfg_of("samplers.num=2", "samplers.num_cpus=1", "learners.num=1", "learners.num_cpus=1",
+                 "replay.num_shards=4")
+    plan = plan_resources(cfg)
+    assert (plan.cpus, plan.gpus) == (3, 0)  # shards and controller take 0 CPU
+    assert plan.breakdown("num_cpus") == "2 samplers x 1 + 1 learner x 1"
+
+
+def test_too_few_cpus_names_the_need_and_the_fixes():
+    cfg = cfg_of("samplers.num=2", "samplers.num_cpus=1", "learners.num=1", "learners.num_cpus=1")
+    with pytest.raises(ResourceError) as err:
+        check_fits(cfg, plan_resources(cfg), {"CPU": 2.0})
+    text = str(err.value)
+    assert "the plan needs 3 CPUs (2 samplers x 1 + 1 learner x 1; replay shards and the controller take 0) " \
+           "but the cluster has 2" in text
+    assert "samplers.num_cpus=0.5" in text and "samplers.num=1" in text and "--num-cpus=3" in text
+    assert isinstance(err.value, ConfigError)
+    # the suggested fix fits
+    fixed = cfg_of("samplers.num=2", "samplers.num_cpus=0.5", "learners.num=1", "learners.num_cpus=1")
+    check_fits(fixed, plan_resources(fixed), {"CPU": 2.0})
+
+
+def test_gpus_on_a_cpu_cluster():
+    cfg = cfg_of("samplers.num_gpus=1", "learners.num_gpus=1", "samplers.num=2")
+    problems = shortfalls(cfg, plan_resources(cfg), {"CPU": 64.0})
+    assert len(problems) == 1
+    assert "needs 3 GPUs (2 samplers x 1 + 1 learner x 1) but the cluster has 0" in problems[0]
+    assert "samplers.num_gpus=0 learners.num_gpus=0" in problems[0]
+    problems = shortfalls(cfg, plan_resources(cfg), {"CPU": 64.0, "GPU": 2.0})
+    assert "samplers.num=1" in problems[0]
+
+
+def test_a_bundle_larger_than_any_node():
+    cfg = cfg_of("samplers.num=1", "samplers.num_cpus=1", "learners.num=1", "learners.num_cpus=3")
+    nodes = [{"CPU": 2.0}, {"CPU": 2.0}]
+    problems = shortfalls(cfg, plan_resources(cfg), {"CPU": 4.0}, nodes)
+    assert problems and "learner bundle 0 (3 CPU, 0 GPU) fits on no node" in problems[0]
+    assert shortfalls(cfg, plan_resources(cfg), {"CPU": 4.0}, [{"CPU": 4.0}]) == []
+
+
+def test_memory_and_object_store_estimates(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 1000)
+    (tmp_path / "config.json").write_text("{}")
+    assert model_weight_bytes(tmp_path) == 1000 and model_weight_bytes(None) == 0
+    cfg = cfg_of("samplers.num=2", "learners.num=1", "async.max_staleness=1")
+    plan = plan_resources(cfg, model_bytes=10 * GIB)
+    assert plan.memory_bytes == 2 * 10 * GIB + 4 * 10 * GIB and plan.object_store_bytes == 20 * GIB
+    problems = shortfalls(cfg, plan, {"CPU": 8.0, "memory": 30.0 * GIB, "object_store_memory": 5.0 * GIB})
+    assert any("60.0 GiB of memory" in p for p in problems)
+    assert any("object store of" in p or "object store holds" in p for p in problems)
+    assert shortfalls(cfg, plan_resources(cfg, model_bytes=1000), {"CPU": 8.0, "memory": 30.0 * GIB,
+                                                                   "object_store_memory": 5.0 * GIB}) == []
+
+
+def test_packaged_cpu_configs_fit_a_two_core_cluster():
+    for name in ("default", "tiny-cpu", "smollm2-135m-cpu"):
+        cfg = load_config(name)
+        assert shortfalls(cfg, plan_resources(cfg), {"CPU": 2.0}, [{"CPU": 2.0}]) == [], name
+
+
+class FakeRay:
+    def __init__(self, total, free_sequence):
+        self.total, self.free = total, list(free_sequence)
+
+    def cluster_resources(self):
+        return dict(self.total)
+
+    def available_resources(self):
+        return dict(self.free.pop(0) if len(self.free) > 1 else self.free[0])
+
+    def nodes(self):
+        return [{"Alive": True, "Resources": dict(self.total)}]
+
+
+def test_check_cluster_fails_at_once_or_waits_for_held_resources(monkeypatch):
+    import ray
+
+    cfg = cfg_of("samplers.num=2", "samplers.num_cpus=1", "learners.num=1", "learners.num_cpus=1")
+    fake = FakeRay({"CPU": 2.0}, [{"CPU": 2.0}])
+    for name in ("cluster_resources", "available_resources", "nodes"):
+        monkeypatch.setattr(ray, name, getattr(fake, name))
+    with pytest.raises(ResourceError, match="needs 3 CPUs"):
+        check_cluster(cfg, wait_s=60)  # impossible: no waiting
+    fake.total = {"CPU": 4.0}
+    fake.free = [{"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 4.0}]  # a previous run's actors are released
+    assert check_cluster(cfg, wait_s=5).cpus == 3
+    fake.free = [{"CPU": 1.0}]
+    with pytest.raises(ResourceError, match=r"only 1 are free now .*ray status"):
+        check_cluster(cfg, wait_s=0.3)

@@ -1,0 +1,48 @@
+"""A learner killed mid-run ends the run with a message naming the checkpoint and the exact resume
+command; `--resume` (here `train(resume=True)`) then continues from that checkpoint to the last step."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import ray
+
+from exgrpo.checkpoint import RunInterrupted
+from exgrpo.config import load_config
+from exgrpo.launch import train
+
+pytestmark = pytest.mark.integration
+
+
+def _pid(actor) -> int:
+    return int(ray.get(actor.__ray_call__.remote(lambda self: os.getpid())))
+
+
+def test_killed_learner_names_the_checkpoint_and_resume_continues(ray_cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = ["trainer.steps=4", "trainer.checkpoint_every=1", "samplers.num=1", "data.num_eval=8",
+                 "logging.progress=false", f"logging.run_dir={run_dir}"]
+    cfg = load_config("tiny-cpu", overrides)
+    killed = {}
+
+    def during(record, system):
+        if record["step"] == 1 and not killed:  # step 1 trained; the checkpoint of step 1 exists
+            killed["pid"] = _pid(system.learners.actors[0])
+            os.kill(killed["pid"], signal.SIGKILL)
+
+    with pytest.raises(RunInterrupted) as err:
+        train(cfg, during=during)
+    text = str(err.value)
+    assert "learner exgrpo-learner-0 died at step 2" in text, text
+    assert "checkpoints/step-000001" in text and f"python -m exgrpo.run --resume {run_dir}" in text
+    assert err.value.checkpoint.name == "step-000001"
+
+    result = train(load_config("tiny-cpu", overrides), resume=True)
+    assert [r["step"] for r in result.records] == [1, 2, 3]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3]  # the record of step 1 written before the kill was rewound, not duplicated
+    assert (run_dir / "checkpoints" / "step-000004" / "driver.json").exists()
+    assert (run_dir / "final" / "model.safetensors").exists()
