@@ -40,8 +40,8 @@ import torch
 from exgrpo.config import TemplateName
 from exgrpo.data.scratchpad import ScratchpadTask, TraceCheck, check_trace
 from exgrpo.data.templates import render_prompt
-from exgrpo.fileio import atomic_write_text
 from exgrpo.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+from exgrpo.models.warmup import WarmupResult, fit_and_record
 from exgrpo.types import Prompt
 
 _TRACE_WARMUP_FORMAT = 1  # bump when the training procedure changes, so cached models are rebuilt
@@ -112,73 +112,30 @@ SCRATCHPAD_BASE = TraceWarmupSpec(
 SCRATCHPAD_WEAK = dataclasses.replace(SCRATCHPAD_BASE, steps=700)
 
 
-@dataclass(frozen=True)
-class TraceWarmupResult:
-    """What `warm_up_traces` measured (also written to `trace_warmup.json`)."""
-
-    fingerprint: str
-    final_loss: float  # mean response-token cross-entropy over the last 10% of the updates (nats)
-    first_loss: float  # mean over the first 10% of the updates
-    loss_curve: tuple[float, ...]  # mean loss of each block of max(1, steps // 20) updates
-    train_questions_sha256: str  # hash of the training question texts, in draw order
-    num_train_questions: int
-    build_seconds: float
-
-
 def training_prompts(spec: TraceWarmupSpec) -> list[Prompt]:
     """The questions the warm-up learns: `spec.num_train` questions of the task's train split."""
     return spec.task.make_split(split="train", n=spec.num_train, seed=spec.seed)
-
-
-def questions_sha256(prompts: Sequence[Prompt]) -> str:
-    digest = hashlib.sha256()
-    for prompt in prompts:
-        digest.update(prompt.question.encode() + b"\n")
-    return digest.hexdigest()
 
 
 def warm_up_traces(out_dir: Path, *, spec: TraceWarmupSpec = SCRATCHPAD_BASE) -> Path:
     """Build `spec.model`, train it on noisy traces of the train split, save it (float32) to `out_dir`.
 
     `out_dir` then holds `config.json`, `model.safetensors`, the tokenizer files and
-    `trace_warmup.json` = {"spec": ..., "result": TraceWarmupResult}. Deterministic in `spec`.
+    `trace_warmup.json` = {"spec": ..., "result": WarmupResult}. Deterministic in `spec`.
     """
-    from transformers import AutoModelForCausalLM
-
     start = time.perf_counter()
     out_dir = Path(out_dir)
     build_tiny_model(out_dir, spec=spec.model)
     prompts = training_prompts(spec)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(spec.threads)
-    try:
-        torch.manual_seed(spec.seed)
-        model = AutoModelForCausalLM.from_pretrained(str(out_dir), dtype=torch.float32)
-        losses = _train(model, prompts, spec=spec)
-    finally:
-        torch.set_num_threads(threads)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    block = max(1, spec.steps // 20)
-    tail = max(1, spec.steps // 10)
-    result = TraceWarmupResult(
-        fingerprint=spec.fingerprint(),
-        final_loss=float(np.mean(losses[-tail:])),
-        first_loss=float(np.mean(losses[:tail])),
-        loss_curve=tuple(float(np.mean(losses[i : i + block])) for i in range(0, len(losses), block)),
-        train_questions_sha256=questions_sha256(prompts),
-        num_train_questions=len(prompts),
-        build_seconds=time.perf_counter() - start,
-    )
-    record = {"spec": dataclasses.asdict(spec), "result": dataclasses.asdict(result)}
-    atomic_write_text(out_dir / RECORD_NAME, json.dumps(record, indent=2) + "\n")
-    return out_dir
+    return fit_and_record(out_dir, spec=spec, prompts=prompts, start=start, record_name=RECORD_NAME,
+                          train=lambda model: _train(model, prompts, spec=spec))
 
 
-def read_trace_warmup(model_dir: Path) -> TraceWarmupResult:
-    """The `TraceWarmupResult` recorded in `model_dir/trace_warmup.json`."""
+def read_trace_warmup(model_dir: Path) -> WarmupResult:
+    """The `WarmupResult` recorded in `model_dir/trace_warmup.json`."""
     record = json.loads((Path(model_dir) / RECORD_NAME).read_text())["result"]
     record["loss_curve"] = tuple(record["loss_curve"])
-    return TraceWarmupResult(**record)
+    return WarmupResult(**record)
 
 
 @dataclass(frozen=True)

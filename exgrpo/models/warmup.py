@@ -37,9 +37,10 @@ import json
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -163,20 +164,29 @@ def warm_up(out_dir: Path, *, spec: WarmupSpec) -> Path:
     `out_dir` then holds `config.json`, `model.safetensors`, the tokenizer files and
     `warmup.json` = {"spec": ..., "result": WarmupResult}. Deterministic in `spec`.
     """
-    from transformers import AutoModelForCausalLM
-
     start = time.perf_counter()
     out_dir = Path(out_dir)
     build_tiny_model(out_dir, spec=spec.model)
     prompts = training_prompts(spec)
     boxed = _encode(prompts, spec=spec, misspelled=False, width=0)
     misspelled = _encode(prompts, spec=spec, misspelled=True, width=boxed.input_ids.shape[1])
+    return fit_and_record(out_dir, spec=spec, prompts=prompts, start=start, record_name="warmup.json",
+                          train=lambda model: _train(model, boxed, misspelled, spec=spec))
+
+
+def fit_and_record(out_dir: Path, *, spec: Any, prompts: Sequence[Prompt], start: float, record_name: str,
+                   train: Callable[[Any], list[float]]) -> Path:
+    """The shared end of every warm-up: load the random start in `out_dir`, run `train(model)` (which
+    returns one loss per update) with `spec.threads` torch threads from seed `spec.seed`, save the float32
+    weights next to the tokenizer and record `{"spec", "result": WarmupResult}` in `out_dir/record_name`."""
+    from transformers import AutoModelForCausalLM
+
     threads = torch.get_num_threads()
     torch.set_num_threads(spec.threads)
     try:
         torch.manual_seed(spec.seed)
         model = AutoModelForCausalLM.from_pretrained(str(out_dir), dtype=torch.float32)
-        losses = _train(model, boxed, misspelled, spec=spec)
+        losses = train(model)
     finally:
         torch.set_num_threads(threads)
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -192,7 +202,7 @@ def warm_up(out_dir: Path, *, spec: WarmupSpec) -> Path:
         build_seconds=time.perf_counter() - start,
     )
     record = {"spec": dataclasses.asdict(spec), "result": dataclasses.asdict(result)}
-    atomic_write_text(out_dir / "warmup.json", json.dumps(record, indent=2) + "\n")
+    atomic_write_text(out_dir / record_name, json.dumps(record, indent=2) + "\n")
     return out_dir
 
 
