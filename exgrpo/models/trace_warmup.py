@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ from exgrpo.config import TemplateName
 from exgrpo.data.scratchpad import ScratchpadTask, TraceCheck, check_trace
 from exgrpo.data.templates import render_prompt
 from exgrpo.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from exgrpo.models.warmup import WarmupResult, fit_and_record
+from exgrpo.models.warmup import WarmupResult, batch_order, check_spec, fit_and_record, learning_rate
 from exgrpo.types import Prompt
 
 _TRACE_WARMUP_FORMAT = 1  # bump when the training procedure changes, so cached models are rebuilt
@@ -68,22 +67,10 @@ class TraceWarmupSpec:
     threads: int = 1  # torch threads while training (part of the spec: float sums depend on it)
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.steps >= 1, f"steps={self.steps} must be >= 1"),
-            (self.lr > 0, f"lr={self.lr} must be > 0"),
-            (self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1"),
-            (
-                self.p_propagating >= 0 and self.p_silent >= 0 and self.p_propagating + self.p_silent <= 1,
-                f"p_propagating={self.p_propagating}, p_silent={self.p_silent} must be >= 0 with sum <= 1",
-            ),
-            (self.num_train >= 1, f"num_train={self.num_train} must be >= 1"),
-            (self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be >= 0"),
-            (0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]"),
-            (self.threads >= 1, f"threads={self.threads} must be >= 1"),
-        ]
-        errors = [message for ok, message in checks if not ok]
-        if errors:
-            raise ValueError("invalid TraceWarmupSpec: " + "; ".join(errors))
+        check_spec(self, [(
+            self.p_propagating >= 0 and self.p_silent >= 0 and self.p_propagating + self.p_silent <= 1,
+            f"p_propagating={self.p_propagating}, p_silent={self.p_silent} must be >= 0 with sum <= 1",
+        )])
 
     def fingerprint(self) -> str:
         """Short hash of the spec, the random start's fingerprint and the warm-up format."""
@@ -185,26 +172,6 @@ def measure_traces(
 # --------------------------------------------------------------------------------------- internals
 
 
-def _learning_rate(step: int, *, spec: TraceWarmupSpec) -> float:
-    """Linear warm-up to spec.lr over warmup_steps, then cosine decay to min_lr_ratio * lr (step from 0)."""
-    if step < spec.warmup_steps:
-        return spec.lr * (step + 1) / spec.warmup_steps
-    progress = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
-    return spec.lr * (spec.min_lr_ratio + (1 - spec.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def _batch_order(n: int, *, spec: TraceWarmupSpec) -> list[np.ndarray]:
-    """Row indices of every update's batch: consecutive slices of one seeded permutation of the n
-    training questions per epoch (an epoch's remainder rows are dropped)."""
-    rng = np.random.default_rng([spec.seed, 2])
-    size = min(spec.batch_size, n)
-    batches: list[np.ndarray] = []
-    while len(batches) < spec.steps:
-        order = rng.permutation(n)
-        batches.extend(order[i : i + size] for i in range(0, n - size + 1, size))
-    return batches[: spec.steps]
-
-
 def _encode_batch(
     prompts: Sequence[Prompt], responses: Sequence[str], *, template: TemplateName, tokenizer
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -226,13 +193,13 @@ def _encode_batch(
 def _train(model: torch.nn.Module, prompts: Sequence[Prompt], *, spec: TraceWarmupSpec) -> list[float]:
     tokenizer = build_char_tokenizer()
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
-    batches = _batch_order(len(prompts), spec=spec)
+    batches = batch_order(len(prompts), spec=spec)
     noise_rng = np.random.default_rng([spec.seed, 3])  # its own stream: noise never shifts the data order
     model.train()
     losses = []
     for step in range(spec.steps):
         for group in optimizer.param_groups:
-            group["lr"] = _learning_rate(step, spec=spec)
+            group["lr"] = learning_rate(step, spec=spec)
         batch = [prompts[int(i)] for i in batches[step]]
         responses = [spec.task.noisy_solution(p, noise_rng, spec.p_propagating, spec.p_silent) for p in batch]
         ids, target = _encode_batch(batch, responses, template=spec.template, tokenizer=tokenizer)

@@ -58,6 +58,24 @@ BOX = BOX_OPEN  # `\\boxed{`, the format the task solutions write (exgrpo.reward
 MISSPELLED_BOX = "\\boxes{"  # same length and digit positions as BOX; the verifier finds no answer
 
 
+def check_spec(spec: Any, extra: Sequence[tuple[bool, str]] = ()) -> None:
+    """Validate the training fields every warm-up spec has (steps, lr, batch_size, num_train,
+    warmup_steps, min_lr_ratio, threads) plus `extra` (ok, message) pairs; one ValueError lists all."""
+    checks = [
+        (spec.steps >= 1, f"steps={spec.steps} must be >= 1"),
+        (spec.lr > 0, f"lr={spec.lr} must be > 0"),
+        (spec.batch_size >= 1, f"batch_size={spec.batch_size} must be >= 1"),
+        (spec.num_train >= 1, f"num_train={spec.num_train} must be >= 1"),
+        (spec.warmup_steps >= 0, f"warmup_steps={spec.warmup_steps} must be >= 0"),
+        (0.0 <= spec.min_lr_ratio <= 1.0, f"min_lr_ratio={spec.min_lr_ratio} must be in [0, 1]"),
+        (spec.threads >= 1, f"threads={spec.threads} must be >= 1"),
+        *extra,
+    ]
+    errors = [message for ok, message in checks if not ok]
+    if errors:
+        raise ValueError(f"invalid {type(spec).__name__}: " + "; ".join(errors))
+
+
 @dataclass(frozen=True)
 class WarmupSpec:
     """Everything that determines a warmed model's weights (the cache key is its fingerprint)."""
@@ -79,20 +97,10 @@ class WarmupSpec:
     threads: int = 1  # torch threads while training (part of the spec: float sums depend on it)
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.steps >= 1, f"steps={self.steps} must be >= 1"),
-            (self.lr > 0, f"lr={self.lr} must be > 0"),
-            (self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1"),
+        check_spec(self, [
             (0.0 <= self.label_noise <= 1.0, f"label_noise={self.label_noise} must be in [0, 1]"),
             (0.0 <= self.format_noise <= 1.0, f"format_noise={self.format_noise} must be in [0, 1]"),
-            (self.num_train >= 1, f"num_train={self.num_train} must be >= 1"),
-            (self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be >= 0"),
-            (0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]"),
-            (self.threads >= 1, f"threads={self.threads} must be >= 1"),
-        ]
-        errors = [message for ok, message in checks if not ok]
-        if errors:
-            raise ValueError("invalid WarmupSpec: " + "; ".join(errors))
+        ])
 
     def fingerprint(self) -> str:
         """Short hash of the spec, the random start's fingerprint and the warm-up format."""
@@ -329,7 +337,7 @@ def _digit_ids() -> list[int]:
     return build_char_tokenizer().encode("0123456789", add_special_tokens=False)
 
 
-def _learning_rate(step: int, *, spec: WarmupSpec) -> float:
+def learning_rate(step: int, *, spec: Any) -> float:
     """Linear warm-up to spec.lr over warmup_steps, then cosine decay to min_lr_ratio * lr (step from 0)."""
     if step < spec.warmup_steps:
         return spec.lr * (step + 1) / spec.warmup_steps
@@ -337,7 +345,7 @@ def _learning_rate(step: int, *, spec: WarmupSpec) -> float:
     return spec.lr * (spec.min_lr_ratio + (1 - spec.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _batch_order(n: int, *, spec: WarmupSpec) -> list[torch.Tensor]:
+def batch_order(n: int, *, spec: Any) -> list[torch.Tensor]:
     """The row indices of every update's batch: slices of one seeded permutation per epoch
     (batches are min(batch_size, n) rows; an epoch's remainder rows are dropped)."""
     rng = np.random.default_rng([spec.seed, 2])
@@ -356,13 +364,13 @@ def _train(
     (a fresh permutation each epoch); each row is the misspelled variant with probability
     spec.format_noise and gets a changed digit with probability spec.label_noise."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
-    batches = _batch_order(len(boxed.lengths), spec=spec)
+    batches = batch_order(len(boxed.lengths), spec=spec)
     noise_rng = np.random.default_rng([spec.seed, 3])  # its own stream: noise never shifts the data order
     model.train()
     losses = []
     for step in range(spec.steps):
         for group in optimizer.param_groups:
-            group["lr"] = _learning_rate(step, spec=spec)
+            group["lr"] = learning_rate(step, spec=spec)
         index = batches[step]  # (B,)
         swap = torch.from_numpy(noise_rng.random(len(index)) < spec.format_noise)  # (B,)
         ids = torch.where(swap[:, None], misspelled.input_ids[index], boxed.input_ids[index])  # (B, T)

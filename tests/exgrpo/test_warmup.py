@@ -25,8 +25,8 @@ from exgrpo.models.warmup import (
     WarmupSpec,
     _add_label_noise,
     _encode,
-    _learning_rate,
     evaluate_solve_rate,
+    learning_rate,
     questions_sha256,
     read_warmup,
     training_prompts,
@@ -95,12 +95,12 @@ def test_arith_weak_is_arith_base_stopped_early() -> None:
 def test_learning_rate_schedule_by_hand() -> None:
     spec = WarmupSpec(steps=110, lr=1e-3, warmup_steps=10, min_lr_ratio=0.1)
     # warm-up: (step + 1) / 10 * lr
-    assert _learning_rate(0, spec=spec) == pytest.approx(1e-4)
-    assert _learning_rate(9, spec=spec) == pytest.approx(1e-3)
+    assert learning_rate(0, spec=spec) == pytest.approx(1e-4)
+    assert learning_rate(9, spec=spec) == pytest.approx(1e-3)
     # cosine over the remaining 100 steps: step 60 is half-way -> lr * (0.1 + 0.9 * 0.5) = 5.5e-4
-    assert _learning_rate(10, spec=spec) == pytest.approx(1e-3)
-    assert _learning_rate(60, spec=spec) == pytest.approx(5.5e-4)
-    assert _learning_rate(110, spec=spec) == pytest.approx(1e-4)
+    assert learning_rate(10, spec=spec) == pytest.approx(1e-3)
+    assert learning_rate(60, spec=spec) == pytest.approx(5.5e-4)
+    assert learning_rate(110, spec=spec) == pytest.approx(1e-4)
 
 
 # ---------------------------------------------------------------------------------- the data
