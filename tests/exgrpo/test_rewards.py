@@ -291,7 +291,7 @@ def _verify_children() -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == os.getpid() and b"exgrpo.verify_pool" in cmdline:
+        if ppid == os.getpid() and b"exgrpo.verify_worker" in cmdline:
             found.append(int(entry.name))
     return found
 
