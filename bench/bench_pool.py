@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_pool.py
 
-Prints the time of `sample_questions(64)` on a pool of 50,000 sampleable questions (K = 8), and the
+Prints the time of drawing 64 questions (`draw_plan` + `sample_from_buckets`, one shard's draw) on a pool of 50,000 sampleable questions (K = 8), and the
 bytes per stored trajectory of 1,000 tokens, in memory (tracemalloc, numpy buffers included) and
 in a parquet snapshot (pyarrow defaults: snappy; random token ids and log-probs barely compress).
 """
@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from buffers.experience import ExperiencePool  # noqa: E402
+from buffers.experience import ExperiencePool
+from exgrpo.selection import draw_plan  # noqa: E402
 from exgrpo.types import Group, Trajectory  # noqa: E402
 
 K = 8
@@ -52,12 +53,13 @@ def bench_sampling(n_questions: int = 50_000, repeats: int = 2000) -> None:
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        got = pool.sample_questions(64, rng=rng)
+        plan = draw_plan([pool.bucket_sizes()], 64, k_rollouts=K, rng=rng)[0]  # what one shard is asked for
+        got = pool.sample_from_buckets(plan, rng=rng)
         times.append(time.perf_counter() - t)
     assert len(set(got)) == 64
     us = np.array(times) * 1e6
     print(
-        f"sample_questions(64): median {np.median(us):.0f} us, mean {us.mean():.0f} us, "
+        f"draw 64 questions: median {np.median(us):.0f} us, mean {us.mean():.0f} us, "
         f"p99 {np.percentile(us, 99):.0f} us over {repeats} calls"
     )
 

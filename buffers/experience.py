@@ -23,6 +23,7 @@ float32 numpy arrays (8 bytes per token instead of ~60 for tuples of Python numb
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -74,28 +75,32 @@ class _Question:
         self.indexed: int | None = None  # the bucket index holding it (sampleable), else None
 
 
-class _IndexedSet:
-    """Members in a list plus their positions: O(1) add and remove, O(n) uniform draws."""
+class _SortedSet:
+    """Members kept sorted by qid: O(log n) search plus one memmove to add or remove, O(n) uniform draws.
 
-    __slots__ = ("items", "pos")
+    Sorted, not insertion-ordered, so a draw depends only on which questions a bucket holds, never on the
+    order in which concurrent samplers' pushes arrived (a run with eta = 0 repeats its draws with any
+    number of samplers)."""
+
+    __slots__ = ("items", "members")
 
     def __init__(self) -> None:
         self.items: list[str] = []
-        self.pos: dict[str, int] = {}
+        self.members: set[str] = set()
 
     def __len__(self) -> int:
         return len(self.items)
 
+    def __contains__(self, qid: str) -> bool:
+        return qid in self.members
+
     def add(self, qid: str) -> None:
-        self.pos[qid] = len(self.items)
-        self.items.append(qid)
+        bisect.insort(self.items, qid)
+        self.members.add(qid)
 
     def remove(self, qid: str) -> None:
-        i = self.pos.pop(qid)
-        last = self.items.pop()
-        if i < len(self.items):  # move the last member into the hole
-            self.items[i] = last
-            self.pos[last] = i
+        del self.items[bisect.bisect_left(self.items, qid)]
+        self.members.remove(qid)
 
 
 class ExperiencePool:
@@ -108,7 +113,7 @@ class ExperiencePool:
         self.k_rollouts = k_rollouts
         self.max_trajectories_per_question = max_trajectories_per_question
         self._questions: dict[str, _Question] = {}
-        self._buckets = {k: _IndexedSet() for k in range(1, k_rollouts)}  # sampleable qids
+        self._buckets = {k: _SortedSet() for k in range(1, k_rollouts)}  # sampleable qids
         self._retired: set[str] = set()
         self._num_trajectories = 0
 
@@ -176,9 +181,8 @@ class ExperiencePool:
         """Up to counts[k] distinct sampleable qids from each bucket k (ascending k), uniformly without
         replacement, never one in `exclude`. A bucket smaller than its count gives all it has (the
         caller redistributes the shortfall): bucket sizes read earlier may be stale under concurrent
-        pushes, and a draw must never fail because of it. A bucket is drawn from in qid order, so the
-        draw does not depend on the order in which concurrent samplers' pushes arrived (a run with
-        eta = 0 repeats its draws with any number of samplers). Cost O(n log n), n the bucket's size."""
+        pushes, and a draw must never fail because of it. Buckets are kept in qid order (`_SortedSet`), so
+        the draw does not depend on the order pushes arrived in. Cost O(size of the buckets drawn from)."""
         out: list[str] = []
         for k in sorted(counts):
             c = counts[k]
@@ -187,7 +191,7 @@ class ExperiencePool:
             members = self._buckets.get(k)
             if not c or members is None or not len(members):
                 continue
-            pool = sorted(q for q in members.items if q not in exclude)
+            pool = [q for q in members.items if q not in exclude] if exclude else members.items
             out.extend(pool[i] for i in rng.choice(len(pool), size=min(c, len(pool)), replace=False))
         return out
 
@@ -218,7 +222,7 @@ class ExperiencePool:
 
     def bucket_sizes(self, exclude: frozenset[str] = frozenset()) -> dict[int, int]:
         """Number of sampleable questions per non-empty bucket, not counting `exclude` (empty buckets absent)."""
-        sizes = {k: len(b) - sum(q in b.pos for q in exclude) for k, b in self._buckets.items()}
+        sizes = {k: len(b) - sum(q in b for q in exclude) for k, b in self._buckets.items()}
         return {k: n for k, n in sizes.items() if n > 0}
 
     def __len__(self) -> int:
