@@ -1,0 +1,121 @@
+"""The verification worker: the program each `exgrpo.verify_pool` worker process runs.
+
+It reads one JSON line per job on stdin, `[kind, payloads, gold, timeout_s]`, and writes `1` or `0`
+on stdout: whether math-verify (sympy) finds the answer equivalent to the gold. It runs as
+`python -c "from exgrpo.verify_worker import worker_main; worker_main()"`, starts by warming
+math-verify up, then announces `READY`. The parent owns the deadline; this side only adds backstops
+(RLIMIT_CPU per job, RLIMIT_AS) for a parent that died mid-job. Nothing here reads or writes files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from functools import lru_cache
+
+from exgrpo.answers import boxed, equation_values, has_relation, normalize
+
+READY = b"ready"
+_HUGE_LOG10 = 1e6  # numbers past 10^(10^6) are judged without being computed
+
+
+def _log10(expr: object) -> float | None:
+    """log10 |expr| estimated from its literals for numbers, powers and factorials (never evaluated)."""
+    import math
+
+    if getattr(expr, "is_Integer", False):
+        digits = str(abs(int(expr)))  # a parsed literal: at most as long as the answer
+        return math.log10(int(digits)) if len(digits) < 300 and digits != "0" else len(digits) - 1.0
+    if getattr(expr, "is_Number", False):
+        return math.log10(abs(float(expr))) if expr != 0 else None
+    if getattr(expr, "is_Pow", False) and expr.exp.is_positive:
+        base, exponent = _log10(expr.base), _log10(expr.exp)
+        if base is None or exponent is None or base <= 0:
+            return None
+        return base * (10.0**exponent if exponent < 300 else math.inf)
+    if type(expr).__name__ == "factorial" and (n := _log10(expr.args[0])) is not None:
+        return 10.0**n * n if n < 300 else math.inf
+    return None
+
+
+def _huge(expr: object) -> bool:
+    """Whether a power or factorial in `expr` exceeds 10^(10^6) (sympy would try to compute it)."""
+    from sympy import Basic, preorder_traversal
+
+    if not isinstance(expr, Basic):
+        return False
+    try:
+        return any(
+            (size := _log10(node)) is not None and size > _HUGE_LOG10
+            for node in preorder_traversal(expr)
+            if node.is_Pow or type(node).__name__ == "factorial"
+        )
+    except Exception:
+        return False
+
+
+def worker_main() -> None:
+    """Worker loop (run as `python -c`): read JSON [kind, payloads, gold, timeout_s] lines on stdin,
+    write b"1" or b"0" lines: whether math-verify finds the answer equivalent to the gold."""
+    import resource
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints from libraries go to stderr, not into the reply pipe
+    memory_mb = int(os.environ.get("EXGRPO_VERIFY_MAX_MEMORY_MB", "0"))
+    if memory_mb > 0:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_AS, (memory_mb * 2**20, memory_mb * 2**20))
+    # math-verify warns that its own (SIGALRM) timeouts are off; the parent owns the deadline.
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    boxed_configs = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+    text_configs = [LatexExtractionConfig(), ExprExtractionConfig()]  # math-verify's own defaults
+
+    def parse_boxed(text: str) -> list:
+        return parse(boxed(text), extraction_config=boxed_configs, parsing_timeout=None)
+
+    parse_gold = lru_cache(maxsize=1024)(parse_boxed)  # the K rollouts of a question share one gold
+
+    def right(answer_parsed: list, gold: str) -> bool:
+        gold_parsed = parse_gold(gold)
+        if any(map(_huge, answer_parsed)) and not any(map(_huge, gold_parsed)):
+            return False  # a number of > 10^6 digits equals no ordinary gold; sympy would compute it
+        return bool(
+            gold_parsed and answer_parsed and verify(gold_parsed, answer_parsed, timeout_seconds=None)
+        )
+
+    def equivalent(kind: str, payloads: list[str], gold: str) -> bool:
+        if kind == "values":  # every value must verify
+            return bool(payloads) and all(right(parse_boxed(value), gold) for value in payloads)
+        parsed = parse(payloads[0], extraction_config=text_configs, parsing_timeout=None)
+        stated = next((p for p in parsed if isinstance(p, str)), None)  # the text math-verify read
+        if stated is not None and has_relation(stated) and not has_relation(gold):
+            values = equation_values(normalize(stated), gold)
+            return values is not None and equivalent("values", values, gold)
+        return right(parsed, gold)
+
+    equivalent("values", ["1"], "1")  # warm-up (regex compilation) before the first deadline starts
+    equivalent("text", ["so 1"], "1")
+    equivalent("values", ["x^2+2x+1"], "(x+1)^2")  # sympy's first simplify is slow (~0.6 s)
+    replies.write(READY + b"\n")
+    replies.flush()
+    _, cpu_hard = resource.getrlimit(resource.RLIMIT_CPU)
+    for line in sys.stdin.buffer:  # ends when the parent closes the pipe or exits
+        try:
+            kind, payloads, gold, timeout_s = json.loads(line)
+            # Backstop if the parent dies mid-job: the kernel kills a job past its CPU budget.
+            used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+            soft = int(used + timeout_s) + 2
+            if cpu_hard == resource.RLIM_INFINITY or soft < cpu_hard:
+                resource.setrlimit(resource.RLIMIT_CPU, (soft, cpu_hard))
+            ok = equivalent(kind, payloads, gold)
+        except Exception:  # unparsable or pathological text: not equivalent
+            ok = False
+        replies.write(b"1\n" if ok else b"0\n")
+        replies.flush()
