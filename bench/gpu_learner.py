@@ -36,7 +36,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from exgrpo.config import LearnerConfig, LossConfig  # noqa: E402
 from exgrpo.types import Group, Trajectory  # noqa: E402
-from learners.learner import Learner  # noqa: E402
 
 GIB = 2**30
 
@@ -212,6 +211,8 @@ def bench_learner(
     model_path: str, shape: Shape, *, zero_stage: int, dtype: str, device: torch.device, warm: int, timed: int
 ) -> LearnerResult:
     """``warm`` + ``timed`` updates of the DeepSpeed learner at world size 1 (no clipping: replay has started)."""
+    from learners.learner import Learner  # here, not at the top: bench/device_check.py imports this module
+    # where Ray and DeepSpeed are missing
     cfg = LearnerConfig(
         zero_stage=zero_stage,
         backend="nccl" if device.type == "cuda" else "gloo",

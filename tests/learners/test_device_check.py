@@ -1,0 +1,115 @@
+"""bench/device_check.py on CPU: the --cpu-smoke run end to end, the collective-failure fallback, its
+update against the DeepSpeed learner, and that it imports without Ray, DeepSpeed or vLLM (the H200 has none)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "device_check.py"
+sys.path.insert(0, str(ROOT))
+
+from bench import device_check as dc  # noqa: E402
+from bench.gpu_learner import TINY, _free_port, synthetic_groups  # noqa: E402
+from exgrpo.config import LearnerConfig, LossConfig  # noqa: E402
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
+    out = tmp_path / "dc.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--cpu-smoke", "--out", str(out), *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    log = proc.stdout + proc.stderr
+    assert out.exists(), log
+    return proc.returncode, json.loads(out.read_text()), log
+
+
+def _check_transfer(part: dict, nbytes: int) -> None:
+    assert part["gb_per_s"] > 0
+    assert part["sent_bytes"] == part["received_bytes"] == part["bytes"] == nbytes
+    assert part["checksum_match"] is True
+
+
+def test_cpu_smoke(tmp_path):
+    rc, report, log = _run(tmp_path)
+    assert rc == 0 and report["errors"] == {}, log
+    learner = report["parts"]["learner"]
+    assert learner["params"] > 0 and learner["dtype"] == "bfloat16"
+    assert learner["gradient_checkpointing"] is True
+    assert len(learner["step_seconds"]) == 2 and min(learner["step_seconds"]) > 0
+    assert learner["tokens_per_s"] > learner["response_tokens_per_s"] > 0
+    assert learner["tokens_per_update"] == TINY.groups * TINY.rollouts * (TINY.prompt_len + TINY.response_len)
+    assert 0 < learner["mfu"] < learner["mfu_with_attention"] and learner["mfu"] < learner["hfu"]
+    assert learner["grad_norm_finite"] and learner["skipped_steps"] == 0
+    bc = report["parts"]["broadcast"]
+    nbytes = bc["params"] * 2  # bfloat16
+    assert bc["params"] == learner["params"]  # the tied embedding once
+    assert bc["ran"] == "gloo" and bc["memcpy_floor"]["gb_per_s"] > 0
+    coll = bc["collective"]
+    _check_transfer(coll, nbytes)
+    assert coll["backend"] == "gloo" and coll["chunks"] > 1
+    assert coll["checksum"] == coll["checksum_received"]
+    assert coll["receiver_seconds"] and min(coll["receiver_seconds"]) > 0
+    _check_transfer(bc["ipc"], nbytes)
+    assert bc["ipc"]["checksum"] == bc["ipc"]["checksum_sent"] == coll["checksum"]
+
+
+def test_collective_failure_falls_back(tmp_path):
+    """A CPU build has no NCCL: the collective pair fails, is reported, and the shared-memory copy stands in."""
+    rc, report, log = _run(tmp_path, "--parts", "broadcast", "--collective-backend", "nccl")
+    assert rc == 0 and report["errors"] == {}, log
+    bc = report["parts"]["broadcast"]
+    assert bc["ran"] == "shared_memory" and "error" in bc["collective"]
+    assert "FAILED" in log
+    assert bc["memcpy_floor"]["gb_per_s"] > 0  # measured before the collective joined
+    _check_transfer(bc["ipc"], bc["params"] * 2)
+
+
+def test_imports_without_ray_deepspeed_vllm():
+    code = ("import sys; sys.modules.update(ray=None, deepspeed=None, vllm=None); "
+            f"sys.path.insert(0, {str(ROOT)!r}); import bench.device_check")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
+
+
+def test_chunk_plan_and_checksum():
+    specs = [("a", (3,), "bfloat16"), ("b", (2, 2), "float32"), ("c", (1,), "bfloat16"), ("d", (5,), "bfloat16")]
+    # 6, 16, 2, 10 bytes; a chunk closes once it exceeds 8 bytes (vLLM's rule)
+    assert dc.chunk_plan(specs, 8) == [[0, 1], [2, 3]]
+    assert dc.chunk_plan(specs, 1000) == [[0, 1, 2, 3]]
+    x = torch.arange(8, dtype=torch.uint8)
+    assert dc.checksum(x) == dc.checksum(x.clone())
+    assert dc.checksum(x) != dc.checksum(x.flip(0))  # same sum, other order
+
+
+def test_update_matches_deepspeed_learner(tmp_path):
+    """On a float32 model (its own master) exgrpo_update equals Learner.update (DeepSpeed ZeRO-0) step for step."""
+    try:
+        from learners.learner import Learner
+    except ImportError as exc:  # pragma: no cover - the learner's own dependencies
+        pytest.skip(f"learners.learner does not import here: {exc}")
+
+    cfg = LearnerConfig(zero_stage=0, micro_batch_size=TINY.micro_batch, minibatches=2, backend="gloo")
+    torch.manual_seed(0)
+    model = dc.build_learner_model(TINY, dtype="float32", device=torch.device("cpu"), checkpointing=True)
+    model.save_pretrained(tmp_path)
+    ours = dc.MasterWeights(model, cfg)
+    theirs = Learner(model_path=str(tmp_path), learner=cfg, loss=LossConfig(), max_response_len=TINY.response_len,
+                     master_port=_free_port())
+    theirs.setup()
+    for step in range(2):
+        groups = synthetic_groups(TINY, step=step)
+        a = theirs.update(groups=groups, clip=False, version=step)
+        b = dc.exgrpo_update(model, ours, groups, loss=LossConfig(), micro_batch=TINY.micro_batch, minibatches=2,
+                             max_response_len=TINY.response_len, clip=False)
+        assert b["grad_norm"] == pytest.approx(a["learner/grad_norm"], rel=1e-5)
+        assert b["loss"] == pytest.approx(a["learner/loss"], rel=1e-5, abs=1e-8)
+    ref = theirs.engine.module.state_dict()
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, ref[name], rtol=1e-5, atol=1e-7)
