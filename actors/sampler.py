@@ -6,7 +6,8 @@ version of the weights that sampled them, pushes them to the replay shards and r
 
 New weights are applied between engine calls (Ray runs one call at a time on this actor, in
 submission order, so a weight load submitted before a generate call is always applied before it).
-The weight entry points (`load_weights`, `join_sync_group`, `receive_weights`) are thin: the order
+The weight entry points (`load_weights`; vLLM's `init_weight_transfer_engine`, `start_weight_update`,
+`update_weights`, `finish_weight_update`) are thin: the order
 in which they are called is the transport's (`learners.weight_sync`).
 
 A plain class: `run.py` makes it the Ray actor `exgrpo-sampler-<i>`; tests run it in-process.
@@ -15,11 +16,10 @@ A plain class: `run.py` makes it the Ray actor `exgrpo-sampler-<i>`; tests run i
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from actors.engines import GenerationEngine, make_engine
@@ -28,6 +28,7 @@ from exgrpo.data.templates import render_prompt, reward_mode
 from exgrpo.evaluate import sample_rewards
 from exgrpo.rewards import Verifier
 from exgrpo.types import GenerationRequest, Group, Prompt, RolloutResult, Trajectory
+from learners.weight_sync import PackedWeights, unpack_weights
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class EngineSpec:
     model_path: str
     dtype: Dtype = "float32"
     gpu_memory_utilization: float = 0.85
+    weight_transfer: str | None = None  # vLLM weight-transfer backend ("nccl", "gloo") for the collective transport
 
 
 class Sampler:
@@ -54,7 +56,7 @@ class Sampler:
         self.verifier = Verifier(mode=reward_mode(template), timeout_s=verify_timeout_s)
         self.replay = replay
         self._seed = seed
-        self._receiver = None
+        self._update_start = time.perf_counter()
         self.weight_load_s = 0.0  # time spent applying the last weights
 
     # -- hooks of ray.rllib's FaultTolerantActorManager (it sends every call, even by method name, through
@@ -111,30 +113,34 @@ class Sampler:
         return render_prompt(prompt.question, template=self.template, tokenizer=self.engine.tokenizer)
 
     # -- weights -----------------------------------------------------------------------------------
-    def load_weights(self, *, weights: Mapping[str, np.ndarray], version: int) -> float:
-        """Object-store transport: apply a full HF-named state dict; returns seconds spent."""
+    def load_weights(self, *, weights: PackedWeights, version: int) -> float:
+        """Object-store transport: apply rank 0's packed weights (views of the shared object); returns seconds."""
         t0 = time.perf_counter()
-        self.engine.load_weights(weights, version=version)
+        self.engine.load_weights(unpack_weights(weights), version=version)
         self.weight_load_s = time.perf_counter() - t0
         return self.weight_load_s
 
-    def join_sync_group(self, *, info: Any, rank: int, specs: Sequence[Any], timeout_s: float = 600.0) -> None:
-        """Collective transport: join a new learner-rank-0 + samplers world (blocks until all join)."""
-        from learners.gloo_sync import CollectiveReceiver
+    # vLLM's weight-transfer control plane (`learners.vllm_transfer.SamplerClient` calls these in this order)
+    def init_weight_transfer_engine(self, *, init_info: dict[str, Any]) -> None:
+        self._vllm().init_weight_transfer(init_info)
 
-        if self._receiver is not None:
-            self._receiver.close()
-        self._receiver = CollectiveReceiver(info=info, rank=rank, specs=list(specs), timeout_s=timeout_s)
-        self._receiver.connect()
+    def start_weight_update(self) -> None:
+        self._update_start = time.perf_counter()
+        self._vllm().start_weight_update()
 
-    def receive_weights(self, *, version: int) -> float:
-        """Collective transport: take part in one broadcast and apply it; returns seconds spent."""
-        if self._receiver is None:
-            raise RuntimeError(f"{self.name}: receive_weights before join_sync_group")
-        t0 = time.perf_counter()
-        self.engine.load_weights(self._receiver.receive(), version=version)
-        self.weight_load_s = time.perf_counter() - t0
+    def update_weights(self, *, update_info: dict[str, Any]) -> None:
+        self._vllm().update_weights(update_info)
+
+    def finish_weight_update(self, *, version: int) -> float:
+        """Finish the update, tag later trajectories with `version`; returns seconds since the start."""
+        self._vllm().finish_weight_update(version=version)
+        self.weight_load_s = time.perf_counter() - self._update_start
         return self.weight_load_s
+
+    def _vllm(self) -> Any:
+        if not hasattr(self.engine, "init_weight_transfer"):
+            raise RuntimeError(f"{self.name}: vLLM's weight-transfer API needs samplers.engine=vllm")
+        return self.engine
 
     def version(self) -> int:
         return self.engine.version
@@ -147,4 +153,6 @@ class Sampler:
 
 
 def _engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
-    return {"gpu_memory_utilization": spec.gpu_memory_utilization} if spec.kind == "vllm" else {}
+    if spec.kind != "vllm":
+        return {}
+    return {"gpu_memory_utilization": spec.gpu_memory_utilization, "weight_transfer": spec.weight_transfer}

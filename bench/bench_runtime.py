@@ -64,7 +64,7 @@ def sync_run(model: str, transport: str, repeats: int = 3) -> dict:
             if v:  # first one warms up the group / the store
                 times.append(time.perf_counter() - t0)
                 loads.append(metrics.get("system/weight_load_s", 0.0))
-        params = sum(np.prod(s.shape) for s in ray.get(system.learners.rank0.weight_specs.remote()))
+        params = system.learners.num_parameters()
     finally:
         system.shutdown()
     return {"params": int(params), "sync_s": float(np.median(times)), "sampler_load_s": float(np.median(loads))}

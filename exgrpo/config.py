@@ -126,7 +126,7 @@ class LossConfig:
 @dataclass(frozen=True)
 class AsyncConfig:
     max_staleness: int = 1  # eta: learner version at training minus sampling version, at most
-    weight_sync: Literal["object_store", "collective"] = "object_store"  # weight broadcast transport
+    weight_sync: Literal["object_store", "collective"] = "object_store"  # object store, or vLLM's weight-transfer API
 
 
 @dataclass(frozen=True)
@@ -389,9 +389,14 @@ def validate(cfg: Config) -> None:
         ),
         (lr.zero_stage in (0, 1, 2, 3), f"learners.zero_stage={lr.zero_stage} must be 0, 1, 2 or 3"),
         (
-            not (lr.zero_stage == 3 and cfg.async_.weight_sync == "collective"),
-            "learners.zero_stage=3 with async.weight_sync=collective is not supported (every rank would have to "
-            "gather for the broadcast); use async.weight_sync=object_store",
+            cfg.async_.weight_sync != "collective" or s.engine == "vllm",
+            "async.weight_sync=collective is vLLM's weight-transfer API and needs samplers.engine=vllm; "
+            "transformers samplers take their weights through async.weight_sync=object_store",
+        ),
+        (
+            cfg.async_.weight_sync != "collective" or (s.num_gpus > 0) == (lr.num_gpus > 0),
+            "async.weight_sync=collective needs learners and samplers on the same kind of device (NCCL between "
+            f"GPUs, gloo between CPUs); got learners.num_gpus={lr.num_gpus}, samplers.num_gpus={s.num_gpus}",
         ),
         (lr.lr > 0, "learners.lr must be > 0"),
         (lr.grad_clip > 0, "learners.grad_clip must be > 0"),

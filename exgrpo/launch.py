@@ -176,6 +176,15 @@ class System:
         ray.kill(self.controller)
 
 
+def transfer_backend(cfg: Config) -> str | None:
+    """vLLM's weight-transfer backend of the samplers: NCCL on GPUs, gloo on CPU; None without the collective."""
+    if cfg.async_.weight_sync != "collective":
+        return None
+    from learners.vllm_transfer import backend_for
+
+    return backend_for("cuda" if cfg.samplers.num_gpus > 0 else "cpu")
+
+
 def build_system(cfg: Config, *, model_path: str, run_dir: str | Path | None = None) -> System:
     """Start replay shards, learners, samplers and the scaling controller as named actors.
 
@@ -232,6 +241,7 @@ def build_system(cfg: Config, *, model_path: str, run_dir: str | Path | None = N
         model_path=model_path,
         dtype=cfg.model.dtype,
         gpu_memory_utilization=s.gpu_memory_utilization,
+        weight_transfer=transfer_backend(cfg),
     )
 
     def spawn(index: int) -> Any:

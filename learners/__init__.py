@@ -3,6 +3,8 @@
 - ``learner.Learner``: one DeepSpeed engine rank (a plain class; Ray is applied by the caller).
 - ``optim``: ``GuardedAdamW`` (the grad-norm rule) and the DeepSpeed config.
 - ``group.LearnerGroup``: L learner actors in a placement group (``exgrpo.core.Learners``).
-- ``weight_sync``: the weight transports, whole (``ObjectStoreTransport``, ``CollectiveTransport``,
-  ``make_transport``) and their endpoints (numpy payloads, the bucketed gloo sender/receiver).
+- ``weight_sync``: the weight transports, whole (``ObjectStoreTransport``, ``VLLMTransport``,
+  ``make_transport``) and the object-store payload (``Packer``: one contiguous byte buffer).
+- ``vllm_transfer``: vLLM's weight-transfer API from learner rank 0 (``WeightPusher``, ``SamplerClient``,
+  ``LearnerSource`` with ZeRO-3 gathers) and the gloo backend it registers for CPU runs.
 """

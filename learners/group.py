@@ -6,7 +6,7 @@ port on bundle 0's node for the torch.distributed rendezvous, starts the actors 
 ``setup`` on all of them concurrently.
 
 It implements ``exgrpo.core.Learners`` (``entropies``, ``update``, ``save``, ``load``) plus what the weight
-transports need (``rank0``, ``get_weights_ref``, ``version``).
+transports need (``rank0``, ``get_weights_ref``, ``push_weights``, ``version``).
 
 A batch is split into L equal contiguous slices of whole groups, one per rank, in the order given (the
 driver shuffles the batch with its seeded generator before ``update``; the group never reorders). Every rank must run the
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -161,10 +161,21 @@ class LearnerGroup:
         return _mean_metrics(ray.get(refs))
 
     def get_weights_ref(self) -> ray.ObjectRef:
-        """Rank 0's numpy state dict, left in the object store (all ranks gather under ZeRO-3)."""
+        """Rank 0's packed weights (``PackedWeights``), left in the object store (all ranks gather under ZeRO-3)."""
         if self.cfg.zero_stage == 3:
             return [a.get_weights.remote() for a in self.actors][0]
         return self.rank0.get_weights.remote()
+
+    def push_weights(self, *, version: int, members: Mapping[str, Any]) -> dict[str, Any]:
+        """Rank 0 sends the weights to ``members`` through vLLM's weight-transfer API (every rank takes part
+        under ZeRO-3); returns rank 0's report (``send_s``, each sampler's ``apply_s``)."""
+        refs = [self.rank0.push_weights.remote(version=version, members=dict(members))]
+        if self.cfg.zero_stage == 3:
+            refs += [a.push_weights.remote(version=version, members=None) for a in self.actors[1:]]
+        return ray.get(refs)[0]
+
+    def num_parameters(self) -> int:
+        return int(ray.get(self.rank0.num_parameters.remote()))
 
     def version(self) -> int:
         """Rank 0's policy version: the tag of weights exported now (the last update's version + 1)."""

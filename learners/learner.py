@@ -22,9 +22,9 @@ pg_j - c_H H_j; the difference of the two weights is added back as c_H (w_pg - w
 
 The grad-norm rule is applied by the client optimiser (``learners.optim.GuardedAdamW``).
 
-Weights leave through ``get_weights`` (object store) or the thin collective entry points
-(``open_sync_group`` / ``connect_sync_group`` / ``broadcast_weights``); the order of those calls is the
-transport's business (``learners.weight_sync``).
+Weights leave through ``get_weights`` (one packed buffer for the object store) or ``push_weights``
+(vLLM's weight-transfer API, ``learners.vllm_transfer``); when they are called is the transport's
+business (``learners.weight_sync``).
 """
 
 from __future__ import annotations
@@ -33,12 +33,11 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -47,8 +46,8 @@ from exgrpo import metrics as M
 from exgrpo.algorithm import exgrpo_loss, group_advantages, masked_mean, token_entropy, token_logprobs
 from exgrpo.config import LearnerConfig, LossConfig
 from exgrpo.types import Group, ReplayCandidate
-from learners.gloo_sync import CollectiveSender, ParamSpec, SyncGroupInfo, param_specs, to_numpy_state
 from learners.optim import deepspeed_config, make_optimizer
+from learners.weight_sync import PackedWeights, Packer
 
 DEFAULT_TORCH_EXTENSIONS_DIR = "~/.cache/exgrpo/torch_extensions"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -134,7 +133,8 @@ class Learner:
         self.max_response_len, self.rank, self.world_size = max_response_len, rank, world_size
         self.master_addr, self.master_port, self.seed, self.dtype = master_addr, master_port, seed, dtype
         self._version = 0
-        self._sender: CollectiveSender | None = None
+        self._packer = Packer()
+        self._pusher: Any = None  # learners.vllm_transfer.WeightPusher, built at the first push
         self.engine: Any = None
 
     # ---------------------------------------------------------------- setup
@@ -174,7 +174,7 @@ class Learner:
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=DTYPES[self.dtype])
         model.config.use_cache = False
         model.eval()  # dropout off: old_logp equals the first micro-batch's logp (ratio 1 at the start)
-        self._specs = param_specs(model.state_dict())  # before ZeRO-3 could partition the parameters
+        self._num_parameters = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
         self.optimizer = make_optimizer(model, self.cfg)
         self.engine, *_ = deepspeed.initialize(
             model=model, optimizer=self.optimizer, config=deepspeed_config(self.cfg, world_size=self.world_size,
@@ -353,44 +353,36 @@ class Learner:
         with self._full_params():
             return float(sum(p.detach().double().sum() for p in self.engine.module.parameters()))
 
-    def get_weights(self) -> dict[str, np.ndarray]:
-        """The full HF-named state dict as numpy (rank 0; other ranks return {}; collective under ZeRO-3)."""
+    def get_weights(self) -> PackedWeights | None:
+        """The full HF-named state dict packed in one byte buffer (rank 0; None elsewhere; collective under ZeRO-3)."""
         with self._full_params():
-            return to_numpy_state(self.engine.module.state_dict()) if self.rank == 0 else {}
+            return self._packer.pack(self.engine.module.state_dict()) if self.rank == 0 else None
 
-    def weight_specs(self) -> list[ParamSpec]:
-        """Names, shapes and dtypes of the state dict, in the order ``get_weights`` and the sender use."""
-        return list(self._specs)
+    def num_parameters(self) -> int:
+        """Distinct parameters of the full model (a tied embedding counts once)."""
+        return self._num_parameters
 
     def get_version(self) -> int:
         """``version`` as a remote-callable method (the tag of weights exported now)."""
         return self._version
 
-    # Thin collective entry points; the order of calls is ``learners.weight_sync.CollectiveTransport``'s.
-    def open_sync_group(
-        self, *, world_size: int, group_name: str, bucket_mb: float = 32.0, timeout_s: float = 600.0
-    ) -> SyncGroupInfo:
-        """Host a new sync world (this learner is rank 0) on this node's address; replaces any old one."""
-        if self._sender is not None:
-            self._sender.close()
-        self._sender = CollectiveSender(
-            world_size=world_size, group_name=group_name, host=self.master_addr, bucket_mb=bucket_mb,
-            timeout_s=timeout_s,
-        )
-        return self._sender.info
+    def push_weights(self, *, version: int, members: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Send the current weights to the vLLM samplers ``members`` through vLLM's weight-transfer API.
 
-    def connect_sync_group(self) -> None:
-        """Join the sync world (blocks until every receiver has connected)."""
-        if self._sender is None:
-            raise RuntimeError("call open_sync_group before connect_sync_group")
-        self._sender.connect()
+        Rank 0 drives it (a new world whenever ``members`` changed); under ZeRO-3 the other ranks call it
+        too, with ``members=None``, to take part in the per-layer gathers. A failure drops the world, so
+        the next push builds a new one."""
+        from learners.vllm_transfer import WeightPusher, backend_for
 
-    def broadcast_weights(self) -> float:
-        """Broadcast the current weights to the sync world; returns seconds (rank 0 only; not ZeRO-3)."""
-        if self._sender is None:
-            raise RuntimeError("call open_sync_group and connect_sync_group before broadcast_weights")
-        with self._full_params():
-            return self._sender.send(self.engine.module.state_dict())
+        if self._pusher is None:
+            self._pusher = WeightPusher(module=self.engine.module, backend=backend_for(self.device.type),
+                                        host=self.master_addr, zero3=self.cfg.zero_stage == 3,
+                                        is_sender=self.rank == 0)
+        try:
+            return self._pusher.push(version=version, members=members)
+        except BaseException:
+            self._pusher.close()
+            raise
 
     # ---------------------------------------------------------------- checkpoints
     def save(self, *, path: str) -> None:

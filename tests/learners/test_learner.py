@@ -22,6 +22,7 @@ from exgrpo.algorithm import exgrpo_loss, token_entropy, token_logprobs  # noqa:
 from exgrpo.config import LearnerConfig, LossConfig  # noqa: E402
 from exgrpo.types import Group, ReplayCandidate, TrainBatch, Trajectory  # noqa: E402
 from learners.learner import Learner  # noqa: E402
+from learners.weight_sync import PackedWeights, unpack_weights  # noqa: E402
 
 torch.set_num_threads(1)
 MAX_LEN = 8  # max_response_len: the constant normaliser
@@ -152,9 +153,14 @@ def _reference(path: str, groups, *, cfg: LearnerConfig, loss: LossConfig, clip:
     return {k: v.detach().numpy() for k, v in model.state_dict().items()}, norms
 
 
-def _assert_weights_close(a: dict, b: dict, atol: float) -> None:
+def _numpy(w: dict | PackedWeights) -> dict:
+    return {k: v.numpy() for k, v in unpack_weights(w).items()} if isinstance(w, PackedWeights) else w
+
+
+def _assert_weights_close(a: dict | PackedWeights, b: dict | PackedWeights, atol: float) -> None:
     """Equal names and values. Key biases are skipped when atol > 0: softmax is shift-invariant, so
     their true gradient is 0 and Adam (g / (|g| + 1e-8)) turns float noise of ~1e-9 into ~lr/10 steps."""
+    a, b = _numpy(a), _numpy(b)
     assert list(a) == list(b)
     for k in a:
         if atol > 0 and k.endswith("k_proj.bias"):
@@ -188,7 +194,7 @@ def test_update_moves_policy_toward_rewarded_responses(model_path):
     for v in range(3):
         learner.update(groups=groups, clip=False, version=v)
     after = AutoModelForCausalLM.from_pretrained(model_path).eval()
-    after.load_state_dict({k: torch.from_numpy(v) for k, v in learner.get_weights().items()})
+    after.load_state_dict(unpack_weights(learner.get_weights()))
 
     def advantage_weighted_logp(model) -> float:  # sum_i A_i * sum_t logp: what the update ascends
         total = 0.0
@@ -288,13 +294,11 @@ def test_entropies_match_direct_computation(fresh_learner, model_path):
 def test_get_weights_is_the_hf_state_dict(fresh_learner, model_path):
     model = AutoModelForCausalLM.from_pretrained(model_path)
     sd = model.state_dict()
-    weights = fresh_learner.get_weights()
-    assert list(weights) == list(sd)
-    _assert_weights_close(weights, {k: v.numpy() for k, v in sd.items()}, atol=0)
-    specs = fresh_learner.weight_specs()
-    assert [(s.name, s.shape, s.dtype) for s in specs] == [
-        (k, tuple(v.shape), "float32") for k, v in sd.items()
-    ]
+    packed = fresh_learner.get_weights()
+    assert [(s.name, s.shape, s.dtype) for s in packed.layout] == [(k, tuple(v.shape), "float32") for k, v in sd.items()]
+    assert packed.buffer.dtype == np.uint8 and packed.buffer.ndim == 1  # one contiguous buffer
+    assert packed.numel == fresh_learner.num_parameters() == sum(p.numel() for p in model.parameters())
+    _assert_weights_close(packed, {k: v.numpy() for k, v in sd.items()}, atol=0)
     assert fresh_learner.checksum() == pytest.approx(
         sum(float(p.detach().double().sum()) for p in model.parameters())
     )

@@ -1,0 +1,118 @@
+"""Weight sync of a ~100M-parameter fp32 model to 2 samplers, against the memory-bandwidth floor of the same run.
+
+    .venv/bin/python bench/bench_weight_sync.py [--repeats 5] [--samplers 2] [--skip-vllm]
+
+Each case builds the real system (`launch.build_system`), then times `system.weights.broadcast(version=v)`
+until every sampler reports version v (object-store loads are asynchronous; the vLLM API blocks). The
+first broadcast warms up (object-store pages, the gloo world) and is not counted.
+
+The floor: one write of the packed weights plus one copy per sampler, each at the memcpy bandwidth
+measured here (numpy copy of a buffer of the same size, median of 5), i.e. (1 + S) * t_memcpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import ray
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+from exgrpo.config import load_config  # noqa: E402
+from exgrpo.launch import build_system, init_ray  # noqa: E402
+from exgrpo.models.resolve import BuiltinModel, register_builtin, resolve_model  # noqa: E402
+from exgrpo.models.tiny import TinyModelSpec, build_tiny_model  # noqa: E402
+
+SPEC_100M = TinyModelSpec(hidden_size=768, num_layers=14, num_heads=12, num_kv_heads=4, head_dim=64,
+                          intermediate_size=2304, max_position=256)
+register_builtin("bench-100m", BuiltinModel(build=lambda out_dir, *, cache_dir: build_tiny_model(out_dir, spec=SPEC_100M),
+                                            fingerprint=SPEC_100M.fingerprint()))
+CASES = {  # name: (engine, transport)
+    "object_store, HF samplers": ("hf", "object_store"),
+    "object_store, vLLM samplers": ("vllm", "object_store"),
+    "vLLM weight-transfer API (gloo), vLLM samplers": ("vllm", "collective"),
+}
+
+
+def memcpy_s(nbytes: int, repeats: int = 5) -> float:
+    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def sync_case(engine: str, transport: str, *, samplers: int, repeats: int) -> dict:
+    cfg = load_config("tiny-cpu", ["logging.progress=false", "model.path=builtin:bench-100m", f"samplers.engine={engine}",
+                                   f"async.weight_sync={transport}", f"samplers.num={samplers}", "samplers.num_cpus=0.5"])
+    model_path = str(resolve_model(cfg.model.path, cache_dir=cfg.model.cache_dir))
+    system = build_system(cfg, model_path=model_path)
+    handles = list(system.samplers.members().values())
+    ray.get([h.ping.remote() for h in handles])
+    total, export, apply = [], [], []
+    try:
+        for v in range(1, repeats + 2):
+            t0 = time.perf_counter()
+            metrics = system.weights.broadcast(version=v)
+            t1 = time.perf_counter()
+            assert ray.get([h.version.remote() for h in handles]) == [v] * len(handles)
+            t2 = time.perf_counter()
+            if v > 1:
+                total.append(t2 - t0)
+                export.append(t1 - t0)
+                apply.append(float(np.mean(ray.get([h.apply.remote(_last_load) for h in handles]))))
+            del metrics
+        params = system.learners.num_parameters()
+    finally:
+        system.shutdown()
+    return {"params": params, "sync_s": float(np.median(total)), "driver_blocked_s": float(np.median(export)),
+            "sampler_apply_s": float(np.median(apply)), "all_s": [round(t, 4) for t in total]}
+
+
+def _last_load(sampler) -> float:
+    return sampler.weight_load_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--samplers", type=int, default=2)
+    parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--out", default="bench/out/weight_sync.json")
+    args = parser.parse_args()
+    init_ray(load_config("tiny-cpu", []))
+    out: dict = {}
+    copies = []
+    nbytes = 4 * 96_528_640  # SPEC_100M's fp32 bytes (checked against the learner's count below)
+    for name, (engine, transport) in CASES.items():
+        if args.skip_vllm and engine == "vllm":
+            continue
+        copies.append(memcpy_s(nbytes))  # the floor is measured beside every case (the machine is noisy)
+        out[name] = sync_case(engine, transport, samplers=args.samplers, repeats=args.repeats)
+        assert 4 * out[name]["params"] == nbytes, out[name]["params"]
+        print(name, json.dumps(out[name]), flush=True)
+    t_copy = float(np.median(copies))
+    floor = (1 + args.samplers) * t_copy
+    out["floor"] = {"bytes": nbytes, "memcpy_s": t_copy, "floor_s": floor, "memcpy_GBps": nbytes / t_copy / 1e9}
+    print(f"\nfloor: (1 + {args.samplers}) x memcpy of {nbytes / 1e6:.0f} MB ({t_copy * 1e3:.1f} ms, "
+          f"{nbytes / t_copy / 1e9:.1f} GB/s) = {floor * 1e3:.0f} ms")
+    print(f"{'case':<50} {'sync (ms)':>10} {'/ floor':>8} {'driver blocked':>15} {'sampler apply':>14}")
+    for name in CASES:
+        if name in out:
+            r = out[name]
+            print(f"{name:<50} {r['sync_s'] * 1e3:>10.0f} {r['sync_s'] / floor:>8.2f} "
+                  f"{r['driver_blocked_s'] * 1e3:>12.0f} ms {r['sampler_apply_s'] * 1e3:>11.0f} ms")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

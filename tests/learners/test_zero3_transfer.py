@@ -1,0 +1,43 @@
+"""vLLM's weight-transfer API under ZeRO-3: both learner ranks gather each layer for the broadcast.
+
+A module of its own: its learner group takes the actor names the transports module's group holds.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_transports import VLLM_REL, _assert_in_sync, _check_metrics, _pool, _start, _step
+
+from exgrpo.config import LearnerConfig, LossConfig
+from exgrpo.launch import remote_actor
+from learners.group import LearnerGroup
+from learners.weight_sync import VLLMTransport
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory):
+    from exgrpo.models.tiny import TinyModelSpec, build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("zero3") / "tiny", spec=TinyModelSpec())
+
+
+def test_vllm_api_under_zero3_gathers_on_both_learner_ranks(ray_cluster, model_dir):
+    pytest.importorskip("vllm")
+    group = LearnerGroup(num=2, make_actor=remote_actor, model_path=str(model_dir),
+                         learner_cfg=LearnerConfig(num=2, zero_stage=3, lr=1e-2, micro_batch_size=8),
+                         loss_cfg=LossConfig(), max_response_len=4)
+    pool = _pool(model_dir, "z3", engine="vllm")
+    transport = VLLMTransport(learners=group, samplers=pool)
+    try:
+        _start(pool, transport, 1)
+        v = _step(group)
+        _check_metrics(transport.broadcast(version=v))
+        assert transport.fallbacks == 0
+        sums = group.checksums()
+        assert sums[0] == sums[1]
+        _assert_in_sync(pool, group, v, rel=VLLM_REL)
+    finally:
+        pool.shutdown()
+        group.shutdown()
