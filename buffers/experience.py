@@ -220,6 +220,10 @@ class ExperiencePool:
     def retired(self) -> frozenset[str]:
         return frozenset(self._retired)
 
+    def num_retired(self) -> int:
+        """len(retired()) without copying the set (every `take` reports it)."""
+        return len(self._retired)
+
     def bucket_sizes(self, exclude: frozenset[str] = frozenset()) -> dict[int, int]:
         """Number of sampleable questions per non-empty bucket, not counting `exclude` (empty buckets absent)."""
         sizes = {k: len(b) - sum(q in b for q in exclude) for k, b in self._buckets.items()}

@@ -1,7 +1,9 @@
-"""Groups <-> Arrow tables (for checkpointing the shards' queues of finished groups).
+"""Groups <-> Arrow tables (the shards' write-ahead log frames and their queues of finished groups).
 
 One row per trajectory or stored candidate, with the group's fields repeated; token ids as
 list<int32>, log-probs as list<float64> so a resumed run sees bit-identical records. No pickle.
+Read back column by column (list columns through their flat values and offsets), not through per-row
+dicts: a restarted shard decodes every push in its log.
 """
 
 from __future__ import annotations
@@ -37,21 +39,36 @@ def groups_to_arrow(groups: Sequence[Group]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=SCHEMA)
 
 
+class _Lists:
+    """Row i of a list column as a tuple of Python numbers (() for a null row)."""
+
+    def __init__(self, column: pa.ChunkedArray) -> None:
+        arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        self.offsets = arr.offsets.to_numpy()
+        self.values = arr.values.to_numpy(zero_copy_only=False)
+
+    def __getitem__(self, i: int) -> tuple:
+        return tuple(self.values[self.offsets[i]:self.offsets[i + 1]].tolist())
+
+
 def groups_from_arrow(table: pa.Table) -> list[Group]:
-    by_id: dict[int, dict] = {}
-    for row in table.to_pylist():
-        g = by_id.setdefault(row["request_id"], {"row": row, "trajectory": [], "candidate": []})
-        if row["role"] == "empty":
+    if table.num_rows == 0:
+        return []
+    col = {f.name: table.column(f.name).to_pylist() for f in SCHEMA if not pa.types.is_list(f.type)}
+    prompts, responses, logprobs = (_Lists(table.column(n)) for n in ("prompt_ids", "response_ids", "logprobs"))
+    by_id: dict[int, tuple[int, list[Trajectory], list[Trajectory]]] = {}
+    for i, (rid, role) in enumerate(zip(col["request_id"], col["role"], strict=True)):
+        entry = by_id.get(rid)
+        if entry is None:
+            entry = by_id[rid] = (i, [], [])
+        if role == "empty":
             continue
-        g[row["role"]].append(Trajectory(
-            qid=row["qid"], response_ids=tuple(row["response_ids"]), logprobs=tuple(row["logprobs"]),
-            reward=row["reward"], policy_version=row["policy_version"], replayed=row["replayed"], text=row["text"],
-            group_id=row["traj_group_id"]))
-    out = []
-    for rid, g in by_id.items():
-        r = g["row"]
-        out.append(Group(qid=r["qid"], prompt_ids=tuple(r["prompt_ids"]), trajectories=tuple(g["trajectory"]),
-                         kind=r["kind"], gold=r["gold"], group_id=r["group_id"], request_id=rid,
-                         policy_version=r["group_policy_version"], admitted_version=r["admitted_version"],
-                         candidates=tuple(g["candidate"])))
-    return out
+        t = Trajectory(qid=col["qid"][i], response_ids=responses[i], logprobs=logprobs[i], reward=col["reward"][i],
+                       policy_version=col["policy_version"][i], replayed=col["replayed"][i], text=col["text"][i],
+                       group_id=col["traj_group_id"][i])
+        entry[1 if role == "trajectory" else 2].append(t)
+    return [Group(qid=col["qid"][i], prompt_ids=prompts[i], trajectories=tuple(trajs), kind=col["kind"][i],
+                  gold=col["gold"][i], group_id=col["group_id"][i], request_id=rid,
+                  policy_version=col["group_policy_version"][i], admitted_version=col["admitted_version"][i],
+                  candidates=tuple(cands))
+            for rid, (i, trajs, cands) in by_id.items()]

@@ -18,7 +18,11 @@ Guarantees:
 - With `wal_dir`, every state-changing call (`push` of new groups, `take`, `set_collect`) is logged and
   fsync'd before it is applied and answered (`buffers/wal.py`); a shard restarted by Ray replays its
   own last snapshot plus the log and is in the state of its last acknowledged call. The shard snapshots
-  itself (and truncates the log) when the log passes `compact_bytes` and at every `snapshot`/`restore`.
+  itself (and truncates the log) when the log passes both `compact_bytes` and `compact_growth` times the size
+  of its last self-snapshot, and at every `snapshot`/`restore`. The second bound keeps compaction amortised:
+  with a fixed threshold a large shard rewrote its whole pool every `compact_bytes` of pushes, which made
+  filling it quadratic (at 1M questions over 8 shards, ~60 full rewrites per shard); the log, and so the
+  replay after a restart, stays within max(compact_bytes, compact_growth x the snapshot).
 """
 
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -49,7 +54,7 @@ class ReplayShard:
     """An `ExperiencePool` and a ready queue of finished groups, keyed by request id."""
 
     def __init__(self, *, k_rollouts: int, max_trajectories_per_question: int = 8, wal_dir: str | None = None,
-                 compact_bytes: int = 64 << 20) -> None:
+                 compact_bytes: int = 64 << 20, compact_growth: float = 1.0) -> None:
         self.k_rollouts = k_rollouts
         self.max_trajectories_per_question = max_trajectories_per_question
         self.pool = ExperiencePool(k_rollouts, max_trajectories_per_question)
@@ -59,6 +64,8 @@ class ReplayShard:
         self._retirers: set[int] = set()  # request ids whose own group retired its question
         self._last_take: tuple[str, PulledBatch] | None = None  # (take_id, its answer): a retry gets it again
         self.compact_bytes = compact_bytes
+        self.compact_growth = compact_growth
+        self._snapshot_bytes = 0  # size of the shard's last self-snapshot (its log directory's snap-<gen>)
         self.wal = WriteAheadLog(wal_dir) if wal_dir else None
         self.recovery: dict[str, Any] = {"snapshot": False, "frames": 0, "seconds": 0.0}
         if self.wal is not None:
@@ -67,6 +74,7 @@ class ReplayShard:
             if snap is not None:
                 self._load(snap / "pool.parquet")
                 self._load_extra(snap)
+                self._snapshot_bytes = _dir_bytes(snap)
             for table in frames:
                 self._replay(table)
             self.recovery = {"snapshot": snap is not None, "frames": len(frames), "generation": self.wal.gen,
@@ -104,7 +112,8 @@ class ReplayShard:
                                  f"(replay slot included); this replay service is for K={self.k_rollouts}")
             new[group.request_id] = group
         if new:
-            self._log(groups_to_arrow(list(new.values())), op="push")
+            if self.wal is not None:  # encoding the frame costs more than recording the groups: only with a log
+                self._log(groups_to_arrow(list(new.values())), op="push")
             self._apply_push(new.values())
             self._maybe_compact()
         return len(new)
@@ -167,7 +176,7 @@ class ReplayShard:
 
     def stats(self) -> ReplayStats:
         return ReplayStats(bucket_sizes=self.pool.bucket_sizes(), active=len(self.pool),
-                           retired=len(self.pool.retired()), trajectories=self.pool.num_trajectories(),
+                           retired=self.pool.num_retired(), trajectories=self.pool.num_trajectories(),
                            ready=len(self._ready))
 
     # -- the write-ahead log -----------------------------------------------------------------------
@@ -191,16 +200,29 @@ class ReplayShard:
             raise ValueError(f"unknown write-ahead log record {op!r} in {self.wal.dir if self.wal else '?'}")
 
     def _maybe_compact(self) -> None:
-        if self.wal is not None and self.wal.bytes > self.compact_bytes:
+        if self.wal is None:
+            return
+        if self.wal.bytes > max(self.compact_bytes, self.compact_growth * self._snapshot_bytes):
             self.compact()
 
     def compact(self) -> None:
         """Snapshot this shard into its log directory and start an empty log (no-op without a log)."""
-        if self.wal is not None:
-            self.wal.rotate(self._write_local)
+        self._rotate(self._write_local)
 
-    def _write_local(self, directory: Path) -> None:
-        self.snapshot_files(path=str(directory / "pool.parquet"))
+    def _rotate(self, write: Any) -> None:
+        if self.wal is not None:
+            self.wal.rotate(write)
+            self._snapshot_bytes = _dir_bytes(self.wal.snap_dir(self.wal.gen))
+
+    def _write_local(self, directory: Path, *, files_of: str | None = None) -> None:
+        """The shard's own snapshot. With `files_of`, the state is what the `snapshot_files` at that path hold
+        (just written or just restored): they are linked (or copied) in, not serialised a second time."""
+        if files_of is None:
+            self.snapshot_files(path=str(directory / "pool.parquet"))
+        else:
+            for suffix in ("", ".ready", ".seen"):
+                if Path(f"{files_of}{suffix}").exists():
+                    _link_or_copy(Path(f"{files_of}{suffix}"), directory / f"pool.parquet{suffix}")
         state: dict[str, Any] = {"collect": self.collect, "take_id": None}
         if self._last_take is not None:
             tid, batch = self._last_take
@@ -223,9 +245,10 @@ class ReplayShard:
     def snapshot(self, *, path: str) -> int:
         """Write the pool to `<path>`, the finished groups to `<path>.ready` and the pushed request ids
         (and whether each retired its question) to `<path>.seen` (parquet, each written atomically).
-        Returns the bytes written. With a log, the shard also snapshots itself and truncates the log."""
+        Returns the bytes written. With a log, the shard also snapshots itself (sharing those files) and
+        truncates the log."""
         written = self.snapshot_files(path=path)
-        self.compact()
+        self._rotate(lambda d: self._write_local(d, files_of=path))
         return written
 
     def snapshot_files(self, *, path: str) -> int:
@@ -238,13 +261,15 @@ class ReplayShard:
                               (seen, Path(f"{path}.seen"))):
             atomic_write(target, lambda tmp, table=table: pq.write_table(table, tmp))
             written += target.stat().st_size
+        _release_arrow_memory()
         return written
 
     def restore(self, *, path: str) -> None:
         """Load what `snapshot` wrote (and, with a log, make it the state a restart recovers)."""
         self._load(path)
         self._last_take = None
-        self.compact()
+        # loading is deterministic, so those files are this state: the log directory shares them
+        self._rotate(lambda d: self._write_local(d, files_of=path))
 
     def _load(self, path: str | Path) -> None:
         self.pool = ExperiencePool.from_arrow(pq.read_table(path), k_rollouts=self.k_rollouts,
@@ -257,3 +282,24 @@ class ReplayShard:
             self._seen = set(table["request_id"])
             self._retirers = {r for r, x in zip(table["request_id"], table["retired_its_question"], strict=True) if x}
         self._seen |= self._ready.keys()
+        _release_arrow_memory()
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link where the filesystem allows (snapshot files are only ever replaced by rename, never
+    rewritten in place, so sharing one is safe), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def _release_arrow_memory() -> None:
+    """Hand the Arrow buffers of a snapshot just written or read back to the OS: pyarrow's allocator
+    (mimalloc) keeps freed memory cached, which otherwise left a shard's RSS ~60% above its pool's after a
+    snapshot or restore."""
+    pa.default_memory_pool().release_unused()
+
+
+def _dir_bytes(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.iterdir() if f.is_file())

@@ -112,15 +112,21 @@ def test_a_torn_frame_is_dropped_and_the_log_continues_after_the_last_good_one(t
     assert shard._seen == {1, 2} and len(read_frames(log)[0]) == 2
 
 
-def test_the_log_stays_bounded_and_a_checkpoint_truncates_it(tmp_path):
-    shard = ReplayShard(k_rollouts=K, wal_dir=str(tmp_path / "wal"), compact_bytes=4000)
+@pytest.mark.parametrize("growth", [0.0, 1.0])
+def test_the_log_stays_bounded_and_a_checkpoint_truncates_it(tmp_path, growth):
+    """The log compacts once it passes compact_bytes and growth x the last self-snapshot's size (growth 1, the
+    default, keeps compaction amortised for a large pool; growth 0 is the fixed threshold)."""
+    shard = ReplayShard(k_rollouts=K, wal_dir=str(tmp_path / "wal"), compact_bytes=4000, compact_growth=growth)
     shard.set_collect(on=True)
     for rid in range(1, 70):
         shard.push(groups=[_group(f"q{rid % 7}", [rid % 2, 1, 0, rid % 3 == 0], rid=rid)])
         shard.take(request_ids=[rid - 1], take_id=f"t{rid}")
-        assert shard.wal.bytes <= 4000 + 3000  # one frame past the threshold at most
+        snap = sum(f.stat().st_size for f in shard.wal.snap_dir(shard.wal.gen).glob("*")) if shard.wal.gen else 0
+        assert shard._snapshot_bytes == snap
+        assert shard.wal.bytes <= max(4000, growth * snap) + 3000  # one frame past the threshold at most
     files = sorted(p.name for p in (tmp_path / "wal").iterdir())
-    assert len(files) == 2 and shard.wal.gen > 3  # one snapshot directory and its log
+    assert len(files) == 2 and shard.wal.gen > (3 if growth == 0 else 1)  # one snapshot directory and its log
+    assert restart(shard, tmp_path)._snapshot_bytes == shard._snapshot_bytes
     before = state(shard)
     shard.snapshot(path=str(tmp_path / "ckpt" / "shard-0.parquet"))
     assert shard.wal.bytes == 0
@@ -137,3 +143,27 @@ def test_an_invalid_push_changes_nothing_and_logs_nothing(tmp_path):
     with pytest.raises(ValueError, match="K=4"):
         shard.push(groups=[_group("a", [1, 0, 0, 1], rid=1), _group("b", [1, 0], rid=2)])
     assert shard._seen == set() and shard.wal.bytes == 0
+
+
+def test_a_checkpoint_and_a_restore_share_their_files_with_the_shards_own_snapshot(tmp_path):
+    """`snapshot` and `restore` link the checkpoint's files into the log directory instead of serialising the
+    state twice; the log directory's copy stays valid when the checkpoint is deleted or replaced."""
+    import shutil
+
+    shard = ReplayShard(k_rollouts=K, wal_dir=str(tmp_path / "wal"))
+    shard.set_collect(on=True)
+    for rid in range(1, 30):
+        shard.push(groups=[_group(f"q{rid % 5}", [rid % 2, 1, 0, rid % 3 == 0], rid=rid)])
+    shard.take(request_ids=[1, 2, 3], take_id="t1")
+    ckpt = tmp_path / "ckpt" / "shard-0.parquet"
+    shard.snapshot(path=str(ckpt))
+    before = state(shard)
+    shutil.rmtree(tmp_path / "ckpt")
+    assert state(restart(shard, tmp_path)) == before
+    shard.snapshot(path=str(ckpt))  # a second checkpoint at the same path replaces its files, the log keeps its own
+    fresh = ReplayShard(k_rollouts=K, wal_dir=str(tmp_path / "wal2"))
+    fresh.restore(path=str(ckpt))
+    shard.push(groups=[_group("q9", [1, 0, 0, 0], rid=99)])
+    shard.snapshot(path=str(ckpt))
+    again = ReplayShard(k_rollouts=K, wal_dir=str(tmp_path / "wal2"))
+    assert again.pool == fresh.pool and again._seen == fresh._seen and 99 not in again._seen
