@@ -313,6 +313,7 @@ class LearnerSource(WeightSource):
         self.module = module
         self.zero3 = zero3
         self._params = dict(module.named_parameters())  # named_parameters yields a tied weight once
+        self._pass: Iterator[tuple[str, torch.Tensor]] | None = None  # this round's pass, once started
 
     def metadata(self) -> list[ParamMeta]:
         def shape(p: torch.Tensor) -> tuple[int, ...]:
@@ -321,6 +322,18 @@ class LearnerSource(WeightSource):
         return [ParamMeta(n, p.dtype, shape(p)) for n, p in self._params.items()]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        self._pass = self._iterate()
+        return self._pass
+
+    def finish_round(self) -> None:
+        """Complete this round's gathers after a failed send: under ZeRO-3 the other learner ranks iterate
+        every layer whatever happened on rank 0, so rank 0 must gather the rest (or all) of them too."""
+        if self.zero3:
+            for _ in self._pass if self._pass is not None else self._iterate():
+                pass
+        self._pass = None
+
+    def _iterate(self) -> Iterator[tuple[str, torch.Tensor]]:
         if not self.zero3:
             for name, p in self._params.items():
                 yield name, p.detach()
@@ -356,11 +369,16 @@ class WeightPusher:
             self._engine.send_weights()
             return {"send_s": time.perf_counter() - t0, "apply_s": []}
         assert members is not None
-        if _world(members) != self._world or self._engine is None:
-            self._rebuild(members)
-        assert self._engine is not None
-        self._engine.client.version = version
-        self._engine.send_weights()
+        self.source._pass = None
+        try:
+            if _world(members) != self._world or self._engine is None:
+                self._rebuild(members)
+            assert self._engine is not None
+            self._engine.client.version = version
+            self._engine.send_weights()
+        except BaseException:
+            self.source.finish_round()  # keep the other ranks' gathers from waiting forever
+            raise
         return {"send_s": time.perf_counter() - t0, "apply_s": list(self._engine.client.apply_s), "rebuilt": self.worlds}
 
     def _init_info(self, world_size: int) -> TrainerInitInfo:

@@ -5,7 +5,10 @@ A module of its own: its learner group takes the actor names the transports modu
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import ray
 from test_transports import VLLM_REL, _assert_in_sync, _check_metrics, _pool, _start, _step
 
 from exgrpo.config import LearnerConfig, LossConfig
@@ -38,6 +41,16 @@ def test_vllm_api_under_zero3_gathers_on_both_learner_ranks(ray_cluster, model_d
         sums = group.checksums()
         assert sums[0] == sums[1]
         _assert_in_sync(pool, group, v, rel=VLLM_REL)
+        # a sampler dies (the pool has not noticed): rank 0's send fails, yet it finishes the round's
+        # gathers, so rank 1 (which gathers every layer regardless) is not left waiting in a collective
+        ray.kill(pool.members()["exgrpo-sampler-0"], no_restart=True)
+        v = _step(group)
+        t0 = time.perf_counter()
+        transport.broadcast(version=v)
+        assert transport.fallbacks == 1 and time.perf_counter() - t0 < 60
+        v = _step(group)  # both ranks still train together
+        sums = group.checksums()
+        assert sums[0] == sums[1] and group.version() == v
     finally:
         pool.shutdown()
         group.shutdown()
