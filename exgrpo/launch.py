@@ -185,10 +185,19 @@ def transfer_backend(cfg: Config) -> str | None:
     return backend_for("cuda" if cfg.samplers.num_gpus > 0 else "cpu")
 
 
-def build_system(cfg: Config, *, model_path: str, run_dir: str | Path | None = None) -> System:
+def build_system(
+    cfg: Config,
+    *,
+    model_path: str,
+    run_dir: str | Path | None = None,
+    make_sampler: Callable[[int, Any], Any] | None = None,
+    make_learners: Callable[[Config], Any] | None = None,
+) -> System:
     """Start replay shards, learners, samplers and the scaling controller as named actors.
 
-    With `run_dir` (and `replay.wal`), the shards log to `<run_dir>/replay-wal/` and Ray restarts a dead one."""
+    With `run_dir` (and `replay.wal`), the shards log to `<run_dir>/replay-wal/` and Ray restarts a dead one.
+    `make_sampler(index, replay)` (an actor handle with the `Sampler` surface) and `make_learners(cfg)` (a
+    `Learners` + weight source like `LearnerGroup`) replace the real roles; `exgrpo/simulated.py` uses them."""
     import shutil
 
     from actors.pool import SamplerPool
@@ -226,7 +235,7 @@ def build_system(cfg: Config, *, model_path: str, run_dir: str | Path | None = N
         uniform=r.question_selection == "uniform",
         invoke=RayInvoke(retry_s=120.0 if restarts else 0.0),
     )
-    learners = LearnerGroup(
+    learners = make_learners(cfg) if make_learners is not None else LearnerGroup(
         num=cfg.learners.num,
         make_actor=remote_actor,
         model_path=model_path,
@@ -245,6 +254,8 @@ def build_system(cfg: Config, *, model_path: str, run_dir: str | Path | None = N
     )
 
     def spawn(index: int) -> Any:
+        if make_sampler is not None:
+            return make_sampler(index, replay)
         return remote_actor(
             Sampler,
             name=f"exgrpo-sampler-{index}",

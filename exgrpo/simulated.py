@@ -1,0 +1,320 @@
+"""A simulated cluster: samplers and learners that sleep per a cost model, behind the real plumbing.
+
+What is real: the driver (`exgrpo/driver.py::Driver`), the replay shards (`buffers/shard.py` actors behind
+`buffers/sharded.py`), the sampler pool (`actors/pool.py` over RLlib's `FaultTolerantActorManager`), the
+object-store weight transport (`learners/weight_sync.py`) and every Ray call between them. What is
+simulated: the engine (a `SimSampler.generate` sleeps for the rollouts it was asked for, then builds
+verified-looking `Group`s and pushes them to the real shards) and the learners (`SimLearner.update` sleeps
+for its share of the update). `exgrpo.launch.build_system(make_sampler=..., make_learners=...)` wires them
+in place of the real roles; `bench/bench_sim_cluster.py` and `tests/integration/test_sim_cluster.py` use it.
+
+Rewards are drawn from a seeded per-question difficulty (a logit per qid, rising slowly with the policy
+version), so buckets fill, questions retire and replay on/off changes what is scheduled. Both actors take
+`num_cpus=0`: they only sleep, so 64 samplers fit a 2-core machine and what remains is the plumbing's CPU.
+Only the object-store transport is simulated (`async.weight_sync=object_store`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from exgrpo import metrics as M
+from exgrpo.types import GenerationRequest, Group, Prompt, ReplayCandidate, RolloutResult, Trajectory
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Simulated seconds of the two phases of one training step, and how fast simulated time runs.
+
+    Source: ExGRPO (arXiv 2510.02245) reports about 155 s per training step for its 7B model on 8 GPUs
+    (the official verl code: generation and training colocated on the same 8 GPUs, run one after the
+    other, B = 128 questions x K = 8 rollouts). The paper gives no split; we *assume* 100 s of generation
+    and 55 s of update (old/ref log-probs, the replay candidates' entropy forward, the backward and the
+    optimiser), about 65/35, the usual shape of a synchronous colocated RLVR step with long reasoning
+    responses where decoding dominates. Re-expressed per device for a disaggregated cluster (a sampler =
+    one GPU engine, a learner = one GPU, linear scaling assumed): one sampler needs 8 x 100 = 800 s for a
+    whole step's batch, one learner 8 x 55 = 440 s for the update. So with S samplers and L learners the
+    phases take gen_s / S and update_s / L; at S = 64, L = 8: 12.5 s and 55 s.
+
+    `time_scale` (real seconds per simulated second) shrinks the run so a bench fits in minutes.
+    """
+
+    gen_s: float = 800.0  # one sampler generating one step's batch (`batch_rollouts` rollouts), simulated s
+    update_s: float = 440.0  # one learner updating on one step's batch, simulated s (L learners: update_s / L)
+    time_scale: float = 0.01  # real seconds per simulated second
+    batch_rollouts: int = 128 * 8  # rollouts in the batch `gen_s` is for (B x K)
+    entropy_s: float = 0.0  # one learner scoring one replay candidate (0: folded into update_s)
+    weight_load_s: float = 0.0  # a sampler applying new weights (0: not modelled; the broadcast is real)
+
+    def rollout_real_s(self, rollouts: int) -> float:
+        """Real seconds one sampler sleeps to generate `rollouts` rollouts."""
+        return self.gen_s / self.batch_rollouts * rollouts * self.time_scale
+
+    def update_real_s(self, learners: int) -> float:
+        """Real seconds each of `learners` learners sleeps in one update."""
+        return self.update_s / learners * self.time_scale
+
+    def ideal_step_s(self, *, samplers: int, learners: int, rollouts: float, eta: int) -> float:
+        """Real seconds of a step with zero overhead: max(generation / S, update / L) when generation overlaps
+        the update (eta >= 1), their sum when it cannot (eta = 0)."""
+        gen = self.rollout_real_s(1) * rollouts / samplers
+        upd = self.update_real_s(learners)
+        return gen + upd if eta == 0 else max(gen, upd)
+
+
+@dataclass(frozen=True)
+class Difficulty:
+    """P(correct) of question q at policy version v: sigmoid(z_q + gain * v), z_q ~ N(mean, std) seeded by qid."""
+
+    mean: float = -0.3  # logit of the median question's solve rate at version 0 (about 0.43)
+    std: float = 1.5  # spread over questions: some never solved, some solved K/K and retired
+    gain: float = 0.02  # logit gained per policy version (the model "learns")
+    seed: int = 0
+
+    def p_correct(self, qid: str, version: int) -> float:
+        digest = hashlib.blake2b(f"{self.seed}:{qid}".encode(), digest_size=8).digest()
+        z = np.random.default_rng(int.from_bytes(digest, "little")).normal(self.mean, self.std)
+        return 1.0 / (1.0 + math.exp(-(z + self.gain * version)))
+
+
+def _tokens(rng: np.random.Generator, n: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    ids = rng.integers(3, 30000, size=n)
+    logprobs = -rng.exponential(0.7, size=n)
+    return tuple(int(i) for i in ids), tuple(float(x) for x in logprobs)
+
+
+class SimSampler:
+    """The `actors/sampler.py::Sampler` remote surface, with a sleeping engine (run as `exgrpo-sampler-<i>`)."""
+
+    def __init__(self, *, index: int, cost: CostModel, replay: Any = None, difficulty: Difficulty = Difficulty(),
+                 response_len: int = 32, seed: int = 0) -> None:
+        self.name = f"exgrpo-sampler-{index}"
+        self.cost, self.replay, self.difficulty = cost, replay, difficulty
+        self.response_len, self._seed = response_len, seed
+        self._version = 0
+        self.weight_load_s = 0.0
+        self.busy_s = 0.0  # seconds spent "generating" (sleeping for the cost model)
+
+    # the hooks of ray.rllib's FaultTolerantActorManager
+    def ping(self) -> str:
+        return "pong"
+
+    def apply(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return func(self, *args, **kwargs)
+
+    def generate(self, *, requests: Sequence[GenerationRequest]) -> RolloutResult:
+        """Sleep for the requested rollouts, build verified-looking groups, push them; returns the summary."""
+        t0 = time.perf_counter()
+        version = self._version
+        groups = [self._group(r, version) for r in requests]
+        rollouts = sum(r.n for r in requests)
+        time.sleep(max(0.0, t0 + self.cost.rollout_real_s(rollouts) - time.perf_counter()))
+        t1 = time.perf_counter()
+        self.busy_s += t1 - t0
+        if self.replay is not None:
+            self.replay.push(groups=groups)
+        return RolloutResult(sampler=self.name, request_ids=tuple(r.request_id for r in requests),
+                             policy_version=version, tokens=rollouts * self.response_len, gen_time_s=t1 - t0,
+                             verify_time_s=0.0, groups=tuple(groups) if self.replay is None else ())
+
+    def _group(self, req: GenerationRequest, version: int) -> Group:
+        rng = np.random.default_rng([self._seed, req.request_id])  # a re-issued request repeats its group
+        p = self.difficulty.p_correct(req.prompt.qid, version)
+        gid = f"r{req.request_id}"
+        trajs = []
+        for _ in range(req.n):
+            correct = bool(rng.random() < p)
+            ids, logprobs = _tokens(rng, self.response_len)
+            answer = req.prompt.answer if correct else f"{req.prompt.answer}1"
+            trajs.append(Trajectory(qid=req.prompt.qid, response_ids=ids, logprobs=logprobs, reward=float(correct),
+                                    policy_version=version, text=f"... so the answer is \\boxed{{{answer}}}",
+                                    group_id=gid))
+        prompt_ids = tuple(int(b) for b in hashlib.blake2b(req.prompt.qid.encode(), digest_size=16).digest())
+        return Group(qid=req.prompt.qid, prompt_ids=prompt_ids, trajectories=tuple(trajs), kind=req.kind,
+                     gold=req.prompt.answer, group_id=gid, request_id=req.request_id, policy_version=version,
+                     admitted_version=req.admitted_version, candidates=req.candidates)
+
+    def evaluate(self, *, prompts: Sequence[Prompt], n: int = 1, temperature: float | None = None,
+                 max_tokens: int | None = None) -> list[tuple[float, ...]]:
+        """n rewards per prompt at the current version (sleeps for n rollouts each); nothing is pushed."""
+        time.sleep(self.cost.rollout_real_s(n * len(prompts)))
+        rng = np.random.default_rng([self._seed, self._version, 7])
+        return [tuple(float(rng.random() < self.difficulty.p_correct(p.qid, self._version)) for _ in range(n))
+                for p in prompts]
+
+    def load_weights(self, *, weights: Any, version: int) -> float:
+        """Object-store transport: take the (tiny) simulated weights as `version`; returns seconds spent."""
+        t0 = time.perf_counter()
+        time.sleep(self.cost.weight_load_s * self.cost.time_scale)
+        self._version = int(version)
+        self.weight_load_s = time.perf_counter() - t0
+        return self.weight_load_s
+
+    def join_sync_group(self, **_: Any) -> None:
+        raise NotImplementedError("the simulated cluster supports async.weight_sync=object_store only")
+
+    def receive_weights(self, **_: Any) -> float:
+        raise NotImplementedError("the simulated cluster supports async.weight_sync=object_store only")
+
+    def version(self) -> int:
+        return self._version
+
+    def checksum(self) -> float:
+        return float(self._version)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        pass
+
+
+class SimLearner:
+    """One simulated rank: `update` sleeps update_s / L; busy intervals are kept on CLOCK_MONOTONIC."""
+
+    def __init__(self, *, rank: int, world_size: int, cost: CostModel) -> None:
+        self.rank, self.world_size, self.cost = rank, world_size, cost
+        self.reset()
+
+    def reset(self) -> None:
+        self._version = 0
+        self.intervals: list[tuple[float, float]] = []  # (start, end) of every update/entropy, time.monotonic()
+
+    def ping(self) -> str:
+        return "pong"
+
+    def _sleep(self, seconds: float) -> float:
+        t0 = time.monotonic()
+        time.sleep(max(0.0, seconds))
+        self.intervals.append((t0, time.monotonic()))
+        return self.intervals[-1][1] - t0
+
+    def entropies(self, *, candidates: Sequence[ReplayCandidate]) -> list[float]:
+        """Mean negative log-prob of each candidate (a stand-in for its mean token entropy)."""
+        self._sleep(self.cost.entropy_s * len(candidates) * self.cost.time_scale)
+        return [float(-np.mean(c.trajectory.logprobs)) for c in candidates]
+
+    def update(self, *, groups: Sequence[Group], clip: bool, version: int) -> dict[str, float]:
+        seconds = self._sleep(self.cost.update_real_s(self.world_size))
+        self._version = version + 1
+        rewards = [t.reward for g in groups for t in g.trajectories]
+        return {M.LEARNER_TOKENS: float(sum(len(t.response_ids) for g in groups for t in g.trajectories)),
+                M.LEARNER_UPDATE_TIME: seconds, "learner/sim_reward_mean": float(np.mean(rewards)) if rewards else 0.0}
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return {"sim.version": np.array([self._version], dtype=np.int64)}
+
+    def get_version(self) -> int:
+        return self._version
+
+    def busy(self) -> list[tuple[float, float]]:
+        return list(self.intervals)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class SimLearnerGroup:
+    """L `SimLearner` actors (`exgrpo.core.Learners` plus `rank0`, `get_weights_ref`, `version` for the transports).
+
+    Like `learners/group.py::LearnerGroup`, the batch is split into L equal contiguous slices of whole groups
+    and the ranks run concurrently; `update` returns when the slowest rank has finished.
+    """
+
+    def __init__(self, *, num: int, cost: CostModel, make_actor: Callable[..., Any]) -> None:
+        import ray
+
+        if num < 1:
+            raise ValueError(f"a learner group needs at least one learner, got num={num}")
+        self._ray, self.num = ray, num
+        self.actors = [make_actor(SimLearner, name=f"exgrpo-learner-{i}", num_cpus=0, rank=i, world_size=num,
+                                  cost=cost) for i in range(num)]
+        ray.get([a.ping.remote() for a in self.actors])
+
+    @property
+    def rank0(self) -> Any:
+        return self.actors[0]
+
+    def entropies(self, *, candidates: Sequence[ReplayCandidate]) -> list[float]:
+        size = math.ceil(len(candidates) / self.num) if candidates else 0
+        chunks = [list(candidates[i * size:(i + 1) * size]) for i in range(self.num)]
+        parts = self._ray.get([a.entropies.remote(candidates=c) for a, c in zip(self.actors, chunks, strict=True)])
+        return [e for part in parts for e in part]
+
+    def update(self, *, batch: Any) -> dict[str, float]:
+        groups = batch.groups
+        if len(groups) % self.num:
+            raise ValueError(f"a batch of {len(groups)} groups cannot be split across {self.num} learners")
+        per = len(groups) // self.num
+        refs = [a.update.remote(groups=groups[i * per:(i + 1) * per], clip=batch.clip, version=batch.version)
+                for i, a in enumerate(self.actors)]
+        results = self._ray.get(refs)
+        out = {k: float(np.mean([r[k] for r in results])) for k in results[0]}
+        out[M.LEARNER_TOKENS] = float(sum(r[M.LEARNER_TOKENS] for r in results))
+        return out
+
+    def get_weights_ref(self) -> Any:
+        return self.rank0.get_weights.remote()
+
+    def version(self) -> int:
+        return int(self._ray.get(self.rank0.get_version.remote()))
+
+    def busy(self) -> list[list[tuple[float, float]]]:
+        """Every rank's busy intervals (time.monotonic(), comparable across processes of one machine)."""
+        return self._ray.get([a.busy.remote() for a in self.actors])
+
+    def reset(self) -> None:
+        """Version 0 and no busy intervals on every rank (a bench reuses the group across runs)."""
+        self._ray.get([a.reset.remote() for a in self.actors])
+
+    def save(self, *, path: str) -> None:
+        from pathlib import Path
+
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "sim_learner.txt").write_text(str(self.version()))
+
+    def load(self, *, path: str) -> None:
+        pass  # the simulated learners have no state beyond their version, which the driver re-broadcasts
+
+    def shutdown(self) -> None:
+        for a in self.actors:
+            self._ray.kill(a)
+        self.actors = []
+
+
+def sampler_factory(cost: CostModel, *, difficulty: Difficulty = Difficulty(), response_len: int = 32,
+                    seed: int = 0) -> Callable[[int, Any], Any]:
+    """`build_system(make_sampler=...)`: (index, replay client) -> a `SimSampler` actor (num_cpus=0)."""
+    from exgrpo.launch import remote_actor
+
+    def make(index: int, replay: Any) -> Any:
+        return remote_actor(SimSampler, name=f"exgrpo-sampler-{index}", num_cpus=0, index=index, cost=cost,
+                            replay=replay, difficulty=difficulty, response_len=response_len, seed=seed)
+
+    return make
+
+
+def learners_factory(cost: CostModel) -> Callable[[Any], SimLearnerGroup]:
+    """`build_system(make_learners=...)`: cfg -> a `SimLearnerGroup` of `learners.num` ranks."""
+    from exgrpo.launch import remote_actor
+
+    return lambda cfg: SimLearnerGroup(num=cfg.learners.num, cost=cost, make_actor=remote_actor)
+
+
+def sim_prompts(n: int, *, prefix: str = "sim") -> list[Prompt]:
+    """n questions with distinct qids and answers (the text is never read by the simulated samplers)."""
+    return [Prompt(qid=f"{prefix}-{i}", question=f"simulated question {i}", answer=str(i)) for i in range(n)]
+
+
+def busy_fraction(intervals: Sequence[tuple[float, float]], start: float, end: float) -> float:
+    """Share of [start, end] covered by the (disjoint) intervals."""
+    covered = sum(max(0.0, min(b, end) - max(a, start)) for a, b in intervals)
+    return covered / max(end - start, 1e-9)

@@ -1,0 +1,230 @@
+"""Runs of the simulated cluster (`exgrpo/simulated.py`) under the real driver, with what they measured.
+
+`SimCluster` builds one system through `exgrpo.launch.build_system` (real replay shards, sampler pool and
+object-store transport; `SimSampler`s and a `SimLearnerGroup` in place of the engines and DeepSpeed ranks)
+and runs a fresh real `exgrpo.driver.Driver` over it per configuration (eta, replay on/off), resetting the
+shards and versions in between. A run reports its steady-state step time against the cost model's ideal,
+the learners' idle share, the staleness of every trained group, the seconds the driver spent inside each
+role verb, and the CPU seconds per step of every process (driver, shards, samplers, learners, Ray's own).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from exgrpo import metrics as M
+from exgrpo.simulated import (
+    CostModel,
+    Difficulty,
+    busy_fraction,
+    learners_factory,
+    sampler_factory,
+    sim_prompts,
+)
+
+
+@dataclass
+class SimRun:
+    """What one simulated run measured (real seconds; steady state = the steps after `warmup`)."""
+
+    samplers: int
+    learners: int
+    eta: int
+    replay: bool
+    steps: int
+    warmup: int
+    step_s: float  # mean wall time of a steady-state step
+    gen_s: float  # generation of one step's rollouts spread over the samplers (cost model)
+    update_s: float  # one update (cost model, per learner)
+    ideal_s: float  # max(gen_s, update_s) for eta >= 1, gen_s + update_s for eta = 0
+    learner_idle: float  # share of the steady-state window the learners were not busy (mean over ranks)
+    staleness: dict[int, int]  # training version - sampling version -> groups (every step)
+    groups_per_step: list[int]
+    rollouts_per_step: float  # fresh rollouts generated per step (K per fresh, K - 1 per replay request)
+    replayed_per_step: float  # replay groups per step
+    replaced: int  # replay requests re-issued as fresh at pull time (question retired in flight), all steps
+    trajectories: int  # stored trajectories in the shards at the end
+    active: int  # replayable questions at the end
+    driver: dict[str, float]  # mean seconds per step: wait, entropy, update, sync, idle (driver records)
+    calls: dict[str, float]  # mean seconds per steady-state step inside each role verb the driver called
+    cpu: dict[str, float]  # CPU seconds per steady-state step: driver, shards, samplers, learners, ray, machine
+
+    @property
+    def ideal_max_s(self) -> float:
+        return max(self.gen_s, self.update_s)
+
+    @property
+    def ratio(self) -> float:
+        return self.step_s / self.ideal_s
+
+
+class _Timed:
+    """Forwards every attribute to `inner`; the named methods also add their wall seconds to `seconds`
+    (measurement only: the driver sees the same object behaviour)."""
+
+    def __init__(self, inner: Any, names: Sequence[str], seconds: dict[str, float]) -> None:
+        self._inner, self._names, self._seconds = inner, set(names), seconds
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if name not in self._names:
+            return attr
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self._seconds[name] = self._seconds.get(name, 0.0) + time.perf_counter() - t0
+
+        return timed
+
+
+def _cpu_s(pids: Sequence[int]) -> float:
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            continue
+    return total
+
+
+class SimCluster:
+    """One simulated system (real shards, pool, transport; simulated samplers and learners) for many runs.
+
+    `run(eta=, replay=, steps=)` drives a fresh real `Driver` over it; between runs the shards are restored
+    to their empty snapshot, collection is switched off, the learners go back to version 0 and version 0
+    is broadcast, so every run starts from the same state without restarting 64 actor processes.
+    """
+
+    def __init__(self, *, samplers: int, learners: int, cost: CostModel, questions_per_step: int = 128,
+                 rollouts_per_question: int = 8, requests_per_call: int = 2, shards: int = 2,
+                 difficulty: Difficulty | None = None, response_len: int = 32, questions: int = 4096,
+                 seed: int = 0, overrides: Sequence[str] = ()) -> None:
+        import tempfile
+
+        from exgrpo.launch import build_system
+
+        self.cost, self.samplers, self.learners = cost, samplers, learners
+        self.base = [f"trainer.questions_per_step={questions_per_step}",
+                     f"trainer.rollouts_per_question={rollouts_per_question}", f"trainer.seed={seed}",
+                     "trainer.eval_every=0", "trainer.checkpoint_every=0", f"samplers.num={samplers}",
+                     "samplers.num_cpus=0", f"samplers.requests_per_call={requests_per_call}",
+                     f"learners.num={learners}", "learners.num_cpus=0.01",  # the sim ranks take 0; this passes validation
+                     f"replay.num_shards={shards}", "replay.wal=false", "async.weight_sync=object_store",
+                     "logging.progress=false", "logging.plots=false", "logging.report=false",
+                     "logging.ray_metrics=false", *overrides]
+        self.prompts = sim_prompts(questions)
+        self.system = build_system(self.config(eta=1, replay=True, steps=1), model_path="",
+                                   make_sampler=sampler_factory(cost, difficulty=difficulty or Difficulty(),
+                                                                response_len=response_len, seed=seed),
+                                   make_learners=learners_factory(cost))
+        self._empty = tempfile.mkdtemp(prefix="sim-empty-replay-")
+        self.system.replay.snapshot(path=self._empty)
+
+    def config(self, *, eta: int, replay: bool, steps: int) -> Any:
+        from exgrpo.config import load_config
+
+        return load_config(None, [*self.base, f"async.max_staleness={eta}", f"replay.enabled={str(replay).lower()}",
+                                  f"trainer.steps={steps}"])
+
+    def scale(self, samplers: int) -> None:
+        """Grow or drain the real pool (`SamplerPool.scale`)."""
+        self.system.samplers.scale(num=samplers)
+        self.samplers = samplers
+
+    def reset(self) -> None:
+        self.system.replay.restore(path=self._empty)
+        self.system.replay.set_collect(on=False)
+        self.system.learners.reset()
+        self.system.weights.broadcast(version=0)
+
+    def pids(self) -> dict[str, list[int]]:
+        import ray
+
+        s = self.system
+        members = list(s.samplers.members().values())
+        return {"shards": ray.get([h.pid.remote() for h in s.replay.shards]),
+                "samplers": ray.get([h.pid.remote() for h in members]),
+                "learners": ray.get([a.pid.remote() for a in s.learners.actors])}
+
+    def run(self, *, eta: int, replay: bool, steps: int, warmup: int = 2) -> SimRun:
+        import psutil
+
+        from exgrpo.driver import Driver
+
+        if steps <= warmup:
+            raise ValueError(f"steps={steps} must exceed warmup={warmup} (the steady state is what follows it)")
+        self.reset()
+        cfg = self.config(eta=eta, replay=replay, steps=steps)
+        pids = self.pids()
+        me = psutil.Process()
+        ours = {p for v in pids.values() for p in v}
+        ray_pids = [p.pid for p in me.children(recursive=True) if p.pid not in ours]  # raylet, gcs, ...
+        marks: dict[int, dict[str, float]] = {}
+        staleness: dict[int, int] = {}
+        sizes: list[int] = []
+        rollouts: list[int] = []
+        replayed: list[int] = []
+
+        def on_batch(batch: Any) -> None:
+            sizes.append(len(batch.groups))
+            rollouts.append(sum(len(g.trajectories) - (g.kind == "replay") for g in batch.groups))
+            replayed.append(sum(g.kind == "replay" for g in batch.groups))
+            for g in batch.groups:
+                staleness[batch.version - g.policy_version] = staleness.get(batch.version - g.policy_version, 0) + 1
+
+        def progress(record: dict[str, Any]) -> None:
+            step = int(record[M.STEP])
+            if step in (warmup - 1, steps - 1):
+                c = psutil.cpu_times()
+                marks[step] = {"t": time.monotonic(), "seconds": dict(seconds), "driver": _cpu_s([me.pid]), "shards": _cpu_s(pids["shards"]),
+                               "samplers": _cpu_s(pids["samplers"]), "learners": _cpu_s(pids["learners"]),
+                               "ray": _cpu_s(ray_pids), "machine": c.user + c.system + getattr(c, "nice", 0.0)}
+
+        s = self.system
+        seconds: dict[str, float] = {}
+        rollouts_ = _Timed(s.samplers, ("submit", "poll"), seconds)
+        replay_ = _Timed(s.replay, ("sample_questions", "pull_batch"), seconds)
+        learners_ = _Timed(s.learners, ("entropies", "update"), seconds)
+        weights_ = _Timed(s.weights, ("broadcast",), seconds)
+        driver = Driver(cfg=cfg, rollouts=rollouts_, replay=replay_, learners=learners_, weights=weights_,
+                        train=self.prompts, on_batch=on_batch, progress=progress, stall_timeout_s=120.0)
+        records = driver.train()
+        a, b = marks[warmup - 1], marks[steps - 1]
+        n = steps - warmup
+        busy = s.learners.busy()
+        idle = 1.0 - float(np.mean([busy_fraction(iv, a["t"], b["t"]) for iv in busy]))
+        steady = records[warmup:]
+        roll = float(np.mean(rollouts[warmup:]))
+        gen = self.cost.rollout_real_s(1) * roll / self.samplers
+        upd = self.cost.update_real_s(self.learners)
+        stats = s.replay.stats()
+        keys = {"wait": M.WAIT_TIME, "entropy": M.ENTROPY_TIME, "update": M.UPDATE_TIME, "sync": M.SYNC_TIME,
+                "idle": M.IDLE_TIME}
+        return SimRun(samplers=self.samplers, learners=self.learners, eta=eta, replay=replay, steps=steps,
+                      warmup=warmup, step_s=(b["t"] - a["t"]) / n, gen_s=gen, update_s=upd,
+                      ideal_s=self.cost.ideal_step_s(samplers=self.samplers, learners=self.learners, rollouts=roll,
+                                                     eta=eta),
+                      learner_idle=idle, staleness=dict(sorted(staleness.items())), groups_per_step=sizes,
+                      rollouts_per_step=roll, replayed_per_step=float(np.mean(replayed[warmup:])),
+                      replaced=int(sum(r[M.REPLACED] for r in records)),
+                      trajectories=stats.trajectories, active=stats.active,
+                      driver={k: float(np.mean([r[v] for r in steady])) for k, v in keys.items()},
+                      calls={k: (b["seconds"].get(k, 0.0) - a["seconds"].get(k, 0.0)) / n for k in b["seconds"]},
+                      cpu={k: (b[k] - a[k]) / n for k in ("driver", "shards", "samplers", "learners", "ray", "machine")})
+
+    def shutdown(self) -> None:
+        import shutil
+
+        self.system.shutdown()
+        shutil.rmtree(self._empty, ignore_errors=True)
