@@ -46,6 +46,12 @@ from exgrpo.types import (
 
 log = logging.getLogger(__name__)
 
+# Seconds one `Rollouts.poll` may block. The sampler pool's poll (RLlib's actor manager) returns early only
+# when *every* call in flight is done, so with eta >= 1 (the next step's requests in flight) each poll runs
+# to its timeout and the step's last result is seen up to POLL_S late (0.05 s: ~25 ms per step on average;
+# 0.01 s: ~5 ms). A poll costs the driver ~0.1 ms of CPU, so 100 polls/s stay under 1% of a core.
+POLL_S = 0.01
+
 
 @dataclass
 class StepPlan:
@@ -210,7 +216,7 @@ class Driver:
                 raise RuntimeError(f"step {step}: no generation finished for {self.stall_timeout_s:.0f} s; "
                                    f"{len(plan.request_ids - plan.done)} requests outstanding, "
                                    f"{self.rollouts.size()} live samplers")
-            for result in self.rollouts.poll(timeout_s=0.05):
+            for result in self.rollouts.poll(timeout_s=POLL_S):
                 last_progress = time.monotonic()
                 # tokens are attributed to the step of the call's first request
                 first = self.plans.get(self.owner.get(result.request_ids[0], step))

@@ -7,6 +7,8 @@ One ``update`` (DESIGN.md section 4):
     2. old_logp (no grad, current weights) for every row; fresh rows use it as the proximal policy,
        replayed rows use their stored behaviour log-probs instead.
        Optional tis = min(exp(old_logp - sampler_logp), tis_cap) on fresh tokens (staleness).
+       With one mini-batch and no tis this pass is skipped: the mini-batch's own forward runs at the same
+       weights, so its detached log-probs are exactly old_logp (fresh ratio 1, at any staleness eta).
     3. The rows are split into ``minibatches`` (whole groups, one optimiser step each) and each
        mini-batch into micro-batches of ``micro_batch_size`` sequences (gradient accumulation).
 
@@ -133,6 +135,8 @@ class Learner:
         self.max_response_len, self.rank, self.world_size = max_response_len, rank, world_size
         self.master_addr, self.master_port, self.seed, self.dtype = master_addr, master_port, seed, dtype
         self._version = 0
+        # False: always run the separate no-grad proximal pass (tests compare the two paths)
+        self.reuse_proximal = True
         self._packer = Packer()
         self._pusher: Any = None  # learners.vllm_transfer.WeightPusher, built at the first push
         self.engine: Any = None
@@ -248,18 +252,26 @@ class Learner:
         r_max = max(max(len(r.response_ids) for r in rows), 1)
         behaviour = _pad([r.behaviour for r in rows], r_max)  # (N, R)
         replayed = torch.tensor([r.replayed for r in rows])  # (N,)
-        proximal = self._per_token(rows, r_max, "logp")  # (N, R) current weights, no grad
-        old_logp = torch.where(replayed.unsqueeze(1), behaviour, proximal)  # (N, R)
+        # The proximal policy is these weights. With one mini-batch (and no TIS weight, which needs it
+        # before the forward) the only forward at these weights is the mini-batch's own: its detached
+        # log-probs *are* the proximal ones, so the no-grad pass is skipped (``_minibatch`` takes them).
+        proximal_in_minibatch = self.reuse_proximal and m_count == 1 and self.loss_cfg.tis_cap is None
         tis = None
-        if self.loss_cfg.tis_cap is not None:
-            tis = torch.exp(proximal - behaviour).clamp(max=self.loss_cfg.tis_cap)  # (N, R)
+        if proximal_in_minibatch:
+            old_logp = behaviour  # (N, R) fresh rows' entries are replaced by the mini-batch's detached logp
+        else:
+            proximal = self._per_token(rows, r_max, "logp")  # (N, R) current weights, no grad
+            old_logp = torch.where(replayed.unsqueeze(1), behaviour, proximal)  # (N, R)
+            if self.loss_cfg.tis_cap is not None:
+                tis = torch.exp(proximal - behaviour).clamp(max=self.loss_cfg.tis_cap)  # (N, R)
         per = len(groups) // m_count
         history = []
         for m in range(m_count):
             sl = slice(bounds[m * per], bounds[(m + 1) * per])
             history.append(
                 self._minibatch(
-                    rows[sl], old_logp[sl], tis[sl] if tis is not None else None, r_max=r_max, clip=clip
+                    rows[sl], old_logp[sl], tis[sl] if tis is not None else None, r_max=r_max, clip=clip,
+                    proximal_is_current=proximal_in_minibatch,
                 )
             )
         self._version = version + 1
@@ -270,9 +282,14 @@ class Learner:
         return out
 
     def _minibatch(
-        self, rows: list[_Row], old_logp: Tensor, tis: Tensor | None, *, r_max: int, clip: bool
+        self, rows: list[_Row], old_logp: Tensor, tis: Tensor | None, *, r_max: int, clip: bool,
+        proximal_is_current: bool = False,
     ) -> dict[str, float]:
-        """Accumulate the micro-batch gradients of one mini-batch and take one optimiser step."""
+        """Accumulate the micro-batch gradients of one mini-batch and take one optimiser step.
+
+        ``proximal_is_current``: ``old_logp`` holds only the replayed rows' behaviour log-probs; fresh rows
+        take this forward's detached log-probs (the weights have not moved since the update began).
+        """
         lc, w = self.loss_cfg, self.world_size
         lengths = [len(r.response_ids) for r in rows]
         totals = torch.tensor([len(rows), sum(lengths)], dtype=torch.float64, device=self.device)
@@ -290,12 +307,18 @@ class Learner:
             logits = self._response_logits(enc)  # (n, R, V)
             logp = token_logprobs(logits, enc.tokens)  # (n, R)
             ent = token_entropy(logits)  # (n, R)
+            replayed = torch.tensor([r.replayed for r in chunk] or [False], device=self.device)  # (n,)
+            old = logp.detach()  # (n, R) the proximal log-probs when they are the current ones
+            if n_j and proximal_is_current:
+                old = torch.where(replayed.unsqueeze(1), old_logp[sl].to(self.device), old)
+            elif n_j:
+                old = old_logp[sl].to(self.device)
             loss, m = exgrpo_loss(
                 logp=logp,
-                old_logp=old_logp[sl].to(self.device) if n_j else logp.detach(),
+                old_logp=old,
                 advantages=torch.tensor([r.advantage for r in chunk] or [0.0], device=self.device),
                 response_mask=enc.mask,
-                replayed=torch.tensor([r.replayed for r in chunk] or [False], device=self.device),
+                replayed=replayed,
                 clip=clip,
                 clip_eps=lc.clip_eps,
                 beta=lc.beta,

@@ -3,6 +3,7 @@ replay buffers) import without Ray, vLLM or DeepSpeed, so the loop and its tests
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -67,3 +68,12 @@ def test_pure_module_imports_without_ray_vllm_deepspeed(module):
     stdout = _run([module])
     assert f"OK {module}" in stdout, stdout
     assert stdout.strip().endswith("LOADED"), stdout  # nothing heavy slipped in by another name
+
+
+def test_trl_is_a_bench_baseline_only():
+    """trl (the optional `bench` extra) is the peer baseline of bench/bench_trl.py, never a runtime import."""
+    pattern = re.compile(r"^\s*(import|from)\s+trl\b", re.M)
+    offenders = [str(p.relative_to(ROOT)) for pkg in ("exgrpo", "actors", "learners", "buffers")
+                 for p in sorted((ROOT / pkg).rglob("*.py")) if pattern.search(p.read_text())]
+    assert offenders == []
+    assert pattern.search((ROOT / "bench" / "bench_trl.py").read_text())  # the pattern does find an import
