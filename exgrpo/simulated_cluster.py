@@ -151,11 +151,20 @@ class SimCluster:
     def pids(self) -> dict[str, list[int]]:
         import ray
 
+        def alive(refs: list[Any]) -> list[int]:  # a sampler Ray killed (e.g. for memory) is replaced by the pool
+            out = []
+            for ref in refs:
+                try:
+                    out.append(ray.get(ref, timeout=60))
+                except (ray.exceptions.RayError, TimeoutError):
+                    continue
+            return out
+
         s = self.system
         members = list(s.samplers.members().values())
-        return {"shards": ray.get([h.pid.remote() for h in s.replay.shards]),
-                "samplers": ray.get([h.pid.remote() for h in members]),
-                "learners": ray.get([a.pid.remote() for a in s.learners.actors])}
+        return {"shards": alive([h.pid.remote() for h in s.replay.shards]),
+                "samplers": alive([h.pid.remote() for h in members]),
+                "learners": alive([a.pid.remote() for a in s.learners.actors])}
 
     def run(self, *, eta: int, replay: bool, steps: int, warmup: int = 2) -> SimRun:
         import psutil
