@@ -24,7 +24,7 @@ float32 numpy arrays (8 bytes per token instead of ~60 for tuples of Python numb
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -266,14 +266,31 @@ class ExperiencePool:
         oldest first (qid, response_ids, logprobs, reward, policy_version, text, group_id);
         sampleable questions come first in bucket-index order, so a restored pool draws the same
         questions from the same RNG state; then one "retired" row per retired qid (sorted)."""
+        return self._table(self._snapshot_order(), sorted(self._retired))
+
+    def iter_arrow(self, *, questions_per_table: int = 2048) -> Iterator[pa.Table]:
+        """`to_arrow()` in consecutive pieces of at most `questions_per_table` questions (or retired qids),
+        always with list<...> columns: a snapshot writes them one by one (a parquet row group each) instead
+        of holding a second copy of the whole pool as one table. At least one table, possibly empty."""
+        order, retired = self._snapshot_order(), sorted(self._retired)
+        if not order and not retired:
+            yield self._table([], [])
+        for i in range(0, len(order), questions_per_table):
+            yield self._table(order[i:i + questions_per_table], [])
+        for i in range(0, len(retired), questions_per_table):
+            yield self._table([], retired[i:i + questions_per_table])
+
+    def _snapshot_order(self) -> list[str]:
         order = [qid for b in self._buckets.values() for qid in b.items]
-        order += [qid for qid, q in self._questions.items() if q.indexed is None]
+        return order + [qid for qid, q in self._questions.items() if q.indexed is None]
+
+    def _table(self, order: Sequence[str], retired: Sequence[str]) -> pa.Table:
         rows: list[_Row] = []
         for qid in order:
             q = self._questions[qid]
             rows.append(_Row("question", qid, bucket=q.bucket, prompt_ids=q.prompt_ids))
             rows += [_Row("trajectory", qid, **s.fields()) for s in q.stored]
-        rows += [_Row("retired", qid) for qid in sorted(self._retired)]
+        rows += [_Row("retired", qid) for qid in retired]
         columns = list(zip(*rows, strict=True)) if rows else [()] * len(SNAPSHOT_SCHEMA)
         arrays = [
             _list_array(values, f.type.value_type) if pa.types.is_list(f.type) else pa.array(values, f.type)
@@ -281,25 +298,43 @@ class ExperiencePool:
         ]
         return pa.Table.from_arrays(arrays, names=SNAPSHOT_SCHEMA.names, metadata=self._metadata())
 
+    def snapshot_schema(self) -> pa.Schema:
+        """The schema (with metadata) of the `iter_arrow()` tables."""
+        return SNAPSHOT_SCHEMA.with_metadata(self._metadata())
+
     def _metadata(self) -> dict[str, str]:
         return {"exgrpo.format": SNAPSHOT_FORMAT, "exgrpo.k_rollouts": str(self.k_rollouts)}
 
     @classmethod
     def from_arrow(
         cls,
-        table: pa.Table,
+        table: pa.Table | Iterable[pa.Table],
         *,
         k_rollouts: int,
         max_trajectories_per_question: int = 8,
     ) -> ExperiencePool:
-        """Rebuild a pool from `to_arrow()` output (e.g. read back from parquet). The cap applies
-        while loading (a smaller cap keeps the newest trajectories)."""
+        """Rebuild a pool from `to_arrow()` output (e.g. read back from parquet), or from its consecutive
+        pieces (`iter_arrow()`, a parquet file's row groups: the whole table is then never in memory at once).
+        The cap applies while loading (a smaller cap keeps the newest trajectories)."""
+        pool = cls(k_rollouts, max_trajectories_per_question)
+        first = 0
+        for part in [table] if isinstance(table, pa.Table) else table:
+            pool._load_rows(part, first)
+            first += part.num_rows
+        both = pool._retired & pool._questions.keys()
+        if both:
+            raise ValueError(f"questions {sorted(both)} are both retired and in the pool")
+        for qid, q in pool._questions.items():
+            pool._reindex(qid, q)
+        return pool
+
+    def _load_rows(self, table: pa.Table, first: int) -> None:
+        k_rollouts = self.k_rollouts
         meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
         if meta.get("exgrpo.format", SNAPSHOT_FORMAT) != SNAPSHOT_FORMAT:
             raise ValueError(f"not an experience pool snapshot: format {meta['exgrpo.format']!r}")
         if meta.get("exgrpo.k_rollouts", str(k_rollouts)) != str(k_rollouts):
             raise ValueError(f"snapshot was taken with K={meta['exgrpo.k_rollouts']}, not K={k_rollouts}")
-        pool = cls(k_rollouts, max_trajectories_per_question)
         col = {name: table.column(name).to_pylist() for name in ("row", "qid", "bucket", "reward")}
         col |= {name: table.column(name).to_pylist() for name in ("policy_version", "text", "group_id")}
         prompts = _ListReader(table.column("prompt_ids"), np.int32)
@@ -309,27 +344,21 @@ class ExperiencePool:
             if kind == "question":
                 bucket = col["bucket"][i]
                 if bucket is not None and not 0 < bucket < k_rollouts:
-                    raise ValueError(f"row {i}: bucket {bucket} of {qid!r} is outside 1..{k_rollouts - 1}")
-                pool._questions[qid] = _Question(prompts[i], bucket)
+                    raise ValueError(f"row {first + i}: bucket {bucket} of {qid!r} is outside 1..{k_rollouts - 1}")
+                self._questions[qid] = _Question(prompts[i], bucket)
             elif kind == "trajectory":
-                if qid not in pool._questions:
-                    raise ValueError(f"row {i}: trajectory of {qid!r} before its question row")
+                if qid not in self._questions:
+                    raise ValueError(f"row {first + i}: trajectory of {qid!r} before its question row")
                 ids, lps = responses[i], logprobs[i]
                 if len(ids) != len(lps):
-                    raise ValueError(f"row {i}: {len(ids)} response ids but {len(lps)} log-probs")
+                    raise ValueError(f"row {first + i}: {len(ids)} response ids but {len(lps)} log-probs")
                 s = _Stored(ids, lps, col["reward"][i], col["policy_version"][i], col["text"][i] or "",
                             col["group_id"][i] or "")  # fmt: skip
-                pool._store(pool._questions[qid], s)
+                self._store(self._questions[qid], s)
             elif kind == "retired":
-                pool._retired.add(qid)
+                self._retired.add(qid)
             else:
-                raise ValueError(f"row {i}: unknown row kind {kind!r}")
-        both = pool._retired & pool._questions.keys()
-        if both:
-            raise ValueError(f"questions {sorted(both)} are both retired and in the pool")
-        for qid, q in pool._questions.items():
-            pool._reindex(qid, q)
-        return pool
+                raise ValueError(f"row {first + i}: unknown row kind {kind!r}")
 
 
 class _Row(NamedTuple):

@@ -255,11 +255,16 @@ class ReplayShard:
         ids = sorted(self._seen)
         seen = pa.table({"request_id": pa.array(ids, pa.int64()),
                          "retired_its_question": pa.array([r in self._retirers for r in ids], pa.bool_())})
+        def write_pool(tmp: Path) -> None:  # a row group per piece: never a second copy of the whole pool
+            with pq.ParquetWriter(tmp, self.pool.snapshot_schema()) as writer:
+                for table in self.pool.iter_arrow():
+                    writer.write_table(table)
+
         written = 0
-        for table, target in ((self.pool.to_arrow(), Path(path)),
-                              (groups_to_arrow(list(self._ready.values())), Path(f"{path}.ready")),
-                              (seen, Path(f"{path}.seen"))):
-            atomic_write(target, lambda tmp, table=table: pq.write_table(table, tmp))
+        for write, target in ((write_pool, Path(path)),
+                              (_writer(groups_to_arrow(list(self._ready.values()))), Path(f"{path}.ready")),
+                              (_writer(seen), Path(f"{path}.seen"))):
+            atomic_write(target, write)
             written += target.stat().st_size
         _release_arrow_memory()
         return written
@@ -272,8 +277,12 @@ class ReplayShard:
         self._rotate(lambda d: self._write_local(d, files_of=path))
 
     def _load(self, path: str | Path) -> None:
-        self.pool = ExperiencePool.from_arrow(pq.read_table(path), k_rollouts=self.k_rollouts,
-                                              max_trajectories_per_question=self.max_trajectories_per_question)
+        with pq.ParquetFile(path) as parquet:  # piece by piece: the whole table is never in memory at once
+            pieces = (pa.Table.from_batches([b], schema=parquet.schema_arrow)
+                      for b in parquet.iter_batches(batch_size=16384))
+            self.pool = ExperiencePool.from_arrow(pieces if parquet.metadata.num_rows else parquet.read(),
+                                                  k_rollouts=self.k_rollouts,
+                                                  max_trajectories_per_question=self.max_trajectories_per_question)
         ready, seen = Path(f"{path}.ready"), Path(f"{path}.seen")
         self._ready = {g.request_id: g for g in groups_from_arrow(pq.read_table(ready))} if ready.exists() else {}
         self._seen, self._retirers = set(), set()
@@ -303,3 +312,7 @@ def _release_arrow_memory() -> None:
 
 def _dir_bytes(directory: Path) -> int:
     return sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
+
+
+def _writer(table: pa.Table) -> Any:
+    return lambda tmp: pq.write_table(table, tmp)

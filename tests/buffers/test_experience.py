@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from itertools import product
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
@@ -393,3 +394,14 @@ def test_loading_with_a_smaller_cap_keeps_the_newest():
     small = ExperiencePool.from_arrow(pool.to_arrow(), k_rollouts=4, max_trajectories_per_question=1)
     for qid in [f"q{i}" for i in range(12)]:
         assert small.candidates(qid) == pool.candidates(qid)[-1:]
+
+
+def test_iter_arrow_pieces_are_to_arrow_and_load_back_piece_by_piece():
+    pool = busy_pool()
+    for size in (1, 2, 1000):
+        pieces = list(pool.iter_arrow(questions_per_table=size))
+        assert all(p.schema.equals(pool.snapshot_schema(), check_metadata=True) for p in pieces)
+        assert pa.concat_tables(pieces).equals(pool.to_arrow())
+        assert ExperiencePool.from_arrow(iter(pieces), k_rollouts=4, max_trajectories_per_question=3) == pool
+    empty = ExperiencePool(8)
+    assert [p.num_rows for p in empty.iter_arrow()] == [0]

@@ -1,0 +1,357 @@
+"""The replay service at scale (issue 11, item 7): push throughput, sampling latency, snapshot and
+restore, shard memory, over R real `ReplayShard` Ray actors driven through `ShardedReplay`.
+
+    RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python bench/bench_replay_scale.py \
+        --questions 100000 --checkpoints 0.25,1 --wal both
+
+The shards are started the way `exgrpo.launch.build_system` starts them (`remote_actor`, named
+`exgrpo-replay-<i>`, num_cpus=0, with a write-ahead log: `max_restarts=replay.shard_max_restarts` and
+`compact_bytes=replay.wal_compact_mb`). Collection is on. Each question is pushed once, as one fresh group
+of K=8 trajectories (response lengths uniform in [--min-len, --max-len] tokens, a 128-token prompt) with k
+correct drawn over 0..K (every bucket populated, a few questions retired at K/K, a few k=0 ignored).
+`--pushers` actors play the samplers: each pushes `--push-batch` groups per `ShardedReplay.push` call (a
+sampler pushes the groups of one engine call, `samplers.requests_per_call` = 4 by default, routed by
+hash(qid) to the shards: about one group per shard call), and pulls its finished groups back with
+`pull_batch` every `--take-every` groups (the driver's role; it keeps the shards' ready queues short, as in a
+run). Token ids come from a bank of distinct random sequences (vocabulary 50k), so building a group costs
+the pushers little; every stored trajectory is still a copy in its shard.
+
+At each checkpoint (a fraction of --questions pushed) it prints: questions, buckets, stored trajectories,
+push throughput since the last checkpoint (wall, and the shard processes' CPU per group), the shards'
+resident memory (RSS), `sample_questions(n=64)` p50/p99 (sizes cached, as the driver has them after
+`pull_batch`: one parallel round trip; the round trip of a bare `ping` to all shards is printed beside it),
+snapshot time and size on disk, then restore time into new shards (as a resumed run does; the fill then goes
+on in those). With the log, a shard is finally SIGKILLed and its restart (snapshot + log replay) timed.
+
+`--in-process N` first times one shard without Ray (push + take per group, compactions, snapshot, restore,
+restart from the log). `--baseline REV` runs everything twice, one after the other: on a git worktree of REV
+(its buffers/), then on this tree. Figures on the shared 2-core machine move with its load: compare the
+shard CPU per group and the in-process lines more than wall times.
+
+Memory: a stored trajectory of ~290 tokens costs ~2.5 KB in a shard (int32 ids + float32 log-probs + object
+overhead) and mixed k stores ~3.8 per question, so 1M questions at 64-512 tokens need ~12 GB of shard memory;
+use --min-len/--max-len 16/48 (~3.9 KB per question) to reach 1M questions on a small machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+TREE = os.environ.get("BENCH_TREE") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, TREE)  # the tree whose buffers/ is measured (--baseline runs an older commit's too)
+
+K = 8
+PROMPT_LEN = 128
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+class Pusher:
+    """A stand-in sampler: builds groups for its qids and pushes them through its copy of the client."""
+
+    def __init__(self, *, replay, seed: int, min_len: int, max_len: int, bank: int = 2048) -> None:
+        rng = np.random.default_rng(seed)
+        self.replay = replay
+        self.rng = rng
+        lengths = rng.integers(min_len, max_len + 1, size=bank)
+        self.bank = [(tuple(rng.integers(0, 50_000, n).tolist()),
+                      tuple(np.log(rng.uniform(0.05, 1.0, n)).astype(np.float32).astype(float).tolist()))
+                     for n in lengths]
+        self.prompt = tuple(rng.integers(0, 50_000, PROMPT_LEN).tolist())
+
+    def _group(self, q: int):
+        from exgrpo.types import Group, Trajectory
+
+        r = self.rng.random()
+        k = K if r < 0.02 else 0 if r < 0.05 else int(self.rng.integers(1, K))  # 2% retire, 3% k=0
+        picks = self.rng.choice(len(self.bank), size=K, replace=False)
+        qid, gid = f"q{q:07d}", f"r{q}"
+        trajs = tuple(Trajectory(qid=qid, response_ids=self.bank[j][0], logprobs=self.bank[j][1],
+                                 reward=float(i < k), policy_version=q // 10_000, group_id=gid)
+                      for i, j in enumerate(picks))
+        return Group(qid=qid, prompt_ids=self.prompt, trajectories=trajs, gold="42", group_id=gid, request_id=q,
+                     policy_version=q // 10_000)
+
+    def run(self, *, qids: list[int], push_batch: int, take_every: int) -> dict[str, float]:
+        push_s = take_s = 0.0
+        pending: list[int] = []
+        t_all = time.perf_counter()
+        for start in range(0, len(qids), push_batch):
+            groups = [self._group(q) for q in qids[start:start + push_batch]]
+            t0 = time.perf_counter()
+            self.replay.push(groups=groups)
+            push_s += time.perf_counter() - t0
+            pending += [g.request_id for g in groups]
+            if len(pending) >= take_every or start + push_batch >= len(qids):
+                t0 = time.perf_counter()
+                self.replay.pull_batch(request_ids=pending)
+                take_s += time.perf_counter() - t0
+                pending = []
+        return {"groups": len(qids), "push_s": push_s, "take_s": take_s, "wall_s": time.perf_counter() - t_all}
+
+
+def _peak_rss(pid: int) -> int:
+    """The process's high-water resident memory (VmHWM), bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.array(xs) * 1e3, q))
+
+
+def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
+    import psutil
+    import ray
+
+    from buffers.shard import ReplayShard
+    from buffers.sharded import RayInvoke, ShardedReplay
+    from exgrpo.config import Config
+    from exgrpo.launch import remote_actor
+
+    r = Config().replay
+    wal_root = root / "replay-wal"
+    restarts = r.shard_max_restarts if wal else 0
+
+    def start() -> tuple[list, list, ShardedReplay, list]:
+        """Shards as build_system starts them (their log directory emptied first, as there), a client, pushers."""
+        shutil.rmtree(wal_root, ignore_errors=True)
+        shards = [remote_actor(ReplayShard, name=f"exgrpo-replay-{i}", num_cpus=0, max_restarts=restarts,
+                               k_rollouts=K, max_trajectories_per_question=r.max_trajectories_per_question,
+                               wal_dir=str(wal_root / f"shard-{i}") if wal else None,
+                               compact_bytes=int((args.compact_mb or r.wal_compact_mb) * 2**20))
+                  for i in range(args.shards)]
+        ray.get([s.ping.remote() for s in shards])
+        procs = [psutil.Process(p) for p in ray.get([s.pid.remote() for s in shards])]
+        replay = ShardedReplay(shards=shards, k_rollouts=K, invoke=RayInvoke(retry_s=120.0 if restarts else 0.0))
+        pusher_cls = ray.remote(num_cpus=0)(Pusher)
+        pushers = [pusher_cls.remote(replay=replay, seed=100 + j, min_len=args.min_len, max_len=args.max_len)
+                   for j in range(args.pushers)]
+        return shards, procs, replay, pushers
+
+    def stop() -> None:
+        for h in [*pushers, *shards]:
+            ray.kill(h, no_restart=True)
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.wait(timeout=30)
+
+    shards, procs, replay, pushers = start()
+    replay.set_collect(on=True)
+    compact_mb = f", log compaction at {args.compact_mb or r.wal_compact_mb:g} MB" if wal else ""
+    print(f"\n== {args.shards} shards, write-ahead log {'ON (fdatasync per shard call' + compact_mb + ')' if wal else 'OFF'}"
+          f"; {args.pushers} pushers x {args.push_batch} groups per push call, pull_batch every {args.take_every}")
+    def cpu() -> float:  # user + system seconds of the shard processes so far
+        return sum(sum(p.cpu_times()[:2]) for p in procs)
+
+    rtt = []
+    for _ in range(50):
+        t = time.perf_counter()
+        ray.get([s.ping.remote() for s in shards])
+        rtt.append(time.perf_counter() - t)
+    print(f"   round trip to all {args.shards} shards (ping): p50 {_pct(rtt, 50):.1f} ms, p99 {_pct(rtt, 99):.1f} ms")
+    done = 0
+    marks = sorted({max(1, int(round(float(f) * args.questions))) for f in args.checkpoints.split(",")})
+    for mark in marks:
+        todo = list(range(done, mark))
+        t0, c0 = time.perf_counter(), cpu()
+        parts = ray.get([p.run.remote(qids=todo[j::args.pushers], push_batch=args.push_batch,
+                                      take_every=args.take_every) for j, p in enumerate(pushers)])
+        wall, shard_cpu = time.perf_counter() - t0, cpu() - c0
+        calls = sum(-(-len(todo[j::args.pushers]) // args.push_batch) for j in range(args.pushers))
+        push_s = sum(p["push_s"] for p in parts) / len(parts)
+        take_s = sum(p["take_s"] for p in parts) / len(parts)
+        done = mark
+        st = replay.stats()
+        rss = [p.memory_info().rss for p in procs]
+        print(f"-- {done:,} questions pushed: {st.active:,} sampleable, buckets {st.bucket_sizes}, "
+              f"{st.trajectories:,} stored trajectories, {st.retired:,} retired, {st.ready} ready")
+        print(f"   push: {len(todo) / wall:,.0f} groups/s sustained ({len(todo):,} groups in {wall:.1f} s, "
+              f"{calls:,} push calls; per pusher {push_s:.1f} s in push, {take_s:.1f} s in pull_batch; shard CPU "
+              f"{shard_cpu / len(todo) * 1e6:,.0f} us per group, push and take)")
+        print(f"   shard RSS: sum {sum(rss) / 2**30:.2f} GiB, max {max(rss) / 2**20:,.0f} MiB")
+        rng = np.random.default_rng(7)
+        replay.stats()  # cache the sizes, as pull_batch does in the driver
+        for _ in range(5):
+            replay.sample_questions(n=64, rng=rng)
+        lat, got = [], 0
+        for _ in range(args.samples):
+            t = time.perf_counter()
+            picks = replay.sample_questions(n=64, rng=rng)
+            lat.append(time.perf_counter() - t)
+            got += len(picks)
+        cands = sum(len(p.candidates) for p in picks)
+        print(f"   sample_questions(n=64): p50 {_pct(lat, 50):.1f} ms, p99 {_pct(lat, 99):.1f} ms over "
+              f"{args.samples} calls ({got / args.samples:.0f} picks per call, {cands} candidates in the last)")
+        if args.no_snapshot:
+            continue
+        snap = root / f"ckpt-{done}"
+        t, c0 = time.perf_counter(), cpu()
+        replay.snapshot(path=str(snap))
+        snap_s, snap_cpu = time.perf_counter() - t, cpu() - c0
+        size = _dir_bytes(snap)
+        before = (st.bucket_sizes, st.active, st.retired, st.trajectories)
+        extra = f" (each shard also snapshots its own log dir: {_dir_bytes(wal_root) / 2**20:,.0f} MiB there now)" if wal else ""
+        peak = [_peak_rss(p.pid) for p in procs]
+        print(f"   snapshot: {snap_s:.1f} s ({snap_cpu:.1f} shard CPU s), {size / 2**20:,.0f} MiB on disk "
+              f"({size / max(st.trajectories, 1):,.0f} bytes per stored trajectory){extra}; shard peak RSS so far: "
+              f"sum {sum(peak) / 2**30:.2f} GiB, max {max(peak) / 2**20:,.0f} MiB")
+        stop()  # a resumed run: new shards (empty log directories) restore the checkpoint, then the fill goes on
+        shards, procs, replay, pushers = start()
+        t, c0 = time.perf_counter(), cpu()
+        replay.restore(path=str(snap))
+        restore_s, restore_cpu = time.perf_counter() - t, cpu() - c0
+        replay.set_collect(on=True)  # the driver's part on resume
+        st2 = replay.stats()
+        assert (st2.bucket_sizes, st2.active, st2.retired, st2.trajectories) == before, (st2, st)
+        rss = [p.memory_info().rss for p in procs]
+        print(f"   restore into {args.shards} new shards: {restore_s:.1f} s ({restore_cpu:.1f} shard CPU s; stats equal); "
+              f"shard RSS after: sum {sum(rss) / 2**30:.2f} GiB, max {max(rss) / 2**20:,.0f} MiB; peak during it: "
+              f"sum {sum(_peak_rss(p.pid) for p in procs) / 2**30:.2f} GiB")
+        shutil.rmtree(snap, ignore_errors=True)
+    if wal and args.recovery:  # a shard SIGKILLed after more pushes: Ray restarts it, it replays snapshot + log
+        extra = list(range(done, done + args.recovery))
+        ray.get([p.run.remote(qids=extra[j::args.pushers], push_batch=args.push_batch, take_every=args.take_every)
+                 for j, p in enumerate(pushers)])
+        old_pid = ray.get(shards[0].pid.remote())
+        t = time.perf_counter()
+        ray.kill(shards[0], no_restart=False)
+        while True:  # until the restarted process answers (the dying one may still answer a call or two)
+            try:
+                if ray.get(shards[0].pid.remote()) != old_pid:
+                    break
+            except ray.exceptions.RayActorError:
+                pass
+            time.sleep(0.05)
+        rec = ray.get(shards[0].recovered.remote())
+        print(f"   recovery after SIGKILL of shard 0 ({args.recovery:,} more groups pushed first): back in "
+              f"{time.perf_counter() - t:.1f} s, of which {rec['seconds']:.2f} s loading its snapshot and "
+              f"{rec['frames']} log frames ({rec['active']:,} sampleable questions)")
+    stop()
+    shutil.rmtree(wal_root, ignore_errors=True)
+
+
+def in_process(args: argparse.Namespace, root: Path) -> None:
+    """One ReplayShard in this process (no Ray): the buffers/ code's own cost per group and per snapshot."""
+    from buffers.shard import ReplayShard
+
+    n = args.in_process
+    p = Pusher(replay=None, seed=1, min_len=args.min_len, max_len=args.max_len)
+    groups = [p._group(q) for q in range(n)]
+    print(f"\n== one ReplayShard in-process, {n:,} groups ({args.min_len}-{args.max_len} tokens), "
+          f"{args.push_batch} groups per push, take every {args.take_every}")
+    for wal in (False, True):
+        d = root / f"inproc-{int(wal)}"
+        compact = int((args.compact_mb or 64) * 2**20)
+        shard = ReplayShard(k_rollouts=K, wal_dir=str(d / "wal") if wal else None, compact_bytes=compact)
+        shard.set_collect(on=True)
+        t, pending = time.perf_counter(), []
+        for i in range(0, n, args.push_batch):
+            shard.push(groups=groups[i:i + args.push_batch])
+            pending += [g.request_id for g in groups[i:i + args.push_batch]]
+            if len(pending) >= args.take_every:
+                shard.take(request_ids=pending, take_id=f"t{i}")
+                pending = []
+        push = time.perf_counter() - t
+        compactions = shard.wal.gen if wal else 0
+        t = time.perf_counter()
+        shard.snapshot(path=str(d / "ckpt.parquet"))
+        snap = time.perf_counter() - t
+        t = time.perf_counter()
+        shard.restore(path=str(d / "ckpt.parquet"))
+        restore = time.perf_counter() - t
+        line = (f"   log {'on ' if wal else 'off'}: push + take {push / n * 1e6:,.0f} us per group"
+                + (f" ({compactions} log compactions at {compact / 2**20:g} MB)" if wal else "")
+                + f", snapshot {snap:.2f} s, restore {restore:.2f} s")
+        if wal:
+            for g in groups[:args.recovery]:
+                shard.push(groups=[dataclasses.replace(g, request_id=g.request_id + n)])
+            t = time.perf_counter()
+            again = ReplayShard(k_rollouts=K, wal_dir=str(d / "wal"), compact_bytes=compact)
+            line += f", restart (snapshot + {again.recovery['frames']} log frames) {time.perf_counter() - t:.2f} s"
+            again.wal.close()
+            shard.wal.close()
+        print(line, flush=True)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def compare(rev: str) -> None:
+    """Run this script twice, one after the other: on a git worktree of `rev`, then on this tree."""
+    import subprocess
+
+    argv = [a for i, a in enumerate(sys.argv[1:]) if a != "--baseline" and not a.startswith("--baseline=")
+            and (i == 0 or sys.argv[i] != "--baseline")]
+    here = os.path.abspath(TREE)
+    base = tempfile.mkdtemp(prefix="replay-scale-base-")
+    subprocess.run(["git", "-C", here, "worktree", "add", "--detach", base, rev], check=True, capture_output=True)
+    try:
+        for label, tree in ((f"BEFORE: buffers/ at {rev}", base), ("AFTER: this tree", here)):
+            print(f"\n######## {label}", flush=True)
+            subprocess.run([sys.executable, os.path.abspath(__file__), *argv], cwd=tree, check=True,
+                           env={**os.environ, "BENCH_TREE": tree, "PYTHONPATH": tree})
+    finally:
+        subprocess.run(["git", "-C", here, "worktree", "remove", "--force", base], check=False)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--questions", type=int, default=100_000)
+    ap.add_argument("--checkpoints", default="0.25,1", help="fractions of --questions at which to measure")
+    ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--pushers", type=int, default=2)
+    ap.add_argument("--push-batch", type=int, default=4, help="groups per push call (samplers.requests_per_call)")
+    ap.add_argument("--take-every", type=int, default=128)
+    ap.add_argument("--min-len", type=int, default=64)
+    ap.add_argument("--max-len", type=int, default=512)
+    ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--wal", choices=("off", "on", "both"), default="both")
+    ap.add_argument("--recovery", type=int, default=2000, help="with the log: groups pushed before killing a shard")
+    ap.add_argument("--in-process", type=int, default=0, metavar="N",
+                    help="first time one shard in-process (no Ray) over N groups")
+    ap.add_argument("--compact-mb", type=float, default=None, help="log compaction threshold (replay.wal_compact_mb)")
+    ap.add_argument("--no-snapshot", action="store_true")
+    ap.add_argument("--baseline", default=None, metavar="REV",
+                    help="also run the same measurements with buffers/ (and the rest) of git revision REV, first")
+    ap.add_argument("--dir", default=None, help="where snapshots and logs go (default: a temporary directory)")
+    args = ap.parse_args()
+    if args.baseline:
+        return compare(args.baseline)
+    import ray
+
+    from exgrpo.launch import ACTOR_ENV
+
+    print("command: RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python bench/bench_replay_scale.py "
+          + " ".join(sys.argv[1:]))
+    root = Path(args.dir or tempfile.mkdtemp(prefix="replay-scale-"))
+    try:
+        if args.in_process:
+            in_process(args, root)
+        if args.questions <= 0:
+            return
+        ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="exgrpo-bench",
+                 runtime_env={"env_vars": ACTOR_ENV}, configure_logging=False)
+        for wal in {"off": (False,), "on": (True,), "both": (False, True)}[args.wal]:
+            run_mode(args, wal=wal, root=root)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        if args.dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
