@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -272,7 +273,12 @@ def build_system(
             seed=cfg.trainer.seed,
         )
 
-    samplers = SamplerPool(spawn=spawn, num=s.num, requests_per_call=s.requests_per_call)
+    # every admitted request can be on its way at once: the pool dispatches only inside submit/poll, so a
+    # sampler limited to fewer chunks than it is given per step runs dry while the driver waits in
+    # update/broadcast (measured in the simulated cluster: 16 samplers, eta 1, 1.73x the ideal step)
+    in_flight = math.ceil((cfg.async_.max_staleness + 1) * cfg.trainer.questions_per_step / (s.num * s.requests_per_call))
+    samplers = SamplerPool(spawn=spawn, num=s.num, requests_per_call=s.requests_per_call,
+                           max_in_flight_per_sampler=max(2, in_flight))
     weights = make_transport(cfg.async_.weight_sync, learners=learners, samplers=samplers)
     samplers.on_new = weights.catch_up
     controller = remote_actor(Controller, name="exgrpo-controller", num_cpus=0, samplers=s.num)

@@ -158,12 +158,6 @@ class SimSampler:
         self.weight_load_s = time.perf_counter() - t0
         return self.weight_load_s
 
-    def join_sync_group(self, **_: Any) -> None:
-        raise NotImplementedError("the simulated cluster supports async.weight_sync=object_store only")
-
-    def receive_weights(self, **_: Any) -> float:
-        raise NotImplementedError("the simulated cluster supports async.weight_sync=object_store only")
-
     def version(self) -> int:
         return self._version
 
