@@ -268,10 +268,12 @@ class ExperiencePool:
         questions from the same RNG state; then one "retired" row per retired qid (sorted)."""
         return self._table(self._snapshot_order(), sorted(self._retired))
 
-    def iter_arrow(self, *, questions_per_table: int = 2048) -> Iterator[pa.Table]:
+    def iter_arrow(self, *, questions_per_table: int = 8192) -> Iterator[pa.Table]:
         """`to_arrow()` in consecutive pieces of at most `questions_per_table` questions (or retired qids),
         always with list<...> columns: a snapshot writes them one by one (a parquet row group each) instead
-        of holding a second copy of the whole pool as one table. At least one table, possibly empty."""
+        of holding a second copy of the whole pool as one table (8192 questions: ~75 MB at ~290 tokens per
+        trajectory; smaller pieces cost parquet size, each row group carrying its own dictionaries: 2048 gave
+        +27% bytes at 16-48 tokens, 8192 +6%, none at 64-512). At least one table, possibly empty."""
         order, retired = self._snapshot_order(), sorted(self._retired)
         if not order and not retired:
             yield self._table([], [])
