@@ -89,7 +89,7 @@ class ReplayConfig:
         100  # Ray restarts of a dead shard (with wal; it resumes from its last acked call)
     )
     wal_compact_mb: float = (
-        64.0  # a shard snapshots itself and truncates its log once the log passes this size
+        64.0  # a shard snapshots itself and truncates its log once the log passes this size and its last snapshot's
     )
 
 
