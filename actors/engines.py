@@ -260,10 +260,25 @@ class HFEngine(_TokenizedEngine):
         return completions
 
     def load_weights(self, weights: Mapping[str, WeightValue], *, version: int) -> None:
-        """Copy a full HF-named state dict into the model (strict: every name must match)."""
-        state = {name: to_tensor(value) for name, value in weights.items()}
+        """Copy a full HF-named state dict into the model (strict: every name must match, shapes too).
+
+        One `copy_` per distinct tensor (a tied head is the embedding: copied once), without
+        `load_state_dict`'s per-module machinery: the load is the copy out of the shared object."""
+        targets = self.model.state_dict(keep_vars=True)
+        if missing := sorted(set(targets) - set(weights)):
+            raise RuntimeError(f"load_weights: Missing key(s) in state_dict: {missing}")
+        if unexpected := sorted(set(weights) - set(targets)):
+            raise RuntimeError(f"load_weights: Unexpected key(s) in state_dict: {unexpected}")
+        done: set[int] = set()
         with torch.no_grad():
-            self.model.load_state_dict(state, strict=True)
+            for name, value in weights.items():
+                target, source = targets[name], to_tensor(value)
+                if target.shape != source.shape:
+                    raise RuntimeError(f"load_weights: {name} has shape {tuple(source.shape)}, the model "
+                                       f"{tuple(target.shape)}")
+                if target.data_ptr() not in done:
+                    target.copy_(source)
+                    done.add(target.data_ptr())
         self._version = version
 
     def checksum(self) -> float:
