@@ -25,7 +25,8 @@ Runs, alternated round by round, each in a fresh spawned process:
 - `trl`: `GRPOTrainer` (on-policy, one optimiser step per generation batch).
 
 Per-step time is the median interval between consecutive step ends over the timed steps (after
-`--warmup` steps); tokens/s is generated tokens over the timed steps divided by their time. The project
+`--warmup` steps; the mean is printed too); tokens/s is generated tokens over the timed steps divided by
+their total time, so a single slow step moves it and the mean but not the median. The project
 also prints its per-step split (generation wait, entropy scoring, update, weight sync, idle).
 
 Differences that remain by construction (documented, not removable):
@@ -48,6 +49,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -89,7 +91,8 @@ def summarize(ends: list[float], tokens: list[int], warmup: int) -> dict[str, An
     """Median step interval and tokens/s over the steps after `warmup` (ends[0] = the start)."""
     intervals = [b - a for a, b in zip(ends, ends[1:], strict=False)]
     timed, tok = intervals[warmup:], tokens[warmup:]
-    return {"step_s": statistics.median(timed), "tokens_per_s": sum(tok) / sum(timed), "timed_steps": len(timed),
+    return {"step_s": statistics.median(timed), "mean_step_s": statistics.mean(timed),
+            "tokens_per_s": sum(tok) / sum(timed), "timed_steps": len(timed),
             "intervals_s": [round(x, 3) for x in intervals], "tokens": tok}
 
 
@@ -214,6 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         for run in args.runs.split(","):
             t0 = time.perf_counter()
             where = str(out_root / f"{run}-{r}")
+            shutil.rmtree(where, ignore_errors=True)  # a fresh run directory (metrics.jsonl appends)
             if run == "trl":
                 res = in_child(run_trl, args.smollm2, steps, warmup, where)
             else:
@@ -221,8 +225,9 @@ def main(argv: list[str] | None = None) -> None:
             res["wall_s"] = round(time.perf_counter() - t0, 1)
             results.setdefault(run, []).append(res)
             split = "  split " + json.dumps(res["split_s"]) if "split_s" in res else ""
-            print(f"round {r} {run:5}: {res['step_s']:.3f} s/step (median of {res['timed_steps']}), "
-                  f"{res['tokens_per_s']:.1f} generated tokens/s, run {res['wall_s']} s{split}", flush=True)
+            print(f"round {r} {run:5}: {res['step_s']:.3f} s/step (median of {res['timed_steps']}; mean "
+                  f"{res['mean_step_s']:.3f}), {res['tokens_per_s']:.1f} generated tokens/s (tokens / time), "
+                  f"run {res['wall_s']} s{split}", flush=True)
     print("\nmedian over rounds:")
     med = {run: (statistics.median(x["step_s"] for x in rs), statistics.median(x["tokens_per_s"] for x in rs))
            for run, rs in results.items()}
