@@ -337,7 +337,7 @@ class VLLMEngine(_TokenizedEngine):
             raise ImportError(_VLLM_MISSING) from err
         extra: dict[str, Any] = {}
         if weight_transfer is not None:
-            from learners.vllm_transfer import register_engines
+            from learners.gloo_transfer import register_engines
 
             register_engines()  # our gloo backend, before the worker asks the factory for it
             extra["weight_transfer_config"] = WeightTransferConfig(backend=weight_transfer)

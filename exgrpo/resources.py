@@ -210,7 +210,7 @@ def shortfalls(
         out.append(
             f"the object-store weight transport keeps up to {plan.object_store_bytes / GIB:.2f} GiB of "
             f"exported weights but the object store holds {store / GIB:.2f} GiB: start Ray with a "
-            "larger --object-store-memory, or set async.weight_sync=collective"
+            "larger --object-store-memory, or (vLLM samplers) set async.weight_sync=collective"
         )
     if not out and nodes:
         s, lr = cfg.samplers, cfg.learners

@@ -6,5 +6,6 @@
 - ``weight_sync``: the weight transports, whole (``ObjectStoreTransport``, ``VLLMTransport``,
   ``make_transport``) and the object-store payload (``Packer``: one contiguous byte buffer).
 - ``vllm_transfer``: vLLM's weight-transfer API from learner rank 0 (``WeightPusher``, ``SamplerClient``,
-  ``LearnerSource`` with ZeRO-3 gathers) and the gloo backend it registers for CPU runs.
+  ``LearnerSource`` with ZeRO-3 gathers).
+- ``gloo_transfer``: the gloo backend of that API for CPU runs, registered in vLLM's factories.
 """

@@ -137,7 +137,7 @@ class SamplerMembers(Protocol):
         ...
 
 
-class WeightSource(Protocol):
+class WeightProvider(Protocol):
     """What a transport needs from the learner group (``learners.group.LearnerGroup``)."""
 
     def get_weights_ref(self) -> Any: ...
@@ -176,7 +176,7 @@ def _metrics(start: float, loads: Sequence[float]) -> dict[str, float]:
 class ObjectStoreTransport:
     """Rank 0's packed weights, put in the object store once per version, loaded by every sampler."""
 
-    def __init__(self, *, learners: WeightSource, samplers: SamplerMembers) -> None:
+    def __init__(self, *, learners: WeightProvider, samplers: SamplerMembers) -> None:
         self._learners, self._samplers = learners, samplers
         self._published: tuple[Any, int] | None = None  # (object ref, version) of the last broadcast
         self._loads = _Loads()
@@ -201,7 +201,7 @@ class ObjectStoreTransport:
 class VLLMTransport:
     """Learner rank 0 drives vLLM's weight-transfer API to every vLLM sampler; newcomers catch up by object store."""
 
-    def __init__(self, *, learners: WeightSource, samplers: SamplerMembers) -> None:
+    def __init__(self, *, learners: WeightProvider, samplers: SamplerMembers) -> None:
         self._learners, self._samplers = learners, samplers
         self._broadcast_once = False
         self._export: tuple[Any, int] | None = None  # catch-up weights exported since the last broadcast
@@ -238,7 +238,7 @@ class VLLMTransport:
 
 
 def make_transport(
-    kind: TransportKind, *, learners: WeightSource, samplers: SamplerMembers
+    kind: TransportKind, *, learners: WeightProvider, samplers: SamplerMembers
 ) -> ObjectStoreTransport | VLLMTransport:
     """The transport named by the config value ``async.weight_sync``."""
     if kind == "object_store":
