@@ -1,8 +1,8 @@
 """Sampler side of the actor-learner system.
 
 - `engines`: the `GenerationEngine` protocol (generate / tokenize / load_weights / checksum, with a
-  `version` tag) and its two implementations, `HFEngine` (transformers, small CPU runs) and
-  `VLLMEngine` (vLLM in-process, CPU or GPU); `make_engine(kind, path)` picks one.
+  `version` tag), `HFEngine` (transformers, small CPU runs) and `make_engine(kind, path)`;
+  `vllm_engine`: `VLLMEngine` (vLLM in-process, CPU or GPU; vLLM's weight-transfer API).
 - `sampler`: `Sampler`, one engine plus the answer verifier; turns generation requests into
   verified `Group`s tagged with the policy version that sampled them and reports `RolloutResult`s.
 - `pool`: `SamplerPool` (`exgrpo.core.Rollouts`), the sampler actors, their in-flight requests and

