@@ -32,7 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from exgrpo.config import Dtype, EngineKind
+from exgrpo.core.config import Dtype
 
 WeightValue = torch.Tensor | np.ndarray
 
@@ -287,12 +287,3 @@ class HFEngine(TokenizedEngine):
 # --------------------------------------------------------------------------- factory
 
 
-def make_engine(kind: EngineKind, model_path: str | Path, **kwargs: Any) -> GenerationEngine:
-    """Build an engine by kind; keyword arguments go to its constructor."""
-    if kind == "hf":
-        return HFEngine(model_path, **kwargs)
-    if kind == "vllm":
-        from actors.vllm_engine import VLLMEngine
-
-        return VLLMEngine(model_path, **kwargs)
-    raise ValueError(f"unknown engine kind {kind!r}; use 'hf' or 'vllm'")

@@ -1,4 +1,4 @@
-"""SamplerPool: the sampler actors, their in-flight requests and their number (`exgrpo.core.Rollouts`).
+"""SamplerPool: the sampler actors, their in-flight requests and their number (`exgrpo.core.roles.Rollouts`).
 
 Health tracking and async request bookkeeping come from RLlib's `FaultTolerantActorManager` (the
 way RLlib manages EnvRunners). On top of it the pool keeps every request it was given until a
@@ -24,7 +24,7 @@ from typing import Any
 import ray
 from ray.rllib.utils.actor_manager import FaultTolerantActorManager
 
-from exgrpo.types import GenerationRequest, Prompt, RolloutResult
+from exgrpo.core.records import GenerationRequest, Prompt, RolloutResult
 
 log = logging.getLogger(__name__)
 TAG = "generate"

@@ -8,7 +8,7 @@ New weights are applied between engine calls (Ray runs one call at a time on thi
 submission order, so a weight load submitted before a generate call is always applied before it).
 The weight entry points (`load_weights`; vLLM's `init_weight_transfer_engine`, `start_weight_update`,
 `update_weights`, `finish_weight_update`) are thin: the order
-in which they are called is the transport's (`learners.weight_sync`).
+in which they are called is the transport's (`exgrpo.transport.broadcast`).
 
 A plain class: `run.py` makes it the Ray actor `exgrpo-sampler-<i>`; tests run it in-process.
 """
@@ -22,13 +22,14 @@ from typing import Any
 
 import torch
 
-from actors.engines import GenerationEngine, make_engine
-from exgrpo.config import Dtype, EngineKind, TemplateName
+from actors.engines import GenerationEngine
+from actors.factory import make_engine
+from actors.sampling import sample_rewards
+from exgrpo.core.config import Dtype, EngineKind, TemplateName
+from exgrpo.core.records import GenerationRequest, Group, Prompt, RolloutResult, Trajectory
 from exgrpo.data.templates import render_prompt, reward_mode
-from exgrpo.evaluate import sample_rewards
-from exgrpo.rewards import Verifier
-from exgrpo.types import GenerationRequest, Group, Prompt, RolloutResult, Trajectory
-from learners.weight_sync import PackedWeights, unpack_weights
+from exgrpo.transport.packed import PackedWeights, unpack_weights
+from exgrpo.verify.verifier import Verifier
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class Sampler:
         self.weight_load_s = time.perf_counter() - t0
         return self.weight_load_s
 
-    # vLLM's weight-transfer control plane (`learners.vllm_transfer.SamplerClient` calls these in this order)
+    # vLLM's weight-transfer control plane (`exgrpo.transport.vllm_api.SamplerClient` calls these in this order)
     def init_weight_transfer_engine(self, *, init_info: dict[str, Any]) -> None:
         self._vllm().init_weight_transfer(init_info)
 

@@ -17,7 +17,7 @@ from actors.engines import (
     normalize_counts,
     to_tensor,
 )
-from exgrpo.config import Dtype
+from exgrpo.core.config import Dtype
 
 _VLLM_MISSING = "vLLM is not importable; install the cpu extra: pip install -e .[cpu] -c constraints/cpu.txt"
 
@@ -37,7 +37,7 @@ class VLLMEngine(TokenizedEngine):
     object-store path and a new sampler's catch-up). With `weight_transfer="nccl"|"gloo"` the engine
     is built with vLLM's `WeightTransferConfig`, and `init_weight_transfer` / `start_weight_update` /
     `update_weights` / `finish_weight_update` are vLLM's weight-transfer API: the same layerwise
-    reload, fed by a broadcast from learner rank 0 (`learners.vllm_transfer`).
+    reload, fed by a broadcast from learner rank 0 (`exgrpo.transport.vllm_api`).
 
     Checksum: the sum of the served model's parameters. Fused parameters hold the concatenation of
     their parts, so their sum is the sum of the parts; the embedding's vocab padding rows are zero;
@@ -69,7 +69,7 @@ class VLLMEngine(TokenizedEngine):
             raise ImportError(_VLLM_MISSING) from err
         extra: dict[str, Any] = {}
         if weight_transfer is not None:
-            from learners.gloo_transfer import register_engines
+            from exgrpo.transport.gloo import register_engines
 
             register_engines()  # our gloo backend, before the worker asks the factory for it
             extra["weight_transfer_config"] = WeightTransferConfig(backend=weight_transfer)
@@ -141,7 +141,7 @@ class VLLMEngine(TokenizedEngine):
         self.llm.reset_prefix_cache()
         self._version = version
 
-    # vLLM's weight-transfer API (the worker side; `learners.vllm_transfer` drives it from learner rank 0)
+    # vLLM's weight-transfer API (the worker side; `exgrpo.transport.vllm_api` drives it from learner rank 0)
     def init_weight_transfer(self, init_info: Mapping[str, Any]) -> None:
         self.llm.init_weight_transfer_engine({"init_info": dict(init_info)})
 

@@ -27,12 +27,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from actors.engines import HFEngine
+from actors.sampling import sample_rewards
+from exgrpo.core.records import Prompt
 from exgrpo.data.sources import read_source
 from exgrpo.data.templates import render_prompt
-from exgrpo.evaluate import sample_rewards
 from exgrpo.models.resolve import resolve_model
-from exgrpo.rewards import Verifier, extract_answer
-from exgrpo.types import Prompt
+from exgrpo.verify.answers import extract_answer
+from exgrpo.verify.verifier import Verifier
 
 torch.set_num_threads(1)
 

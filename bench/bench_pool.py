@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from buffers.experience import ExperiencePool
-from exgrpo.selection import draw_plan  # noqa: E402
-from exgrpo.types import Group, Trajectory  # noqa: E402
+from exgrpo.core.records import Group, Trajectory  # noqa: E402
+from exgrpo.core.selection import draw_plan  # noqa: E402
 
 K = 8
 

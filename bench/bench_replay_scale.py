@@ -4,7 +4,7 @@ restore, shard memory, over R real `ReplayShard` Ray actors driven through `Shar
     RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python bench/bench_replay_scale.py \
         --questions 100000 --checkpoints 0.25,1 --wal both
 
-The shards are started the way `exgrpo.launch.build_system` starts them (`remote_actor`, named
+The shards are started the way `exgrpo.runtime.assembly.build_system` starts them (`remote_actor`, named
 `exgrpo-replay-<i>`, num_cpus=0, with a write-ahead log: `max_restarts=replay.shard_max_restarts` and
 `compact_bytes=replay.wal_compact_mb`). Collection is on. Each question is pushed once, as one fresh group
 of K=8 trajectories (response lengths uniform in [--min-len, --max-len] tokens, a 128-token prompt) with k
@@ -72,7 +72,7 @@ class Pusher:
         self.prompt = tuple(rng.integers(0, 50_000, PROMPT_LEN).tolist())
 
     def _group(self, q: int):
-        from exgrpo.types import Group, Trajectory
+        from exgrpo.core.records import Group, Trajectory
 
         r = self.rng.random()
         k = K if r < 0.02 else 0 if r < 0.05 else int(self.rng.integers(1, K))  # 2% retire, 3% k=0
@@ -120,8 +120,8 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
 
     from buffers.shard import ReplayShard
     from buffers.sharded import RayInvoke, ShardedReplay
-    from exgrpo.config import Config
-    from exgrpo.launch import remote_actor
+    from exgrpo.core.config import Config
+    from exgrpo.runtime.env import remote_actor
 
     r = Config().replay
     wal_root = root / "replay-wal"
@@ -332,7 +332,7 @@ def main() -> None:
         return compare(args.baseline)
     import ray
 
-    from exgrpo.launch import ACTOR_ENV
+    from exgrpo.runtime.env import ACTOR_ENV
 
     print("command: RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python bench/bench_replay_scale.py "
           + " ".join(sys.argv[1:]))

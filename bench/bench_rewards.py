@@ -1,10 +1,10 @@
-"""Throughput and adversarial latency of exgrpo.rewards (answers per second, seconds per case).
+"""Throughput and adversarial latency of exgrpo.verify.verifier (answers per second, seconds per case).
 
 Run: .venv/bin/python bench/bench_rewards.py [--workers 1 2] [--quick]
 
 Only `Verifier`, its `score`/`score_many`/`start`/`stats`, and `boxed` are used, so the same file
 measures an older package too: `cd /tmp/before && PYTHONPATH=/tmp/before python .../bench_rewards.py`
-(the first line printed is the `exgrpo.rewards` file that was imported).
+(the first line printed is the `exgrpo.verify.verifier` file that was imported).
 
 Workloads: 1,000 boxed integers (half right, half off by one), scored with the integer fast path
 and with it off (every answer through a math-verify worker); 100 expanded quadratics
@@ -23,8 +23,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-import exgrpo.rewards
-from exgrpo.rewards import Verifier, boxed
+import exgrpo.verify.verifier
+from exgrpo.verify.answers import boxed
+from exgrpo.verify.verifier import Verifier
 
 TIMEOUT_S = 5.0
 TOWER = r"\boxed{9^{9^{9^{9^{9}}}}}"  # sympy tries to compute it
@@ -147,7 +148,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--quick", action="store_true", help="skip the fast_path=False integer runs")
     args = parser.parse_args()
-    print(f"exgrpo.rewards: {exgrpo.rewards.__file__}")
+    print(f"exgrpo.verify.verifier: {exgrpo.verify.verifier.__file__}")
     ints, polys = workloads()
     for workers in args.workers:
         bench(workers, fast_path=True, workload=ints)

@@ -20,8 +20,9 @@ import numpy as np
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-from exgrpo.config import load_config  # noqa: E402
-from exgrpo.launch import init_ray, train  # noqa: E402
+from exgrpo.core.config import load_config  # noqa: E402
+from exgrpo.runtime.env import init_ray  # noqa: E402
+from exgrpo.runtime.recipe import train  # noqa: E402
 
 SPLIT = ["system/wait_s", "system/entropy_s", "system/update_s", "system/sync_s", "system/idle_s"]
 
@@ -32,7 +33,7 @@ def make_cfg(overrides: list[str]):
 
 
 def train_run(overrides: list[str]) -> dict:
-    """2N steps through `launch.train`; the first N warm up (engine first calls, DeepSpeed first step)."""
+    """2N steps through `exgrpo.runtime.recipe.train`; the first N warm up (engine first calls, DeepSpeed first step)."""
     cfg = make_cfg(overrides)
     n = cfg.trainer.steps
     records = train(make_cfg([*overrides, f"trainer.steps={2 * n}"]), checkpoints=False).records[n:]

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from exgrpo.data.scratchpad import ScratchpadTask, solution_steps
+from exgrpo.evaluation.measure import measure_traces
 from exgrpo.models.resolve import resolve_model
-from exgrpo.models.trace_warmup import measure_traces
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """Simulated cluster: the real driver, replay shards, sampler pool and weight transport with sleeping samplers
-and learners (`exgrpo/simulated.py`), measured against the cost model's ideal step.
+and learners (`exgrpo/sim/roles.py`), measured against the cost model's ideal step.
 
     RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python bench/bench_sim_cluster.py [--diagnostics]
         [--update-real-s 1.0] [--steps 8] [--warmup 2] [--full] [--json out.jsonl]
@@ -108,9 +108,9 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
-    from exgrpo.launch import ACTOR_ENV
-    from exgrpo.simulated import CostModel
-    from exgrpo.simulated_cluster import SimCluster
+    from exgrpo.runtime.env import ACTOR_ENV
+    from exgrpo.sim.cluster import SimCluster
+    from exgrpo.sim.roles import CostModel
 
     logging_quiet()
     cmd = "RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python bench/bench_sim_cluster.py " + " ".join(sys.argv[1:])
@@ -196,7 +196,7 @@ def code_version() -> str:
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
-    paths = ["exgrpo/driver.py", "exgrpo/launch.py", "actors/pool.py", "buffers", "learners/weight_sync.py"]
+    paths = ["exgrpo/loop/driver.py", "exgrpo/runtime", "actors/pool.py", "buffers", "exgrpo/transport"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                               timeout=10).stdout.strip()

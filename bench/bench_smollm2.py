@@ -41,11 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from actors.sampler import EngineSpec, Sampler  # noqa: E402
-from exgrpo.config import Config, EngineKind, load_config  # noqa: E402
+from exgrpo.core.config import Config, EngineKind, load_config  # noqa: E402
+from exgrpo.core.records import GenerationRequest, Group, Prompt  # noqa: E402
 from exgrpo.data.sources import read_source  # noqa: E402
 from exgrpo.models.resolve import resolve_model  # noqa: E402
-from exgrpo.rewards import BOX_COMMAND  # noqa: E402
-from exgrpo.types import GenerationRequest, Group, Prompt  # noqa: E402
+from exgrpo.verify.answers import BOX_COMMAND  # noqa: E402
 
 torch.set_num_threads(1)
 T = TypeVar("T")

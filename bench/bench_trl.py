@@ -20,7 +20,7 @@ coefficient, sampling temperature and top-p, and one torch thread per process. T
 is the project's `Verifier` (same extraction, math-verify, deadlines).
 
 Runs, alternated round by round, each in a fresh spawned process:
-- `project eta=0`: `launch.train` with async.max_staleness=0 (synchronous, like-for-like with TRL);
+- `project eta=0`: `exgrpo.runtime.recipe.train` with async.max_staleness=0 (synchronous, like-for-like with TRL);
 - `project eta=1`: the default asynchronous admission (generation overlaps the update);
 - `trl`: `GRPOTrainer` (on-policy, one optimiser step per generation batch).
 
@@ -64,7 +64,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from exgrpo.config import Config, load_config  # noqa: E402
+from exgrpo.core.config import Config, load_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2_CONFIG = ROOT / "configs" / "smollm2-135m-cpu.yaml"
@@ -100,7 +100,7 @@ def summarize(ends: list[float], tokens: list[int], warmup: int) -> dict[str, An
 def run_project(smollm2: bool, steps: int, warmup: int, eta: int, extra: list[str], out_dir: str) -> dict[str, Any]:
     import ray
 
-    from exgrpo.launch import train
+    from exgrpo.runtime.recipe import train
 
     cfg = workload(smollm2, warmup + steps, out_dir, [f"async.max_staleness={eta}", *extra])
     ends: list[float] = []
@@ -133,7 +133,7 @@ def run_trl(smollm2: bool, steps: int, warmup: int, out_dir: str) -> dict[str, A
     from exgrpo.data.sources import load_prompts
     from exgrpo.data.templates import render_prompt, reward_mode
     from exgrpo.models.resolve import resolve_model
-    from exgrpo.rewards import Verifier
+    from exgrpo.verify.verifier import Verifier
 
     cfg = workload(smollm2, warmup + steps, out_dir, [])
     model_dir = str(resolve_model(cfg.model.path, cache_dir=cfg.model.cache_dir))

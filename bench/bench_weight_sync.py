@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_weight_sync.py [--repeats 7] [--warmup 5] [--samplers 2] [--skip-vllm]
 
-Each case builds the real system (`launch.build_system`), then times `system.weights.broadcast(version=v)`
+Each case builds the real system (`exgrpo.runtime.assembly.build_system`), then times `system.weights.broadcast(version=v)`
 until every sampler reports version v (object-store loads are asynchronous; the vLLM API blocks). The
 first `--warmup` broadcasts (default 5) are reported apart: the object store's shared memory is touched for
 the first time by the first few 386 MB objects (a one-time cost of a run's first versions), the gloo world
@@ -26,10 +26,11 @@ import ray
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-from exgrpo.config import load_config  # noqa: E402
-from exgrpo.launch import build_system, init_ray  # noqa: E402
+from exgrpo.core.config import load_config  # noqa: E402
 from exgrpo.models.resolve import BuiltinModel, register_builtin, resolve_model  # noqa: E402
 from exgrpo.models.tiny import TinyModelSpec, build_tiny_model  # noqa: E402
+from exgrpo.runtime.assembly import build_system  # noqa: E402
+from exgrpo.runtime.env import init_ray  # noqa: E402
 
 SPEC_100M = TinyModelSpec(hidden_size=768, num_layers=14, num_heads=12, num_kv_heads=4, head_dim=64,
                           intermediate_size=2304, max_position=256)

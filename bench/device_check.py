@@ -5,8 +5,8 @@
 
 Part ``learner``: the ExGRPO update on a Qwen2.5-1.5B-shaped random model (transformers ``Qwen2Config``
     through ``bench.gpu_learner.build_model``: no download), bf16. The device has no Ray, DeepSpeed or
-    vLLM, and ``learners.learner`` imports ``learners.weight_sync``, which imports Ray, so only pure
-    functions are imported: ``exgrpo.algorithm`` (``exgrpo_loss``, ``group_advantages``,
+    vLLM, and ``learners.learner`` imports ``exgrpo.transport.broadcast``, which imports Ray, so only pure
+    functions are imported: ``exgrpo.core.algorithm`` (``exgrpo_loss``, ``group_advantages``,
     ``token_logprobs``, ``token_entropy``) and ``learners.optim.make_optimizer`` (``GuardedAdamW``).
     ``exgrpo_update`` strings them together as ``Learner.update`` does at world size 1 (the test checks
     the two agree): the no-grad proximal log-prob pass, 2 mini-batches of whole groups, micro-batches of
@@ -58,9 +58,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench.gpu_learner import FULL, TINY, Shape, _peak_gib, _reset_peak, _sync, build_model, synthetic_groups  # noqa: E402
-from exgrpo.algorithm import exgrpo_loss, group_advantages, token_entropy, token_logprobs  # noqa: E402
-from exgrpo.config import LearnerConfig, LossConfig  # noqa: E402
-from exgrpo.types import Group  # noqa: E402
+from exgrpo.core.algorithm import exgrpo_loss, group_advantages, token_entropy, token_logprobs  # noqa: E402
+from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
+from exgrpo.core.records import Group  # noqa: E402
 from learners.optim import make_optimizer  # noqa: E402
 
 PEAK_TFLOPS = 790.0  # bf16 dense, 8192^3 matmul measured on an H200 (KINDS.md)
@@ -136,7 +136,7 @@ def _response_logits(model: torch.nn.Module, ids: torch.Tensor, prompt_len: int)
 
 def exgrpo_update(model: torch.nn.Module, opt: MasterWeights, groups: Sequence[Group], *, loss: LossConfig,
                   micro_batch: int, minibatches: int, max_response_len: int, clip: bool) -> dict[str, Any]:
-    """One ExGRPO update of whole groups, from ``exgrpo.algorithm``'s functions (DESIGN.md 4).
+    """One ExGRPO update of whole groups, from ``exgrpo.core.algorithm``'s functions (DESIGN.md 4).
 
     The steps of ``learners.learner.Learner.update`` at world size 1 for equal-length rows (the test
     checks the two agree): Dr.GRPO advantages; a no-grad pass for the proximal log-probs (fresh rows;
@@ -263,7 +263,7 @@ def check_learner(*, shape: Shape, device: str, dtype: str, warm: int, timed: in
         "response_tokens_per_update": response_tokens,
         "minibatches": minibatches,
         "gradient_checkpointing": checkpointing and model.is_gradient_checkpointing and model.training,
-        "update": "bench.device_check.exgrpo_update: exgrpo.algorithm loss + learners.optim.GuardedAdamW, "
+        "update": "bench.device_check.exgrpo_update: exgrpo.core.algorithm loss + learners.optim.GuardedAdamW, "
                   "no DeepSpeed, world size 1, fp32 master weights, gradients and AdamW moments",
         "setup_s": setup_s,
         "step_seconds": times,

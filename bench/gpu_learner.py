@@ -34,8 +34,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from exgrpo.config import LearnerConfig, LossConfig  # noqa: E402
-from exgrpo.types import Group, Trajectory  # noqa: E402
+from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
+from exgrpo.core.records import Group, Trajectory  # noqa: E402
 
 GIB = 2**30
 

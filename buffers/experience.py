@@ -1,6 +1,6 @@
 """The ExGRPO experience pool: question statistics, difficulty buckets, retirement and stored
 trajectories (DESIGN.md section 4). Pure: numpy + pyarrow only. The sampling weights and the
-allocation over buckets and shards live in `exgrpo/selection.py`; the pool draws inside a bucket.
+allocation over buckets and shards live in `exgrpo/core/selection.py`; the pool draws inside a bucket.
 
 Statistics. After each finished group of a question, k = its correct rollouts (a replay slot
 counts) and K = rollouts per question:
@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from exgrpo.types import Group, Trajectory
+from exgrpo.core.records import Group, Trajectory
 
 SNAPSHOT_FORMAT = "exgrpo.experience_pool/1"  # schema metadata of to_arrow() tables
 

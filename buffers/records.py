@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from exgrpo.types import Group, Trajectory
+from exgrpo.core.records import Group, Trajectory
 
 SCHEMA = pa.schema([
     ("request_id", pa.int64()), ("qid", pa.string()), ("kind", pa.string()), ("gold", pa.string()),

@@ -1,6 +1,6 @@
 """One replay shard: an ExperiencePool plus the queue of finished groups waiting for the learner.
 
-A plain class; `exgrpo/launch.py` makes it the Ray actor `exgrpo-replay-<i>`, tests use it in-process.
+A plain class; `exgrpo/runtime/assembly.py` makes it the Ray actor `exgrpo-replay-<i>`, tests use it in-process.
 Questions are routed to shards by a stable hash of their qid (`buffers/sharded.py`), so every
 statistic of a question lives in exactly one shard.
 
@@ -43,8 +43,8 @@ import pyarrow.parquet as pq
 from buffers.experience import ExperiencePool
 from buffers.records import groups_from_arrow, groups_to_arrow
 from buffers.wal import WriteAheadLog
-from exgrpo.fileio import atomic_write
-from exgrpo.types import Group, PulledBatch, ReplayPick, ReplayStats
+from exgrpo.core.fileio import atomic_write
+from exgrpo.core.records import Group, PulledBatch, ReplayPick, ReplayStats
 
 OP = b"exgrpo.op"
 TAKE_ID = b"exgrpo.take_id"

@@ -1,7 +1,7 @@
-"""ShardedReplay: the client of R replay shards (implements `exgrpo.core.Replay`).
+"""ShardedReplay: the client of R replay shards (implements `exgrpo.core.roles.Replay`).
 
 Routing is by a stable hash of qid, so a question's statistics live in one shard. Question sampling
-is global (`exgrpo.selection.draw_plan`): bucket weights from the bucket sizes summed over shards,
+is global (`exgrpo.core.selection.draw_plan`): bucket weights from the bucket sizes summed over shards,
 each shard serving its share of each bucket. Sizes are those the shards reported last (every
 `pull_batch` and `sample` returns them), so sampling costs one parallel round trip. Pushes may land
 between the plan and the draw: a shard then gives what it has and reports what is left, and the
@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from exgrpo.selection import draw_plan
-from exgrpo.types import Group, PulledBatch, ReplayPick, ReplayStats
+from exgrpo.core.records import Group, PulledBatch, ReplayPick, ReplayStats
+from exgrpo.core.selection import draw_plan
 
 Call = tuple[Any, str, dict[str, Any]]  # (shard, method name, keyword arguments)
 MAX_SAMPLE_ROUNDS = 3

@@ -1,4 +1,4 @@
-"""`python -m exgrpo.run`: the training job's command line (the wiring is `exgrpo.launch.train`).
+"""`python -m exgrpo.run`: the training job's command line (the wiring is `exgrpo.runtime.recipe.train`).
 
     python -m exgrpo.run                                  # embedded default (configs/default.yaml)
     python -m exgrpo.run --config configs/tiny-cpu.yaml trainer.steps=5
@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from exgrpo.config import ConfigError, load_config
+from exgrpo.core.config import ConfigError, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,15 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(cfg.to_yaml(), end="")
         return 0
-    from exgrpo import launch
+    from exgrpo.runtime import recipe as launch
 
     if args.dry_run:
-        from exgrpo.resources import placement_plan
+        from exgrpo.runtime.resources import placement_plan
 
         print(placement_plan(cfg))
         return 0
-    from exgrpo.checkpoint import ResumeError, RunInterrupted, latest_checkpoint
     from exgrpo.data.readers import DataError
+    from exgrpo.loop.checkpoint import ResumeError, RunInterrupted, latest_checkpoint
     from exgrpo.models.resolve import ModelResolveError
 
     try:

@@ -2,10 +2,10 @@
 
 The group places one bundle per learner ({CPU: num_cpus, GPU: num_gpus}, strategy PACK), finds a free
 port on bundle 0's node for the torch.distributed rendezvous, starts the actors through the injected
-``make_actor`` (the caller's single ``ray.remote`` site, e.g. ``exgrpo.launch.remote_actor``) and calls
+``make_actor`` (the caller's single ``ray.remote`` site, e.g. ``exgrpo.runtime.env.remote_actor``) and calls
 ``setup`` on all of them concurrently.
 
-It implements ``exgrpo.core.Learners`` (``entropies``, ``update``, ``save``, ``load``) plus what the weight
+It implements ``exgrpo.core.roles.Learners`` (``entropies``, ``update``, ``save``, ``load``) plus what the weight
 transports need (``rank0``, ``get_weights_ref``, ``push_weights``, ``version``).
 
 A batch is split into L equal contiguous slices of whole groups, one per rank, in the order given (the
@@ -26,9 +26,9 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from exgrpo import metrics as M
-from exgrpo.config import LearnerConfig, LossConfig
-from exgrpo.types import Group, ReplayCandidate, TrainBatch
+from exgrpo.core import metric_names as M
+from exgrpo.core.config import LearnerConfig, LossConfig
+from exgrpo.core.records import Group, ReplayCandidate, TrainBatch
 from learners.learner import Learner
 
 SUMMED_METRICS = (M.LEARNER_TOKENS,)  # summed over ranks; every other metric is averaged (NaN-aware)
@@ -63,7 +63,7 @@ def _minibatch_rows(groups: Sequence[Group], minibatches: int) -> tuple[int, ...
 
 
 class LearnerGroup:
-    """L ``Learner`` actors named ``exgrpo-learner-<i>`` (``exgrpo.core.Learners``)."""
+    """L ``Learner`` actors named ``exgrpo-learner-<i>`` (``exgrpo.core.roles.Learners``)."""
 
     def __init__(
         self,

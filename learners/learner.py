@@ -25,8 +25,8 @@ pg_j - c_H H_j; the difference of the two weights is added back as c_H (w_pg - w
 The grad-norm rule is applied by the client optimiser (``learners.optim.GuardedAdamW``).
 
 Weights leave through ``get_weights`` (one packed buffer for the object store) or ``push_weights``
-(vLLM's weight-transfer API, ``learners.vllm_transfer``); when they are called is the transport's
-business (``learners.weight_sync``).
+(vLLM's weight-transfer API, ``exgrpo.transport.vllm_api``); when they are called is the transport's
+business (``exgrpo.transport.broadcast``).
 """
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from exgrpo import metrics as M
-from exgrpo.algorithm import exgrpo_loss, group_advantages, masked_mean, token_entropy, token_logprobs
-from exgrpo.config import LearnerConfig, LossConfig
-from exgrpo.types import Group, ReplayCandidate
+from exgrpo.core import metric_names as M
+from exgrpo.core.algorithm import exgrpo_loss, group_advantages, masked_mean, token_entropy, token_logprobs
+from exgrpo.core.config import LearnerConfig, LossConfig
+from exgrpo.core.records import Group, ReplayCandidate
+from exgrpo.transport.packed import PackedWeights, Packer
 from learners.optim import deepspeed_config, make_optimizer
-from learners.weight_sync import PackedWeights, Packer
 
 DEFAULT_TORCH_EXTENSIONS_DIR = "~/.cache/exgrpo/torch_extensions"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -138,7 +138,7 @@ class Learner:
         # False: always run the separate no-grad proximal pass (tests compare the two paths)
         self.reuse_proximal = True
         self._packer = Packer()
-        self._pusher: Any = None  # learners.vllm_transfer.WeightPusher, built at the first push
+        self._pusher: Any = None  # exgrpo.transport.vllm_api.WeightPusher, built at the first push
         self.engine: Any = None
 
     # ---------------------------------------------------------------- setup
@@ -395,7 +395,7 @@ class Learner:
         Rank 0 drives it (a new world whenever ``members`` changed); under ZeRO-3 the other ranks call it
         too, with ``members=None``, to take part in the per-layer gathers. A failure drops the world, so
         the next push builds a new one."""
-        from learners.vllm_transfer import WeightPusher, backend_for
+        from exgrpo.transport.vllm_api import WeightPusher, backend_for
 
         if self._pusher is None:
             self._pusher = WeightPusher(module=self.engine.module, backend=backend_for(self.device.type),

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from exgrpo.config import LearnerConfig
+from exgrpo.core.config import LearnerConfig
 
 
 class GuardedAdamW(torch.optim.AdamW):

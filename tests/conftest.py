@@ -25,7 +25,7 @@ def ray_cluster():
     """A private local Ray cluster (4 logical CPUs on the 2-core machine) with a metrics port."""
     import ray
 
-    from exgrpo.launch import ACTOR_ENV
+    from exgrpo.runtime.env import ACTOR_ENV
 
     port = free_port()
     ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="exgrpo",

@@ -7,7 +7,7 @@ Built the way Ray's own dashboards are (the JSON that Ray writes to
 (`${datasource}` in every panel), a `SessionName` variable, 12x8 graph panels in two columns, a
 `rayVersion`-free tag list and its own uid (`exgrpoDashboard`), so it imports beside Ray's
 dashboards (same folder, same data source) without replacing one. Every series is a Ray gauge
-`ray_exgrpo_<key>` (`exgrpo.metrics.prometheus_name`, Ray adds the `ray_` prefix) labelled with
+`ray_exgrpo_<key>` (`exgrpo.core.metric_names.prometheus_name`, Ray adds the `ray_` prefix) labelled with
 the run's `run_id`; `tests/integration/test_monitoring.py` runs every panel query against a
 real Prometheus scraping a live run.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from exgrpo import metrics as M  # noqa: E402
+from exgrpo.core import metric_names as M  # noqa: E402
 
 OUT = Path(__file__).with_name("exgrpo_grafana_dashboard.json")
 FILTER = 'SessionName=~"$SessionName",run_id=~"$RunId"'
@@ -112,7 +112,7 @@ def dashboard() -> dict:
         "title": "ExGRPO Dashboard",
         "uid": "exgrpoDashboard",
         "description": "ExGRPO on Ray: throughput, reward, replay buckets, staleness, step time and weight sync "
-                       "(exgrpo.metrics, docs/metrics.md).",
+                       "(exgrpo.core.metric_names, docs/metrics.md).",
         "version": 1, "schemaVersion": 27, "style": "dark", "editable": True, "graphTooltip": 1,
         "refresh": "10s", "time": {"from": "now-30m", "to": "now"}, "timepicker": {}, "timezone": "",
         "tags": ["ray", "exgrpo"], "links": [], "id": None, "gnetId": None, "fiscalYearStartMonth": 0,

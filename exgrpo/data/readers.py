@@ -36,9 +36,9 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from exgrpo.fileio import atomic_write, atomic_write_text
-from exgrpo.rewards import last_boxed
-from exgrpo.types import Prompt
+from exgrpo.core.fileio import atomic_write, atomic_write_text
+from exgrpo.core.records import Prompt
+from exgrpo.verify.answers import last_boxed
 
 Layout = Literal["plain", "verl", "openr1"]
 LayoutArg = Literal["auto", "plain", "verl", "openr1"]
@@ -381,7 +381,7 @@ def write_prompts(prompts: Iterable[Prompt], path: str | Path) -> Path:
     """Write prompts in the plain layout (columns qid, question, answer, data_source).
 
     `read_prompts` gives the same records back. The format follows the suffix like the reader; the
-    file is written under a temporary name and renamed into place (`exgrpo.fileio`).
+    file is written under a temporary name and renamed into place (`exgrpo.core.fileio`).
     """
     path = Path(path)
     rows = [

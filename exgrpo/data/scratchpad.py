@@ -12,7 +12,7 @@ the tens digit of every result is the carry out. The boxed answer is the final c
 1) followed by the units digits of the results, last step first. A response has one step per
 digit of the longer operand: at most 4 * 9 + 13 = 49 characters at 4 digits, 59 at 5 digits.
 
-The reward stays outcome-only (the boxed answer, `exgrpo.rewards`); `check_trace` is a process
+The reward stays outcome-only (the boxed answer, `exgrpo.verify.verifier`); `check_trace` is a process
 check for measurement: it finds the first wrong step of a response, so a right answer reached
 through a wrong step (a flawed trace) can be told from a fully valid one. `noisy_solution` writes
 traces with controlled noise, the material of the warm-up (`exgrpo.models.trace_warmup`):
@@ -48,8 +48,8 @@ from typing import Literal
 
 import numpy as np
 
-from exgrpo.rewards import BOX_OPEN, boxed, extract_answer
-from exgrpo.types import Prompt
+from exgrpo.core.records import Prompt
+from exgrpo.verify.answers import BOX_OPEN, boxed, extract_answer
 
 OodKind = Literal["longer", "carry-chain"]
 ScratchpadSplit = Literal["train", "val", "eval", "ood-val", "ood-eval"]
@@ -160,7 +160,7 @@ class TraceCheck:
 def check_trace(question: str, response: str) -> TraceCheck:
     """Check `response` to `question` step by step (measurement only; the reward is outcome-only).
 
-    `answer_correct` is judged from `exgrpo.rewards.extract_answer` (the last box), whether or not
+    `answer_correct` is judged from `exgrpo.verify.answers.extract_answer` (the last box), whether or not
     the rest parses, so it agrees with the outcome reward on integer answers.
     """
     a, b = parse_question(question)

@@ -13,21 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from exgrpo.types import Prompt
+from exgrpo.core.config import BUILTIN_PREFIX, builtin_name
+from exgrpo.core.records import Prompt
 
 if TYPE_CHECKING:
-    from exgrpo.config import Config
+    from exgrpo.core.config import Config
     from exgrpo.data.readers import BadRow, BadRowPolicy
     from exgrpo.data.tasks import Split
 
 log = logging.getLogger(__name__)
-
-BUILTIN_PREFIX = "builtin:"
-
-
-def builtin_name(spec: str) -> str | None:
-    """`"builtin:arith"` -> `"arith"` (a builtin task or model); None for anything else (a path)."""
-    return spec[len(BUILTIN_PREFIX) :] if spec.startswith(BUILTIN_PREFIX) else None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from exgrpo.types import Prompt
+from exgrpo.core.records import Prompt
 
 
 class PromptStream:

@@ -28,10 +28,10 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from exgrpo.core.config import builtin_name
+from exgrpo.core.records import Prompt
 from exgrpo.data.scratchpad import SCRATCHPAD_TASKS, trace_valid
-from exgrpo.data.sources import builtin_name
-from exgrpo.rewards import boxed  # the response format the tasks expect (re-exported)
-from exgrpo.types import Prompt
+from exgrpo.verify.answers import boxed  # the response format the tasks expect (re-exported)
 
 Split = Literal["train", "eval"]
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
-from exgrpo.config import RewardMode, TemplateName
-from exgrpo.rewards import boxed
+from exgrpo.core.config import RewardMode, TemplateName
+from exgrpo.verify.answers import boxed
 
 TEMPLATES: tuple[str, ...] = get_args(TemplateName)
 

@@ -5,7 +5,7 @@
     python -m exgrpo.experiments.compare data.eval=builtin:scratchpad-val-all   # choose settings on val
     python -m exgrpo.experiments.compare --report runs/compare  # tables and curves from results.json only
 
-All runs share one local Ray cluster and run one after another through `exgrpo.launch.train` (the
+All runs share one local Ray cluster and run one after another through `exgrpo.runtime.recipe.train` (the
 machine has 2 cores: parallel trials would only slow each other down, which is why Ray Tune is not
 used). Each run is the default config plus the variant's overrides; every run of one seed sees the
 same questions in the same order (`data.seed` fixed, `data.fresh_take=batch`), so runs are paired
@@ -55,8 +55,8 @@ PAIRS = [("exgrpo", "grpo"), ("exgrpo", "uniform-buckets"), ("exgrpo", "random-t
 
 
 def run_one(name: str, seed: int, overrides: list[str], out: Path) -> dict[str, Any]:
-    from exgrpo.config import load_config
-    from exgrpo.launch import train
+    from exgrpo.core.config import load_config
+    from exgrpo.runtime.recipe import train
 
     run_dir = out / f"{name}-seed{seed}"
     every = [*overrides, *VARIANTS[name][0], f"trainer.seed={seed}", f"logging.run_dir={run_dir}",
@@ -188,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = json.loads(results_path.read_text()) if results_path.exists() else []
     t0 = time.perf_counter()
     if not args.report:
-        from exgrpo.config import load_config
-        from exgrpo.launch import init_ray
+        from exgrpo.core.config import load_config
+        from exgrpo.runtime.env import init_ray
 
         init_ray(load_config(None, args.overrides))
         done = {(r["variant"], r["seed"]) for r in results}

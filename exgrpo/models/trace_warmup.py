@@ -36,12 +36,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from exgrpo.config import TemplateName
-from exgrpo.data.scratchpad import ScratchpadTask, TraceCheck, check_trace
+from exgrpo.core.config import TemplateName
+from exgrpo.core.records import Prompt
+from exgrpo.data.scratchpad import ScratchpadTask
 from exgrpo.data.templates import render_prompt
 from exgrpo.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from exgrpo.models.warmup import WarmupResult, batch_order, check_spec, fit_and_record, learning_rate
-from exgrpo.types import Prompt
 
 _TRACE_WARMUP_FORMAT = 1  # bump when the training procedure changes, so cached models are rebuilt
 RECORD_NAME = "trace_warmup.json"
@@ -123,50 +123,6 @@ def read_trace_warmup(model_dir: Path) -> WarmupResult:
     record = json.loads((Path(model_dir) / RECORD_NAME).read_text())["result"]
     record["loss_curve"] = tuple(record["loss_curve"])
     return WarmupResult(**record)
-
-
-@dataclass(frozen=True)
-class SampledTraces:
-    """Per prompt, its n sampled responses, their rewards (Verifier) and trace checks."""
-
-    texts: tuple[tuple[str, ...], ...]
-    rewards: tuple[tuple[float, ...], ...]
-    checks: tuple[tuple[TraceCheck, ...], ...]
-
-    def counts(self) -> list[int]:
-        """k per prompt: how many of its samples the Verifier scored correct."""
-        return [int(sum(r)) for r in self.rewards]
-
-
-def measure_traces(
-    model_dir: Path | str,
-    prompts: Sequence[Prompt],
-    *,
-    n: int = 8,
-    temperature: float = 1.0,
-    max_tokens: int = 64,
-    template: TemplateName = "plain",
-    seed: int = 0,
-) -> SampledTraces:
-    """Sample n responses per prompt with `HFEngine` (as the RL samplers generate), score them with
-    the project's `Verifier` and check each trace with `check_trace`."""
-    from actors.engines import HFEngine
-    from exgrpo.data.templates import reward_mode
-    from exgrpo.rewards import Verifier
-
-    engine = HFEngine(model_dir, seed=seed)
-    texts = [render_prompt(p.question, template=template, tokenizer=engine.tokenizer) for p in prompts]
-    outs = engine.generate(texts, n=n, max_tokens=max_tokens, temperature=temperature, seed=seed)
-    responses = [tuple(c.text for c in comps) for comps in outs]
-    with Verifier(mode=reward_mode(template)) as verifier:
-        flat = verifier.score_many(
-            [t for r in responses for t in r], [p.answer for p in prompts for _ in range(n)]
-        )
-    rewards = tuple(tuple(flat[i * n : (i + 1) * n]) for i in range(len(prompts)))
-    checks = tuple(
-        tuple(check_trace(p.question, t) for t in r) for p, r in zip(prompts, responses, strict=True)
-    )
-    return SampledTraces(texts=tuple(responses), rewards=rewards, checks=checks)
 
 
 # --------------------------------------------------------------------------------------- internals

@@ -45,16 +45,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from exgrpo.config import TemplateName
+from exgrpo.core.config import TemplateName
+from exgrpo.core.fileio import atomic_write_text
+from exgrpo.core.records import Prompt
 from exgrpo.data.tasks import Task, builtin_task
 from exgrpo.data.templates import render_prompt
-from exgrpo.fileio import atomic_write_text
 from exgrpo.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from exgrpo.rewards import BOX_OPEN
-from exgrpo.types import Prompt
+from exgrpo.verify.answers import BOX_OPEN
 
 _WARMUP_FORMAT = 1  # bump when the training procedure changes, so cached warmed models are rebuilt
-BOX = BOX_OPEN  # `\\boxed{`, the format the task solutions write (exgrpo.rewards)
+BOX = BOX_OPEN  # `\\boxed{`, the format the task solutions write (exgrpo.verify.verifier)
 MISSPELLED_BOX = "\\boxes{"  # same length and digit positions as BOX; the verifier finds no answer
 
 
@@ -219,57 +219,6 @@ def read_warmup(model_dir: Path) -> WarmupResult:
     record = json.loads((Path(model_dir) / "warmup.json").read_text())["result"]
     record["loss_curve"] = tuple(record["loss_curve"])
     return WarmupResult(**record)
-
-
-def solve_counts(
-    model_dir: Path | str,
-    prompts: Sequence[Prompt],
-    *,
-    n: int = 1,
-    temperature: float = 1.0,
-    max_tokens: int = 16,
-    template: TemplateName = "plain",
-    seed: int = 0,
-) -> list[int]:
-    """Per prompt, how many of its n sampled responses (HFEngine, as the RL samplers generate)
-    the project's Verifier scores correct (`exgrpo.evaluate.sample_rewards`)."""
-    from actors.engines import HFEngine
-    from exgrpo.data.templates import reward_mode
-    from exgrpo.evaluate import sample_rewards
-    from exgrpo.rewards import Verifier
-
-    engine = HFEngine(model_dir, seed=seed)
-    with Verifier(mode=reward_mode(template)) as verifier:
-        rewards = sample_rewards(
-            engine,
-            verifier,
-            prompts,
-            n=n,
-            template=template,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            seed=seed,
-        )
-    return [int(sum(r)) for r in rewards]
-
-
-def evaluate_solve_rate(
-    model_dir: Path | str,
-    prompts: Sequence[Prompt],
-    *,
-    n: int = 1,
-    temperature: float = 1.0,
-    max_tokens: int = 16,
-    template: TemplateName = "plain",
-    seed: int = 0,
-) -> float:
-    """Fraction of the len(prompts) * n sampled responses that verify (see `solve_counts`)."""
-    if not prompts or n < 1:
-        raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts and n={n}")
-    counts = solve_counts(
-        model_dir, prompts, n=n, temperature=temperature, max_tokens=max_tokens, template=template, seed=seed
-    )
-    return sum(counts) / (len(prompts) * n)
 
 
 # --------------------------------------------------------------------------------------- internals

@@ -14,7 +14,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from actors.engines import Completion, HFEngine, make_engine, module_checksum, weights_checksum
+from actors.engines import Completion, HFEngine, module_checksum, weights_checksum
+from actors.factory import make_engine
 from exgrpo.models.tiny import TinyModelSpec, build_tiny_model
 
 torch.set_num_threads(1)

@@ -10,9 +10,9 @@ import ray
 
 from actors.pool import SamplerPool
 from actors.sampler import EngineSpec, Sampler
-from exgrpo.launch import remote_actor
+from exgrpo.core.records import GenerationRequest, Prompt, RolloutResult, Trajectory
 from exgrpo.models.tiny import TinyModelSpec, build_tiny_model
-from exgrpo.types import GenerationRequest, Prompt, RolloutResult, Trajectory
+from exgrpo.runtime.env import remote_actor
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from actors.sampler import EngineSpec, Sampler
+from exgrpo.core.records import GenerationRequest, Prompt, RolloutResult, Trajectory
 from exgrpo.models.tiny import TinyModelSpec, build_tiny_model
-from exgrpo.types import GenerationRequest, Prompt, RolloutResult, Trajectory
 
 torch.set_num_threads(1)
 

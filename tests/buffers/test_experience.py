@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from buffers.experience import ExperiencePool
-from exgrpo.selection import bucket_weights, draw_plan
-from exgrpo.types import Group, Trajectory
+from exgrpo.core.records import Group, Trajectory
+from exgrpo.core.selection import bucket_weights, draw_plan
 
 E = math.exp
 

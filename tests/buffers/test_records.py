@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from buffers.records import SCHEMA, groups_from_arrow, groups_to_arrow
-from exgrpo.types import Group, Trajectory
+from exgrpo.core.records import Group, Trajectory
 
 
 def _traj(qid, i, reward, **kw):

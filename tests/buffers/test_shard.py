@@ -8,7 +8,7 @@ import pytest
 
 from buffers.shard import ReplayShard
 from buffers.sharded import ShardedReplay, local_invoke, shard_of
-from exgrpo.types import Group, PulledBatch, ReplayPick, Trajectory
+from exgrpo.core.records import Group, PulledBatch, ReplayPick, Trajectory
 
 K = 4
 

@@ -9,7 +9,7 @@ import pytest
 
 from buffers.shard import ReplayShard
 from buffers.wal import read_frames
-from exgrpo.types import Group, Trajectory
+from exgrpo.core.records import Group, Trajectory
 
 K = 4
 

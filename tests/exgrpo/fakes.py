@@ -1,4 +1,4 @@
-"""In-process fakes of the roles in `exgrpo/core.py` (no Ray, no model) for driver tests.
+"""In-process fakes of the roles in `exgrpo/core/roles.py` (no Ray, no model) for driver tests.
 
 FakeRollouts "generates" a request when it is polled (or at once), with rewards scripted by a
 function of (request, rollout index, weights version), pushes the groups into a real replay
@@ -15,7 +15,7 @@ from typing import Any
 
 from buffers.shard import ReplayShard
 from buffers.sharded import ShardedReplay, local_invoke
-from exgrpo.types import (
+from exgrpo.core.records import (
     GenerationRequest,
     Group,
     Prompt,

@@ -1,4 +1,4 @@
-"""Hand-derived checks of the ExGRPO maths in exgrpo/algorithm.py."""
+"""Hand-derived checks of the ExGRPO maths in exgrpo/core/algorithm.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from exgrpo.algorithm import (
+from exgrpo.core.algorithm import (
     DelayedStart,
     exgrpo_loss,
     group_advantages,

@@ -1,4 +1,4 @@
-"""Pure rule tests of exgrpo.answers (no sympy, no workers): final boxes, digit-group separators,
+"""Pure rule tests of exgrpo.verify.answers (no sympy, no workers): final boxes, digit-group separators,
 redundant parentheses, the equation rule, approximations, gold cleaning, the answer region.
 Every expectation is derived by hand from the rules in the module docstring and docs/rewards.md."""
 
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from exgrpo import answers
-from exgrpo.answers import (
+from exgrpo.verify import answers
+from exgrpo.verify.answers import (
     answer_region,
     clean_gold,
     equation_values,

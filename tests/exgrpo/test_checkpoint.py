@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo.checkpoint import (
+from exgrpo.core.config import TrainerConfig, load_config
+from exgrpo.loop.checkpoint import (
     CONFIG_FILE,
     ResumeError,
     config_differences,
@@ -19,7 +20,6 @@ from exgrpo.checkpoint import (
     resume_checkpoint,
     rewind_metrics,
 )
-from exgrpo.config import TrainerConfig, load_config
 
 
 def _fake_checkpoint(run_dir: Path, step: int, cfg) -> Path:

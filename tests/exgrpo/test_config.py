@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo.config import PACKAGED_CONFIGS, Config, ConfigError, from_dict, load_config, parse_override
+from exgrpo.core.config import PACKAGED_CONFIGS, Config, ConfigError, from_dict, load_config, parse_override
 
 
 def test_default_loads_and_round_trips():
@@ -20,7 +20,7 @@ def test_default_loads_and_round_trips():
 
 
 def test_every_packaged_config_validates_and_plans():
-    from exgrpo.resources import placement_plan
+    from exgrpo.runtime.resources import placement_plan
 
     names = sorted(PACKAGED_CONFIGS.glob("*.yaml"))
     assert {p.stem for p in names} >= {"default", "tiny-cpu", "qwen2.5-math-7b", "qwen2.5-math-1.5b", "llama3.1-8b"}
@@ -107,14 +107,16 @@ def test_dry_run_prints_plan():
 
 
 def test_literal_types_are_defined_once():
-    """Engine kind, template, dtype and reward mode: one Literal each, in exgrpo.config."""
+    """Engine kind, template, dtype and reward mode: one Literal each, in exgrpo.core.config."""
     import re
     from typing import get_args, get_type_hints
 
-    from exgrpo import config, evaluate, rewards
-    from exgrpo.config import Dtype, EngineKind, ModelConfig, RewardMode, SamplerConfig, TemplateName
+    from exgrpo import evaluate
+    from exgrpo.core import config
+    from exgrpo.core.config import Dtype, EngineKind, ModelConfig, RewardMode, SamplerConfig, TemplateName
     from exgrpo.data import templates
     from exgrpo.models import smollm2, warmup
+    from exgrpo.verify import verifier as rewards
 
     model, sampler = get_type_hints(ModelConfig), get_type_hints(SamplerConfig)
     assert (model["dtype"], model["template"], sampler["engine"]) == (Dtype, TemplateName, EngineKind)

@@ -10,11 +10,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from exgrpo.answers import final_answer
+from exgrpo.core.records import Prompt
 from exgrpo.data.readers import BadRow, DataError, read_prompts, write_prompts
 from exgrpo.data.templates import THINK_SYSTEM_PROMPT, TemplateError, render_prompt, reward_mode
-from exgrpo.rewards import BOX_COMMAND, Verifier, boxed, extract_answer, last_boxed
-from exgrpo.types import Prompt
+from exgrpo.verify.answers import BOX_COMMAND, boxed, extract_answer, final_answer, last_boxed
+from exgrpo.verify.verifier import Verifier
 
 
 def _write(rows: list[dict[str, Any]], path: Path) -> Path:

@@ -1,4 +1,4 @@
-"""The training loop (exgrpo/driver.py) on in-process fakes: no Ray, no model, a few seconds.
+"""The training loop (exgrpo/loop/driver.py) on in-process fakes: no Ray, no model, a few seconds.
 
 Rollouts, learners and weights are the fakes of tests/exgrpo/fakes.py; replay is the real
 ShardedReplay over two in-process ReplayShards. Rewards are scripted per (request, rollout, version),
@@ -12,10 +12,10 @@ from collections import Counter
 import pytest
 from fakes import FakeLearners, FakeRollouts, FakeWeights, make_replay, prompts, sampleable, score
 
-from exgrpo import metrics as M
-from exgrpo.checkpoint import Checkpointer, latest_checkpoint, restore_checkpoint
-from exgrpo.config import load_config
-from exgrpo.driver import Driver
+from exgrpo.core import metric_names as M
+from exgrpo.core.config import load_config
+from exgrpo.loop.checkpoint import Checkpointer, latest_checkpoint, restore_checkpoint
+from exgrpo.loop.driver import Driver
 
 B, K = 8, 4
 

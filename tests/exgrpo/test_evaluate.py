@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from actors.engines import Completion, GenerationEngine
+from actors.sampling import sample_rewards
 from exgrpo.data.readers import read_prompts
 from exgrpo.data.templates import render_prompt
-from exgrpo.evaluate import EvalReport, SourceScores, evaluate, format_table, main, sample_rewards
-from exgrpo.rewards import Verifier
+from exgrpo.evaluate import main
+from exgrpo.evaluation.scores import EvalReport, SourceScores, evaluate, format_table
+from exgrpo.verify.verifier import Verifier
 
 torch.set_num_threads(1)
 

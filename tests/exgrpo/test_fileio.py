@@ -1,4 +1,4 @@
-"""exgrpo.fileio: atomic file and directory writes (no half-written target, no leftovers, plain permissions)."""
+"""exgrpo.core.fileio: atomic file and directory writes (no half-written target, no leftovers, plain permissions)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo import fileio
-from exgrpo.fileio import atomic_path, atomic_write, atomic_write_text
+from exgrpo.core import fileio
+from exgrpo.core.fileio import atomic_path, atomic_write, atomic_write_text
 
 
 def _entries(directory: Path) -> list[str]:

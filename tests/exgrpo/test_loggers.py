@@ -1,4 +1,4 @@
-"""Logger backends (exgrpo/loggers.py behind exgrpo.metrics.MetricsLogger): the same metric names in
+"""Logger backends (exgrpo/reporting/loggers.py behind exgrpo.reporting.loggers.MetricsLogger): the same metric names in
 metrics.jsonl, TensorBoard event files (read back) and an offline W&B run (its directory and its
 .wandb log read back); config and run id recorded by each; a resume keeps the run id."""
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from exgrpo import metrics as M
-from exgrpo.config import ConfigError, load_config
+from exgrpo.core import metric_names as M
+from exgrpo.core.config import ConfigError, load_config
 
 
 def records(n: int = 3) -> list[dict]:
@@ -135,7 +135,7 @@ def wandb_records(path) -> tuple[list[dict], dict, dict]:
 
 def test_actor_env_quiet_by_default_and_verbose_restores(monkeypatch):
     """init_ray passes QUIET_ENV to every actor unless logging.verbose (no progress bars, no info noise)."""
-    from exgrpo import launch
+    from exgrpo.runtime import env as launch
 
     seen = {}
 
@@ -163,7 +163,7 @@ def test_actor_env_quiet_by_default_and_verbose_restores(monkeypatch):
 def test_attached_job_keeps_its_own_runtime_env_vars(monkeypatch):
     """Under `ray job submit --runtime-env` with env_vars, init_ray leaves those keys to the job (Ray
     refuses a driver runtime env that sets the same keys again)."""
-    from exgrpo import launch
+    from exgrpo.runtime import env as launch
 
     seen = {}
     monkeypatch.setattr(launch.ray, "is_initialized", lambda: False)

@@ -1,4 +1,4 @@
-"""Agreement of `exgrpo.rewards.score` with what math-verify's own public tests establish as "equal".
+"""Agreement of `exgrpo.verify.verifier.score` with what math-verify's own public tests establish as "equal".
 
 The cases are written here (not copied): each restates, with other numbers and wording, a rule that a
 math-verify test case (tests/test_all.py, test_numina_cases.py, test_boxed.py, test_strict.py,
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from exgrpo.rewards import Verifier
+from exgrpo.verify.verifier import Verifier
 
 MIN_AGREEMENT = 0.97
 

@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from exgrpo import metrics as M
-from exgrpo.report import FIGURES, Phases, format_summary, summary, write_report
+from exgrpo.core import metric_names as M
+from exgrpo.reporting.console import Phases
+from exgrpo.reporting.report import FIGURES, format_summary, summary, write_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -101,7 +102,7 @@ def test_html_report_renders_in_chromium(tmp_path):
 
 
 def test_heldout_gain_is_the_paired_mean_with_its_standard_error():
-    from exgrpo.report import heldout_gain
+    from exgrpo.reporting.report import heldout_gain
 
     # per-question differences d = [0.5, 0, 0, 0.75]: mean 0.3125; sample variance
     # (0.1875^2 + 2 * 0.3125^2 + 0.4375^2) / 3 = 0.140625; s.e. = sqrt(0.140625 / 4) = 0.1875

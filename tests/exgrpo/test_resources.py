@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from exgrpo.config import ConfigError, load_config
-from exgrpo.resources import (
+from exgrpo.core.config import ConfigError, load_config
+from exgrpo.runtime.resources import (
     ResourceError,
     check_cluster,
     check_fits,

@@ -1,4 +1,4 @@
-"""Tests of exgrpo.rewards and exgrpo.verify_pool: extraction, math-verify equivalence, hard timeouts,
+"""Tests of exgrpo.verify.verifier and exgrpo.verify.pool: extraction, math-verify equivalence, hard timeouts,
 parallel callers, safety, cleanup. Pure extraction rules: test_answers.py."""
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo import answers, rewards
-from exgrpo.rewards import Verifier, extract_answer
+from exgrpo.verify import answers
+from exgrpo.verify import verifier as rewards
+from exgrpo.verify.answers import extract_answer
+from exgrpo.verify.verifier import Verifier
 
 TIMEOUT_S = 1.0  # deadline of the verifier used for pathological inputs
 MARGIN_S = 1.5  # kill + reap + scheduling noise on a loaded 2-core machine
@@ -291,7 +293,7 @@ def _verify_children() -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == os.getpid() and b"exgrpo.verify_worker" in cmdline:
+        if ppid == os.getpid() and b"exgrpo.verify.worker" in cmdline:
             found.append(int(entry.name))
     return found
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file
 
+from exgrpo.core.records import Prompt
 from exgrpo.data.scratchpad import (
     ID_SOURCE,
     OOD_SOURCE,
@@ -21,8 +22,7 @@ from exgrpo.data.scratchpad import (
 )
 from exgrpo.models.tiny import TinyModelSpec
 from exgrpo.models.trace_warmup import TraceWarmupSpec, read_trace_warmup, training_prompts, warm_up_traces
-from exgrpo.rewards import extract_answer
-from exgrpo.types import Prompt
+from exgrpo.verify.answers import extract_answer
 
 TASK = ScratchpadTask()
 

@@ -1,4 +1,4 @@
-"""Replay selection (exgrpo/selection.py): bucket weights, capped allocation, the split over shards,
+"""Replay selection (exgrpo/core/selection.py): bucket weights, capped allocation, the split over shards,
 the global draw plan, and the choice of the stored trajectory for slot 0."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from exgrpo.selection import (
+from exgrpo.core.records import Group, Trajectory
+from exgrpo.core.selection import (
     allocate,
     bucket_weights,
     draw_plan,
@@ -20,7 +21,6 @@ from exgrpo.selection import (
     select_trajectory,
     split_over_shards,
 )
-from exgrpo.types import Group, Trajectory
 
 # -- bucket weights ------------------------------------------------------------------------------
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from exgrpo.core.records import Prompt
 from exgrpo.data.tasks import GsmProblem, GsmStep, GsmTask, builtin_task, in_eval_part, parse_gsm
 from exgrpo.models.smollm2 import MARKER, SmolLM2Error, convert_smollm2, gguf_file, smollm2_fingerprint
-from exgrpo.rewards import last_boxed
-from exgrpo.types import Prompt
+from exgrpo.verify.answers import last_boxed
 
 torch.set_num_threads(1)
 

@@ -1,7 +1,7 @@
 import pytest
 
+from exgrpo.core.records import Prompt
 from exgrpo.data.stream import PromptStream
-from exgrpo.types import Prompt
 
 
 def _prompts(n):
@@ -47,7 +47,7 @@ def test_state_round_trip_continues_identically():
 
 
 def test_builtin_prefix_is_parsed_in_one_place():
-    from exgrpo.data.sources import builtin_name
+    from exgrpo.core.config import builtin_name
     from exgrpo.data.tasks import ArithTask, builtin_task
 
     assert builtin_name("builtin:arith") == "arith"
@@ -74,7 +74,7 @@ def test_read_source_builtin_task_and_file(tmp_path):
 
 
 def test_load_prompts_train_and_eval_specs(tmp_path):
-    from exgrpo.config import load_config
+    from exgrpo.core.config import load_config
     from exgrpo.data.readers import write_prompts
     from exgrpo.data.sources import load_prompts
     from exgrpo.data.tasks import builtin_task

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
+from exgrpo.core.records import Prompt
 from exgrpo.data.tasks import ArithTask, boxed, builtin_task, in_eval_part
-from exgrpo.rewards import last_boxed
-from exgrpo.types import Prompt
+from exgrpo.verify.answers import last_boxed
 
 
 def _prompt(question: str, answer: str = "") -> Prompt:
@@ -104,7 +104,7 @@ def test_solution_text_is_a_correct_boxed_answer() -> None:
 
 
 def test_solution_text_scores_under_rewards() -> None:
-    rewards = pytest.importorskip("exgrpo.rewards", reason="exgrpo.rewards is not written yet")
+    rewards = pytest.importorskip("exgrpo.verify.verifier", reason="exgrpo.verify.verifier is not written yet")
     task = ArithTask()
     for p in task.make_split(split="eval", n=50, seed=0):
         assert rewards.score(task.solution_text(p), p.answer) == 1.0

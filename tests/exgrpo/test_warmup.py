@@ -17,6 +17,7 @@ import exgrpo.models.resolve as models
 from actors.engines import HFEngine
 from exgrpo.data.tasks import ArithTask, in_eval_part
 from exgrpo.data.templates import render_prompt
+from exgrpo.evaluation.measure import evaluate_solve_rate
 from exgrpo.models.resolve import BuiltinModel, register_builtin, resolve_model
 from exgrpo.models.tiny import TinyModelSpec, build_char_tokenizer
 from exgrpo.models.warmup import (
@@ -25,7 +26,6 @@ from exgrpo.models.warmup import (
     WarmupSpec,
     _add_label_noise,
     _encode,
-    evaluate_solve_rate,
     learning_rate,
     questions_sha256,
     read_warmup,

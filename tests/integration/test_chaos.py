@@ -31,9 +31,9 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from exgrpo import metrics as M
-from exgrpo.config import load_config
-from exgrpo.launch import train
+from exgrpo.core import metric_names as M
+from exgrpo.core.config import load_config
+from exgrpo.runtime.recipe import train
 
 pytestmark = pytest.mark.integration
 

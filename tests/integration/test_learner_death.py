@@ -10,9 +10,9 @@ import signal
 import pytest
 import ray
 
-from exgrpo.checkpoint import RunInterrupted
-from exgrpo.config import load_config
-from exgrpo.launch import train
+from exgrpo.core.config import load_config
+from exgrpo.loop.checkpoint import RunInterrupted
+from exgrpo.runtime.recipe import train
 
 pytestmark = pytest.mark.integration
 

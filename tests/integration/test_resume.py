@@ -12,9 +12,9 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from exgrpo.checkpoint import latest_checkpoint
-from exgrpo.config import load_config
-from exgrpo.launch import train
+from exgrpo.core.config import load_config
+from exgrpo.loop.checkpoint import latest_checkpoint
+from exgrpo.runtime.recipe import train
 
 pytestmark = pytest.mark.integration
 

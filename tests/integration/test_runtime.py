@@ -16,10 +16,10 @@ import urllib.request
 import pytest
 import ray
 
-from exgrpo import metrics as M
-from exgrpo.config import load_config
-from exgrpo.launch import train
-from exgrpo.metrics import read_jsonl
+from exgrpo.core import metric_names as M
+from exgrpo.core.config import load_config
+from exgrpo.reporting.loggers import read_jsonl
+from exgrpo.runtime.recipe import train
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +37,7 @@ def model_path(warm_model):
 
 
 def run(tmp_path, model_path, data, overrides, *, during=None):
-    """One run through the project's single wiring (`exgrpo.launch.train`)."""
+    """One run through the project's single wiring (`exgrpo.runtime.recipe.train`)."""
     cfg = load_config(None, [*BASE, f"data.train={data['train']}", f"data.eval={data['eval']}",
                              f"model.path={model_path}", f"logging.run_dir={tmp_path}", *overrides])
     batches = []

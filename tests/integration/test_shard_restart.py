@@ -20,8 +20,8 @@ import ray
 
 from buffers.shard import ReplayShard
 from buffers.sharded import RayInvoke, ShardedReplay, shard_of
-from exgrpo.launch import remote_actor
-from exgrpo.types import Group, Trajectory
+from exgrpo.core.records import Group, Trajectory
+from exgrpo.runtime.env import remote_actor
 
 pytestmark = pytest.mark.integration
 K = 4

@@ -1,4 +1,4 @@
-"""The simulated cluster (`exgrpo/simulated.py`) on a real local Ray cluster: the real driver, replay shards,
+"""The simulated cluster (`exgrpo/sim/roles.py`) on a real local Ray cluster: the real driver, replay shards,
 sampler pool and object-store transport with 8 sleeping samplers and 2 sleeping learners.
 
 Cost model (time_scale 0.003, B = 32, K = 8): one sampler needs 800 simulated s for a batch, so 8 samplers
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from exgrpo.simulated import CostModel
-from exgrpo.simulated_cluster import SimCluster
+from exgrpo.sim.cluster import SimCluster
+from exgrpo.sim.roles import CostModel
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import device_check as dc  # noqa: E402
 from bench.gpu_learner import TINY, _free_port, synthetic_groups  # noqa: E402
-from exgrpo.config import LearnerConfig, LossConfig  # noqa: E402
+from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
 
 
 def _run(tmp_path: Path, *args: str) -> tuple[int, dict, str]:

@@ -17,12 +17,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-from exgrpo import metrics as M  # noqa: E402
-from exgrpo.algorithm import exgrpo_loss, token_entropy, token_logprobs  # noqa: E402
-from exgrpo.config import LearnerConfig, LossConfig  # noqa: E402
-from exgrpo.types import Group, ReplayCandidate, TrainBatch, Trajectory  # noqa: E402
+from exgrpo.core import metric_names as M  # noqa: E402
+from exgrpo.core.algorithm import exgrpo_loss, token_entropy, token_logprobs  # noqa: E402
+from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
+from exgrpo.core.records import Group, ReplayCandidate, TrainBatch, Trajectory  # noqa: E402
+from exgrpo.transport.packed import PackedWeights, unpack_weights  # noqa: E402
 from learners.learner import Learner  # noqa: E402
-from learners.weight_sync import PackedWeights, unpack_weights  # noqa: E402
 
 torch.set_num_threads(1)
 MAX_LEN = 8  # max_response_len: the constant normaliser
@@ -323,7 +323,7 @@ def test_save_and_load_restore_weights_moments_and_version(model_path, tmp_path)
 def test_two_learners_under_ray_match_one_learner(ray_cluster, model_path, zero_stage):
     import ray
 
-    from exgrpo.launch import remote_actor
+    from exgrpo.runtime.env import remote_actor
     from learners.group import LearnerGroup
 
     # token-mean normaliser: the two ranks hold different token counts, so exactness needs the

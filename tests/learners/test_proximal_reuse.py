@@ -18,9 +18,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-from exgrpo import metrics as M  # noqa: E402
-from exgrpo.config import LearnerConfig, LossConfig  # noqa: E402
-from exgrpo.types import Group, Trajectory  # noqa: E402
+from exgrpo.core import metric_names as M  # noqa: E402
+from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
+from exgrpo.core.records import Group, Trajectory  # noqa: E402
 from learners.learner import Learner  # noqa: E402
 
 torch.set_num_threads(1)

@@ -21,13 +21,13 @@ import ray  # noqa: E402
 
 from actors.pool import SamplerPool  # noqa: E402
 from actors.sampler import EngineSpec, Sampler  # noqa: E402
-from exgrpo import metrics as M  # noqa: E402
-from exgrpo.config import LearnerConfig, LossConfig  # noqa: E402
-from exgrpo.launch import remote_actor  # noqa: E402
+from exgrpo.core import metric_names as M  # noqa: E402
+from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
+from exgrpo.core.records import GenerationRequest, Group, Prompt, TrainBatch, Trajectory  # noqa: E402
 from exgrpo.models.tiny import TinyModelSpec, build_tiny_model  # noqa: E402
-from exgrpo.types import GenerationRequest, Group, Prompt, TrainBatch, Trajectory  # noqa: E402
+from exgrpo.runtime.env import remote_actor  # noqa: E402
+from exgrpo.transport.broadcast import ObjectStoreTransport, VLLMTransport, make_transport  # noqa: E402
 from learners.group import LearnerGroup  # noqa: E402
-from learners.weight_sync import ObjectStoreTransport, VLLMTransport, make_transport  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

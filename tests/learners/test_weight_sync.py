@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from learners.weight_sync import ALIGN, PackedWeights, Packer, unpack_weights
+from exgrpo.transport.packed import ALIGN, PackedWeights, Packer, unpack_weights
 
 
 def _state() -> dict[str, torch.Tensor]:

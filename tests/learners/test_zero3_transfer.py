@@ -11,10 +11,10 @@ import pytest
 import ray
 from test_transports import VLLM_REL, _assert_in_sync, _check_metrics, _pool, _start, _step
 
-from exgrpo.config import LearnerConfig, LossConfig
-from exgrpo.launch import remote_actor
+from exgrpo.core.config import LearnerConfig, LossConfig
+from exgrpo.runtime.env import remote_actor
+from exgrpo.transport.broadcast import VLLMTransport
 from learners.group import LearnerGroup
-from learners.weight_sync import VLLMTransport
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from exgrpo.config import RewardMode
+from exgrpo.core.config import RewardMode
 
 BOX_COMMAND = "\\boxed"  # the box the final answer goes in: `\\boxed{42}`
 BOX_OPEN = BOX_COMMAND + "{"

@@ -1,4 +1,4 @@
-"""The training loop (DESIGN.md 2 and 5), top to bottom. Typed by `exgrpo/core.py`; imports no Ray.
+"""The training loop (DESIGN.md 2 and 5), top to bottom. Typed by `exgrpo/core/roles.py`; imports no Ray.
 
 Per step t:
   1. admit: requests for step t may be issued once the learner version v >= t - eta, so every
@@ -28,13 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from exgrpo import metrics as M
-from exgrpo.algorithm import DelayedStart
-from exgrpo.config import Config
-from exgrpo.core import Learners, Replay, Rollouts, Scaling, WeightTransport
-from exgrpo.data.stream import PromptStream
-from exgrpo.selection import fill_replay_slots
-from exgrpo.types import (
+from exgrpo.core import metric_names as M
+from exgrpo.core.algorithm import DelayedStart
+from exgrpo.core.config import Config
+from exgrpo.core.records import (
     GenerationRequest,
     Group,
     Prompt,
@@ -43,6 +40,9 @@ from exgrpo.types import (
     ReplayStats,
     TrainBatch,
 )
+from exgrpo.core.roles import Learners, Replay, Rollouts, Scaling, WeightTransport
+from exgrpo.core.selection import fill_replay_slots
+from exgrpo.data.stream import PromptStream
 
 log = logging.getLogger(__name__)
 

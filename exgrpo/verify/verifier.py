@@ -2,9 +2,9 @@
 
 reward = 1.0 if the final answer of the response is equivalent to the gold answer, else 0.0, and
 0.0 on any failure (no answer, unreadable text, a worker crash, the deadline). This module holds the
-public API (`Verifier`, `score`, `score_many`, and the box format re-exported from `exgrpo.answers`)
-and the decision of what to verify: `exgrpo.answers` finds the answer (final boxes, else the stated
-answer), cleans the gold and applies the equation rule; `exgrpo.verify_pool` runs the math-verify
+public API (`Verifier`, `score`, `score_many`, and the box format re-exported from `exgrpo.verify.answers`)
+and the decision of what to verify: `exgrpo.verify.answers` finds the answer (final boxes, else the stated
+answer), cleans the gold and applies the equation rule; `exgrpo.verify.pool` runs the math-verify
 comparison in worker processes under a hard per-answer deadline. docs/rewards.md has the rules.
 
 Equivalence is math-verify's: both sides are parsed from LaTeX into sympy and compared numerically
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import get_args
 
-from exgrpo.answers import (
+from exgrpo.core.config import RewardMode
+from exgrpo.verify.answers import (
     BOX_COMMAND,
     BOX_OPEN,
     answer_region,
@@ -38,8 +39,7 @@ from exgrpo.answers import (
     last_boxed,
     normalize,
 )
-from exgrpo.config import RewardMode
-from exgrpo.verify_pool import Job, Pool
+from exgrpo.verify.pool import Job, Pool
 
 __all__ = [
     "BOX_COMMAND",
@@ -84,7 +84,7 @@ class Verifier:
     timeout_s is a hard wall-clock limit per answer, counted from its dispatch to a worker.
     Answers longer than max_answer_chars score 0 unparsed (None: no limit). max_memory_mb caps
     each worker's address space (None: no cap). Calls from several threads run at once, up to
-    `workers` verifications in parallel; one more worker process stands by (exgrpo.verify_pool).
+    `workers` verifications in parallel; one more worker process stands by (exgrpo.verify.pool).
     """
 
     def __init__(

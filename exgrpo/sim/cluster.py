@@ -1,8 +1,8 @@
-"""Runs of the simulated cluster (`exgrpo/simulated.py`) under the real driver, with what they measured.
+"""Runs of the simulated cluster (`exgrpo/sim/roles.py`) under the real driver, with what they measured.
 
-`SimCluster` builds one system through `exgrpo.launch.build_system` (real replay shards, sampler pool and
+`SimCluster` builds one system through `exgrpo.runtime.assembly.build_system` (real replay shards, sampler pool and
 object-store transport; `SimSampler`s and a `SimLearnerGroup` in place of the engines and DeepSpeed ranks)
-and runs a fresh real `exgrpo.driver.Driver` over it per configuration (eta, replay on/off), resetting the
+and runs a fresh real `exgrpo.loop.driver.Driver` over it per configuration (eta, replay on/off), resetting the
 shards and versions in between. A run reports its steady-state step time against the cost model's ideal,
 the learners' idle share, the staleness of every trained group, the seconds the driver spent inside each
 role verb, and the CPU seconds per step of every process (driver, shards, samplers, learners, Ray's own).
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from exgrpo import metrics as M
-from exgrpo.simulated import (
+from exgrpo.core import metric_names as M
+from exgrpo.sim.roles import (
     CostModel,
     Difficulty,
     busy_fraction,
@@ -112,7 +112,7 @@ class SimCluster:
                  seed: int = 0, overrides: Sequence[str] = ()) -> None:
         import tempfile
 
-        from exgrpo.launch import build_system
+        from exgrpo.runtime.assembly import build_system
 
         self.cost, self.samplers, self.learners = cost, samplers, learners
         self.base = [f"trainer.questions_per_step={questions_per_step}",
@@ -132,7 +132,7 @@ class SimCluster:
         self.system.replay.snapshot(path=self._empty)
 
     def config(self, *, eta: int, replay: bool, steps: int) -> Any:
-        from exgrpo.config import load_config
+        from exgrpo.core.config import load_config
 
         return load_config(None, [*self.base, f"async.max_staleness={eta}", f"replay.enabled={str(replay).lower()}",
                                   f"trainer.steps={steps}"])
@@ -169,7 +169,7 @@ class SimCluster:
     def run(self, *, eta: int, replay: bool, steps: int, warmup: int = 2) -> SimRun:
         import psutil
 
-        from exgrpo.driver import Driver
+        from exgrpo.loop.driver import Driver
 
         if steps <= warmup:
             raise ValueError(f"steps={steps} must exceed warmup={warmup} (the steady state is what follows it)")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exgrpo.config import Config, ConfigError
+from exgrpo.core.config import Config, ConfigError
 
 log = logging.getLogger(__name__)
 

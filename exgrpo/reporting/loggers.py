@@ -1,6 +1,6 @@
-"""Logger backends behind `exgrpo.metrics.MetricsLogger`: JSONL (always), TensorBoard, W&B, Ray gauges.
+"""Logger backends behind `exgrpo.reporting.MetricsLogger`: JSONL (always), TensorBoard, W&B, Ray gauges.
 
-Every backend receives the same record (the metric names of `exgrpo/metrics.py`, docs/metrics.md)
+Every backend receives the same record (the metric names of `exgrpo/core/metric_names.py`, docs/metrics.md)
 and the same step; none renames a key, so `rollout/mean_reward` is that tag in TensorBoard, that
 key in W&B and `ray_exgrpo_rollout_mean_reward` in Prometheus. The run id and the resolved config
 are recorded by each: `run.json` beside `metrics.jsonl`, a text summary and the `hparams` of
@@ -21,9 +21,11 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
+
+from exgrpo.core.metric_names import STEP, prometheus_name
 
 BACKENDS = ("jsonl", "tensorboard", "wandb")  # what `logging.backends` may list (jsonl is always on)
 STEP_KEY = "step"
@@ -236,3 +238,89 @@ class CandidateLog:
     def __call__(self, step: int, rows: list[dict[str, Any]]) -> None:
         with self.path.open("a") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+class MetricsLogger:
+    """The run's one logger: every record goes to each backend of `exgrpo/py` under the same names.
+
+    `metrics.jsonl` is always written; `backends` adds `tensorboard` and/or `wandb`; `ray_metrics`
+    mirrors numeric values to Ray gauges (`exgrpo_<name>`). The run id (kept across a resume) and
+    the config are recorded in `run.json` and by every backend. `from_config(run_dir, cfg)` is what
+    `exgrpo.runtime.recipe.train` uses.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        ray_metrics: bool = True,
+        backends: Sequence[str] = ("jsonl",),
+        config: dict[str, Any] | None = None,
+        wandb_project: str = "exgrpo",
+        wandb_mode: str = "offline",
+        quiet: bool = True,
+    ) -> None:
+        unknown = sorted(set(backends) - set(BACKENDS))
+        if unknown:
+            raise ValueError(f"unknown logging backends {unknown}; choose from {list(BACKENDS)}")
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_id = run_identity(self.run_dir, config)["run_id"]
+        self._jsonl = JsonlBackend(self.run_dir)
+        self.path = self._jsonl.path
+        self.backends: dict[str, Any] = {"jsonl": self._jsonl}
+        try:
+            if "tensorboard" in backends:
+                self.backends["tensorboard"] = TensorBoardBackend(
+                    self.run_dir, run_id=self.run_id, config=config
+                )
+            if "wandb" in backends:
+                self.backends["wandb"] = WandbBackend(
+                    self.run_dir,
+                    run_id=self.run_id,
+                    config=config,
+                    project=wandb_project,
+                    mode=wandb_mode,
+                    quiet=quiet,
+                )
+            if ray_metrics:
+                self.backends["ray"] = RayGaugeBackend(
+                    prometheus_name=prometheus_name, run_id=self.run_id
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def from_config(cls, run_dir: Path, cfg: Any) -> MetricsLogger:
+        """The logger `cfg.logging` asks for (a `exgrpo.core.config.Config`)."""
+        lc = cfg.logging
+        return cls(
+            run_dir,
+            ray_metrics=lc.ray_metrics,
+            backends=lc.backends,
+            config=cfg.to_dict(),
+            wandb_project=lc.wandb_project,
+            wandb_mode=lc.wandb_mode,
+            quiet=not lc.verbose,
+        )
+
+    def log(self, record: dict[str, Any]) -> None:
+        step = int(record.get(STEP, 0))
+        for backend in self.backends.values():
+            backend.log(record, step)
+
+    def summary(self, values: dict[str, Any]) -> None:
+        """End-of-run figures (`exgrpo.reporting.report.summary`) to the backends that keep a run summary."""
+        for backend in self.backends.values():
+            backend.summary(values)
+
+    def close(self) -> None:
+        for backend in list(self.backends.values())[::-1]:
+            backend.close()
+        self.backends = {}
+
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,6 +1,6 @@
 """Weight transports from the learner group to the samplers, whole (DESIGN.md section 5).
 
-Both implement ``exgrpo.core.WeightTransport.broadcast(*, version)`` and ``catch_up(handle)``, which
+Both implement ``exgrpo.core.roles.WeightTransport.broadcast(*, version)`` and ``catch_up(handle)``, which
 brings a sampler the pool just added to the current weights before its first request (the pool calls it
 through ``SamplerPool.on_new``; Ray runs one caller's calls on an actor in submission order, so a load
 submitted before any generate is applied before it). They ask the pool for its live samplers
@@ -12,7 +12,7 @@ submitted before any generate is applied before it). They ask the pool for its l
   sampler maps the same object zero-copy and takes views of it (``unpack_weights``); its engine copies
   them into the model (HF ``load_state_dict``, vLLM's in-place reload). Newcomers load the last one.
 * ``VLLMTransport`` (``async.weight_sync=collective``; vLLM samplers): learner rank 0 drives vLLM's
-  weight-transfer API (``learners/vllm_transfer.py``): vLLM's NCCL engine on GPU, our registered gloo
+  weight-transfer API (``exgrpo/transport/vllm_api.py``): vLLM's NCCL engine on GPU, our registered gloo
   engine on CPU, over a world of rank 0 + every sampler in ``members()`` order, rebuilt whenever the
   membership changed. A newcomer catches up through the object store (one export per version, only
   when someone needs it) and joins the world at the next broadcast. If a broadcast fails (a sampler
@@ -26,103 +26,16 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-import numpy as np
 import ray
-import torch
 
-from exgrpo import metrics as M
+from exgrpo.core import metric_names as M
 
-__all__ = [
-    "ObjectStoreTransport",
-    "PackedWeights",
-    "Packer",
-    "TensorSlot",
-    "VLLMTransport",
-    "make_transport",
-    "unpack_weights",
-]
+__all__ = ["ObjectStoreTransport", "VLLMTransport", "make_transport"]
 
 log = logging.getLogger(__name__)
-ALIGN = 64  # byte alignment of every tensor in the packed buffer (any dtype can view its slice)
-
-
-# ------------------------------------------------------------------------------------- one contiguous buffer
-@dataclass(frozen=True)
-class TensorSlot:
-    """Where one state-dict entry lives in a packed buffer (tied entries share an offset)."""
-
-    name: str
-    dtype: str  # torch dtype name without "torch."
-    shape: tuple[int, ...]
-    offset: int  # in bytes, a multiple of ALIGN
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class PackedWeights:
-    """A state dict as one contiguous byte buffer plus its layout (what rank 0 puts in the object store).
-
-    Ray serialises the buffer out of band: one copy into the object store, and every reader maps it
-    zero-copy (read-only) without unpickling a tensor."""
-
-    layout: tuple[TensorSlot, ...]
-    buffer: np.ndarray  # uint8, 1-D
-
-    @property
-    def numel(self) -> int:
-        """Elements of the distinct tensors (a tied tensor counts once)."""
-        seen = {s.offset: int(np.prod(s.shape, dtype=np.int64)) for s in self.layout}
-        return sum(seen.values())
-
-
-class Packer:
-    """Packs a state dict into a byte buffer it allocates once and reuses for every version.
-
-    Reuse is safe because an actor method's return value is copied into the object store before the
-    actor runs its next call."""
-
-    def __init__(self) -> None:
-        self._buffer: torch.Tensor | None = None
-        self._layout: tuple[TensorSlot, ...] = ()
-
-    def pack(self, state: Mapping[str, torch.Tensor]) -> PackedWeights:
-        layout, offsets, total = [], {}, 0
-        for name, t in state.items():
-            key = (t.data_ptr(), t.dtype, tuple(t.shape))
-            nbytes = t.numel() * t.element_size()
-            if key not in offsets:  # a tied tensor (e.g. lm_head = embed_tokens) is stored once
-                offsets[key] = total
-                total += -(-nbytes // ALIGN) * ALIGN
-            layout.append(TensorSlot(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offsets[key], nbytes))
-        if self._buffer is None or self._buffer.numel() != total or tuple(layout) != self._layout:
-            self._buffer = torch.empty(total, dtype=torch.uint8)
-            self._layout = tuple(layout)
-        written: set[int] = set()
-        with torch.no_grad():
-            for slot, t in zip(layout, state.values(), strict=True):
-                if slot.offset not in written:
-                    _view(self._buffer, slot).copy_(t.detach())
-                    written.add(slot.offset)
-        return PackedWeights(layout=self._layout, buffer=self._buffer.numpy())
-
-
-def _view(buffer: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
-    dtype = getattr(torch, slot.dtype)
-    return buffer[slot.offset : slot.offset + slot.nbytes].view(dtype).view(slot.shape)
-
-
-def unpack_weights(packed: PackedWeights) -> dict[str, torch.Tensor]:
-    """name -> tensor views of the packed buffer (no copy; read-only when it came from the object store)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        flat = torch.from_numpy(packed.buffer) if packed.buffer.size else torch.empty(0, dtype=torch.uint8)
-    return {slot.name: _view(flat, slot) for slot in packed.layout}
 
 
 # ------------------------------------------------------------------------------------- transports

@@ -9,7 +9,7 @@ vLLM 0.32 splits a weight update into a control plane and a data plane:
   the workers, ``send_weights`` drives one version through the control plane while it broadcasts.
 
 On GPU the backend is vLLM's own ``nccl`` engine (packed double buffers); on CPU it is the ``gloo``
-engine of ``learners/gloo_transfer.py``, registered in vLLM's factories, so CI runs the very calls a GPU
+engine of ``exgrpo/transport/gloo.py``, registered in vLLM's factories, so CI runs the very calls a GPU
 run makes and only the wire differs.
 
 Pieces:
@@ -45,7 +45,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
-from learners.gloo_transfer import DEFAULT_BUFFER_BYTES, GLOO, GlooTrainerInitInfo, register_engines
+from exgrpo.transport.gloo import DEFAULT_BUFFER_BYTES, GLOO, GlooTrainerInitInfo, register_engines
 
 
 def backend_for(device: str) -> str:

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from exgrpo.types import Group
+from exgrpo.core.records import Group
 
 
 def bucket_weights(

@@ -1,12 +1,12 @@
 """Verification worker processes: a pool that runs math-verify jobs in parallel, each under a hard deadline.
 
 This module holds the processes, the scheduling and the deadlines; what is verified (the answer, the
-gold, the equation rule) is decided by `exgrpo.rewards` and `exgrpo.answers`, which hand it `Job`s.
+gold, the equation rule) is decided by `exgrpo.verify.verifier` and `exgrpo.verify.answers`, which hand it `Job`s.
 
-Workers: each is `python -c "from exgrpo.verify_worker import worker_main; ..."`, so nothing depends
+Workers: each is `python -c "from exgrpo.verify.worker import worker_main; ..."`, so nothing depends
 on how the host process was started. A worker reads one JSON line per job on stdin,
 `[kind, payloads, gold, timeout_s]`, and writes `1` or `0` on stdout; math-verify parses the LaTeX
-into sympy and compares (`exgrpo/verify_worker.py`). The parent never parses model text into anything but
+into sympy and compares (`exgrpo/verify/worker.py`). The parent never parses model text into anything but
 strings: no pickle, no eval, no sympify on its side. Nothing reads or writes files.
 
 Scheduling: one dispatcher thread per `Pool` owns its workers. Callers from any number of threads
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Literal
 
-from exgrpo.verify_worker import READY
+from exgrpo.verify.worker import READY
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class _Worker:
         env = dict(os.environ, EXGRPO_VERIFY_MAX_MEMORY_MB=str(max_memory_mb or 0))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         self.process = subprocess.Popen(
-            [sys.executable, "-c", "from exgrpo.verify_worker import worker_main; worker_main()"],
+            [sys.executable, "-c", "from exgrpo.verify.worker import worker_main; worker_main()"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

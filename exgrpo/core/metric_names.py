@@ -5,16 +5,12 @@ one JSON line in `<run_dir>/metrics.jsonl`; the same figures are exported throug
 `ray.util.metrics` as gauges named `exgrpo_<namespace>_<name>` (e.g. `exgrpo_rollout_mean_reward`)
 so they show in the Ray dashboard's Metrics view / Prometheus (as `ray_exgrpo_*`, labelled with the
 run's `run_id`; deploy/grafana charts them). `MetricsLogger` is the run's one logger: the same
-records also go to TensorBoard and W&B when `logging.backends` lists them (exgrpo/loggers.py).
+records also go to TensorBoard and W&B when `logging.backends` lists them (exgrpo/reporting/loggers.py).
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
 STEP = "step"
 # rollout/
@@ -85,88 +81,3 @@ def prometheus_name(key: str) -> str:
     return "exgrpo_" + _NAME_RE.sub("_", key)
 
 
-class MetricsLogger:
-    """The run's one logger: every record goes to each backend of `exgrpo/loggers.py` under the same names.
-
-    `metrics.jsonl` is always written; `backends` adds `tensorboard` and/or `wandb`; `ray_metrics`
-    mirrors numeric values to Ray gauges (`exgrpo_<name>`). The run id (kept across a resume) and
-    the config are recorded in `run.json` and by every backend. `from_config(run_dir, cfg)` is what
-    `exgrpo.launch.train` uses.
-    """
-
-    def __init__(
-        self,
-        run_dir: Path,
-        *,
-        ray_metrics: bool = True,
-        backends: Sequence[str] = ("jsonl",),
-        config: dict[str, Any] | None = None,
-        wandb_project: str = "exgrpo",
-        wandb_mode: str = "offline",
-        quiet: bool = True,
-    ) -> None:
-        from exgrpo import loggers
-
-        unknown = sorted(set(backends) - set(loggers.BACKENDS))
-        if unknown:
-            raise ValueError(f"unknown logging backends {unknown}; choose from {list(loggers.BACKENDS)}")
-        self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.run_id = loggers.run_identity(self.run_dir, config)["run_id"]
-        self._jsonl = loggers.JsonlBackend(self.run_dir)
-        self.path = self._jsonl.path
-        self.backends: dict[str, Any] = {"jsonl": self._jsonl}
-        try:
-            if "tensorboard" in backends:
-                self.backends["tensorboard"] = loggers.TensorBoardBackend(
-                    self.run_dir, run_id=self.run_id, config=config
-                )
-            if "wandb" in backends:
-                self.backends["wandb"] = loggers.WandbBackend(
-                    self.run_dir,
-                    run_id=self.run_id,
-                    config=config,
-                    project=wandb_project,
-                    mode=wandb_mode,
-                    quiet=quiet,
-                )
-            if ray_metrics:
-                self.backends["ray"] = loggers.RayGaugeBackend(
-                    prometheus_name=prometheus_name, run_id=self.run_id
-                )
-        except BaseException:
-            self.close()
-            raise
-
-    @classmethod
-    def from_config(cls, run_dir: Path, cfg: Any) -> MetricsLogger:
-        """The logger `cfg.logging` asks for (a `exgrpo.config.Config`)."""
-        lc = cfg.logging
-        return cls(
-            run_dir,
-            ray_metrics=lc.ray_metrics,
-            backends=lc.backends,
-            config=cfg.to_dict(),
-            wandb_project=lc.wandb_project,
-            wandb_mode=lc.wandb_mode,
-            quiet=not lc.verbose,
-        )
-
-    def log(self, record: dict[str, Any]) -> None:
-        step = int(record.get(STEP, 0))
-        for backend in self.backends.values():
-            backend.log(record, step)
-
-    def summary(self, values: dict[str, Any]) -> None:
-        """End-of-run figures (`exgrpo.report.summary`) to the backends that keep a run summary."""
-        for backend in self.backends.values():
-            backend.summary(values)
-
-    def close(self) -> None:
-        for backend in list(self.backends.values())[::-1]:
-            backend.close()
-        self.backends = {}
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,16 +1,16 @@
 """The roles of the system on one page (DESIGN.md 2-3).
 
-The driver (`exgrpo/driver.py`) is written against these Protocols only, so the training loop runs
-on in-process fakes in unit tests and on Ray actors in production; `exgrpo/launch.py` is the one
+The driver (`exgrpo/loop/driver.py`) is written against these Protocols only, so the training loop runs
+on in-process fakes in unit tests and on Ray actors in production; `exgrpo/runtime/assembly.py` is the one
 module that builds the Ray-backed implementations:
 
     Rollouts         actors/pool.py::SamplerPool        samplers: generate, verify, push to replay
     Replay           buffers/sharded.py::ShardedReplay  question statistics, trajectories, finished groups
     Learners         learners/group.py::LearnerGroup    DeepSpeed ranks: entropies and updates
-    WeightTransport  learners/weight_sync.py            learner weights -> every sampler
+    WeightTransport  exgrpo/transport/broadcast.py            learner weights -> every sampler
     Scaling          exgrpo/scale.py::ControllerClient  the operator's desired sampler count
 
-Data between roles are the frozen records of `exgrpo/types.py`. Every verb takes keyword arguments.
+Data between roles are the frozen records of `exgrpo/core/records.py`. Every verb takes keyword arguments.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from exgrpo.types import (
+from exgrpo.core.records import (
     GenerationRequest,
     Prompt,
     PulledBatch,

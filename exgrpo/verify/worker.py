@@ -1,8 +1,8 @@
-"""The verification worker: the program each `exgrpo.verify_pool` worker process runs.
+"""The verification worker: the program each `exgrpo.verify.pool` worker process runs.
 
 It reads one JSON line per job on stdin, `[kind, payloads, gold, timeout_s]`, and writes `1` or `0`
 on stdout: whether math-verify (sympy) finds the answer equivalent to the gold. It runs as
-`python -c "from exgrpo.verify_worker import worker_main; worker_main()"`, starts by warming
+`python -c "from exgrpo.verify.worker import worker_main; worker_main()"`, starts by warming
 math-verify up, then announces `READY`. The parent owns the deadline; this side only adds backstops
 (RLIMIT_CPU per job, RLIMIT_AS) for a parent that died mid-job. Nothing here reads or writes files.
 """
@@ -17,7 +17,7 @@ import signal
 import sys
 from functools import lru_cache
 
-from exgrpo.answers import boxed, equation_values, has_relation, normalize
+from exgrpo.verify.answers import boxed, equation_values, has_relation, normalize
 
 READY = b"ready"
 _HUGE_LOG10 = 1e6  # numbers past 10^(10^6) are judged without being computed

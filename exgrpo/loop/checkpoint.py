@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from exgrpo.config import Config
-from exgrpo.driver import Driver
-from exgrpo.fileio import atomic_path, atomic_write_text
+from exgrpo.core.config import Config
+from exgrpo.core.fileio import atomic_path, atomic_write_text
+from exgrpo.loop.driver import Driver
 
 log = logging.getLogger(__name__)
 

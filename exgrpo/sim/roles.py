@@ -1,11 +1,11 @@
 """A simulated cluster: samplers and learners that sleep per a cost model, behind the real plumbing.
 
-What is real: the driver (`exgrpo/driver.py::Driver`), the replay shards (`buffers/shard.py` actors behind
+What is real: the driver (`exgrpo/loop/driver.py::Driver`), the replay shards (`buffers/shard.py` actors behind
 `buffers/sharded.py`), the sampler pool (`actors/pool.py` over RLlib's `FaultTolerantActorManager`), the
-object-store weight transport (`learners/weight_sync.py`) and every Ray call between them. What is
+object-store weight transport (`exgrpo/transport/broadcast.py`) and every Ray call between them. What is
 simulated: the engine (a `SimSampler.generate` sleeps for the rollouts it was asked for, then builds
 verified-looking `Group`s and pushes them to the real shards) and the learners (`SimLearner.update` sleeps
-for its share of the update). `exgrpo.launch.build_system(make_sampler=..., make_learners=...)` wires them
+for its share of the update). `exgrpo.runtime.assembly.build_system(make_sampler=..., make_learners=...)` wires them
 in place of the real roles; `bench/bench_sim_cluster.py` and `tests/integration/test_sim_cluster.py` use it.
 
 Rewards are drawn from a seeded per-question difficulty (a logit per qid, rising slowly with the policy
@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from exgrpo import metrics as M
-from exgrpo.types import GenerationRequest, Group, Prompt, ReplayCandidate, RolloutResult, Trajectory
+from exgrpo.core import metric_names as M
+from exgrpo.core.records import GenerationRequest, Group, Prompt, ReplayCandidate, RolloutResult, Trajectory
 
 
 @dataclass(frozen=True)
@@ -217,7 +217,7 @@ class SimLearner:
 
 
 class SimLearnerGroup:
-    """L `SimLearner` actors (`exgrpo.core.Learners` plus `rank0`, `get_weights_ref`, `version` for the transports).
+    """L `SimLearner` actors (`exgrpo.core.roles.Learners` plus `rank0`, `get_weights_ref`, `version` for the transports).
 
     Like `learners/group.py::LearnerGroup`, the batch is split into L equal contiguous slices of whole groups
     and the ranks run concurrently; `update` returns when the slowest rank has finished.
@@ -287,7 +287,7 @@ class SimLearnerGroup:
 def sampler_factory(cost: CostModel, *, difficulty: Difficulty = Difficulty(), response_len: int = 32,
                     seed: int = 0) -> Callable[[int, Any], Any]:
     """`build_system(make_sampler=...)`: (index, replay client) -> a `SimSampler` actor (num_cpus=0)."""
-    from exgrpo.launch import remote_actor
+    from exgrpo.runtime.env import remote_actor
 
     def make(index: int, replay: Any) -> Any:
         return remote_actor(SimSampler, name=f"exgrpo-sampler-{index}", num_cpus=0, index=index, cost=cost,
@@ -298,7 +298,7 @@ def sampler_factory(cost: CostModel, *, difficulty: Difficulty = Difficulty(), r
 
 def learners_factory(cost: CostModel) -> Callable[[Any], SimLearnerGroup]:
     """`build_system(make_learners=...)`: cfg -> a `SimLearnerGroup` of `learners.num` ranks."""
-    from exgrpo.launch import remote_actor
+    from exgrpo.runtime.env import remote_actor
 
     return lambda cfg: SimLearnerGroup(num=cfg.learners.num, cost=cost, make_actor=remote_actor)
 

@@ -1,4 +1,4 @@
-"""The gloo backend of vLLM's weight-transfer API: what carries `learners/vllm_transfer.py` on CPU.
+"""The gloo backend of vLLM's weight-transfer API: what carries `exgrpo/transport/vllm_api.py` on CPU.
 
 CPU has no NCCL, so this module registers a ``gloo`` backend in vLLM's worker and trainer factories
 (``register_engines``; every process that builds an engine or a trainer calls it). It keeps vLLM's NCCL

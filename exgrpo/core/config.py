@@ -17,13 +17,13 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
-PACKAGED_CONFIGS = Path(__file__).parent / "configs"
+PACKAGED_CONFIGS = Path(__file__).parents[1] / "configs"  # exgrpo/configs
 
 # The project's literal types, defined here once and imported everywhere else.
 EngineKind = Literal["hf", "vllm"]  # generation engine: transformers or vLLM
 TemplateName = Literal["plain", "chat", "think", "llama-base"]  # prompt template (exgrpo.data.templates)
 Dtype = Literal["float32", "bfloat16", "float16"]  # parameter dtype on learners and engines
-RewardMode = Literal["boxed", "think"]  # where the verifier looks for the final answer (exgrpo.rewards)
+RewardMode = Literal["boxed", "think"]  # where the verifier looks for the final answer (exgrpo.verify.verifier)
 FreshTake = Literal["batch", "needed"]  # fresh questions drawn per step: always B (official) or B - n_replay
 
 
@@ -117,7 +117,7 @@ class LossConfig:
     policy_shaping: bool = True  # False = plain importance ratio on replayed tokens (ablation)
     norm: Literal["constant", "token_mean"] = "constant"  # constant: token sum / max_response_len
     entropy_coef: float = (
-        1.5625e-5  # entropy bonus; the official 0.001 rescaled to our normaliser (/64, exgrpo.algorithm)
+        1.5625e-5  # entropy bonus; the official 0.001 rescaled to our normaliser (/64, exgrpo.core.algorithm)
     )
     std_normalize: bool = False  # divide advantages by the group std (GRPO) instead of Dr.GRPO
     tis_cap: float | None = None  # truncated importance weight cap for sampler staleness (None = off)
@@ -443,3 +443,12 @@ def validate(cfg: Config) -> None:
     errors = [msg for ok, msg in checks if not ok]
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+BUILTIN_PREFIX = "builtin:"
+
+
+
+def builtin_name(spec: str) -> str | None:
+    """`"builtin:arith"` -> `"arith"` (a builtin task or model); None for anything else (a path)."""
+    return spec[len(BUILTIN_PREFIX) :] if spec.startswith(BUILTIN_PREFIX) else None

@@ -1,0 +1,80 @@
+""""Generate n, verify": the project's one loop from prompts to rewards (`sample_rewards`).
+
+Used by the samplers' held-out evaluation, `python -m exgrpo.evaluate` and the base-model measurements.
+Engine-agnostic (anything implementing `GenerationEngine.generate`); imports no Ray, vLLM or DeepSpeed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from exgrpo.core.config import TemplateName
+from exgrpo.core.records import Prompt
+from exgrpo.data.templates import render_prompt, reward_mode
+
+if TYPE_CHECKING:  # the engines import torch; evaluate itself only calls `generate`
+    from actors.engines import GenerationEngine
+
+
+class Scorer(Protocol):
+    """What `evaluate` needs from a verifier (`exgrpo.verify.verifier.Verifier` is one)."""
+
+    def score_many(self, responses: Sequence[str], golds: Sequence[str]) -> list[float]: ...
+
+
+
+def sample_rewards(
+    engine: GenerationEngine,
+    verifier: Scorer,
+    prompts: Sequence[Prompt],
+    *,
+    n: int,
+    template: TemplateName,
+    max_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    tokenizer: Any = None,
+) -> list[tuple[float, ...]]:
+    """Per prompt, the rewards of its n sampled responses: one engine call, one verifier call.
+
+    Prompts are rendered with `render_prompt(question, template=..., tokenizer=...)`; `tokenizer`
+    defaults to the engine's own `tokenizer` attribute when it has one. The engine call is
+    `generate(texts, n=n, max_tokens=, temperature=, top_p=, seed=)` (vLLM seeds prompt i's sample
+    j with seed + i * n + j). At temperature 0 all n samples would be the greedy decode: one is
+    generated and its reward repeated n times. The verifier's extraction mode must be
+    `reward_mode(template)` (checked when the verifier has a `mode`).
+    """
+    check_scoring(verifier, n=n, temperature=temperature, template=template)
+    if not prompts:
+        return []
+    if tokenizer is None:
+        tokenizer = getattr(engine, "tokenizer", None)
+    texts = [render_prompt(p.question, template=template, tokenizer=tokenizer) for p in prompts]
+    drawn = 1 if temperature == 0 else n
+    outs = engine.generate(
+        texts, n=drawn, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed
+    )
+    if len(outs) != len(prompts) or any(len(comps) != drawn for comps in outs):
+        raise RuntimeError(
+            f"the engine returned {[len(c) for c in outs]} completions for {len(prompts)} prompts, "
+            f"asked for {drawn} each"
+        )
+    golds = [p.answer for p in prompts for _ in range(drawn)]
+    rewards = verifier.score_many([c.text for comps in outs for c in comps], golds)
+    return [tuple(rewards[i * drawn : (i + 1) * drawn]) * (n // drawn) for i in range(len(prompts))]
+
+
+
+def check_scoring(verifier: Scorer, *, n: int, temperature: float, template: TemplateName) -> None:
+    if n < 1:
+        raise ValueError(f"n must be >= 1 samples per question, got {n}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    mode = reward_mode(template)
+    if getattr(verifier, "mode", mode) != mode:
+        raise ValueError(
+            f"template {template!r} puts the final answer in {mode!r} mode but the verifier extracts "
+            f"in {verifier.mode!r} mode; make it with Verifier(mode=reward_mode(template))"
+        )

@@ -1,0 +1,134 @@
+"""The terminal during a run: phase lines, the step bar, and quiet libraries.
+
+- `Phases`: one line on stderr for every start-up / shut-down phase that runs past a couple of
+  seconds (building the base model, starting Ray, starting actors, ...), with its duration; all
+  phase times go into the summary (`phases_s`, `fixed_overhead_s`).
+- `Progress`: the tqdm bar over the steps (reward, solve ratio, replay size, held-out accuracy).
+- `quiet_libraries`: transformers' and DeepSpeed's routine lines off unless `logging.verbose`.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import IO, Any
+
+from exgrpo.core import metric_names as M
+
+PREFIX = "[exgrpo]"
+
+
+
+class Phases:
+    """Named, timed phases; `start(name)` ends the previous one. A phase still running after
+    `announce_after_s` gets a line on `stream` (`[exgrpo] building base model ...`) and, when it
+    ends, its duration; `announce=False` phases (the step loop, which has its own bar) stay silent."""
+
+    def __init__(
+        self, *, enabled: bool = True, announce_after_s: float = 2.0, stream: IO[str] | None = None
+    ) -> None:
+        self.enabled = enabled
+        self.announce_after_s = announce_after_s
+        self.stream = stream
+        self.times: dict[str, float] = {}
+        self._current: tuple[str, float, threading.Timer | None, list[bool]] | None = None
+        self._lock = threading.Lock()
+
+    def _say(self, text: str) -> None:
+        print(f"{PREFIX} {text}", file=self.stream or sys.stderr, flush=True)
+
+    def start(self, name: str, detail: str = "", *, announce: bool = True) -> None:
+        self.end()
+        said = [False]
+        timer = None
+        if self.enabled and announce:
+
+            def announce_now() -> None:
+                with self._lock:
+                    if self._current is not None and self._current[3] is said:
+                        said[0] = True
+                        self._say(f"{name}{': ' + detail if detail else ''} ...")
+
+            timer = threading.Timer(self.announce_after_s, announce_now)
+            timer.daemon = True
+            timer.start()
+        self._current = (name, time.perf_counter(), timer, said)
+
+    def end(self) -> None:
+        with self._lock:
+            current, self._current = self._current, None
+        if current is None:
+            return
+        name, t0, timer, said = current
+        if timer is not None:
+            timer.cancel()
+        dt = time.perf_counter() - t0
+        self.times[name] = self.times.get(name, 0.0) + dt
+        if said[0]:
+            self._say(f"{name}: {dt:.1f} s")
+
+    def note(self, text: str) -> None:
+        """A line the user should see now (e.g. the dashboard URL), printed even for short phases."""
+        if self.enabled:
+            self._say(text)
+
+
+
+def quiet_libraries(*, verbose: bool) -> None:
+    """In this process: no transformers / HF hub progress bars ("Writing model shards", "Loading
+    weights") and only errors from their loggers, unless `verbose`. Actors get the same through
+    `exgrpo.runtime.env.QUIET_ENV`."""
+    if verbose:
+        return
+    try:
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+    except ImportError:  # pragma: no cover - transformers is a core dependency
+        pass
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+
+class Progress:
+    """A tqdm bar showing reward, solve ratio, replay size and held-out accuracy."""
+
+    def __init__(self, *, total: int, enabled: bool = True, evaluating: bool = False) -> None:
+        """`evaluating`: the loop starts with a held-out evaluation; the bar says so until the first step."""
+        self._bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc="exgrpo", unit="step", dynamic_ncols=True)
+            if evaluating:
+                self._bar.set_postfix_str("held-out evaluation before the first step")
+
+    def update(self, record: dict[str, Any]) -> None:
+        if self._bar is None:
+            return
+        post = {
+            "reward": f"{record.get(M.MEAN_REWARD, 0):.3f}",
+            "solve": f"{record.get(M.SOLVE_RATIO, 0):.3f}",
+            "buffer": record.get(M.REPLAY_SIZE, 0),
+            "v": record.get(M.VERSION, 0),
+        }
+        if M.EVAL_ACCURACY in record:
+            post["eval"] = f"{record[M.EVAL_ACCURACY]:.3f}"
+        self._bar.set_postfix(post, refresh=False)
+        self._bar.update(1)
+
+    def skip(self, n: int) -> None:
+        """Steps already done before a resume."""
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

@@ -1,0 +1,157 @@
+"""System assembly: the replay shards, learner group, sampler pool, weight transport and scaling controller of
+one run, started as named Ray actors and wired together (`build_system`).
+
+`make_sampler` and `make_learners` replace the real roles (the simulated cluster, `exgrpo/sim/`, uses them);
+everything else is the production wiring that the CLI, the sweep, the integration tests and the benchmarks share.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from exgrpo.core.config import Config
+from exgrpo.runtime.controller import Controller, ControllerClient
+from exgrpo.runtime.env import remote_actor
+from exgrpo.runtime.resources import check_cluster
+
+
+@dataclass
+class System:
+    """The live roles of one run (Ray-backed implementations of `exgrpo.core.roles`)."""
+
+    replay: Any  # buffers.sharded.ShardedReplay
+    samplers: Any  # actors.pool.SamplerPool
+    learners: Any  # learners.group.LearnerGroup
+    weights: Any  # exgrpo.transport.broadcast transport
+    controller: Any  # Controller actor handle
+    scaling: ControllerClient
+
+    def shutdown(self) -> None:
+        self.samplers.shutdown()
+        self.learners.shutdown()
+        for s in self.replay.shards:
+            ray.kill(s)
+        ray.kill(self.controller)
+
+
+
+def transfer_backend(cfg: Config) -> str | None:
+    """vLLM's weight-transfer backend of the samplers: NCCL on GPUs, gloo on CPU; None without the collective."""
+    if cfg.async_.weight_sync != "collective":
+        return None
+    from exgrpo.transport.vllm_api import backend_for
+
+    return backend_for("cuda" if cfg.samplers.num_gpus > 0 else "cpu")
+
+
+
+def build_system(
+    cfg: Config,
+    *,
+    model_path: str,
+    run_dir: str | Path | None = None,
+    make_sampler: Callable[[int, Any], Any] | None = None,
+    make_learners: Callable[[Config], Any] | None = None,
+) -> System:
+    """Start replay shards, learners, samplers and the scaling controller as named actors.
+
+    With `run_dir` (and `replay.wal`), the shards log to `<run_dir>/replay-wal/` and Ray restarts a dead one.
+    `make_sampler(index, replay)` (an actor handle with the `Sampler` surface) and `make_learners(cfg)` (a
+    `Learners` + weight source like `LearnerGroup`) replace the real roles; `exgrpo/sim/roles.py` uses them."""
+    import shutil
+
+    from actors.pool import SamplerPool
+    from actors.sampler import EngineSpec, Sampler
+    from buffers.shard import ReplayShard
+    from buffers.sharded import RayInvoke, ShardedReplay
+    from exgrpo.transport.broadcast import make_transport
+    from learners.group import LearnerGroup
+
+    check_cluster(cfg, model_path=model_path)  # fail now, not in a placement group that waits forever
+    K, r, s = cfg.trainer.rollouts_per_question, cfg.replay, cfg.samplers
+    wal = Path(run_dir) / "replay-wal" if run_dir is not None and r.wal else None
+    if wal is not None:  # new shards start empty (a resume restores them from its checkpoint)
+        shutil.rmtree(wal, ignore_errors=True)
+    restarts = r.shard_max_restarts if wal is not None else 0
+    shards = [
+        remote_actor(
+            ReplayShard,
+            name=f"exgrpo-replay-{i}",
+            num_cpus=0,
+            max_restarts=restarts,
+            k_rollouts=K,
+            max_trajectories_per_question=r.max_trajectories_per_question,
+            wal_dir=str(wal / f"shard-{i}") if wal is not None else None,
+            compact_bytes=int(r.wal_compact_mb * 2**20),
+        )
+        for i in range(r.num_shards)
+    ]
+    ray.get([h.ping.remote() for h in shards])
+    replay = ShardedReplay(
+        shards=shards,
+        k_rollouts=K,
+        mu=r.mu,
+        sigma=r.sigma,
+        uniform=r.question_selection == "uniform",
+        invoke=RayInvoke(retry_s=120.0 if restarts else 0.0),
+    )
+    learners = make_learners(cfg) if make_learners is not None else LearnerGroup(
+        num=cfg.learners.num,
+        make_actor=remote_actor,
+        model_path=model_path,
+        learner_cfg=cfg.learners,
+        loss_cfg=cfg.loss,
+        max_response_len=cfg.model.max_response_len,
+        seed=cfg.trainer.seed,
+        dtype=cfg.model.dtype,
+    )
+    spec = EngineSpec(
+        kind=s.engine,
+        model_path=model_path,
+        dtype=cfg.model.dtype,
+        gpu_memory_utilization=s.gpu_memory_utilization,
+        weight_transfer=transfer_backend(cfg),
+    )
+
+    def spawn(index: int) -> Any:
+        if make_sampler is not None:
+            return make_sampler(index, replay)
+        return remote_actor(
+            Sampler,
+            name=f"exgrpo-sampler-{index}",
+            num_cpus=s.num_cpus,
+            num_gpus=s.num_gpus,
+            index=index,
+            engine=spec,
+            template=cfg.model.template,
+            max_response_len=cfg.model.max_response_len,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            verify_timeout_s=s.verify_timeout_s,
+            replay=replay,
+            seed=cfg.trainer.seed,
+        )
+
+    # every admitted request can be on its way at once: the pool dispatches only inside submit/poll, so a
+    # sampler limited to fewer chunks than it is given per step runs dry while the driver waits in
+    # update/broadcast (measured in the simulated cluster: 16 samplers, eta 1, 1.73x the ideal step)
+    in_flight = math.ceil((cfg.async_.max_staleness + 1) * cfg.trainer.questions_per_step / (s.num * s.requests_per_call))
+    samplers = SamplerPool(spawn=spawn, num=s.num, requests_per_call=s.requests_per_call,
+                           max_in_flight_per_sampler=max(2, in_flight))
+    weights = make_transport(cfg.async_.weight_sync, learners=learners, samplers=samplers)
+    samplers.on_new = weights.catch_up
+    controller = remote_actor(Controller, name="exgrpo-controller", num_cpus=0, samplers=s.num)
+    return System(
+        replay=replay,
+        samplers=samplers,
+        learners=learners,
+        weights=weights,
+        controller=controller,
+        scaling=ControllerClient(controller),
+    )

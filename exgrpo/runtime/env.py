@@ -1,0 +1,151 @@
+"""The Ray environment of a run: the actor environment, `init_ray` (attach or start a local cluster), and
+`remote_actor`, the one place that applies ``ray.remote`` to the plain role classes.
+
+Actors are named (`exgrpo-replay-<i>`, `exgrpo-sampler-<i>`, `exgrpo-learner-<i>`, `exgrpo-controller`) in
+namespace `exgrpo`, so the Ray dashboard reads naturally.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from exgrpo.core.config import Config
+
+# Environment every actor starts with (DESIGN.md 7: one torch thread per process; vLLM CPU settings).
+ACTOR_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "TORCH_EXTENSIONS_DIR": os.environ.get(
+        "TORCH_EXTENSIONS_DIR", str(Path("~/.cache/exgrpo/torch_extensions").expanduser())
+    ),
+}
+
+
+
+# Quiet actors by default (`--verbose` / logging.verbose drops these): no per-actor "Loading weights" /
+# "Writing model shards" bars (transformers and the HF hub honour HF_HUB_DISABLE_PROGRESS_BARS, tqdm
+# TQDM_DISABLE), transformers' warnings off, Python warnings once per process, W&B silent. Ray's log
+# deduplication (on by default) folds the same line from several actors into one.
+QUIET_ENV = {
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TQDM_DISABLE": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "PYTHONWARNINGS": "once",
+    "WANDB_SILENT": "true",
+    "EXGRPO_QUIET": "1",  # for role code that prints on its own (e.g. around deepspeed.initialize)
+}
+
+
+
+ACTOR_ENV.update(QUIET_ENV)
+
+
+
+def remote_actor(
+    cls: type,
+    *,
+    name: str,
+    num_cpus: float,
+    num_gpus: float = 0,
+    scheduling_strategy: Any = None,
+    max_restarts: int = 0,
+    max_concurrency: int = 1,
+    **init_kwargs: Any,
+) -> ray.actor.ActorHandle:
+    """Start ``cls(**init_kwargs)`` as a named Ray actor and return its handle.
+
+    ``name`` is the actor's name in the Ray dashboard; ``scheduling_strategy`` places it (e.g. a
+    ``PlacementGroupSchedulingStrategy`` bundle); ``max_concurrency`` > 1 lets it serve calls from several threads.
+    """
+    options: dict[str, Any] = {
+        "name": name,
+        "num_cpus": num_cpus,
+        "num_gpus": num_gpus,
+        "max_restarts": max_restarts,
+        "max_concurrency": max_concurrency,
+    }
+    if scheduling_strategy is not None:
+        options["scheduling_strategy"] = scheduling_strategy
+    return ray.remote(cls).options(**options).remote(**init_kwargs)
+
+
+
+def init_ray(cfg: Config) -> dict[str, Any]:
+    """Attach to RAY_ADDRESS if set (as under `ray job submit`), else start a private local cluster.
+
+    `logging.dashboard` starts the local cluster's dashboard on `logging.dashboard_host` (127.0.0.1)
+    and prints its URL; `logging.verbose` lets the actors' progress bars and warnings through.
+    Returns {"dashboard_url", "metrics_port"} (None where unknown) and prints both lines when the
+    dashboard is on.
+    """
+    lc = cfg.logging
+    env = dict(ACTOR_ENV)
+    if lc.verbose:
+        for key in QUIET_ENV:
+            env.pop(key, None)
+    if cfg.learners.num_gpus == 0 and cfg.samplers.num_gpus == 0:
+        env.setdefault("DS_ACCELERATOR", "cpu")  # no GPU asked for: skips DeepSpeed's detection and its warning
+    runtime_env = {"env_vars": env}
+    if ray.is_initialized():
+        ctx = None
+    elif os.environ.get("RAY_ADDRESS"):
+        # a job submitted with its own runtime env: Ray refuses env_vars keys set twice; the job's values win
+        job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
+        for key in (job.get("runtime_env") or {}).get("env_vars") or {}:
+            env.pop(key, None)
+        ctx = ray.init(runtime_env=runtime_env, namespace="exgrpo")
+    else:
+        s, lr = cfg.samplers, cfg.learners
+        needed = s.num * s.num_cpus + lr.num * lr.num_cpus
+        os.environ.setdefault(
+            "RAY_AUTH_MODE", "disabled"
+        )  # a private local cluster (see README on token auth)
+        dashboard = (
+            {
+                "include_dashboard": True,
+                "dashboard_host": lc.dashboard_host,
+                "dashboard_port": lc.dashboard_port,
+            }
+            if lc.dashboard
+            else {"include_dashboard": False}
+        )
+        ctx = ray.init(
+            address="local",
+            num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)),
+            runtime_env=runtime_env,
+            namespace="exgrpo",
+            configure_logging=False,
+            log_to_driver=True,
+            **dashboard,
+        )
+    url = getattr(ctx, "dashboard_url", None) or None
+    node = getattr(ray._private.worker.global_worker, "node", None)  # None when attached as a client
+    port = getattr(node, "metrics_export_port", None)
+    info = {
+        "dashboard_url": f"http://{url}" if url and not url.startswith("http") else url,
+        "metrics_port": port,
+    }
+    if lc.dashboard and ctx is not None:
+        where = info["dashboard_url"] or "(none: this cluster runs no dashboard)"
+        print(
+            f"[exgrpo] Ray dashboard: {where}  (Jobs, Actors; charts need Prometheus + Grafana: "
+            f"docs/operating.md)",
+            file=sys.stderr,
+            flush=True,
+        )
+        if port:
+            print(
+                f"[exgrpo] Prometheus target: 127.0.0.1:{port}/metrics (exgrpo_ series as ray_exgrpo_*)",
+                file=sys.stderr,
+                flush=True,
+            )
+    return info
