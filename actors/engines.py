@@ -273,8 +273,10 @@ class HFEngine(TokenizedEngine):
             for name, value in weights.items():
                 target, source = targets[name], to_tensor(value)
                 if target.shape != source.shape:
-                    raise RuntimeError(f"load_weights: {name} has shape {tuple(source.shape)}, the model "
-                                       f"{tuple(target.shape)}")
+                    raise RuntimeError(
+                        f"load_weights: {name} has shape {tuple(source.shape)}, the model "
+                        f"{tuple(target.shape)}"
+                    )
                 if target.data_ptr() not in done:
                     target.copy_(source)
                     done.add(target.data_ptr())
@@ -285,5 +287,3 @@ class HFEngine(TokenizedEngine):
 
 
 # --------------------------------------------------------------------------- factory
-
-

@@ -1,5 +1,4 @@
-"""`make_engine`: the engine a config names (`samplers.engine`: `hf` or `vllm`); vLLM is imported only when asked for.
-"""
+"""`make_engine`: the engine a config names (`samplers.engine`: `hf` or `vllm`); vLLM is imported only when asked for."""
 
 from __future__ import annotations
 

@@ -38,15 +38,26 @@ def sampler_id(index: int) -> str:
 class SamplerPool:
     """Samplers spawned by `spawn(index)`; requests go out `requests_per_call` at a time."""
 
-    def __init__(self, *, spawn: Callable[[int], Any], num: int, requests_per_call: int,
-                 max_in_flight_per_sampler: int = 2, on_new: Callable[[Any], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        spawn: Callable[[int], Any],
+        num: int,
+        requests_per_call: int,
+        max_in_flight_per_sampler: int = 2,
+        on_new: Callable[[Any], None] | None = None,
+    ) -> None:
         if num < 0 or requests_per_call < 1 or max_in_flight_per_sampler < 1:
-            raise ValueError("SamplerPool needs num >= 0, requests_per_call >= 1, max_in_flight_per_sampler >= 1")
+            raise ValueError(
+                "SamplerPool needs num >= 0, requests_per_call >= 1, max_in_flight_per_sampler >= 1"
+            )
         self._spawn = spawn  # index -> actor handle (named exgrpo-sampler-<index>)
         self.on_new = on_new  # called with every new sampler's handle before its first request
         self.requests_per_call = requests_per_call
         self.max_in_flight = max_in_flight_per_sampler
-        self.manager = FaultTolerantActorManager(max_remote_requests_in_flight_per_actor=max_in_flight_per_sampler)
+        self.manager = FaultTolerantActorManager(
+            max_remote_requests_in_flight_per_actor=max_in_flight_per_sampler
+        )
         self._next_index = 0
         self._index: dict[int, int] = {}  # manager actor id -> sampler index
         self._handles: dict[int, Any] = {}  # manager actor id -> actor handle
@@ -123,9 +134,12 @@ class SamplerPool:
             if not free:
                 return
             aid = min(free, key=lambda a: len(self._in_flight[a]))
-            chunk = tuple(self._pending.popleft() for _ in range(min(self.requests_per_call, len(self._pending))))
-            fired = self.manager.foreach_actor_async("generate", tag=TAG, kwargs={"requests": chunk},
-                                                     remote_actor_ids=[aid])
+            chunk = tuple(
+                self._pending.popleft() for _ in range(min(self.requests_per_call, len(self._pending)))
+            )
+            fired = self.manager.foreach_actor_async(
+                "generate", tag=TAG, kwargs={"requests": chunk}, remote_actor_ids=[aid]
+            )
             if fired != 1:  # the manager refused (busy); put it back and stop for now
                 self._pending.extendleft(reversed(chunk))
                 return

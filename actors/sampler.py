@@ -40,17 +40,30 @@ class EngineSpec:
     model_path: str
     dtype: Dtype = "float32"
     gpu_memory_utilization: float = 0.85
-    weight_transfer: str | None = None  # vLLM weight-transfer backend ("nccl", "gloo") for the collective transport
+    weight_transfer: str | None = (
+        None  # vLLM weight-transfer backend ("nccl", "gloo") for the collective transport
+    )
 
 
 class Sampler:
-    def __init__(self, *, index: int, engine: EngineSpec, template: TemplateName, max_response_len: int,
-                 temperature: float = 1.0, top_p: float = 1.0, verify_timeout_s: float = 5.0,
-                 replay: Any = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        index: int,
+        engine: EngineSpec,
+        template: TemplateName,
+        max_response_len: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        verify_timeout_s: float = 5.0,
+        replay: Any = None,
+        seed: int = 0,
+    ) -> None:
         torch.set_num_threads(1)
         self.name = f"exgrpo-sampler-{index}"
-        self.engine: GenerationEngine = make_engine(engine.kind, engine.model_path, dtype=engine.dtype,
-                                                    seed=seed, **_engine_kwargs(engine))
+        self.engine: GenerationEngine = make_engine(
+            engine.kind, engine.model_path, dtype=engine.dtype, seed=seed, **_engine_kwargs(engine)
+        )
         self.template = template
         self.max_response_len = max_response_len
         self.temperature, self.top_p = temperature, top_p
@@ -74,9 +87,14 @@ class Sampler:
         texts = [self.render(r.prompt) for r in requests]
         version = self.engine.version
         t0 = time.perf_counter()
-        outs = self.engine.generate(texts, n=[r.n for r in requests], max_tokens=self.max_response_len,
-                                    temperature=self.temperature, top_p=self.top_p,
-                                    seed=self._seed * 1_000_003 + requests[0].request_id)
+        outs = self.engine.generate(
+            texts,
+            n=[r.n for r in requests],
+            max_tokens=self.max_response_len,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self._seed * 1_000_003 + requests[0].request_id,
+        )
         t1 = time.perf_counter()
         flat = [c for comps in outs for c in comps]
         golds = [r.prompt.answer for r, comps in zip(requests, outs, strict=True) for _ in comps]
@@ -87,27 +105,65 @@ class Sampler:
             gid = f"r{req.request_id}"  # deterministic, so resumed runs store identical records
             trajs = []
             for c in comps:
-                trajs.append(Trajectory(qid=req.prompt.qid, response_ids=tuple(c.token_ids), logprobs=tuple(c.logprobs),
-                                        reward=rewards[i], policy_version=version, text=c.text, group_id=gid))
+                trajs.append(
+                    Trajectory(
+                        qid=req.prompt.qid,
+                        response_ids=tuple(c.token_ids),
+                        logprobs=tuple(c.logprobs),
+                        reward=rewards[i],
+                        policy_version=version,
+                        text=c.text,
+                        group_id=gid,
+                    )
+                )
                 i += 1
-            groups.append(Group(qid=req.prompt.qid, prompt_ids=self.engine.tokenize(text), trajectories=tuple(trajs),
-                                kind=req.kind, gold=req.prompt.answer, group_id=gid, request_id=req.request_id,
-                                policy_version=version, admitted_version=req.admitted_version,
-                                candidates=req.candidates))
+            groups.append(
+                Group(
+                    qid=req.prompt.qid,
+                    prompt_ids=self.engine.tokenize(text),
+                    trajectories=tuple(trajs),
+                    kind=req.kind,
+                    gold=req.prompt.answer,
+                    group_id=gid,
+                    request_id=req.request_id,
+                    policy_version=version,
+                    admitted_version=req.admitted_version,
+                    candidates=req.candidates,
+                )
+            )
         if self.replay is not None:
             self.replay.push(groups=groups)
         return RolloutResult(
-            sampler=self.name, request_ids=tuple(r.request_id for r in requests), policy_version=version,
-            tokens=sum(len(c.token_ids) for c in flat), gen_time_s=t1 - t0, verify_time_s=t2 - t1,
-            groups=tuple(groups) if self.replay is None else ())
+            sampler=self.name,
+            request_ids=tuple(r.request_id for r in requests),
+            policy_version=version,
+            tokens=sum(len(c.token_ids) for c in flat),
+            gen_time_s=t1 - t0,
+            verify_time_s=t2 - t1,
+            groups=tuple(groups) if self.replay is None else (),
+        )
 
-    def evaluate(self, *, prompts: Sequence[Prompt], n: int = 1, temperature: float | None = None,
-                 max_tokens: int | None = None) -> list[tuple[float, ...]]:
+    def evaluate(
+        self,
+        *,
+        prompts: Sequence[Prompt],
+        n: int = 1,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+    ) -> list[tuple[float, ...]]:
         """Rewards of n samples per prompt (for Avg@n / Pass@n); nothing is pushed to replay."""
-        return sample_rewards(self.engine, self.verifier, prompts, n=n, template=self.template,
-                              max_tokens=max_tokens or self.max_response_len,
-                              temperature=self.temperature if temperature is None else temperature,
-                              top_p=self.top_p, seed=self._seed, tokenizer=self.engine.tokenizer)
+        return sample_rewards(
+            self.engine,
+            self.verifier,
+            prompts,
+            n=n,
+            template=self.template,
+            max_tokens=max_tokens or self.max_response_len,
+            temperature=self.temperature if temperature is None else temperature,
+            top_p=self.top_p,
+            seed=self._seed,
+            tokenizer=self.engine.tokenizer,
+        )
 
     def render(self, prompt: Prompt) -> str:
         # chat/think templates use the engine's own tokenizer (its chat template), loaded once

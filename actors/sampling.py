@@ -1,4 +1,4 @@
-""""Generate n, verify": the project's one loop from prompts to rewards (`sample_rewards`).
+""" "Generate n, verify": the project's one loop from prompts to rewards (`sample_rewards`).
 
 Used by the samplers' held-out evaluation, `python -m exgrpo.evaluate` and the base-model measurements.
 Engine-agnostic (anything implementing `GenerationEngine.generate`); imports no Ray, vLLM or DeepSpeed.
@@ -21,7 +21,6 @@ class Scorer(Protocol):
     """What `evaluate` needs from a verifier (`exgrpo.verify.verifier.Verifier` is one)."""
 
     def score_many(self, responses: Sequence[str], golds: Sequence[str]) -> list[float]: ...
-
 
 
 def sample_rewards(
@@ -64,7 +63,6 @@ def sample_rewards(
     golds = [p.answer for p in prompts for _ in range(drawn)]
     rewards = verifier.score_many([c.text for comps in outs for c in comps], golds)
     return [tuple(rewards[i * drawn : (i + 1) * drawn]) * (n // drawn) for i in range(len(prompts))]
-
 
 
 def check_scoring(verifier: Scorer, *, n: int, temperature: float, template: TemplateName) -> None:

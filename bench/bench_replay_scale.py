@@ -66,9 +66,13 @@ class Pusher:
         self.replay = replay
         self.rng = rng
         lengths = rng.integers(min_len, max_len + 1, size=bank)
-        self.bank = [(tuple(rng.integers(0, 50_000, n).tolist()),
-                      tuple(np.log(rng.uniform(0.05, 1.0, n)).astype(np.float32).astype(float).tolist()))
-                     for n in lengths]
+        self.bank = [
+            (
+                tuple(rng.integers(0, 50_000, n).tolist()),
+                tuple(np.log(rng.uniform(0.05, 1.0, n)).astype(np.float32).astype(float).tolist()),
+            )
+            for n in lengths
+        ]
         self.prompt = tuple(rng.integers(0, 50_000, PROMPT_LEN).tolist())
 
     def _group(self, q: int):
@@ -78,18 +82,33 @@ class Pusher:
         k = K if r < 0.02 else 0 if r < 0.05 else int(self.rng.integers(1, K))  # 2% retire, 3% k=0
         picks = self.rng.choice(len(self.bank), size=K, replace=False)
         qid, gid = f"q{q:07d}", f"r{q}"
-        trajs = tuple(Trajectory(qid=qid, response_ids=self.bank[j][0], logprobs=self.bank[j][1],
-                                 reward=float(i < k), policy_version=q // 10_000, group_id=gid)
-                      for i, j in enumerate(picks))
-        return Group(qid=qid, prompt_ids=self.prompt, trajectories=trajs, gold="42", group_id=gid, request_id=q,
-                     policy_version=q // 10_000)
+        trajs = tuple(
+            Trajectory(
+                qid=qid,
+                response_ids=self.bank[j][0],
+                logprobs=self.bank[j][1],
+                reward=float(i < k),
+                policy_version=q // 10_000,
+                group_id=gid,
+            )
+            for i, j in enumerate(picks)
+        )
+        return Group(
+            qid=qid,
+            prompt_ids=self.prompt,
+            trajectories=trajs,
+            gold="42",
+            group_id=gid,
+            request_id=q,
+            policy_version=q // 10_000,
+        )
 
     def run(self, *, qids: list[int], push_batch: int, take_every: int) -> dict[str, float]:
         push_s = take_s = 0.0
         pending: list[int] = []
         t_all = time.perf_counter()
         for start in range(0, len(qids), push_batch):
-            groups = [self._group(q) for q in qids[start:start + push_batch]]
+            groups = [self._group(q) for q in qids[start : start + push_batch]]
             t0 = time.perf_counter()
             self.replay.push(groups=groups)
             push_s += time.perf_counter() - t0
@@ -99,7 +118,12 @@ class Pusher:
                 self.replay.pull_batch(request_ids=pending)
                 take_s += time.perf_counter() - t0
                 pending = []
-        return {"groups": len(qids), "push_s": push_s, "take_s": take_s, "wall_s": time.perf_counter() - t_all}
+        return {
+            "groups": len(qids),
+            "push_s": push_s,
+            "take_s": take_s,
+            "wall_s": time.perf_counter() - t_all,
+        }
 
 
 def _peak_rss(pid: int) -> int:
@@ -130,17 +154,29 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
     def start() -> tuple[list, list, ShardedReplay, list]:
         """Shards as build_system starts them (their log directory emptied first, as there), a client, pushers."""
         shutil.rmtree(wal_root, ignore_errors=True)
-        shards = [remote_actor(ReplayShard, name=f"exgrpo-replay-{i}", num_cpus=0, max_restarts=restarts,
-                               k_rollouts=K, max_trajectories_per_question=r.max_trajectories_per_question,
-                               wal_dir=str(wal_root / f"shard-{i}") if wal else None,
-                               compact_bytes=int((args.compact_mb or r.wal_compact_mb) * 2**20))
-                  for i in range(args.shards)]
+        shards = [
+            remote_actor(
+                ReplayShard,
+                name=f"exgrpo-replay-{i}",
+                num_cpus=0,
+                max_restarts=restarts,
+                k_rollouts=K,
+                max_trajectories_per_question=r.max_trajectories_per_question,
+                wal_dir=str(wal_root / f"shard-{i}") if wal else None,
+                compact_bytes=int((args.compact_mb or r.wal_compact_mb) * 2**20),
+            )
+            for i in range(args.shards)
+        ]
         ray.get([s.ping.remote() for s in shards])
         procs = [psutil.Process(p) for p in ray.get([s.pid.remote() for s in shards])]
-        replay = ShardedReplay(shards=shards, k_rollouts=K, invoke=RayInvoke(retry_s=120.0 if restarts else 0.0))
+        replay = ShardedReplay(
+            shards=shards, k_rollouts=K, invoke=RayInvoke(retry_s=120.0 if restarts else 0.0)
+        )
         pusher_cls = ray.remote(num_cpus=0)(Pusher)
-        pushers = [pusher_cls.remote(replay=replay, seed=100 + j, min_len=args.min_len, max_len=args.max_len)
-                   for j in range(args.pushers)]
+        pushers = [
+            pusher_cls.remote(replay=replay, seed=100 + j, min_len=args.min_len, max_len=args.max_len)
+            for j in range(args.pushers)
+        ]
         return shards, procs, replay, pushers
 
     def stop() -> None:
@@ -153,8 +189,11 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
     shards, procs, replay, pushers = start()
     replay.set_collect(on=True)
     compact_mb = f", log compaction at {args.compact_mb or r.wal_compact_mb:g} MB" if wal else ""
-    print(f"\n== {args.shards} shards, write-ahead log {'ON (fdatasync per shard call' + compact_mb + ')' if wal else 'OFF'}"
-          f"; {args.pushers} pushers x {args.push_batch} groups per push call, pull_batch every {args.take_every}")
+    print(
+        f"\n== {args.shards} shards, write-ahead log {'ON (fdatasync per shard call' + compact_mb + ')' if wal else 'OFF'}"
+        f"; {args.pushers} pushers x {args.push_batch} groups per push call, pull_batch every {args.take_every}"
+    )
+
     def cpu() -> float:  # user + system seconds of the shard processes so far
         return sum(sum(p.cpu_times()[:2]) for p in procs)
 
@@ -163,26 +202,38 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
         t = time.perf_counter()
         ray.get([s.ping.remote() for s in shards])
         rtt.append(time.perf_counter() - t)
-    print(f"   round trip to all {args.shards} shards (ping): p50 {_pct(rtt, 50):.1f} ms, p99 {_pct(rtt, 99):.1f} ms")
+    print(
+        f"   round trip to all {args.shards} shards (ping): p50 {_pct(rtt, 50):.1f} ms, p99 {_pct(rtt, 99):.1f} ms"
+    )
     done = 0
     marks = sorted({max(1, int(round(float(f) * args.questions))) for f in args.checkpoints.split(",")})
     for mark in marks:
         todo = list(range(done, mark))
         t0, c0 = time.perf_counter(), cpu()
-        parts = ray.get([p.run.remote(qids=todo[j::args.pushers], push_batch=args.push_batch,
-                                      take_every=args.take_every) for j, p in enumerate(pushers)])
+        parts = ray.get(
+            [
+                p.run.remote(
+                    qids=todo[j :: args.pushers], push_batch=args.push_batch, take_every=args.take_every
+                )
+                for j, p in enumerate(pushers)
+            ]
+        )
         wall, shard_cpu = time.perf_counter() - t0, cpu() - c0
-        calls = sum(-(-len(todo[j::args.pushers]) // args.push_batch) for j in range(args.pushers))
+        calls = sum(-(-len(todo[j :: args.pushers]) // args.push_batch) for j in range(args.pushers))
         push_s = sum(p["push_s"] for p in parts) / len(parts)
         take_s = sum(p["take_s"] for p in parts) / len(parts)
         done = mark
         st = replay.stats()
         rss = [p.memory_info().rss for p in procs]
-        print(f"-- {done:,} questions pushed: {st.active:,} sampleable, buckets {st.bucket_sizes}, "
-              f"{st.trajectories:,} stored trajectories, {st.retired:,} retired, {st.ready} ready")
-        print(f"   push: {len(todo) / wall:,.0f} groups/s sustained ({len(todo):,} groups in {wall:.1f} s, "
-              f"{calls:,} push calls; per pusher {push_s:.1f} s in push, {take_s:.1f} s in pull_batch; shard CPU "
-              f"{shard_cpu / len(todo) * 1e6:,.0f} us per group, push and take)")
+        print(
+            f"-- {done:,} questions pushed: {st.active:,} sampleable, buckets {st.bucket_sizes}, "
+            f"{st.trajectories:,} stored trajectories, {st.retired:,} retired, {st.ready} ready"
+        )
+        print(
+            f"   push: {len(todo) / wall:,.0f} groups/s sustained ({len(todo):,} groups in {wall:.1f} s, "
+            f"{calls:,} push calls; per pusher {push_s:.1f} s in push, {take_s:.1f} s in pull_batch; shard CPU "
+            f"{shard_cpu / len(todo) * 1e6:,.0f} us per group, push and take)"
+        )
         print(f"   shard RSS: sum {sum(rss) / 2**30:.2f} GiB, max {max(rss) / 2**20:,.0f} MiB")
         rng = np.random.default_rng(7)
         replay.stats()  # cache the sizes, as pull_batch does in the driver
@@ -195,8 +246,10 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
             lat.append(time.perf_counter() - t)
             got += len(picks)
         cands = sum(len(p.candidates) for p in picks)
-        print(f"   sample_questions(n=64): p50 {_pct(lat, 50):.1f} ms, p99 {_pct(lat, 99):.1f} ms over "
-              f"{args.samples} calls ({got / args.samples:.0f} picks per call, {cands} candidates in the last)")
+        print(
+            f"   sample_questions(n=64): p50 {_pct(lat, 50):.1f} ms, p99 {_pct(lat, 99):.1f} ms over "
+            f"{args.samples} calls ({got / args.samples:.0f} picks per call, {cands} candidates in the last)"
+        )
         if args.no_snapshot:
             continue
         snap = root / f"ckpt-{done}"
@@ -205,11 +258,17 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
         snap_s, snap_cpu = time.perf_counter() - t, cpu() - c0
         size = _dir_bytes(snap)
         before = (st.bucket_sizes, st.active, st.retired, st.trajectories)
-        extra = f" (each shard also snapshots its own log dir: {_dir_bytes(wal_root) / 2**20:,.0f} MiB there now)" if wal else ""
+        extra = (
+            f" (each shard also snapshots its own log dir: {_dir_bytes(wal_root) / 2**20:,.0f} MiB there now)"
+            if wal
+            else ""
+        )
         peak = [_peak_rss(p.pid) for p in procs]
-        print(f"   snapshot: {snap_s:.1f} s ({snap_cpu:.1f} shard CPU s), {size / 2**20:,.0f} MiB on disk "
-              f"({size / max(st.trajectories, 1):,.0f} bytes per stored trajectory){extra}; shard peak RSS so far: "
-              f"sum {sum(peak) / 2**30:.2f} GiB, max {max(peak) / 2**20:,.0f} MiB")
+        print(
+            f"   snapshot: {snap_s:.1f} s ({snap_cpu:.1f} shard CPU s), {size / 2**20:,.0f} MiB on disk "
+            f"({size / max(st.trajectories, 1):,.0f} bytes per stored trajectory){extra}; shard peak RSS so far: "
+            f"sum {sum(peak) / 2**30:.2f} GiB, max {max(peak) / 2**20:,.0f} MiB"
+        )
         stop()  # a resumed run: new shards (empty log directories) restore the checkpoint, then the fill goes on
         shards, procs, replay, pushers = start()
         t, c0 = time.perf_counter(), cpu()
@@ -219,14 +278,24 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
         st2 = replay.stats()
         assert (st2.bucket_sizes, st2.active, st2.retired, st2.trajectories) == before, (st2, st)
         rss = [p.memory_info().rss for p in procs]
-        print(f"   restore into {args.shards} new shards: {restore_s:.1f} s ({restore_cpu:.1f} shard CPU s; stats equal); "
-              f"shard RSS after: sum {sum(rss) / 2**30:.2f} GiB, max {max(rss) / 2**20:,.0f} MiB; peak during it: "
-              f"sum {sum(_peak_rss(p.pid) for p in procs) / 2**30:.2f} GiB")
+        print(
+            f"   restore into {args.shards} new shards: {restore_s:.1f} s ({restore_cpu:.1f} shard CPU s; stats equal); "
+            f"shard RSS after: sum {sum(rss) / 2**30:.2f} GiB, max {max(rss) / 2**20:,.0f} MiB; peak during it: "
+            f"sum {sum(_peak_rss(p.pid) for p in procs) / 2**30:.2f} GiB"
+        )
         shutil.rmtree(snap, ignore_errors=True)
-    if wal and args.recovery:  # a shard SIGKILLed after more pushes: Ray restarts it, it replays snapshot + log
+    if (
+        wal and args.recovery
+    ):  # a shard SIGKILLed after more pushes: Ray restarts it, it replays snapshot + log
         extra = list(range(done, done + args.recovery))
-        ray.get([p.run.remote(qids=extra[j::args.pushers], push_batch=args.push_batch, take_every=args.take_every)
-                 for j, p in enumerate(pushers)])
+        ray.get(
+            [
+                p.run.remote(
+                    qids=extra[j :: args.pushers], push_batch=args.push_batch, take_every=args.take_every
+                )
+                for j, p in enumerate(pushers)
+            ]
+        )
         old_pid = ray.get(shards[0].pid.remote())
         t = time.perf_counter()
         ray.kill(shards[0], no_restart=False)
@@ -238,9 +307,11 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
                 pass
             time.sleep(0.05)
         rec = ray.get(shards[0].recovered.remote())
-        print(f"   recovery after SIGKILL of shard 0 ({args.recovery:,} more groups pushed first): back in "
-              f"{time.perf_counter() - t:.1f} s, of which {rec['seconds']:.2f} s loading its snapshot and "
-              f"{rec['frames']} log frames ({rec['active']:,} sampleable questions)")
+        print(
+            f"   recovery after SIGKILL of shard 0 ({args.recovery:,} more groups pushed first): back in "
+            f"{time.perf_counter() - t:.1f} s, of which {rec['seconds']:.2f} s loading its snapshot and "
+            f"{rec['frames']} log frames ({rec['active']:,} sampleable questions)"
+        )
     stop()
     shutil.rmtree(wal_root, ignore_errors=True)
 
@@ -252,8 +323,10 @@ def in_process(args: argparse.Namespace, root: Path) -> None:
     n = args.in_process
     p = Pusher(replay=None, seed=1, min_len=args.min_len, max_len=args.max_len)
     groups = [p._group(q) for q in range(n)]
-    print(f"\n== one ReplayShard in-process, {n:,} groups ({args.min_len}-{args.max_len} tokens), "
-          f"{args.push_batch} groups per push, take every {args.take_every}")
+    print(
+        f"\n== one ReplayShard in-process, {n:,} groups ({args.min_len}-{args.max_len} tokens), "
+        f"{args.push_batch} groups per push, take every {args.take_every}"
+    )
     for wal in (False, True):
         d = root / f"inproc-{int(wal)}"
         compact = int((args.compact_mb or 64) * 2**20)
@@ -261,8 +334,8 @@ def in_process(args: argparse.Namespace, root: Path) -> None:
         shard.set_collect(on=True)
         t, pending = time.perf_counter(), []
         for i in range(0, n, args.push_batch):
-            shard.push(groups=groups[i:i + args.push_batch])
-            pending += [g.request_id for g in groups[i:i + args.push_batch]]
+            shard.push(groups=groups[i : i + args.push_batch])
+            pending += [g.request_id for g in groups[i : i + args.push_batch]]
             if len(pending) >= args.take_every:
                 shard.take(request_ids=pending, take_id=f"t{i}")
                 pending = []
@@ -274,11 +347,13 @@ def in_process(args: argparse.Namespace, root: Path) -> None:
         t = time.perf_counter()
         shard.restore(path=str(d / "ckpt.parquet"))
         restore = time.perf_counter() - t
-        line = (f"   log {'on ' if wal else 'off'}: push + take {push / n * 1e6:,.0f} us per group"
-                + (f" ({compactions} log compactions at {compact / 2**20:g} MB)" if wal else "")
-                + f", snapshot {snap:.2f} s, restore {restore:.2f} s")
+        line = (
+            f"   log {'on ' if wal else 'off'}: push + take {push / n * 1e6:,.0f} us per group"
+            + (f" ({compactions} log compactions at {compact / 2**20:g} MB)" if wal else "")
+            + f", snapshot {snap:.2f} s, restore {restore:.2f} s"
+        )
         if wal:
-            for g in groups[:args.recovery]:
+            for g in groups[: args.recovery]:
                 shard.push(groups=[dataclasses.replace(g, request_id=g.request_id + n)])
             t = time.perf_counter()
             again = ReplayShard(k_rollouts=K, wal_dir=str(d / "wal"), compact_bytes=compact)
@@ -293,16 +368,25 @@ def compare(rev: str) -> None:
     """Run this script twice, one after the other: on a git worktree of `rev`, then on this tree."""
     import subprocess
 
-    argv = [a for i, a in enumerate(sys.argv[1:]) if a != "--baseline" and not a.startswith("--baseline=")
-            and (i == 0 or sys.argv[i] != "--baseline")]
+    argv = [
+        a
+        for i, a in enumerate(sys.argv[1:])
+        if a != "--baseline" and not a.startswith("--baseline=") and (i == 0 or sys.argv[i] != "--baseline")
+    ]
     here = os.path.abspath(TREE)
     base = tempfile.mkdtemp(prefix="replay-scale-base-")
-    subprocess.run(["git", "-C", here, "worktree", "add", "--detach", base, rev], check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-C", here, "worktree", "add", "--detach", base, rev], check=True, capture_output=True
+    )
     try:
         for label, tree in ((f"BEFORE: buffers/ at {rev}", base), ("AFTER: this tree", here)):
             print(f"\n######## {label}", flush=True)
-            subprocess.run([sys.executable, os.path.abspath(__file__), *argv], cwd=tree, check=True,
-                           env={**os.environ, "BENCH_TREE": tree, "PYTHONPATH": tree})
+            subprocess.run(
+                [sys.executable, os.path.abspath(__file__), *argv],
+                cwd=tree,
+                check=True,
+                env={**os.environ, "BENCH_TREE": tree, "PYTHONPATH": tree},
+            )
     finally:
         subprocess.run(["git", "-C", here, "worktree", "remove", "--force", base], check=False)
 
@@ -313,20 +397,37 @@ def main() -> None:
     ap.add_argument("--checkpoints", default="0.25,1", help="fractions of --questions at which to measure")
     ap.add_argument("--shards", type=int, default=8)
     ap.add_argument("--pushers", type=int, default=2)
-    ap.add_argument("--push-batch", type=int, default=4, help="groups per push call (samplers.requests_per_call)")
+    ap.add_argument(
+        "--push-batch", type=int, default=4, help="groups per push call (samplers.requests_per_call)"
+    )
     ap.add_argument("--take-every", type=int, default=128)
     ap.add_argument("--min-len", type=int, default=64)
     ap.add_argument("--max-len", type=int, default=512)
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--wal", choices=("off", "on", "both"), default="both")
-    ap.add_argument("--recovery", type=int, default=2000, help="with the log: groups pushed before killing a shard")
-    ap.add_argument("--in-process", type=int, default=0, metavar="N",
-                    help="first time one shard in-process (no Ray) over N groups")
-    ap.add_argument("--compact-mb", type=float, default=None, help="log compaction threshold (replay.wal_compact_mb)")
+    ap.add_argument(
+        "--recovery", type=int, default=2000, help="with the log: groups pushed before killing a shard"
+    )
+    ap.add_argument(
+        "--in-process",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first time one shard in-process (no Ray) over N groups",
+    )
+    ap.add_argument(
+        "--compact-mb", type=float, default=None, help="log compaction threshold (replay.wal_compact_mb)"
+    )
     ap.add_argument("--no-snapshot", action="store_true")
-    ap.add_argument("--baseline", default=None, metavar="REV",
-                    help="also run the same measurements with buffers/ (and the rest) of git revision REV, first")
-    ap.add_argument("--dir", default=None, help="where snapshots and logs go (default: a temporary directory)")
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        metavar="REV",
+        help="also run the same measurements with buffers/ (and the rest) of git revision REV, first",
+    )
+    ap.add_argument(
+        "--dir", default=None, help="where snapshots and logs go (default: a temporary directory)"
+    )
     args = ap.parse_args()
     if args.baseline:
         return compare(args.baseline)
@@ -334,16 +435,24 @@ def main() -> None:
 
     from exgrpo.runtime.env import ACTOR_ENV
 
-    print("command: RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python bench/bench_replay_scale.py "
-          + " ".join(sys.argv[1:]))
+    print(
+        "command: RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python bench/bench_replay_scale.py "
+        + " ".join(sys.argv[1:])
+    )
     root = Path(args.dir or tempfile.mkdtemp(prefix="replay-scale-"))
     try:
         if args.in_process:
             in_process(args, root)
         if args.questions <= 0:
             return
-        ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="exgrpo-bench",
-                 runtime_env={"env_vars": ACTOR_ENV}, configure_logging=False)
+        ray.init(
+            address="local",
+            num_cpus=4,
+            include_dashboard=False,
+            namespace="exgrpo-bench",
+            runtime_env={"env_vars": ACTOR_ENV},
+            configure_logging=False,
+        )
         for wal in {"off": (False,), "on": (True,), "both": (False, True)}[args.wal]:
             run_mode(args, wal=wal, root=root)
     finally:

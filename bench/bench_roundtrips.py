@@ -42,14 +42,28 @@ def count_run(config: str, steps: int, overrides: list[str]) -> dict:
 
     run_dir = Path(tempfile.mkdtemp(prefix="roundtrips-"))
     try:
-        main(["--config", config, f"trainer.steps={steps}", "trainer.eval_every=0", "logging.progress=false",
-              "logging.plots=false", f"logging.run_dir={run_dir}", *overrides])
+        main(
+            [
+                "--config",
+                config,
+                f"trainer.steps={steps}",
+                "trainer.eval_every=0",
+                "logging.progress=false",
+                "logging.plots=false",
+                f"logging.run_dir={run_dir}",
+                *overrides,
+            ]
+        )
     finally:
         ray.get = original
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     times = [r["system/step_time_s"] for r in records]
-    return {"steps": steps, "ray_get_calls": calls["get"], "blocking_gets": calls["blocking"],
-            "median_step_s": statistics.median(times[1:] or times)}
+    return {
+        "steps": steps,
+        "ray_get_calls": calls["get"],
+        "blocking_gets": calls["blocking"],
+        "median_step_s": statistics.median(times[1:] or times),
+    }
 
 
 def main() -> None:
@@ -65,9 +79,15 @@ def main() -> None:
     b = count_run(args.config, args.steps[1], args.overrides)
     print(json.dumps(b), flush=True)
     steps = b["steps"] - a["steps"]
-    print(json.dumps({"driver_ray_get_per_step": (b["ray_get_calls"] - a["ray_get_calls"]) / steps,
-                      "driver_blocking_gets_per_step": (b["blocking_gets"] - a["blocking_gets"]) / steps,
-                      "median_step_s": [a["median_step_s"], b["median_step_s"]]}))
+    print(
+        json.dumps(
+            {
+                "driver_ray_get_per_step": (b["ray_get_calls"] - a["ray_get_calls"]) / steps,
+                "driver_blocking_gets_per_step": (b["blocking_gets"] - a["blocking_gets"]) / steps,
+                "median_step_s": [a["median_step_s"], b["median_step_s"]],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

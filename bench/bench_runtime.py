@@ -28,8 +28,17 @@ SPLIT = ["system/wait_s", "system/entropy_s", "system/update_s", "system/sync_s"
 
 
 def make_cfg(overrides: list[str]):
-    return load_config("tiny-cpu", ["logging.progress=false", "logging.plots=false", "trainer.eval_every=0",
-                                    "data.num_eval=0", "logging.run_dir=bench/out/run", *overrides])
+    return load_config(
+        "tiny-cpu",
+        [
+            "logging.progress=false",
+            "logging.plots=false",
+            "trainer.eval_every=0",
+            "data.num_eval=0",
+            "logging.run_dir=bench/out/run",
+            *overrides,
+        ],
+    )
 
 
 def train_run(overrides: list[str]) -> dict:
@@ -39,9 +48,14 @@ def train_run(overrides: list[str]) -> dict:
     records = train(make_cfg([*overrides, f"trainer.steps={2 * n}"]), checkpoints=False).records[n:]
     wall = sum(r["system/step_time_s"] for r in records)
     tokens = sum(r["rollout/tokens"] for r in records)
-    return {"steps": len(records), "wall_s": wall, "steps_per_s": len(records) / wall, "tokens_per_s": tokens / wall,
-            "median_step_s": float(np.median([r["system/step_time_s"] for r in records])),
-            "split_s_per_step": {k.split("/")[1]: float(np.mean([r[k] for r in records])) for k in SPLIT}}
+    return {
+        "steps": len(records),
+        "wall_s": wall,
+        "steps_per_s": len(records) / wall,
+        "tokens_per_s": tokens / wall,
+        "median_step_s": float(np.median([r["system/step_time_s"] for r in records])),
+        "split_s_per_step": {k.split("/")[1]: float(np.mean([r[k] for r in records])) for k in SPLIT},
+    }
 
 
 def main() -> None:
@@ -61,7 +75,9 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
     print(f"eta=0 / eta=1 wall-time ratio: {out['eta=0']['wall_s'] / out['eta=1']['wall_s']:.2f}")
-    print(f"vllm / hf tokens/s ratio: {out['engine=vllm']['tokens_per_s'] / out['engine=hf']['tokens_per_s']:.2f}")
+    print(
+        f"vllm / hf tokens/s ratio: {out['engine=vllm']['tokens_per_s'] / out['engine=hf']['tokens_per_s']:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -44,16 +44,28 @@ def main() -> None:
         by_len: dict[int, list[float]] = {}
         for p, r in zip(prompts, rewards, strict=True):
             by_len.setdefault(len(solution_steps(p.question)), []).append(float(r.mean()))
-        correct = [c for row_r, row_c in zip(s.rewards, s.checks, strict=True)
-                   for r, c in zip(row_r, row_c, strict=True) if r > 0.5]
+        correct = [
+            c
+            for row_r, row_c in zip(s.rewards, s.checks, strict=True)
+            for r, c in zip(row_r, row_c, strict=True)
+            if r > 0.5
+        ]
         flawed = sum(not c.valid for c in correct)
         unparsed = sum(not c.parsed for row in s.checks for c in row)
-        print(json.dumps({
-            "split": split, "questions": len(prompts), "solve_rate": round(float(rewards.mean()), 3),
-            "by_digits": {d: round(float(np.mean(v)), 3) for d, v in sorted(by_len.items())},
-            "k_histogram": [Counter(k.tolist()).get(i, 0) for i in range(args.k + 1)],
-            "correct_with_flawed_trace": f"{flawed}/{len(correct)}",
-            "unparsed_share": round(unparsed / rewards.size, 3)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "split": split,
+                    "questions": len(prompts),
+                    "solve_rate": round(float(rewards.mean()), 3),
+                    "by_digits": {d: round(float(np.mean(v)), 3) for d, v in sorted(by_len.items())},
+                    "k_histogram": [Counter(k.tolist()).get(i, 0) for i in range(args.k + 1)],
+                    "correct_with_flawed_trace": f"{flawed}/{len(correct)}",
+                    "unparsed_share": round(unparsed / rewards.size, 3),
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -82,8 +82,16 @@ def workload(smollm2: bool, steps: int, out_dir: str, extra: list[str]) -> Confi
     """The project config of the workload, with `steps` steps, no evaluation, quiet."""
     return load_config(
         str(SMOLLM2_CONFIG) if smollm2 else None,
-        [f"trainer.steps={steps}", "trainer.eval_every=0", "data.num_eval=0", "logging.progress=false",
-         "logging.plots=false", "logging.report=false", f"logging.run_dir={out_dir}", *extra],
+        [
+            f"trainer.steps={steps}",
+            "trainer.eval_every=0",
+            "data.num_eval=0",
+            "logging.progress=false",
+            "logging.plots=false",
+            "logging.report=false",
+            f"logging.run_dir={out_dir}",
+            *extra,
+        ],
     )
 
 
@@ -91,13 +99,20 @@ def summarize(ends: list[float], tokens: list[int], warmup: int) -> dict[str, An
     """Median step interval and tokens/s over the steps after `warmup` (ends[0] = the start)."""
     intervals = [b - a for a, b in zip(ends, ends[1:], strict=False)]
     timed, tok = intervals[warmup:], tokens[warmup:]
-    return {"step_s": statistics.median(timed), "mean_step_s": statistics.mean(timed),
-            "tokens_per_s": sum(tok) / sum(timed), "timed_steps": len(timed),
-            "intervals_s": [round(x, 3) for x in intervals], "tokens": tok}
+    return {
+        "step_s": statistics.median(timed),
+        "mean_step_s": statistics.mean(timed),
+        "tokens_per_s": sum(tok) / sum(timed),
+        "timed_steps": len(timed),
+        "intervals_s": [round(x, 3) for x in intervals],
+        "tokens": tok,
+    }
 
 
 # -------------------------------------------------------------------------------- the project
-def run_project(smollm2: bool, steps: int, warmup: int, eta: int, extra: list[str], out_dir: str) -> dict[str, Any]:
+def run_project(
+    smollm2: bool, steps: int, warmup: int, eta: int, extra: list[str], out_dir: str
+) -> dict[str, Any]:
     import ray
 
     from exgrpo.runtime.recipe import train
@@ -149,8 +164,13 @@ def run_trl(smollm2: bool, steps: int, warmup: int, out_dir: str) -> dict[str, A
     verifier.start()
     tokens: list[int] = []
 
-    def reward(prompts: list[str], completions: list[str], answer: list[str], completion_ids: list[list[int]],
-               **_: Any) -> list[float]:
+    def reward(
+        prompts: list[str],
+        completions: list[str],
+        answer: list[str],
+        completion_ids: list[list[int]],
+        **_: Any,
+    ) -> list[float]:
         tokens.append(sum(len(c) for c in completion_ids))
         return verifier.score_many(completions, answer)
 
@@ -168,21 +188,50 @@ def run_trl(smollm2: bool, steps: int, warmup: int, out_dir: str) -> dict[str, A
     if (b * k) % micro:
         raise ValueError(f"B*K={b * k} is not a multiple of the micro-batch size {micro}")
     args = GRPOConfig(
-        output_dir=out_dir, max_steps=warmup + steps, seed=cfg.trainer.seed, data_seed=cfg.data.seed,
-        per_device_train_batch_size=micro, gradient_accumulation_steps=b * k // micro,
+        output_dir=out_dir,
+        max_steps=warmup + steps,
+        seed=cfg.trainer.seed,
+        data_seed=cfg.data.seed,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=b * k // micro,
         steps_per_generation=b * k // micro,  # one generation of B x K completions per optimiser step
-        num_generations=k, max_completion_length=cfg.model.max_response_len, num_iterations=1,
-        learning_rate=lr.lr, lr_scheduler_type="constant", warmup_steps=0, adam_beta1=lr.betas[0],
-        adam_beta2=lr.betas[1], weight_decay=lr.weight_decay, max_grad_norm=lr.grad_clip,
-        beta=0.0, epsilon=lc.clip_eps, loss_type="dr_grpo" if lc.norm == "constant" else "dapo",
-        scale_rewards="group" if lc.std_normalize else "none", entropy_coef=lc.entropy_coef,
-        temperature=cfg.samplers.temperature, top_p=cfg.samplers.top_p, top_k=0, disable_dropout=True,
-        use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
-        dataloader_num_workers=0, log_completions=False,
+        num_generations=k,
+        max_completion_length=cfg.model.max_response_len,
+        num_iterations=1,
+        learning_rate=lr.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        adam_beta1=lr.betas[0],
+        adam_beta2=lr.betas[1],
+        weight_decay=lr.weight_decay,
+        max_grad_norm=lr.grad_clip,
+        beta=0.0,
+        epsilon=lc.clip_eps,
+        loss_type="dr_grpo" if lc.norm == "constant" else "dapo",
+        scale_rewards="group" if lc.std_normalize else "none",
+        entropy_coef=lc.entropy_coef,
+        temperature=cfg.samplers.temperature,
+        top_p=cfg.samplers.top_p,
+        top_k=0,
+        disable_dropout=True,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        log_completions=False,
         model_init_kwargs={"dtype": getattr(torch, cfg.model.dtype)},
     )
-    trainer = GRPOTrainer(model=model_dir, reward_funcs=reward, args=args, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[Clock()])
+    trainer = GRPOTrainer(
+        model=model_dir,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[Clock()],
+    )
     trainer.remove_callback(PrinterCallback)  # no metrics dict printed per step
     trainer.train()
     verifier.close()
@@ -196,10 +245,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smollm2", action="store_true", help="SmolLM2-135M (configs/smollm2-135m-cpu.yaml)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 10; SmolLM2: 1)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed first steps (default 3; SmolLM2: 1)")
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="untimed first steps (default 3; SmolLM2: 1)"
+    )
     parser.add_argument("--rounds", type=int, default=1, help="alternations of the runs")
     parser.add_argument("--runs", default="eta0,eta1,trl", help="comma-separated: eta0, eta1, trl")
-    parser.add_argument("--no-replay", action="store_true", help="project as plain GRPO (replay.enabled=false)")
+    parser.add_argument(
+        "--no-replay", action="store_true", help="project as plain GRPO (replay.enabled=false)"
+    )
     parser.add_argument("--out", default=None, help="JSON results (default bench/out/trl-<workload>.json)")
     args = parser.parse_args(argv)
     steps = args.steps if args.steps is not None else (1 if args.smollm2 else 10)
@@ -207,10 +260,13 @@ def main(argv: list[str] | None = None) -> None:
     name = "smollm2" if args.smollm2 else "default"
     extra = ["replay.enabled=false"] if args.no_replay else []
     cfg = workload(args.smollm2, steps, "", extra)
-    print(f"workload {name}: model {cfg.model.path}, B={cfg.trainer.questions_per_step} "
-          f"K={cfg.trainer.rollouts_per_question} T={cfg.model.max_response_len} lr={cfg.learners.lr} "
-          f"micro-batch {cfg.learners.micro_batch_size}; {warmup} warm-up + {steps} timed steps per run, "
-          f"{args.rounds} round(s); replay {'off' if args.no_replay else 'as configured'}", flush=True)
+    print(
+        f"workload {name}: model {cfg.model.path}, B={cfg.trainer.questions_per_step} "
+        f"K={cfg.trainer.rollouts_per_question} T={cfg.model.max_response_len} lr={cfg.learners.lr} "
+        f"micro-batch {cfg.learners.micro_batch_size}; {warmup} warm-up + {steps} timed steps per run, "
+        f"{args.rounds} round(s); replay {'off' if args.no_replay else 'as configured'}",
+        flush=True,
+    )
     results: dict[str, list[dict[str, Any]]] = {}
     out_root = ROOT / "bench" / "out" / f"trl-{name}"
     for r in range(args.rounds):
@@ -221,26 +277,37 @@ def main(argv: list[str] | None = None) -> None:
             if run == "trl":
                 res = in_child(run_trl, args.smollm2, steps, warmup, where)
             else:
-                res = in_child(run_project, args.smollm2, steps, warmup, int(run.removeprefix("eta")), extra, where)
+                res = in_child(
+                    run_project, args.smollm2, steps, warmup, int(run.removeprefix("eta")), extra, where
+                )
             res["wall_s"] = round(time.perf_counter() - t0, 1)
             results.setdefault(run, []).append(res)
             split = "  split " + json.dumps(res["split_s"]) if "split_s" in res else ""
-            print(f"round {r} {run:5}: {res['step_s']:.3f} s/step (median of {res['timed_steps']}; mean "
-                  f"{res['mean_step_s']:.3f}), {res['tokens_per_s']:.1f} generated tokens/s (tokens / time), "
-                  f"run {res['wall_s']} s{split}", flush=True)
+            print(
+                f"round {r} {run:5}: {res['step_s']:.3f} s/step (median of {res['timed_steps']}; mean "
+                f"{res['mean_step_s']:.3f}), {res['tokens_per_s']:.1f} generated tokens/s (tokens / time), "
+                f"run {res['wall_s']} s{split}",
+                flush=True,
+            )
     print("\nmedian over rounds:")
-    med = {run: (statistics.median(x["step_s"] for x in rs), statistics.median(x["tokens_per_s"] for x in rs))
-           for run, rs in results.items()}
+    med = {
+        run: (statistics.median(x["step_s"] for x in rs), statistics.median(x["tokens_per_s"] for x in rs))
+        for run, rs in results.items()
+    }
     for run, (s, t) in med.items():
         print(f"  {run:5} {s:.3f} s/step  {t:.1f} tokens/s")
     if "trl" in med:
         for run in med:
             if run != "trl":
-                print(f"  {run}/trl: step-time ratio {med[run][0] / med['trl'][0]:.2f} (<= 1 is no slower), "
-                      f"tokens/s ratio {med[run][1] / med['trl'][1]:.2f} (>= 1 is no slower)")
+                print(
+                    f"  {run}/trl: step-time ratio {med[run][0] / med['trl'][0]:.2f} (<= 1 is no slower), "
+                    f"tokens/s ratio {med[run][1] / med['trl'][1]:.2f} (>= 1 is no slower)"
+                )
     path = Path(args.out) if args.out else ROOT / "bench" / "out" / f"trl-{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"workload": name, "warmup": warmup, "steps": steps, "results": results}, indent=2))
+    path.write_text(
+        json.dumps({"workload": name, "warmup": warmup, "steps": steps, "results": results}, indent=2)
+    )
     print(f"wrote {path}")
 
 

@@ -32,10 +32,22 @@ from exgrpo.models.tiny import TinyModelSpec, build_tiny_model  # noqa: E402
 from exgrpo.runtime.assembly import build_system  # noqa: E402
 from exgrpo.runtime.env import init_ray  # noqa: E402
 
-SPEC_100M = TinyModelSpec(hidden_size=768, num_layers=14, num_heads=12, num_kv_heads=4, head_dim=64,
-                          intermediate_size=2304, max_position=256)
-register_builtin("bench-100m", BuiltinModel(build=lambda out_dir, *, cache_dir: build_tiny_model(out_dir, spec=SPEC_100M),
-                                            fingerprint=SPEC_100M.fingerprint()))
+SPEC_100M = TinyModelSpec(
+    hidden_size=768,
+    num_layers=14,
+    num_heads=12,
+    num_kv_heads=4,
+    head_dim=64,
+    intermediate_size=2304,
+    max_position=256,
+)
+register_builtin(
+    "bench-100m",
+    BuiltinModel(
+        build=lambda out_dir, *, cache_dir: build_tiny_model(out_dir, spec=SPEC_100M),
+        fingerprint=SPEC_100M.fingerprint(),
+    ),
+)
 CASES = {  # name: (engine, transport)
     "object_store, HF samplers": ("hf", "object_store"),
     "object_store, vLLM samplers": ("vllm", "object_store"),
@@ -55,8 +67,17 @@ def memcpy_s(nbytes: int, repeats: int = 5) -> float:
 
 
 def sync_case(engine: str, transport: str, *, samplers: int, repeats: int, warmup: int) -> dict:
-    cfg = load_config("tiny-cpu", ["logging.progress=false", "model.path=builtin:bench-100m", f"samplers.engine={engine}",
-                                   f"async.weight_sync={transport}", f"samplers.num={samplers}", "samplers.num_cpus=0.5"])
+    cfg = load_config(
+        "tiny-cpu",
+        [
+            "logging.progress=false",
+            "model.path=builtin:bench-100m",
+            f"samplers.engine={engine}",
+            f"async.weight_sync={transport}",
+            f"samplers.num={samplers}",
+            "samplers.num_cpus=0.5",
+        ],
+    )
     model_path = str(resolve_model(cfg.model.path, cache_dir=cfg.model.cache_dir))
     system = build_system(cfg, model_path=model_path)
     handles = list(system.samplers.members().values())
@@ -79,8 +100,15 @@ def sync_case(engine: str, transport: str, *, samplers: int, repeats: int, warmu
         params = system.learners.num_parameters()
     finally:
         system.shutdown()
-    return {"params": params, "sync_s": float(np.median(total)), "best_s": float(np.min(total)), "driver_blocked_s": float(np.median(export)),
-            "sampler_apply_s": float(np.median(apply)), "all_s": [round(t, 4) for t in total], "warmup_s": first}
+    return {
+        "params": params,
+        "sync_s": float(np.median(total)),
+        "best_s": float(np.min(total)),
+        "driver_blocked_s": float(np.median(export)),
+        "sampler_apply_s": float(np.median(apply)),
+        "all_s": [round(t, 4) for t in total],
+        "warmup_s": first,
+    }
 
 
 def _last_load(sampler) -> float:
@@ -101,22 +129,35 @@ def main() -> None:
     for name, (engine, transport) in CASES.items():
         if args.skip_vllm and engine == "vllm":
             continue
-        out[name] = sync_case(engine, transport, samplers=args.samplers, repeats=args.repeats, warmup=args.warmup)
+        out[name] = sync_case(
+            engine, transport, samplers=args.samplers, repeats=args.repeats, warmup=args.warmup
+        )
         nbytes = 4 * out[name]["params"]  # fp32, the tied embedding once (what the packed buffer holds)
         copies.append(memcpy_s(nbytes))  # the floor is measured beside every case (the machine is noisy)
         print(name, json.dumps(out[name]), flush=True)
     t_copy = float(np.min(copies))  # the floor: the best bandwidth seen
     floor = (1 + args.samplers) * t_copy
-    out["floor"] = {"bytes": nbytes, "memcpy_s": t_copy, "floor_s": floor, "memcpy_GBps": nbytes / t_copy / 1e9}
-    print(f"\nfloor: (1 + {args.samplers}) x memcpy of {nbytes / 1e6:.0f} MB ({t_copy * 1e3:.1f} ms, "
-          f"{nbytes / t_copy / 1e9:.1f} GB/s) = {floor * 1e3:.0f} ms")
-    print(f"{'case (medians; best of the repeats in brackets)':<50} {'sync (ms)':>10} {'/ floor':>8} {'best / floor':>13} "
-          f"{'driver blocked':>15} {'sampler apply':>14}")
+    out["floor"] = {
+        "bytes": nbytes,
+        "memcpy_s": t_copy,
+        "floor_s": floor,
+        "memcpy_GBps": nbytes / t_copy / 1e9,
+    }
+    print(
+        f"\nfloor: (1 + {args.samplers}) x memcpy of {nbytes / 1e6:.0f} MB ({t_copy * 1e3:.1f} ms, "
+        f"{nbytes / t_copy / 1e9:.1f} GB/s) = {floor * 1e3:.0f} ms"
+    )
+    print(
+        f"{'case (medians; best of the repeats in brackets)':<50} {'sync (ms)':>10} {'/ floor':>8} {'best / floor':>13} "
+        f"{'driver blocked':>15} {'sampler apply':>14}"
+    )
     for name in CASES:
         if name in out:
             r = out[name]
-            print(f"{name:<50} {r['sync_s'] * 1e3:>10.0f} {r['sync_s'] / floor:>8.2f} {r['best_s'] / floor:>13.2f} "
-                  f"{r['driver_blocked_s'] * 1e3:>12.0f} ms {r['sampler_apply_s'] * 1e3:>11.0f} ms")
+            print(
+                f"{name:<50} {r['sync_s'] * 1e3:>10.0f} {r['sync_s'] / floor:>8.2f} {r['best_s'] / floor:>13.2f} "
+                f"{r['driver_blocked_s'] * 1e3:>12.0f} ms {r['sampler_apply_s'] * 1e3:>11.0f} ms"
+            )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
 

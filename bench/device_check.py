@@ -134,8 +134,17 @@ def _response_logits(model: torch.nn.Module, ids: torch.Tensor, prompt_len: int)
     return logits[:, prompt_len - 1 : -1]
 
 
-def exgrpo_update(model: torch.nn.Module, opt: MasterWeights, groups: Sequence[Group], *, loss: LossConfig,
-                  micro_batch: int, minibatches: int, max_response_len: int, clip: bool) -> dict[str, Any]:
+def exgrpo_update(
+    model: torch.nn.Module,
+    opt: MasterWeights,
+    groups: Sequence[Group],
+    *,
+    loss: LossConfig,
+    micro_batch: int,
+    minibatches: int,
+    max_response_len: int,
+    clip: bool,
+) -> dict[str, Any]:
     """One ExGRPO update of whole groups, from ``exgrpo.core.algorithm``'s functions (DESIGN.md 4).
 
     The steps of ``learners.learner.Learner.update`` at world size 1 for equal-length rows (the test
@@ -150,8 +159,12 @@ def exgrpo_update(model: torch.nn.Module, opt: MasterWeights, groups: Sequence[G
     if len(groups) % minibatches:
         raise ValueError(f"{len(groups)} groups do not split into {minibatches} mini-batches")
     with torch.no_grad():
-        proximal = torch.cat([token_logprobs(_response_logits(model, ids[sl], p_len), ids[sl, p_len:])
-                              for sl in _chunks(n, micro_batch)])  # (N, R)
+        proximal = torch.cat(
+            [
+                token_logprobs(_response_logits(model, ids[sl], p_len), ids[sl, p_len:])
+                for sl in _chunks(n, micro_batch)
+            ]
+        )  # (N, R)
     old_logp = torch.where(rows["replayed"].unsqueeze(1), rows["behaviour"], proximal)  # (N, R)
     per = n // minibatches
     norms, skipped, pg, ent = [], 0, [], []
@@ -164,11 +177,18 @@ def exgrpo_update(model: torch.nn.Module, opt: MasterWeights, groups: Sequence[G
             tokens = ids[sl, p_len:]  # (n, R)
             logp, h = token_logprobs(logits, tokens), token_entropy(logits)  # (n, R) each
             value, metrics = exgrpo_loss(
-                logp=logp, old_logp=old_logp[sl], advantages=rows["adv"][sl],
-                response_mask=torch.ones_like(tokens, dtype=torch.bool), replayed=rows["replayed"][sl],
-                clip=clip, clip_eps=loss.clip_eps, beta=loss.beta,
-                norm_len=max_response_len if loss.norm == "constant" else None, entropy=h,
-                entropy_coef=loss.entropy_coef, shaping=loss.policy_shaping,
+                logp=logp,
+                old_logp=old_logp[sl],
+                advantages=rows["adv"][sl],
+                response_mask=torch.ones_like(tokens, dtype=torch.bool),
+                replayed=rows["replayed"][sl],
+                clip=clip,
+                clip_eps=loss.clip_eps,
+                beta=loss.beta,
+                norm_len=max_response_len if loss.norm == "constant" else None,
+                entropy=h,
+                entropy_coef=loss.entropy_coef,
+                shaping=loss.policy_shaping,
             )
             (value * (n_j / per)).backward()
             opt.accumulate()
@@ -190,7 +210,9 @@ def _chunks(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def build_learner_model(shape: Shape, *, dtype: str, device: torch.device, checkpointing: bool) -> torch.nn.Module:
+def build_learner_model(
+    shape: Shape, *, dtype: str, device: torch.device, checkpointing: bool
+) -> torch.nn.Module:
     """The random ``shape`` model (``bench.gpu_learner.build_model``), use_cache off, optionally checkpointed."""
     model = build_model(shape, dtype=getattr(torch, dtype), device=device)
     model.config.use_cache = False
@@ -200,8 +222,17 @@ def build_learner_model(shape: Shape, *, dtype: str, device: torch.device, check
     return model
 
 
-def check_learner(*, shape: Shape, device: str, dtype: str, warm: int, timed: int, checkpointing: bool,
-                  peak_flops: float, deadline: float) -> dict[str, Any]:
+def check_learner(
+    *,
+    shape: Shape,
+    device: str,
+    dtype: str,
+    warm: int,
+    timed: int,
+    checkpointing: bool,
+    peak_flops: float,
+    deadline: float,
+) -> dict[str, Any]:
     """``warm`` + ``timed`` updates (no clipping: replay has started); stops timing early at ``deadline``."""
     dev = torch.device(device)
     if dev.type == "cuda":
@@ -210,16 +241,19 @@ def check_learner(*, shape: Shape, device: str, dtype: str, warm: int, timed: in
     minibatches = 2
     torch.manual_seed(0)
     model = build_learner_model(shape, dtype=dtype, device=dev, checkpointing=checkpointing)
-    opt = MasterWeights(model, LearnerConfig(zero_stage=0, micro_batch_size=shape.micro_batch,
-                                             minibatches=minibatches))
+    opt = MasterWeights(
+        model, LearnerConfig(zero_stage=0, micro_batch_size=shape.micro_batch, minibatches=minibatches)
+    )
     loss_cfg = LossConfig()
     setup_s = time.perf_counter() - t0
     params = sum(p.numel() for p in model.parameters())  # the tied embedding once
     rows = shape.groups * shape.rollouts
     seq = shape.prompt_len + shape.response_len
     tokens, response_tokens = rows * seq, rows * shape.response_len
-    print(f"[learner] {params / 1e9:.3f} B params, {rows} x {seq} tokens per update, setup {setup_s:.1f} s",
-          flush=True)
+    print(
+        f"[learner] {params / 1e9:.3f} B params, {rows} x {seq} tokens per update, setup {setup_s:.1f} s",
+        flush=True,
+    )
     times: list[float] = []
     norms: list[float] = []
     losses: list[float] = []
@@ -233,8 +267,16 @@ def check_learner(*, shape: Shape, device: str, dtype: str, warm: int, timed: in
             _reset_peak(dev)
         _sync(dev)
         s0 = time.perf_counter()
-        m = exgrpo_update(model, opt, groups, loss=loss_cfg, micro_batch=shape.micro_batch,
-                          minibatches=minibatches, max_response_len=shape.response_len, clip=False)
+        m = exgrpo_update(
+            model,
+            opt,
+            groups,
+            loss=loss_cfg,
+            micro_batch=shape.micro_batch,
+            minibatches=minibatches,
+            max_response_len=shape.response_len,
+            clip=False,
+        )
         _sync(dev)
         seconds = time.perf_counter() - s0
         if m["response_tokens"] != response_tokens:
@@ -244,14 +286,19 @@ def check_learner(*, shape: Shape, device: str, dtype: str, warm: int, timed: in
         skipped += m["skipped_steps"]
         if step >= warm:
             times.append(seconds)
-        print(f"[learner] update {step}{'' if step >= warm else ' (warm-up)'}: {seconds:.3f} s, "
-              f"grad norm {norms[-1]:.4g}, loss {losses[-1]:.4g}", flush=True)
+        print(
+            f"[learner] update {step}{'' if step >= warm else ' (warm-up)'}: {seconds:.3f} s, "
+            f"grad norm {norms[-1]:.4g}, loss {losses[-1]:.4g}",
+            flush=True,
+        )
     if not times:
         raise RuntimeError("no timed update finished")
     t = sum(times) / len(times)
     d_attn = shape.hidden  # heads * head_dim
     model_flops = 6 * params * tokens
-    attn_flops = 6 * shape.layers * d_attn * rows * seq * seq  # 3 (fwd+bwd) x 2 matmuls x 2 S^2 d / 2 (causal)
+    attn_flops = (
+        6 * shape.layers * d_attn * rows * seq * seq
+    )  # 3 (fwd+bwd) x 2 matmuls x 2 S^2 d / 2 (causal)
     hw_flops = (8 + 2 * int(checkpointing)) * params * tokens
     out = {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
@@ -264,7 +311,7 @@ def check_learner(*, shape: Shape, device: str, dtype: str, warm: int, timed: in
         "minibatches": minibatches,
         "gradient_checkpointing": checkpointing and model.is_gradient_checkpointing and model.training,
         "update": "bench.device_check.exgrpo_update: exgrpo.core.algorithm loss + learners.optim.GuardedAdamW, "
-                  "no DeepSpeed, world size 1, fp32 master weights, gradients and AdamW moments",
+        "no DeepSpeed, world size 1, fp32 master weights, gradients and AdamW moments",
         "setup_s": setup_s,
         "step_seconds": times,
         "mean_step_s": t,
@@ -283,10 +330,13 @@ def check_learner(*, shape: Shape, device: str, dtype: str, warm: int, timed: in
         "skipped_steps": skipped,
         "peak_mem_gib": _peak_gib(dev),
     }
-    print(f"[learner] {out['tokens_per_s']:.0f} tokens/s, MFU {out['mfu']:.3f} "
-          f"(with attention {out['mfu_with_attention']:.3f}, HFU {out['hfu']:.3f}), "
-          f"{t:.3f} s per update, peak memory "
-          f"{'n/a' if out['peak_mem_gib'] is None else format(out['peak_mem_gib'], '.1f') + ' GiB'}", flush=True)
+    print(
+        f"[learner] {out['tokens_per_s']:.0f} tokens/s, MFU {out['mfu']:.3f} "
+        f"(with attention {out['mfu_with_attention']:.3f}, HFU {out['hfu']:.3f}), "
+        f"{t:.3f} s per update, peak memory "
+        f"{'n/a' if out['peak_mem_gib'] is None else format(out['peak_mem_gib'], '.1f') + ' GiB'}",
+        flush=True,
+    )
     return out
 
 
@@ -332,7 +382,9 @@ def _digest(sums: Sequence[tuple[int, int]]) -> str:
 
 def _random_state(specs: Sequence[Spec], device: torch.device) -> list[torch.Tensor]:
     g = torch.Generator(device=device).manual_seed(0)
-    return [torch.randn(shape, generator=g, dtype=getattr(torch, dt), device=device) for _, shape, dt in specs]
+    return [
+        torch.randn(shape, generator=g, dtype=getattr(torch, dt), device=device) for _, shape, dt in specs
+    ]
 
 
 def _pack(tensors: Sequence[torch.Tensor], chunk: Sequence[int]) -> torch.Tensor:
@@ -366,8 +418,18 @@ def _device(kind: str) -> torch.device:
     return torch.device("cpu")
 
 
-def broadcast_rank(rank: int, *, port: int, specs: list[Spec], buffer_bytes: int, reps: int, kind: str,
-                   backend: str, timeout_s: float, report: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+def broadcast_rank(
+    rank: int,
+    *,
+    port: int,
+    specs: list[Spec],
+    buffer_bytes: int,
+    reps: int,
+    kind: str,
+    backend: str,
+    timeout_s: float,
+    report: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
     """One of 2 ranks: (rank 0) memcpy floor, then ``reps`` packed-chunk broadcasts 0 -> 1, timed.
 
     Rank 0 packs each chunk inside the timed loop (as a sender must) but without vLLM's double
@@ -393,10 +455,18 @@ def broadcast_rank(rank: int, *, port: int, specs: list[Spec], buffer_bytes: int
     else:
         bufs = [torch.empty(n, dtype=torch.uint8, device=dev) for n in sizes]
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timedelta(seconds=timeout_s))
-    dist.init_process_group(backend, store=store, rank=rank, world_size=2, timeout=timedelta(seconds=timeout_s),
-                            device_id=dev if dev.type == "cuda" else None)
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=rank,
+        world_size=2,
+        timeout=timedelta(seconds=timeout_s),
+        device_id=dev if dev.type == "cuda" else None,
+    )
     try:
-        dist.all_reduce(torch.ones(1, device=dev))  # the communicator is up (NCCL's same-device refusal shows here)
+        dist.all_reduce(
+            torch.ones(1, device=dev)
+        )  # the communicator is up (NCCL's same-device refusal shows here)
         _sync(dev)
         times = []
         for _ in range(reps):
@@ -410,7 +480,9 @@ def broadcast_rank(rank: int, *, port: int, specs: list[Spec], buffer_bytes: int
         if rank == 0:
             out.update(sent_bytes=nbytes, checksum=_digest([checksum(_pack(tensors, c)) for c in plan]))
         else:
-            out.update(received_bytes=sum(b.numel() for b in bufs), checksum=_digest([checksum(b) for b in bufs]))
+            out.update(
+                received_bytes=sum(b.numel() for b in bufs), checksum=_digest([checksum(b) for b in bufs])
+            )
         out.update(seconds=times, gb_per_s=nbytes / min(times) / GB)
         dist.barrier()
     finally:
@@ -418,8 +490,19 @@ def broadcast_rank(rank: int, *, port: int, specs: list[Spec], buffer_bytes: int
     return out
 
 
-def ipc_rank(rank: int, *, specs: list[Spec], buffer_bytes: int, reps: int, kind: str, timeout_s: float,
-             chan: Any, ack: Any, floor: bool, report: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+def ipc_rank(
+    rank: int,
+    *,
+    specs: list[Spec],
+    buffer_bytes: int,
+    reps: int,
+    kind: str,
+    timeout_s: float,
+    chan: Any,
+    ack: Any,
+    floor: bool,
+    report: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
     """Rank 0 shares its packed chunks (CUDA IPC, or shared memory on CPU); rank 1 copies them ``reps`` times
     into buffers of its own. With ``floor`` (the collective pair brought none back) rank 0 measures the
     memcpy floor first."""
@@ -453,8 +536,13 @@ def ipc_rank(rank: int, *, specs: list[Spec], buffer_bytes: int, reps: int, kind
         _sync(dev)
         times.append(time.perf_counter() - t0)
     nbytes = sum(d.numel() for d in dst)
-    out.update(received_bytes=nbytes, bytes=nbytes, seconds=times, gb_per_s=nbytes / min(times) / GB,
-               checksum=_digest([checksum(d) for d in dst]))
+    out.update(
+        received_bytes=nbytes,
+        bytes=nbytes,
+        seconds=times,
+        gb_per_s=nbytes / min(times) / GB,
+        checksum=_digest([checksum(d) for d in dst]),
+    )
     del src
     if kind == "cuda":
         torch.cuda.ipc_collect()
@@ -480,8 +568,13 @@ def _entry(fn: Callable[..., dict[str, Any]], rank: int | None, kwargs: dict[str
         results.put(("error", rank, partial, text))
 
 
-def run_processes(fn: Callable[..., dict[str, Any]], ranks: Sequence[int | None], kwargs: dict[str, Any],
-                  timeout_s: float, ctx: Any) -> dict[Any, tuple[str, dict[str, Any], str | None]]:
+def run_processes(
+    fn: Callable[..., dict[str, Any]],
+    ranks: Sequence[int | None],
+    kwargs: dict[str, Any],
+    timeout_s: float,
+    ctx: Any,
+) -> dict[Any, tuple[str, dict[str, Any], str | None]]:
     """Spawn one process per rank, collect each one's report until ``timeout_s`` (or ``ERROR_GRACE_S``
     after a rank failed), kill what is left."""
     results = ctx.Queue()
@@ -510,8 +603,11 @@ def run_processes(fn: Callable[..., dict[str, Any]], ranks: Sequence[int | None]
     for r, p in zip(ranks, procs, strict=True):
         p.join(timeout=10.0 if r in got else 0.1)  # a reported rank may take a while to exit
         if p.is_alive():
-            print(f"[device_check] killing rank {r} (pid {p.pid}): past its time limit", file=sys.stderr,
-                  flush=True)
+            print(
+                f"[device_check] killing rank {r} (pid {p.pid}): past its time limit",
+                file=sys.stderr,
+                flush=True,
+            )
             p.kill()
             p.join(timeout=5.0)
         if r not in got:
@@ -520,20 +616,36 @@ def run_processes(fn: Callable[..., dict[str, Any]], ranks: Sequence[int | None]
     return got
 
 
-def check_broadcast(*, shape: Shape, kind: str, backend: str, dtype: torch.dtype, buffer_mb: float, reps: int,
-                    timeout_s: float, ctx: Any) -> dict[str, Any]:
+def check_broadcast(
+    *,
+    shape: Shape,
+    kind: str,
+    backend: str,
+    dtype: torch.dtype,
+    buffer_mb: float,
+    reps: int,
+    timeout_s: float,
+    ctx: Any,
+) -> dict[str, Any]:
     """The collective pair, then the IPC pair; each within half of ``timeout_s``."""
     specs = state_specs(shape, dtype)
     buffer_bytes = int(buffer_mb * 2**20)
     half = timeout_s / 2
-    store = torch.distributed.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False,
-                                       timeout=timedelta(seconds=half))
+    store = torch.distributed.TCPStore(
+        "127.0.0.1", 0, 2, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=half)
+    )
     common = dict(specs=specs, buffer_bytes=buffer_bytes, reps=reps, kind=kind, timeout_s=half)
     start = time.monotonic()
-    coll = run_processes(broadcast_rank, [0, 1], {**common, "port": store.port, "backend": backend}, half, ctx)
-    out: dict[str, Any] = {"params": sum(math.prod(s[1]) for s in specs), "tensors": len(specs),
-                           "dtype": str(dtype).removeprefix("torch."), "buffer_mb": buffer_mb,
-                           "memcpy_floor": coll[0][1].get("memcpy_floor")}
+    coll = run_processes(
+        broadcast_rank, [0, 1], {**common, "port": store.port, "backend": backend}, half, ctx
+    )
+    out: dict[str, Any] = {
+        "params": sum(math.prod(s[1]) for s in specs),
+        "tensors": len(specs),
+        "dtype": str(dtype).removeprefix("torch."),
+        "buffer_mb": buffer_mb,
+        "memcpy_floor": coll[0][1].get("memcpy_floor"),
+    }
     if all(status == "ok" for status, _, _ in coll.values()):
         send, recv = coll[0][1], coll[1][1]
         out["collective"] = {
@@ -543,15 +655,22 @@ def check_broadcast(*, shape: Shape, kind: str, backend: str, dtype: torch.dtype
             "sender_gb_per_s": send["gb_per_s"],
             "received_bytes": recv["received_bytes"],
             "checksum_received": recv["checksum"],
-            "checksum_match": send["checksum"] == recv["checksum"] and send["sent_bytes"] == recv["received_bytes"],
+            "checksum_match": send["checksum"] == recv["checksum"]
+            and send["sent_bytes"] == recv["received_bytes"],
         }
         out["ran"] = backend
     else:
         errors = {r: e for r, (status, _, e) in coll.items() if status != "ok"}
         out["collective"] = {"backend": backend, "error": errors}
-        print("\n" + "!" * 100 + f"\n!!! {backend.upper()} BROADCAST BETWEEN TWO PROCESSES ON ONE DEVICE FAILED: "
-              f"{errors}\n!!! falling back to the memcpy floor + {'CUDA IPC' if kind == 'cuda' else 'shm'}\n"
-              + "!" * 100 + "\n", flush=True)
+        print(
+            "\n"
+            + "!" * 100
+            + f"\n!!! {backend.upper()} BROADCAST BETWEEN TWO PROCESSES ON ONE DEVICE FAILED: "
+            f"{errors}\n!!! falling back to the memcpy floor + {'CUDA IPC' if kind == 'cuda' else 'shm'}\n"
+            + "!" * 100
+            + "\n",
+            flush=True,
+        )
     chan, ack = ctx.Queue(), ctx.Queue()
     left = max(10.0, timeout_s - (time.monotonic() - start))
     kw = {**common, "timeout_s": left, "chan": chan, "ack": ack, "floor": out["memcpy_floor"] is None}
@@ -559,21 +678,33 @@ def check_broadcast(*, shape: Shape, kind: str, backend: str, dtype: torch.dtype
     out["memcpy_floor"] = out["memcpy_floor"] or ipc[0][1].get("memcpy_floor")
     if all(status == "ok" for status, _, _ in ipc.values()):
         send, recv = ipc[0][1], ipc[1][1]
-        out["ipc"] = {**recv, "checksum_sent": send["checksum"], "sent_bytes": send["sent_bytes"],
-                      "checksum_match": send["checksum"] == recv["checksum"]
-                      and send["sent_bytes"] == recv["received_bytes"]}
+        out["ipc"] = {
+            **recv,
+            "checksum_sent": send["checksum"],
+            "sent_bytes": send["sent_bytes"],
+            "checksum_match": send["checksum"] == recv["checksum"]
+            and send["sent_bytes"] == recv["received_bytes"],
+        }
         out.setdefault("ran", out["ipc"]["method"])
     else:
         out["ipc"] = {"error": {r: e for r, (status, _, e) in ipc.items() if status != "ok"}}
     problems = [] if "ran" in out else ["neither the collective nor the IPC pair ran"]
-    problems += [f"{name}: the received bytes differ from the sent ones" for name in ("collective", "ipc")
-                 if out[name].get("checksum_match") is False]
+    problems += [
+        f"{name}: the received bytes differ from the sent ones"
+        for name in ("collective", "ipc")
+        if out[name].get("checksum_match") is False
+    ]
     if problems:
         out["error"] = "; ".join(problems)  # main() fails the part, keeping its figures
     floor = out["memcpy_floor"]
-    print(f"[broadcast] {out['params'] / 1e9:.3f} B params, ran: {out['ran']}; "
-          + "; ".join(f"{k} {out[k]['gb_per_s']:.1f} GB/s" for k in ("collective", "ipc") if "gb_per_s" in out[k])
-          + (f"; memcpy floor {floor['gb_per_s']:.1f} GB/s" if floor else "; no memcpy floor"), flush=True)
+    print(
+        f"[broadcast] {out['params'] / 1e9:.3f} B params, ran: {out['ran']}; "
+        + "; ".join(
+            f"{k} {out[k]['gb_per_s']:.1f} GB/s" for k in ("collective", "ipc") if "gb_per_s" in out[k]
+        )
+        + (f"; memcpy floor {floor['gb_per_s']:.1f} GB/s" if floor else "; no memcpy floor"),
+        flush=True,
+    )
     return out
 
 
@@ -587,19 +718,33 @@ def _nccl_version() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shape on CPU (gloo)")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="model and state")
-    parser.add_argument("--collective-backend", default="auto", choices=["auto", "nccl", "gloo"],
-                        help="auto: nccl on CUDA, gloo on CPU (nccl with --cpu-smoke exercises the fallback)")
+    parser.add_argument(
+        "--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="model and state"
+    )
+    parser.add_argument(
+        "--collective-backend",
+        default="auto",
+        choices=["auto", "nccl", "gloo"],
+        help="auto: nccl on CUDA, gloo on CPU (nccl with --cpu-smoke exercises the fallback)",
+    )
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="JSON path or folder")
     parser.add_argument("--parts", default="learner,broadcast", help="comma-separated: learner, broadcast")
     parser.add_argument("--warm", type=int, default=None, help="untimed updates (GPU 2, smoke 1)")
     parser.add_argument("--timed", type=int, default=None, help="timed updates (GPU 4, smoke 2)")
     parser.add_argument("--no-checkpointing", action="store_true", help="gradient checkpointing off")
-    parser.add_argument("--micro-batch", type=int, default=None, help="sequences per forward/backward (GPU 8)")
-    parser.add_argument("--buffer-mb", type=float, default=1024.0,
-                        help="packed chunk size, MiB (vLLM's default buffer: 1 GiB)")
+    parser.add_argument(
+        "--micro-batch", type=int, default=None, help="sequences per forward/backward (GPU 8)"
+    )
+    parser.add_argument(
+        "--buffer-mb",
+        type=float,
+        default=1024.0,
+        help="packed chunk size, MiB (vLLM's default buffer: 1 GiB)",
+    )
     parser.add_argument("--reps", type=int, default=3, help="timed broadcasts / copies")
     parser.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS, help="MFU denominator")
     parser.add_argument("--learner-timeout-s", type=float, default=240.0)
@@ -617,7 +762,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.micro_batch is not None:
         shape = dataclasses.replace(shape, micro_batch=args.micro_batch)
     dtype = args.dtype
-    backend = args.collective_backend if args.collective_backend != "auto" else "nccl" if kind == "cuda" else "gloo"
+    backend = (
+        args.collective_backend if args.collective_backend != "auto" else "nccl" if kind == "cuda" else "gloo"
+    )
     if kind == "cuda":
         os.environ.setdefault("NCCL_DEBUG", "WARN")  # NCCL's own reason, should it refuse
     warm = args.warm if args.warm is not None else (1 if smoke else 2)
@@ -636,8 +783,10 @@ def main(argv: list[str] | None = None) -> int:
         "parts": {},
         "errors": {},
     }
-    print(f"[device_check] {report['mode']} on {report['device']}, torch {report['torch']}, parts {parts}",
-          flush=True)
+    print(
+        f"[device_check] {report['mode']} on {report['device']}, torch {report['torch']}, parts {parts}",
+        flush=True,
+    )
 
     def remaining() -> float:
         return args.budget_s - (time.monotonic() - begin)
@@ -649,8 +798,15 @@ def main(argv: list[str] | None = None) -> int:
             if limit < 10:
                 raise TimeoutError(f"only {limit:.0f} s of the budget left")
             if part == "learner":
-                kw = dict(shape=shape, device="cuda:0" if kind == "cuda" else "cpu", dtype=dtype, warm=warm,
-                          timed=timed, checkpointing=not args.no_checkpointing, peak_flops=args.peak_tflops * 1e12)
+                kw = dict(
+                    shape=shape,
+                    device="cuda:0" if kind == "cuda" else "cpu",
+                    dtype=dtype,
+                    warm=warm,
+                    timed=timed,
+                    checkpointing=not args.no_checkpointing,
+                    peak_flops=args.peak_tflops * 1e12,
+                )
                 # the child stops timing at its deadline; the kill comes 20 s later
                 kw["deadline"] = time.monotonic() + limit - 20
                 got = run_processes(check_learner, [None], kw, limit, ctx)[None]
@@ -659,8 +815,15 @@ def main(argv: list[str] | None = None) -> int:
                 report["parts"][part] = got[1]
             elif part == "broadcast":
                 result = check_broadcast(
-                    shape=shape, kind=kind, backend=backend, dtype=getattr(torch, dtype),
-                    buffer_mb=args.buffer_mb if not smoke else 0.05, reps=args.reps, timeout_s=limit, ctx=ctx)
+                    shape=shape,
+                    kind=kind,
+                    backend=backend,
+                    dtype=getattr(torch, dtype),
+                    buffer_mb=args.buffer_mb if not smoke else 0.05,
+                    reps=args.reps,
+                    timeout_s=limit,
+                    ctx=ctx,
+                )
                 report["parts"][part] = result
                 if "error" in result:
                     raise RuntimeError(result["error"])
@@ -677,8 +840,10 @@ def main(argv: list[str] | None = None) -> int:
     with open(path, "w") as f:
         f.write(text + "\n")
     print(text, flush=True)
-    print(f"[device_check] wrote {path} in {report['wall_s']:.1f} s; failed parts: {sorted(report['errors'])}",
-          flush=True)
+    print(
+        f"[device_check] wrote {path} in {report['wall_s']:.1f} s; failed parts: {sorted(report['errors'])}",
+        flush=True,
+    )
     return 1 if report["errors"] else 0
 
 

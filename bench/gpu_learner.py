@@ -212,6 +212,7 @@ def bench_learner(
 ) -> LearnerResult:
     """``warm`` + ``timed`` updates of the DeepSpeed learner at world size 1 (no clipping: replay has started)."""
     from learners.learner import Learner  # here, not at the top: bench/device_check.py imports this module
+
     # where Ray and DeepSpeed are missing
     cfg = LearnerConfig(
         zero_stage=zero_stage,

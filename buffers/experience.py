@@ -176,8 +176,9 @@ class ExperiencePool:
 
     # -- sampling --------------------------------------------------------------------------------
 
-    def sample_from_buckets(self, counts: Mapping[int, int], *, rng: np.random.Generator,
-                            exclude: frozenset[str] = frozenset()) -> list[str]:
+    def sample_from_buckets(
+        self, counts: Mapping[int, int], *, rng: np.random.Generator, exclude: frozenset[str] = frozenset()
+    ) -> list[str]:
         """Up to counts[k] distinct sampleable qids from each bucket k (ascending k), uniformly without
         replacement, never one in `exclude`. A bucket smaller than its count gives all it has (the
         caller redistributes the shortfall): bucket sizes read earlier may be stale under concurrent
@@ -278,9 +279,9 @@ class ExperiencePool:
         if not order and not retired:
             yield self._table([], [])
         for i in range(0, len(order), questions_per_table):
-            yield self._table(order[i:i + questions_per_table], [])
+            yield self._table(order[i : i + questions_per_table], [])
         for i in range(0, len(retired), questions_per_table):
-            yield self._table([], retired[i:i + questions_per_table])
+            yield self._table([], retired[i : i + questions_per_table])
 
     def _snapshot_order(self) -> list[str]:
         order = [qid for b in self._buckets.values() for qid in b.items]
@@ -346,7 +347,9 @@ class ExperiencePool:
             if kind == "question":
                 bucket = col["bucket"][i]
                 if bucket is not None and not 0 < bucket < k_rollouts:
-                    raise ValueError(f"row {first + i}: bucket {bucket} of {qid!r} is outside 1..{k_rollouts - 1}")
+                    raise ValueError(
+                        f"row {first + i}: bucket {bucket} of {qid!r} is outside 1..{k_rollouts - 1}"
+                    )
                 self._questions[qid] = _Question(prompts[i], bucket)
             elif kind == "trajectory":
                 if qid not in self._questions:

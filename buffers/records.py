@@ -14,28 +14,58 @@ import pyarrow as pa
 
 from exgrpo.core.records import Group, Trajectory
 
-SCHEMA = pa.schema([
-    ("request_id", pa.int64()), ("qid", pa.string()), ("kind", pa.string()), ("gold", pa.string()),
-    ("group_id", pa.string()), ("group_policy_version", pa.int64()), ("admitted_version", pa.int64()),
-    ("prompt_ids", pa.list_(pa.int32())), ("role", pa.string()),  # "trajectory" | "candidate" | "empty"
-    ("response_ids", pa.list_(pa.int32())), ("logprobs", pa.list_(pa.float64())), ("reward", pa.float64()),
-    ("policy_version", pa.int64()), ("replayed", pa.bool_()), ("text", pa.string()), ("traj_group_id", pa.string()),
-])
+SCHEMA = pa.schema(
+    [
+        ("request_id", pa.int64()),
+        ("qid", pa.string()),
+        ("kind", pa.string()),
+        ("gold", pa.string()),
+        ("group_id", pa.string()),
+        ("group_policy_version", pa.int64()),
+        ("admitted_version", pa.int64()),
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("role", pa.string()),  # "trajectory" | "candidate" | "empty"
+        ("response_ids", pa.list_(pa.int32())),
+        ("logprobs", pa.list_(pa.float64())),
+        ("reward", pa.float64()),
+        ("policy_version", pa.int64()),
+        ("replayed", pa.bool_()),
+        ("text", pa.string()),
+        ("traj_group_id", pa.string()),
+    ]
+)
 
 
 def groups_to_arrow(groups: Sequence[Group]) -> pa.Table:
     rows: list[dict] = []
     for g in groups:
-        head = {"request_id": g.request_id, "qid": g.qid, "kind": g.kind, "gold": g.gold, "group_id": g.group_id,
-                "group_policy_version": g.policy_version, "admitted_version": g.admitted_version,
-                "prompt_ids": list(g.prompt_ids)}
+        head = {
+            "request_id": g.request_id,
+            "qid": g.qid,
+            "kind": g.kind,
+            "gold": g.gold,
+            "group_id": g.group_id,
+            "group_policy_version": g.policy_version,
+            "admitted_version": g.admitted_version,
+            "prompt_ids": list(g.prompt_ids),
+        }
         items = [("trajectory", t) for t in g.trajectories] + [("candidate", c) for c in g.candidates]
         if not items:
             rows.append({**head, "role": "empty"})
         for role, t in items:
-            rows.append({**head, "role": role, "response_ids": list(t.response_ids), "logprobs": list(t.logprobs),
-                         "reward": t.reward, "policy_version": t.policy_version, "replayed": t.replayed,
-                         "text": t.text, "traj_group_id": t.group_id})
+            rows.append(
+                {
+                    **head,
+                    "role": role,
+                    "response_ids": list(t.response_ids),
+                    "logprobs": list(t.logprobs),
+                    "reward": t.reward,
+                    "policy_version": t.policy_version,
+                    "replayed": t.replayed,
+                    "text": t.text,
+                    "traj_group_id": t.group_id,
+                }
+            )
     return pa.Table.from_pylist(rows, schema=SCHEMA)
 
 
@@ -48,14 +78,16 @@ class _Lists:
         self.values = arr.values.to_numpy(zero_copy_only=False)
 
     def __getitem__(self, i: int) -> tuple:
-        return tuple(self.values[self.offsets[i]:self.offsets[i + 1]].tolist())
+        return tuple(self.values[self.offsets[i] : self.offsets[i + 1]].tolist())
 
 
 def groups_from_arrow(table: pa.Table) -> list[Group]:
     if table.num_rows == 0:
         return []
     col = {f.name: table.column(f.name).to_pylist() for f in SCHEMA if not pa.types.is_list(f.type)}
-    prompts, responses, logprobs = (_Lists(table.column(n)) for n in ("prompt_ids", "response_ids", "logprobs"))
+    prompts, responses, logprobs = (
+        _Lists(table.column(n)) for n in ("prompt_ids", "response_ids", "logprobs")
+    )
     by_id: dict[int, tuple[int, list[Trajectory], list[Trajectory]]] = {}
     for i, (rid, role) in enumerate(zip(col["request_id"], col["role"], strict=True)):
         entry = by_id.get(rid)
@@ -63,12 +95,29 @@ def groups_from_arrow(table: pa.Table) -> list[Group]:
             entry = by_id[rid] = (i, [], [])
         if role == "empty":
             continue
-        t = Trajectory(qid=col["qid"][i], response_ids=responses[i], logprobs=logprobs[i], reward=col["reward"][i],
-                       policy_version=col["policy_version"][i], replayed=col["replayed"][i], text=col["text"][i],
-                       group_id=col["traj_group_id"][i])
+        t = Trajectory(
+            qid=col["qid"][i],
+            response_ids=responses[i],
+            logprobs=logprobs[i],
+            reward=col["reward"][i],
+            policy_version=col["policy_version"][i],
+            replayed=col["replayed"][i],
+            text=col["text"][i],
+            group_id=col["traj_group_id"][i],
+        )
         entry[1 if role == "trajectory" else 2].append(t)
-    return [Group(qid=col["qid"][i], prompt_ids=prompts[i], trajectories=tuple(trajs), kind=col["kind"][i],
-                  gold=col["gold"][i], group_id=col["group_id"][i], request_id=rid,
-                  policy_version=col["group_policy_version"][i], admitted_version=col["admitted_version"][i],
-                  candidates=tuple(cands))
-            for rid, (i, trajs, cands) in by_id.items()]
+    return [
+        Group(
+            qid=col["qid"][i],
+            prompt_ids=prompts[i],
+            trajectories=tuple(trajs),
+            kind=col["kind"][i],
+            gold=col["gold"][i],
+            group_id=col["group_id"][i],
+            request_id=rid,
+            policy_version=col["group_policy_version"][i],
+            admitted_version=col["admitted_version"][i],
+            candidates=tuple(cands),
+        )
+        for rid, (i, trajs, cands) in by_id.items()
+    ]

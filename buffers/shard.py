@@ -25,7 +25,6 @@ Guarantees:
   replay after a restart, stays within max(compact_bytes, compact_growth x the snapshot).
 """
 
-
 from __future__ import annotations
 
 import json
@@ -53,8 +52,15 @@ TAKE_ID = b"exgrpo.take_id"
 class ReplayShard:
     """An `ExperiencePool` and a ready queue of finished groups, keyed by request id."""
 
-    def __init__(self, *, k_rollouts: int, max_trajectories_per_question: int = 8, wal_dir: str | None = None,
-                 compact_bytes: int = 64 << 20, compact_growth: float = 1.0) -> None:
+    def __init__(
+        self,
+        *,
+        k_rollouts: int,
+        max_trajectories_per_question: int = 8,
+        wal_dir: str | None = None,
+        compact_bytes: int = 64 << 20,
+        compact_growth: float = 1.0,
+    ) -> None:
         self.k_rollouts = k_rollouts
         self.max_trajectories_per_question = max_trajectories_per_question
         self.pool = ExperiencePool(k_rollouts, max_trajectories_per_question)
@@ -77,8 +83,13 @@ class ReplayShard:
                 self._snapshot_bytes = _dir_bytes(snap)
             for table in frames:
                 self._replay(table)
-            self.recovery = {"snapshot": snap is not None, "frames": len(frames), "generation": self.wal.gen,
-                             "seconds": time.perf_counter() - t0, **self.stats().__dict__}
+            self.recovery = {
+                "snapshot": snap is not None,
+                "frames": len(frames),
+                "generation": self.wal.gen,
+                "seconds": time.perf_counter() - t0,
+                **self.stats().__dict__,
+            }
 
     def ping(self) -> str:
         return "pong"
@@ -105,14 +116,20 @@ class ReplayShard:
             if group.request_id in self._seen or group.request_id in new:
                 continue  # a re-issued request's second copy
             if group.kind == "replay" and not group.candidates:
-                raise ValueError(f"replay group of request {group.request_id} ({group.qid!r}) carries no "
-                                 "candidates; a replay request must carry those pinned when its question was sampled")
+                raise ValueError(
+                    f"replay group of request {group.request_id} ({group.qid!r}) carries no "
+                    "candidates; a replay request must carry those pinned when its question was sampled"
+                )
             if group.group_size != self.k_rollouts:
-                raise ValueError(f"group of request {group.request_id} has {group.group_size} rollouts "
-                                 f"(replay slot included); this replay service is for K={self.k_rollouts}")
+                raise ValueError(
+                    f"group of request {group.request_id} has {group.group_size} rollouts "
+                    f"(replay slot included); this replay service is for K={self.k_rollouts}"
+                )
             new[group.request_id] = group
         if new:
-            if self.wal is not None:  # encoding the frame costs more than recording the groups: only with a log
+            if (
+                self.wal is not None
+            ):  # encoding the frame costs more than recording the groups: only with a log
                 self._log(groups_to_arrow(list(new.values())), op="push")
             self._apply_push(new.values())
             self._maybe_compact()
@@ -155,8 +172,9 @@ class ReplayShard:
             self._last_take = (take_id, out)
         return out
 
-    def sample(self, *, counts: Mapping[int, int], seed: int,
-               exclude: Sequence[str] = ()) -> tuple[list[ReplayPick], dict[int, int]]:
+    def sample(
+        self, *, counts: Mapping[int, int], seed: int, exclude: Sequence[str] = ()
+    ) -> tuple[list[ReplayPick], dict[int, int]]:
         """Up to `counts[k]` distinct sampleable questions from each bucket k, with their candidates.
 
         One atomic step of this shard: sizes may have changed since the caller planned `counts`, so a
@@ -175,9 +193,13 @@ class ReplayShard:
         return self.pool.retired()
 
     def stats(self) -> ReplayStats:
-        return ReplayStats(bucket_sizes=self.pool.bucket_sizes(), active=len(self.pool),
-                           retired=self.pool.num_retired(), trajectories=self.pool.num_trajectories(),
-                           ready=len(self._ready))
+        return ReplayStats(
+            bucket_sizes=self.pool.bucket_sizes(),
+            active=len(self.pool),
+            retired=self.pool.num_retired(),
+            trajectories=self.pool.num_trajectories(),
+            ready=len(self._ready),
+        )
 
     # -- the write-ahead log -----------------------------------------------------------------------
     def _log(self, table: pa.Table, *, op: str, take_id: str | None = None) -> None:
@@ -193,7 +215,9 @@ class ReplayShard:
             self._apply_push(groups_from_arrow(table))
         elif op == "take":
             tid = meta.get(TAKE_ID)
-            self._apply_take(table.column("request_id").to_pylist(), tid.decode() if tid is not None else None)
+            self._apply_take(
+                table.column("request_id").to_pylist(), tid.decode() if tid is not None else None
+            )
         elif op == "collect":
             self.collect = bool(table.column("on")[0].as_py())
         else:
@@ -238,8 +262,10 @@ class ReplayShard:
             groups = groups_from_arrow(pq.read_table(directory / "taken.parquet"))
             st = state["stats"]
             stats = ReplayStats(**{**st, "bucket_sizes": {int(k): v for k, v in st["bucket_sizes"].items()}})
-            self._last_take = (state["take_id"], PulledBatch(groups=tuple(groups), dropped=tuple(state["dropped"]),
-                                                             stats=stats))
+            self._last_take = (
+                state["take_id"],
+                PulledBatch(groups=tuple(groups), dropped=tuple(state["dropped"]), stats=stats),
+            )
 
     # -- snapshots ---------------------------------------------------------------------------------
     def snapshot(self, *, path: str) -> int:
@@ -253,17 +279,24 @@ class ReplayShard:
 
     def snapshot_files(self, *, path: str) -> int:
         ids = sorted(self._seen)
-        seen = pa.table({"request_id": pa.array(ids, pa.int64()),
-                         "retired_its_question": pa.array([r in self._retirers for r in ids], pa.bool_())})
+        seen = pa.table(
+            {
+                "request_id": pa.array(ids, pa.int64()),
+                "retired_its_question": pa.array([r in self._retirers for r in ids], pa.bool_()),
+            }
+        )
+
         def write_pool(tmp: Path) -> None:  # a row group per piece: never a second copy of the whole pool
             with pq.ParquetWriter(tmp, self.pool.snapshot_schema()) as writer:
                 for table in self.pool.iter_arrow():
                     writer.write_table(table)
 
         written = 0
-        for write, target in ((write_pool, Path(path)),
-                              (_writer(groups_to_arrow(list(self._ready.values()))), Path(f"{path}.ready")),
-                              (_writer(seen), Path(f"{path}.seen"))):
+        for write, target in (
+            (write_pool, Path(path)),
+            (_writer(groups_to_arrow(list(self._ready.values()))), Path(f"{path}.ready")),
+            (_writer(seen), Path(f"{path}.seen")),
+        ):
             atomic_write(target, write)
             written += target.stat().st_size
         _release_arrow_memory()
@@ -278,18 +311,26 @@ class ReplayShard:
 
     def _load(self, path: str | Path) -> None:
         with pq.ParquetFile(path) as parquet:  # piece by piece: the whole table is never in memory at once
-            pieces = (pa.Table.from_batches([b], schema=parquet.schema_arrow)
-                      for b in parquet.iter_batches(batch_size=16384))
-            self.pool = ExperiencePool.from_arrow(pieces if parquet.metadata.num_rows else parquet.read(),
-                                                  k_rollouts=self.k_rollouts,
-                                                  max_trajectories_per_question=self.max_trajectories_per_question)
+            pieces = (
+                pa.Table.from_batches([b], schema=parquet.schema_arrow)
+                for b in parquet.iter_batches(batch_size=16384)
+            )
+            self.pool = ExperiencePool.from_arrow(
+                pieces if parquet.metadata.num_rows else parquet.read(),
+                k_rollouts=self.k_rollouts,
+                max_trajectories_per_question=self.max_trajectories_per_question,
+            )
         ready, seen = Path(f"{path}.ready"), Path(f"{path}.seen")
-        self._ready = {g.request_id: g for g in groups_from_arrow(pq.read_table(ready))} if ready.exists() else {}
+        self._ready = (
+            {g.request_id: g for g in groups_from_arrow(pq.read_table(ready))} if ready.exists() else {}
+        )
         self._seen, self._retirers = set(), set()
         if seen.exists():
             table = pq.read_table(seen).to_pydict()
             self._seen = set(table["request_id"])
-            self._retirers = {r for r, x in zip(table["request_id"], table["retired_its_question"], strict=True) if x}
+            self._retirers = {
+                r for r, x in zip(table["request_id"], table["retired_its_question"], strict=True) if x
+            }
         self._seen |= self._ready.keys()
         _release_arrow_memory()
 

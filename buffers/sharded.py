@@ -67,10 +67,15 @@ class RayInvoke:
                 except RayActorError as e:
                     t0 = first_failure.setdefault(i, time.monotonic())
                     if time.monotonic() - t0 >= self.retry_s:
-                        raise RuntimeError(f"replay shard call {calls[i][1]!r} still failing after "
-                                           f"{self.retry_s:.0f} s of retries: {e}") from e
-                    log.warning("replay shard call %r failed (%s); retrying while Ray restarts the shard",
-                                calls[i][1], type(e).__name__)
+                        raise RuntimeError(
+                            f"replay shard call {calls[i][1]!r} still failing after "
+                            f"{self.retry_s:.0f} s of retries: {e}"
+                        ) from e
+                    log.warning(
+                        "replay shard call %r failed (%s); retrying while Ray restarts the shard",
+                        calls[i][1],
+                        type(e).__name__,
+                    )
                     self.retries += 1
                     time.sleep(self.backoff_s)
                     refs[i] = send(i)
@@ -95,14 +100,26 @@ def merge_stats(parts: Sequence[ReplayStats]) -> ReplayStats:
     for st in parts:
         for k, c in st.bucket_sizes.items():
             sizes[k] = sizes.get(k, 0) + c
-    return ReplayStats(bucket_sizes=dict(sorted(sizes.items())), active=sum(s.active for s in parts),
-                       retired=sum(s.retired for s in parts), trajectories=sum(s.trajectories for s in parts),
-                       ready=sum(s.ready for s in parts))
+    return ReplayStats(
+        bucket_sizes=dict(sorted(sizes.items())),
+        active=sum(s.active for s in parts),
+        retired=sum(s.retired for s in parts),
+        trajectories=sum(s.trajectories for s in parts),
+        ready=sum(s.ready for s in parts),
+    )
 
 
 class ShardedReplay:
-    def __init__(self, *, shards: Sequence[Any], k_rollouts: int, mu: float | None = None, sigma: float = 1.0,
-                 uniform: bool = False, invoke: Callable[[Sequence[Call]], list[Any]] = ray_invoke) -> None:
+    def __init__(
+        self,
+        *,
+        shards: Sequence[Any],
+        k_rollouts: int,
+        mu: float | None = None,
+        sigma: float = 1.0,
+        uniform: bool = False,
+        invoke: Callable[[Sequence[Call]], list[Any]] = ray_invoke,
+    ) -> None:
         self.shards = list(shards)
         self.k_rollouts = k_rollouts
         self.mu, self.sigma, self.uniform = mu, sigma, uniform
@@ -139,10 +156,20 @@ class ShardedReplay:
         picked: list[list[str]] = [[] for _ in self.shards]
         out: list[ReplayPick] = []
         for _ in range(MAX_SAMPLE_ROUNDS):
-            plan = draw_plan(sizes, n - len(out), k_rollouts=self.k_rollouts, mu=self.mu, sigma=self.sigma,
-                             uniform=self.uniform, rng=rng)
-            calls = [(i, {"counts": c, "seed": int(rng.integers(2**31)), "exclude": picked[i]})
-                     for i, c in enumerate(plan) if c]
+            plan = draw_plan(
+                sizes,
+                n - len(out),
+                k_rollouts=self.k_rollouts,
+                mu=self.mu,
+                sigma=self.sigma,
+                uniform=self.uniform,
+                rng=rng,
+            )
+            calls = [
+                (i, {"counts": c, "seed": int(rng.integers(2**31)), "exclude": picked[i]})
+                for i, c in enumerate(plan)
+                if c
+            ]
             if not calls:
                 break
             results = self.invoke([(self.shards[i], "sample", kw) for i, kw in calls])
@@ -167,8 +194,10 @@ class ShardedReplay:
         dropped = tuple(sorted(r for p in parts for r in p.dropped))
         missing = set(request_ids) - {g.request_id for g in groups} - set(dropped)
         if missing:
-            raise RuntimeError(f"pull_batch: requests {sorted(missing)} were reported done but no shard holds "
-                               "their group (a replay shard lost them)")
+            raise RuntimeError(
+                f"pull_batch: requests {sorted(missing)} were reported done but no shard holds "
+                "their group (a replay shard lost them)"
+            )
         self._sizes = [dict(p.stats.bucket_sizes) for p in parts]
         return PulledBatch(groups=tuple(groups), dropped=dropped, stats=merge_stats([p.stats for p in parts]))
 
@@ -182,15 +211,24 @@ class ShardedReplay:
 
     def snapshot(self, *, path: str) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
-        self.invoke([(s, "snapshot", {"path": str(Path(path) / f"shard-{i}.parquet")})
-                     for i, s in enumerate(self.shards)])
+        self.invoke(
+            [
+                (s, "snapshot", {"path": str(Path(path) / f"shard-{i}.parquet")})
+                for i, s in enumerate(self.shards)
+            ]
+        )
 
     def restore(self, *, path: str) -> None:
         files = sorted(Path(path).glob("shard-*.parquet"))
         if len(files) != self.num_shards:
-            raise ValueError(f"{path} holds {len(files)} replay shards but this run has {self.num_shards}; resume "
-                             "with the same replay.num_shards (questions are routed by hash(qid) % shards)")
-        self.invoke([(s, "restore", {"path": str(Path(path) / f"shard-{i}.parquet")})
-                     for i, s in enumerate(self.shards)])
+            raise ValueError(
+                f"{path} holds {len(files)} replay shards but this run has {self.num_shards}; resume "
+                "with the same replay.num_shards (questions are routed by hash(qid) % shards)"
+            )
+        self.invoke(
+            [
+                (s, "restore", {"path": str(Path(path) / f"shard-{i}.parquet")})
+                for i, s in enumerate(self.shards)
+            ]
+        )
         self._sizes = None
-

@@ -53,7 +53,7 @@ def read_frames(path: Path) -> tuple[list[pa.Table], int]:
     tables, pos = [], 0
     while pos + HEADER.size <= len(data):
         magic, crc, length = HEADER.unpack_from(data, pos)
-        payload = data[pos + HEADER.size: pos + HEADER.size + length]
+        payload = data[pos + HEADER.size : pos + HEADER.size + length]
         if magic != MAGIC or len(payload) != length or zlib.crc32(payload) != crc:
             break
         tables.append(pa.ipc.open_stream(payload).read_all())

@@ -181,8 +181,9 @@ class Learner:
         self._num_parameters = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
         self.optimizer = make_optimizer(model, self.cfg)
         self.engine, *_ = deepspeed.initialize(
-            model=model, optimizer=self.optimizer, config=deepspeed_config(self.cfg, world_size=self.world_size,
-                                                                           dtype=self.dtype)
+            model=model,
+            optimizer=self.optimizer,
+            config=deepspeed_config(self.cfg, world_size=self.world_size, dtype=self.dtype),
         )
 
     @property
@@ -270,7 +271,11 @@ class Learner:
             sl = slice(bounds[m * per], bounds[(m + 1) * per])
             history.append(
                 self._minibatch(
-                    rows[sl], old_logp[sl], tis[sl] if tis is not None else None, r_max=r_max, clip=clip,
+                    rows[sl],
+                    old_logp[sl],
+                    tis[sl] if tis is not None else None,
+                    r_max=r_max,
+                    clip=clip,
                     proximal_is_current=proximal_in_minibatch,
                 )
             )
@@ -282,7 +287,13 @@ class Learner:
         return out
 
     def _minibatch(
-        self, rows: list[_Row], old_logp: Tensor, tis: Tensor | None, *, r_max: int, clip: bool,
+        self,
+        rows: list[_Row],
+        old_logp: Tensor,
+        tis: Tensor | None,
+        *,
+        r_max: int,
+        clip: bool,
         proximal_is_current: bool = False,
     ) -> dict[str, float]:
         """Accumulate the micro-batch gradients of one mini-batch and take one optimiser step.
@@ -398,9 +409,13 @@ class Learner:
         from exgrpo.transport.vllm_api import WeightPusher, backend_for
 
         if self._pusher is None:
-            self._pusher = WeightPusher(module=self.engine.module, backend=backend_for(self.device.type),
-                                        host=self.master_addr, zero3=self.cfg.zero_stage == 3,
-                                        is_sender=self.rank == 0)
+            self._pusher = WeightPusher(
+                module=self.engine.module,
+                backend=backend_for(self.device.type),
+                host=self.master_addr,
+                zero3=self.cfg.zero_stage == 3,
+                is_sender=self.rank == 0,
+            )
         try:
             return self._pusher.push(version=version, members=members)
         except BaseException:

@@ -28,8 +28,15 @@ def ray_cluster():
     from exgrpo.runtime.env import ACTOR_ENV
 
     port = free_port()
-    ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="exgrpo",
-             runtime_env={"env_vars": ACTOR_ENV}, configure_logging=False, _metrics_export_port=port)
+    ray.init(
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        namespace="exgrpo",
+        runtime_env={"env_vars": ACTOR_ENV},
+        configure_logging=False,
+        _metrics_export_port=port,
+    )
     yield {"metrics_port": port}
     ray.shutdown()
 
@@ -48,8 +55,16 @@ def warm_model() -> str:
     from exgrpo.models.tiny import TinyModelSpec
     from exgrpo.models.warmup import WarmupSpec, warm_up
 
-    spec = WarmupSpec(model=TinyModelSpec(max_position=64), steps=700, lr=3e-3, batch_size=32, format_noise=0.4,
-                      num_train=20000, question_pattern=SINGLE_DIGIT, threads=1)
+    spec = WarmupSpec(
+        model=TinyModelSpec(max_position=64),
+        steps=700,
+        lr=3e-3,
+        batch_size=32,
+        format_noise=0.4,
+        num_train=20000,
+        question_pattern=SINGLE_DIGIT,
+        threads=1,
+    )
     target = Path("~/.cache/exgrpo/models").expanduser() / f"arith-test-{spec.fingerprint()}"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -73,6 +88,8 @@ def single_digit_data(tmp_path_factory) -> dict[str, str]:
     out = tmp_path_factory.mktemp("data")
     files = {}
     for split in ("train", "eval"):
-        prompts = [p for p in task.make_split(split=split, n=6000, seed=0) if re.fullmatch(SINGLE_DIGIT, p.question)]
+        prompts = [
+            p for p in task.make_split(split=split, n=6000, seed=0) if re.fullmatch(SINGLE_DIGIT, p.question)
+        ]
         files[split] = str(write_prompts(prompts, out / f"{split}.jsonl"))
     return files

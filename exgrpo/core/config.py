@@ -23,7 +23,9 @@ PACKAGED_CONFIGS = Path(__file__).parents[1] / "configs"  # exgrpo/configs
 EngineKind = Literal["hf", "vllm"]  # generation engine: transformers or vLLM
 TemplateName = Literal["plain", "chat", "think", "llama-base"]  # prompt template (exgrpo.data.templates)
 Dtype = Literal["float32", "bfloat16", "float16"]  # parameter dtype on learners and engines
-RewardMode = Literal["boxed", "think"]  # where the verifier looks for the final answer (exgrpo.verify.verifier)
+RewardMode = Literal[
+    "boxed", "think"
+]  # where the verifier looks for the final answer (exgrpo.verify.verifier)
 FreshTake = Literal["batch", "needed"]  # fresh questions drawn per step: always B (official) or B - n_replay
 
 
@@ -88,9 +90,7 @@ class ReplayConfig:
     shard_max_restarts: int = (
         100  # Ray restarts of a dead shard (with wal; it resumes from its last acked call)
     )
-    wal_compact_mb: float = (
-        64.0  # a shard snapshots itself and truncates its log once the log passes this size and its last snapshot's
-    )
+    wal_compact_mb: float = 64.0  # a shard snapshots itself and truncates its log once the log passes this size and its last snapshot's
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,9 @@ class LossConfig:
 @dataclass(frozen=True)
 class AsyncConfig:
     max_staleness: int = 1  # eta: learner version at training minus sampling version, at most
-    weight_sync: Literal["object_store", "collective"] = "object_store"  # object store, or vLLM's weight-transfer API
+    weight_sync: Literal["object_store", "collective"] = (
+        "object_store"  # object store, or vLLM's weight-transfer API
+    )
 
 
 @dataclass(frozen=True)
@@ -446,7 +448,6 @@ def validate(cfg: Config) -> None:
 
 
 BUILTIN_PREFIX = "builtin:"
-
 
 
 def builtin_name(spec: str) -> str | None:

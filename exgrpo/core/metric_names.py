@@ -79,5 +79,3 @@ def metric_safe(name: str) -> str:
 
 def prometheus_name(key: str) -> str:
     return "exgrpo_" + _NAME_RE.sub("_", key)
-
-

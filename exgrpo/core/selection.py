@@ -120,8 +120,9 @@ def _check_k(k_rollouts: int) -> None:
         raise ValueError(f"k_rollouts={k_rollouts} must be >= 2")
 
 
-def split_over_shards(counts: Mapping[int, int], per_shard: Sequence[Mapping[int, int]], *,
-                      rng: np.random.Generator) -> list[dict[int, int]]:
+def split_over_shards(
+    counts: Mapping[int, int], per_shard: Sequence[Mapping[int, int]], *, rng: np.random.Generator
+) -> list[dict[int, int]]:
     """Divide each bucket's count among shards in proportion to what they hold, without replacement.
 
     `per_shard[i][k]` is shard i's size of bucket k; the result's entry i maps k -> shard i's share
@@ -139,8 +140,16 @@ def split_over_shards(counts: Mapping[int, int], per_shard: Sequence[Mapping[int
     return out
 
 
-def draw_plan(per_shard: Sequence[Mapping[int, int]], n: int, *, k_rollouts: int, mu: float | None = None,
-              sigma: float = 1.0, uniform: bool = False, rng: np.random.Generator) -> list[dict[int, int]]:
+def draw_plan(
+    per_shard: Sequence[Mapping[int, int]],
+    n: int,
+    *,
+    k_rollouts: int,
+    mu: float | None = None,
+    sigma: float = 1.0,
+    uniform: bool = False,
+    rng: np.random.Generator,
+) -> list[dict[int, int]]:
     """How many questions each shard draws from each bucket: global weights from the bucket sizes
     summed over shards, `allocate` over them, then `split_over_shards`. Totals min(n, pool size)."""
     total: dict[int, int] = {}
@@ -154,8 +163,9 @@ def draw_plan(per_shard: Sequence[Mapping[int, int]], n: int, *, k_rollouts: int
     return split_over_shards(allocate(weights, total, n, rng=rng), per_shard, rng=rng)
 
 
-def fill_replay_slots(groups: Sequence[Group], entropies: Sequence[float], *, mode: str,
-                      rng: np.random.Generator) -> list[Group]:
+def fill_replay_slots(
+    groups: Sequence[Group], entropies: Sequence[float], *, mode: str, rng: np.random.Generator
+) -> list[Group]:
     """Put each replay group's chosen candidate into slot 0 (`replayed=True`) and drop its candidates.
 
     `entropies` holds one score per candidate of the replay groups, in group order then candidate
@@ -168,7 +178,7 @@ def fill_replay_slots(groups: Sequence[Group], entropies: Sequence[float], *, mo
             continue
         if not g.candidates:
             raise ValueError(f"replay group of request {g.request_id} ({g.qid!r}) carries no candidate")
-        scores = entropies[i:i + len(g.candidates)]
+        scores = entropies[i : i + len(g.candidates)]
         i += len(g.candidates)
         pick = g.candidates[select_trajectory(scores, mode=mode, rng=rng)]
         out.append(replace(g, trajectories=(replace(pick, replayed=True), *g.trajectories), candidates=()))

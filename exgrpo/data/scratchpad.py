@@ -381,8 +381,9 @@ class ScratchpadHeldOut:
         if split != "eval":
             return self.task.make_split(split=split, n=n, seed=seed)
         id_split, ood_split = self.splits
-        return (self.task.make_split(split=id_split, n=n - n // 2, seed=seed)
-                + self.task.make_split(split=ood_split, n=n // 2, seed=seed))
+        return self.task.make_split(split=id_split, n=n - n // 2, seed=seed) + self.task.make_split(
+            split=ood_split, n=n // 2, seed=seed
+        )
 
     def solution_text(self, prompt: Prompt) -> str:
         return self.task.solution_text(prompt)
@@ -399,8 +400,9 @@ def trace_valid(prompt: Prompt, response: str) -> bool:
 # builtin task names -> factories (seed=...) for `exgrpo.data.tasks.BUILTIN_TASKS`
 SCRATCHPAD_TASKS = {
     "scratchpad-heldout": ScratchpadHeldOut,
-    "scratchpad-val-all": lambda seed=0: ScratchpadHeldOut(seed=seed, splits=("val", "ood-val"),
-                                                           name="scratchpad-val-all"),
+    "scratchpad-val-all": lambda seed=0: ScratchpadHeldOut(
+        seed=seed, splits=("val", "ood-val"), name="scratchpad-val-all"
+    ),
     "scratchpad": ScratchpadTask,
     "scratchpad-val": lambda seed=0: ScratchpadView(seed=seed, eval_split="val", name="scratchpad-val"),
     "scratchpad-ood": lambda seed=0: ScratchpadView(seed=seed, eval_split="ood-eval", name="scratchpad-ood"),

@@ -52,7 +52,6 @@ def solve_counts(
     return [int(sum(r)) for r in rewards]
 
 
-
 def evaluate_solve_rate(
     model_dir: Path | str,
     prompts: Sequence[Prompt],
@@ -83,7 +82,6 @@ class SampledTraces:
     def counts(self) -> list[int]:
         """k per prompt: how many of its samples the Verifier scored correct."""
         return [int(sum(r)) for r in self.rewards]
-
 
 
 def measure_traces(

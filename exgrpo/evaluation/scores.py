@@ -40,7 +40,6 @@ class SourceScores:
     pass_at_n: float  # share of questions with at least one correct sample
 
 
-
 @dataclass(frozen=True)
 class QuestionResult:
     """One question's outcome."""
@@ -49,7 +48,6 @@ class QuestionResult:
     data_source: str
     correct: int  # correct samples out of n
     greedy: float  # reward of the greedy decode (0.0 or 1.0)
-
 
 
 @dataclass(frozen=True)
@@ -68,7 +66,6 @@ class EvalReport:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the scores as fractions)."""
         return asdict(self)
-
 
 
 def evaluate(
@@ -120,7 +117,6 @@ def evaluate(
     return summarize(results, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
 
 
-
 def summarize(
     results: Sequence[QuestionResult], *, n: int, temperature: float, top_p: float = 1.0, max_tokens: int = 0
 ) -> EvalReport:
@@ -148,7 +144,6 @@ def summarize(
     )
 
 
-
 def _scores(results: Sequence[QuestionResult], *, n: int) -> SourceScores:
     q = len(results)
     return SourceScores(
@@ -157,7 +152,6 @@ def _scores(results: Sequence[QuestionResult], *, n: int) -> SourceScores:
         pass_at_1=sum(r.greedy for r in results) / q,
         pass_at_n=sum(1 for r in results if r.correct > 0) / q,
     )
-
 
 
 def format_table(report: EvalReport) -> str:
@@ -179,7 +173,6 @@ def format_table(report: EvalReport) -> str:
             f"{100 * s.pass_at_1:>8.1f}  {100 * s.pass_at_n:>8.1f}"
         )
     return "\n".join(lines)
-
 
 
 def load_data(data: str, *, num: int, seed: int, question_key: str, answer_key: str) -> SourceData:

@@ -37,21 +37,39 @@ ID, OOD = "eval/accuracy_scratchpad_id", "eval/accuracy_scratchpad_ood"
 VARIANTS: dict[str, tuple[list[str], str]] = {
     "exgrpo": ([], "ExGRPO: rho = 0.5 from replay, Gaussian buckets, lowest-entropy trajectory, shaping"),
     "grpo": (["replay.enabled=false"], "on-policy GRPO (Dr.GRPO advantages, clipped), no replay"),
-    "uniform-buckets": (["replay.question_selection=uniform"], "no question selection (uniform over buckets)"),
-    "random-trajectory": (["replay.trajectory_selection=random"], "no trajectory selection (random stored one)"),
+    "uniform-buckets": (
+        ["replay.question_selection=uniform"],
+        "no question selection (uniform over buckets)",
+    ),
+    "random-trajectory": (
+        ["replay.trajectory_selection=random"],
+        "no trajectory selection (random stored one)",
+    ),
     "highest-entropy": (["replay.trajectory_selection=highest_entropy"], "highest-entropy trajectory"),
     "no-shaping": (["loss.policy_shaping=false"], "replayed tokens use the plain ratio w (no w/(w+beta))"),
     "rho-0.25": (["replay.rho=0.25"], "a quarter of each batch from replay"),
     "rho-0.75": (["replay.rho=0.75"], "three quarters of each batch from replay"),
     # the paper's weak-model setting (Llama) replays from the first step: no delayed start
-    "exgrpo-weak": (["model.path=builtin:scratchpad-weak", "replay.start_solve_ratio=0.0"],
-                    "ExGRPO on the weak base model, no delayed start"),
-    "grpo-weak": (["model.path=builtin:scratchpad-weak", "replay.enabled=false"], "GRPO on the weak base model"),
+    "exgrpo-weak": (
+        ["model.path=builtin:scratchpad-weak", "replay.start_solve_ratio=0.0"],
+        "ExGRPO on the weak base model, no delayed start",
+    ),
+    "grpo-weak": (
+        ["model.path=builtin:scratchpad-weak", "replay.enabled=false"],
+        "GRPO on the weak base model",
+    ),
 }
 # (a, b): report a - b per seed; ablations are compared with full ExGRPO
-PAIRS = [("exgrpo", "grpo"), ("exgrpo", "uniform-buckets"), ("exgrpo", "random-trajectory"),
-         ("exgrpo", "highest-entropy"), ("exgrpo", "no-shaping"), ("exgrpo", "rho-0.25"), ("exgrpo", "rho-0.75"),
-         ("exgrpo-weak", "grpo-weak")]
+PAIRS = [
+    ("exgrpo", "grpo"),
+    ("exgrpo", "uniform-buckets"),
+    ("exgrpo", "random-trajectory"),
+    ("exgrpo", "highest-entropy"),
+    ("exgrpo", "no-shaping"),
+    ("exgrpo", "rho-0.25"),
+    ("exgrpo", "rho-0.75"),
+    ("exgrpo-weak", "grpo-weak"),
+]
 
 
 def run_one(name: str, seed: int, overrides: list[str], out: Path) -> dict[str, Any]:
@@ -59,18 +77,41 @@ def run_one(name: str, seed: int, overrides: list[str], out: Path) -> dict[str, 
     from exgrpo.runtime.recipe import train
 
     run_dir = out / f"{name}-seed{seed}"
-    every = [*overrides, *VARIANTS[name][0], f"trainer.seed={seed}", f"logging.run_dir={run_dir}",
-             "logging.progress=false", "logging.plots=false", "logging.ray_metrics=false"]
+    every = [
+        *overrides,
+        *VARIANTS[name][0],
+        f"trainer.seed={seed}",
+        f"logging.run_dir={run_dir}",
+        "logging.progress=false",
+        "logging.plots=false",
+        "logging.ray_metrics=false",
+    ]
     result = train(load_config(None, every), checkpoints=False)
     records = result.records
     tokens = np.cumsum([0] + [r["rollout/tokens"] for r in records])  # tokens[v]: generated before version v
-    curve = [{"step": int(e["eval/version"]), "tokens": int(tokens[int(e["eval/version"])]),
-              "all": e["eval/accuracy"], "id": e.get(ID), "ood": e.get(OOD)} for e in result.evals]
+    curve = [
+        {
+            "step": int(e["eval/version"]),
+            "tokens": int(tokens[int(e["eval/version"])]),
+            "all": e["eval/accuracy"],
+            "id": e.get(ID),
+            "ood": e.get(OOD),
+        }
+        for e in result.evals
+    ]
     chosen = [r["replay/chosen_valid_frac"] for r in records if "replay/chosen_valid_frac" in r]
-    return {"variant": name, "seed": seed, "overrides": every, "run_dir": str(run_dir), "wall_s": result.wall_s,
-            "curve": curve, "replay_groups": int(sum(r.get("replay/n_replay", 0) for r in records)),
-            "chosen_valid_frac": float(np.mean(chosen)) if chosen else None,
-            "final_reward": records[-1].get("rollout/mean_reward"), "retired": records[-1].get("replay/retired")}
+    return {
+        "variant": name,
+        "seed": seed,
+        "overrides": every,
+        "run_dir": str(run_dir),
+        "wall_s": result.wall_s,
+        "curve": curve,
+        "replay_groups": int(sum(r.get("replay/n_replay", 0) for r in records)),
+        "chosen_valid_frac": float(np.mean(chosen)) if chosen else None,
+        "final_reward": records[-1].get("rollout/mean_reward"),
+        "retired": records[-1].get("replay/retired"),
+    }
 
 
 # -- aggregation ----------------------------------------------------------------------------------------
@@ -110,8 +151,12 @@ def format_report(results: list[dict[str, Any]]) -> str:
     last = steps[-1] if steps else 0
     lines = ["## Held-out accuracy (Avg@n), mean ± std over seeds, at equal learner steps", ""]
     for key, label in (("id", "ID"), ("ood", "OOD"), ("all", "all")):
-        lines += [f"### {label}", "", "| variant | seeds | " + " | ".join(f"step {s}" for s in steps) + " |",
-                  "|---|---|" + "---|" * len(steps)]
+        lines += [
+            f"### {label}",
+            "",
+            "| variant | seeds | " + " | ".join(f"step {s}" for s in steps) + " |",
+            "|---|---|" + "---|" * len(steps),
+        ]
         for v, runs in by.items():
             cells = []
             for s in steps:
@@ -119,10 +164,13 @@ def format_report(results: list[dict[str, Any]]) -> str:
                 cells.append(f"{mean_std(vals)[0]:.3f} ± {mean_std(vals)[1]:.3f}" if vals else "-")
             lines.append(f"| {v} | {len(runs)} | " + " | ".join(cells) + " |")
         lines.append("")
-    lines += [f"## Paired differences a − b per seed (mean ± standard error), at step {last} and at equal "
-              "generated tokens", "",
-              "| a − b | seeds | ID (steps) | OOD (steps) | ID (tokens) | OOD (tokens) | token budget |",
-              "|---|---|---|---|---|---|---|"]
+    lines += [
+        f"## Paired differences a − b per seed (mean ± standard error), at step {last} and at equal "
+        "generated tokens",
+        "",
+        "| a − b | seeds | ID (steps) | OOD (steps) | ID (tokens) | OOD (tokens) | token budget |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for a, b in PAIRS:
         seeds = sorted(set(by.get(a, {})) & set(by.get(b, {})))
         if not seeds:
@@ -134,17 +182,27 @@ def format_report(results: list[dict[str, Any]]) -> str:
             cells.append(f"{m:+.3f} ± {se:.3f}")
         budgets = [min(by[a][s]["curve"][-1]["tokens"], by[b][s]["curve"][-1]["tokens"]) for s in seeds]
         for key in ("id", "ood"):
-            d = [_at_tokens(by[a][s], t, key) - _at_tokens(by[b][s], t, key) for s, t in zip(seeds, budgets, strict=True)]
+            d = [
+                _at_tokens(by[a][s], t, key) - _at_tokens(by[b][s], t, key)
+                for s, t in zip(seeds, budgets, strict=True)
+            ]
             m, se, _ = paired(d)
             cells.append(f"{m:+.3f} ± {se:.3f}")
         lines.append(f"| {a} − {b} | {len(seeds)} | " + " | ".join(cells) + f" | {np.mean(budgets):.0f} |")
-    lines += ["", "## Per run", "", "| variant | seed | wall s | replay groups | chosen valid | final ID | final OOD |",
-              "|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Per run",
+        "",
+        "| variant | seed | wall s | replay groups | chosen valid | final ID | final OOD |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         c = r["curve"][-1]
         cv = "-" if r.get("chosen_valid_frac") is None else f"{r['chosen_valid_frac']:.3f}"
-        lines.append(f"| {r['variant']} | {r['seed']} | {r['wall_s']:.0f} | {r['replay_groups']} | {cv} | "
-                     f"{c['id']:.3f} | {c['ood']:.3f} |")
+        lines.append(
+            f"| {r['variant']} | {r['seed']} | {r['wall_s']:.0f} | {r['replay_groups']} | {cv} | "
+            f"{c['id']:.3f} | {c['ood']:.3f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -159,8 +217,10 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     for ax, key, label in ((axes[0], "id", "ID"), (axes[1], "ood", "OOD")):
         for v, runs in by.items():
             steps = sorted({p["step"] for r in runs.values() for p in r["curve"]})
-            stats = [mean_std([_at_step(r, s, key) for r in runs.values() if _at_step(r, s, key) is not None])
-                     for s in steps]
+            stats = [
+                mean_std([_at_step(r, s, key) for r in runs.values() if _at_step(r, s, key) is not None])
+                for s in steps
+            ]
             mean = np.array([m for m, _, _ in stats])
             sd = np.array([sd for _, sd, _ in stats])
             ax.plot(steps, mean, marker="o", ms=3, label=v)
@@ -174,11 +234,15 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m exgrpo.experiments.compare", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m exgrpo.experiments.compare", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--out", default="runs/compare")
-    parser.add_argument("--report", metavar="DIR", help="only write table.md and curves.png from DIR/results.json")
+    parser.add_argument(
+        "--report", metavar="DIR", help="only write table.md and curves.png from DIR/results.json"
+    )
     parser.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

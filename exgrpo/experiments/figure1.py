@@ -31,8 +31,10 @@ def read_candidates(run_dirs: list[Path]) -> list[dict[str, Any]]:
     for i, d in enumerate(run_dirs):
         path = Path(d) / "candidates.jsonl"
         if not path.exists():
-            raise FileNotFoundError(f"{path} not found: figure1 needs runs on a task with a process check "
-                                    "(e.g. data.train=builtin:scratchpad) and replay on")
+            raise FileNotFoundError(
+                f"{path} not found: figure1 needs runs on a task with a process check "
+                "(e.g. data.train=builtin:scratchpad) and replay on"
+            )
         rows += [{**json.loads(line), "run": i} for line in path.read_text().splitlines() if line.strip()]
     return rows
 
@@ -47,8 +49,15 @@ def entropy_bins(rows: list[dict[str, Any]], bins: int) -> list[dict[str, float]
         m = which == b
         n = int(m.sum())
         p = float(valid[m].mean()) if n else float("nan")
-        out.append({"lo": float(edges[b]), "hi": float(edges[b + 1]), "n": n, "valid": p,
-                    "se": float(np.sqrt(p * (1 - p) / n)) if n else float("nan")})
+        out.append(
+            {
+                "lo": float(edges[b]),
+                "hi": float(edges[b + 1]),
+                "n": n,
+                "valid": p,
+                "se": float(np.sqrt(p * (1 - p) / n)) if n else float("nan"),
+            }
+        )
     return out
 
 
@@ -67,22 +76,35 @@ def selection_rules(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def se(x: np.ndarray) -> float:
         return float(x.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
 
-    return {"groups": len(groups), "informative": n,
-            "lowest_entropy": float(low.mean()), "lowest_entropy_se": se(low),
-            "random": float(rand.mean()), "random_se": se(rand),
-            "highest_entropy": float(high.mean()), "highest_entropy_se": se(high),
-            "lowest_minus_random": float((low - rand).mean()), "lowest_minus_random_se": se(low - rand)}
+    return {
+        "groups": len(groups),
+        "informative": n,
+        "lowest_entropy": float(low.mean()),
+        "lowest_entropy_se": se(low),
+        "random": float(rand.mean()),
+        "random_se": se(rand),
+        "highest_entropy": float(high.mean()),
+        "highest_entropy_se": se(high),
+        "lowest_minus_random": float((low - rand).mean()),
+        "lowest_minus_random_se": se(low - rand),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m exgrpo.experiments.figure1", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m exgrpo.experiments.figure1", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("runs", nargs="+", type=Path, help="run directories holding candidates.jsonl")
     parser.add_argument("--bins", type=int, default=5)
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args(argv)
     rows = read_candidates(args.runs)
-    result = {"candidates": len(rows), "valid_share": float(np.mean([r["valid"] for r in rows])) if rows else None,
-              "bins": entropy_bins(rows, args.bins) if rows else [], "rules": selection_rules(rows)}
+    result = {
+        "candidates": len(rows),
+        "valid_share": float(np.mean([r["valid"] for r in rows])) if rows else None,
+        "bins": entropy_bins(rows, args.bins) if rows else [],
+        "rules": selection_rules(rows),
+    }
     print(f"{len(rows)} correct candidates scored, {result['valid_share']:.3f} with a fully valid trace")
     print("| mean token entropy | candidates | valid trace share |\n|---|---|---|")
     for b in result["bins"]:

@@ -69,14 +69,25 @@ class StepPlan:
 
 
 class Driver:
-    def __init__(self, *, cfg: Config, rollouts: Rollouts, replay: Replay, learners: Learners,
-                 weights: WeightTransport, train: Sequence[Prompt], evaluation: Sequence[Prompt] = (),
-                 scaling: Scaling | None = None, logger: M.MetricsLogger | None = None,
-                 progress: Callable[[dict[str, Any]], None] | None = None,
-                 checkpointer: Callable[[Driver], None] | None = None,
-                 on_batch: Callable[[TrainBatch], None] | None = None, stall_timeout_s: float = 900.0,
-                 trace_check: Callable[[Prompt, str], bool] | None = None,
-                 on_candidates: Callable[[int, list[dict[str, Any]]], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        cfg: Config,
+        rollouts: Rollouts,
+        replay: Replay,
+        learners: Learners,
+        weights: WeightTransport,
+        train: Sequence[Prompt],
+        evaluation: Sequence[Prompt] = (),
+        scaling: Scaling | None = None,
+        logger: M.MetricsLogger | None = None,
+        progress: Callable[[dict[str, Any]], None] | None = None,
+        checkpointer: Callable[[Driver], None] | None = None,
+        on_batch: Callable[[TrainBatch], None] | None = None,
+        stall_timeout_s: float = 900.0,
+        trace_check: Callable[[Prompt, str], bool] | None = None,
+        on_candidates: Callable[[int, list[dict[str, Any]]], None] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.rollouts, self.replay, self.learners, self.weights = rollouts, replay, learners, weights
         self.scaling, self.logger, self.progress = scaling, logger, progress
@@ -146,13 +157,25 @@ class Driver:
                 self.replay.set_collect(on=True)
                 log.info("replay started at step %d (fresh solve ratio %.3f)", step, solve_ratio)
             t_end = time.perf_counter()
-            record = {M.STEP: step, **learner_metrics, **self.rollout_metrics(groups, plan, solve_ratio),
-                      **self.replay_metrics(), **mix_metrics, **sync_metrics, M.VERSION: self.version,
-                      M.STALENESS_MEAN: float(np.mean(staleness)), M.STALENESS_MAX: int(max(staleness)),
-                      M.STEP_TIME: t_end - t0, M.WAIT_TIME: t_wait - t0, M.ENTROPY_TIME: t_entropy,
-                      M.UPDATE_TIME: t_update, M.SYNC_TIME: t_sync,
-                      M.IDLE_TIME: (t_end - t0) - (t_wait - t0) - t_entropy - t_update - t_sync,
-                      M.SAMPLERS: self.rollouts.size(), M.SAMPLER_RESTARTS: self.rollouts.restarts}
+            record = {
+                M.STEP: step,
+                **learner_metrics,
+                **self.rollout_metrics(groups, plan, solve_ratio),
+                **self.replay_metrics(),
+                **mix_metrics,
+                **sync_metrics,
+                M.VERSION: self.version,
+                M.STALENESS_MEAN: float(np.mean(staleness)),
+                M.STALENESS_MAX: int(max(staleness)),
+                M.STEP_TIME: t_end - t0,
+                M.WAIT_TIME: t_wait - t0,
+                M.ENTROPY_TIME: t_entropy,
+                M.UPDATE_TIME: t_update,
+                M.SYNC_TIME: t_sync,
+                M.IDLE_TIME: (t_end - t0) - (t_wait - t0) - t_entropy - t_update - t_sync,
+                M.SAMPLERS: self.rollouts.size(),
+                M.SAMPLER_RESTARTS: self.rollouts.restarts,
+            }
             every = self.cfg.trainer.eval_every
             if (every and (step + 1) % every == 0) or step == steps - 1:
                 record.update(self.evaluate())
@@ -182,24 +205,40 @@ class Driver:
         available = 0
         if self.delayed_start.started and self.cfg.replay.rho > 0:
             available = self.replay_stats.active
-            picks = self.replay.sample_questions(n=int(math.floor(self.cfg.replay.rho * self.B)), rng=self.rng)
+            picks = self.replay.sample_questions(
+                n=int(math.floor(self.cfg.replay.rho * self.B)), rng=self.rng
+            )
         # official stream: B questions every step, the first B - n_replay used, so an epoch lasts the
         # same number of steps with or without replay ("batch"); "needed" draws only B - n_replay
         take = self.B if self.cfg.data.fresh_take == "batch" else self.B - len(picks)
         fresh = self.stream.next(take)[: self.B - len(picks)]
         requests = [self._request(p, kind="fresh", n=self.K) for p in fresh]
-        requests += [self._request(self.prompts[p.qid], kind="replay", n=self.K - 1, candidates=p.candidates)
-                     for p in picks]
-        plan = StepPlan(step=step, admitted_version=self.version, request_ids={r.request_id for r in requests},
-                        n_fresh=len(fresh), n_replay=len(picks), available=available)
+        requests += [
+            self._request(self.prompts[p.qid], kind="replay", n=self.K - 1, candidates=p.candidates)
+            for p in picks
+        ]
+        plan = StepPlan(
+            step=step,
+            admitted_version=self.version,
+            request_ids={r.request_id for r in requests},
+            n_fresh=len(fresh),
+            n_replay=len(picks),
+            available=available,
+        )
         self.plans[step] = plan
         self._submit(plan, requests)
         return plan
 
     def _request(self, prompt: Prompt, *, kind: str, n: int, candidates: tuple = ()) -> GenerationRequest:
         self.next_request_id += 1
-        return GenerationRequest(request_id=self.next_request_id, prompt=prompt, n=n, kind=kind,  # type: ignore[arg-type]
-                                 admitted_version=self.version, candidates=candidates)
+        return GenerationRequest(
+            request_id=self.next_request_id,
+            prompt=prompt,
+            n=n,
+            kind=kind,  # type: ignore[arg-type]
+            admitted_version=self.version,
+            candidates=candidates,
+        )
 
     def _submit(self, plan: StepPlan, requests: Sequence[GenerationRequest]) -> None:
         plan.request_ids |= {r.request_id for r in requests}
@@ -213,9 +252,11 @@ class Driver:
         last_progress = time.monotonic()
         while plan.done != plan.request_ids:
             if time.monotonic() - last_progress > self.stall_timeout_s:
-                raise RuntimeError(f"step {step}: no generation finished for {self.stall_timeout_s:.0f} s; "
-                                   f"{len(plan.request_ids - plan.done)} requests outstanding, "
-                                   f"{self.rollouts.size()} live samplers")
+                raise RuntimeError(
+                    f"step {step}: no generation finished for {self.stall_timeout_s:.0f} s; "
+                    f"{len(plan.request_ids - plan.done)} requests outstanding, "
+                    f"{self.rollouts.size()} live samplers"
+                )
             for result in self.rollouts.poll(timeout_s=POLL_S):
                 last_progress = time.monotonic()
                 # tokens are attributed to the step of the call's first request
@@ -237,14 +278,19 @@ class Driver:
             groups += pulled.groups
             wanted = set()
             if pulled.dropped:
-                log.info("step %d: %d replay questions retired in flight; re-issued as fresh",
-                         plan.step, len(pulled.dropped))
+                log.info(
+                    "step %d: %d replay questions retired in flight; re-issued as fresh",
+                    plan.step,
+                    len(pulled.dropped),
+                )
                 plan.request_ids -= set(pulled.dropped)
                 plan.done -= set(pulled.dropped)
                 plan.n_replay -= len(pulled.dropped)
                 plan.n_fresh += len(pulled.dropped)
                 plan.replaced += len(pulled.dropped)
-                requests = [self._request(p, kind="fresh", n=self.K) for p in self.stream.next(len(pulled.dropped))]
+                requests = [
+                    self._request(p, kind="fresh", n=self.K) for p in self.stream.next(len(pulled.dropped))
+                ]
                 self._submit(plan, requests)
                 self.wait(plan.step)
                 wanted = {r.request_id for r in requests}
@@ -262,7 +308,11 @@ class Driver:
             return list(groups), 0.0, {}
         t0 = time.perf_counter()
         mode = self.cfg.replay.trajectory_selection
-        flat = [ReplayCandidate(qid=g.qid, prompt_ids=g.prompt_ids, trajectory=c) for g in replay for c in g.candidates]
+        flat = [
+            ReplayCandidate(qid=g.qid, prompt_ids=g.prompt_ids, trajectory=c)
+            for g in replay
+            for c in g.candidates
+        ]
         scored = mode != "random" or self.on_candidates is not None
         ent = self.learners.entropies(candidates=flat) if scored else [0.0] * len(flat)
         mixed = fill_replay_slots(groups, ent, mode=mode, rng=self.rng)
@@ -270,51 +320,91 @@ class Driver:
         if self.trace_check is None:
             return mixed, seconds, {}
         valid = [self.trace_check(self.prompts[c.qid], c.trajectory.text) for c in flat]
-        chosen = [self.trace_check(self.prompts[g.qid], g.trajectories[0].text) for g in mixed if g.kind == "replay"]
+        chosen = [
+            self.trace_check(self.prompts[g.qid], g.trajectories[0].text) for g in mixed if g.kind == "replay"
+        ]
         if self.on_candidates is not None:
             rows, i = [], 0
             for g in replay:
                 for j, c in enumerate(g.candidates):
-                    rows.append({"step": step, "request_id": g.request_id, "qid": g.qid, "candidate": j,
-                                 "entropy": float(ent[i]), "valid": bool(valid[i]), "tokens": len(c.response_ids),
-                                 "policy_version": c.policy_version})
+                    rows.append(
+                        {
+                            "step": step,
+                            "request_id": g.request_id,
+                            "qid": g.qid,
+                            "candidate": j,
+                            "entropy": float(ent[i]),
+                            "valid": bool(valid[i]),
+                            "tokens": len(c.response_ids),
+                            "policy_version": c.policy_version,
+                        }
+                    )
                     i += 1
             self.on_candidates(step, rows)
-        return mixed, seconds, {M.CHOSEN_VALID: float(np.mean(chosen)), M.CANDIDATES_VALID: float(np.mean(valid))}
+        return (
+            mixed,
+            seconds,
+            {M.CHOSEN_VALID: float(np.mean(chosen)), M.CANDIDATES_VALID: float(np.mean(valid))},
+        )
 
     # -- evaluation and metrics ------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
         if not self.evaluation:
             return {}
         scores = self.rollouts.evaluate(prompts=self.evaluation, n=self.cfg.trainer.eval_samples)
-        out = {M.EVAL_ACCURACY: float(np.mean([np.mean(s) for s in scores])),
-               M.EVAL_PASS: float(np.mean([max(s) for s in scores])), M.EVAL_VERSION: self.version}
+        out = {
+            M.EVAL_ACCURACY: float(np.mean([np.mean(s) for s in scores])),
+            M.EVAL_PASS: float(np.mean([max(s) for s in scores])),
+            M.EVAL_VERSION: self.version,
+        }
         sources = sorted({p.data_source for p in self.evaluation})
         if len(sources) > 1:  # e.g. in-distribution and out-of-distribution questions, scored separately
             for source in sources:
-                mine = [np.mean(s) for p, s in zip(self.evaluation, scores, strict=True) if p.data_source == source]
+                mine = [
+                    np.mean(s)
+                    for p, s in zip(self.evaluation, scores, strict=True)
+                    if p.data_source == source
+                ]
                 out[M.EVAL_ACCURACY_SOURCE.format(source=M.metric_safe(source))] = float(np.mean(mine))
         # per-question Avg@n, in eval order: the paired standard error of a gain between two evaluations
-        self.eval_history.append({**out, "per_question": [float(np.mean(s)) for s in scores],
-                                  "sources": [p.data_source for p in self.evaluation]})
+        self.eval_history.append(
+            {
+                **out,
+                "per_question": [float(np.mean(s)) for s in scores],
+                "sources": [p.data_source for p in self.evaluation],
+            }
+        )
         return out
 
-    def rollout_metrics(self, groups: Sequence[Group], plan: StepPlan, solve_ratio: float) -> dict[str, float]:
+    def rollout_metrics(
+        self, groups: Sequence[Group], plan: StepPlan, solve_ratio: float
+    ) -> dict[str, float]:
         now = time.perf_counter()
         dt, self._last_step_end = now - self._last_step_end, now
         fresh = [t for g in groups for t in g.trajectories if not t.replayed]
         flat = [len({t.reward for t in g.trajectories}) == 1 for g in groups]
-        return {M.MEAN_REWARD: float(np.mean([t.reward for t in fresh])) if fresh else 0.0,
-                M.SOLVE_RATIO: solve_ratio, M.TOKENS: plan.tokens, M.TOKENS_PER_S: plan.tokens / max(dt, 1e-9),
-                M.GROUPS_PER_S: len(groups) / max(dt, 1e-9), M.ZERO_VARIANCE_FRAC: float(np.mean(flat)),
-                M.RESPONSE_LEN: float(np.mean([len(t.response_ids) for t in fresh])) if fresh else 0.0,
-                M.N_FRESH: plan.n_fresh, M.N_REPLAY: plan.n_replay, M.REPLAY_AVAILABLE: plan.available,
-                M.REPLACED: plan.replaced}
+        return {
+            M.MEAN_REWARD: float(np.mean([t.reward for t in fresh])) if fresh else 0.0,
+            M.SOLVE_RATIO: solve_ratio,
+            M.TOKENS: plan.tokens,
+            M.TOKENS_PER_S: plan.tokens / max(dt, 1e-9),
+            M.GROUPS_PER_S: len(groups) / max(dt, 1e-9),
+            M.ZERO_VARIANCE_FRAC: float(np.mean(flat)),
+            M.RESPONSE_LEN: float(np.mean([len(t.response_ids) for t in fresh])) if fresh else 0.0,
+            M.N_FRESH: plan.n_fresh,
+            M.N_REPLAY: plan.n_replay,
+            M.REPLAY_AVAILABLE: plan.available,
+            M.REPLACED: plan.replaced,
+        }
 
     def replay_metrics(self) -> dict[str, float]:
         st = self.replay_stats
-        out = {M.REPLAY_STARTED: int(self.delayed_start.started), M.REPLAY_SIZE: st.active, M.RETIRED: st.retired,
-               M.TRAJECTORIES: st.trajectories}
+        out = {
+            M.REPLAY_STARTED: int(self.delayed_start.started),
+            M.REPLAY_SIZE: st.active,
+            M.RETIRED: st.retired,
+            M.TRAJECTORIES: st.trajectories,
+        }
         for k in range(1, self.K):
             out[M.REPLAY_BUCKET.format(k=k)] = st.bucket_sizes.get(k, 0)
         return out
@@ -329,13 +419,27 @@ class Driver:
     def state_dict(self) -> dict[str, Any]:
         """JSON-able driver state; call `drain()` first."""
         return {
-            "step": self.step, "next_schedule": self.next_schedule, "version": self.version,
-            "next_request_id": self.next_request_id, "rng": self.rng.bit_generator.state,
+            "step": self.step,
+            "next_schedule": self.next_schedule,
+            "version": self.version,
+            "next_request_id": self.next_request_id,
+            "rng": self.rng.bit_generator.state,
             "shuffle_rng": self.shuffle_rng.bit_generator.state,
-            "stream": self.stream.state_dict(), "delayed_start": self.delayed_start.state_dict(),
-            "plans": [{"step": p.step, "admitted_version": p.admitted_version, "request_ids": sorted(p.request_ids),
-                       "n_fresh": p.n_fresh, "n_replay": p.n_replay, "available": p.available,
-                       "replaced": p.replaced, "tokens": p.tokens} for p in self.plans.values()],
+            "stream": self.stream.state_dict(),
+            "delayed_start": self.delayed_start.state_dict(),
+            "plans": [
+                {
+                    "step": p.step,
+                    "admitted_version": p.admitted_version,
+                    "request_ids": sorted(p.request_ids),
+                    "n_fresh": p.n_fresh,
+                    "n_replay": p.n_replay,
+                    "available": p.available,
+                    "replaced": p.replaced,
+                    "tokens": p.tokens,
+                }
+                for p in self.plans.values()
+            ],
             "eval_history": self.eval_history,
         }
 
@@ -349,9 +453,17 @@ class Driver:
         self.plans = {}
         for p in state["plans"]:
             ids = set(p["request_ids"])
-            self.plans[p["step"]] = StepPlan(step=p["step"], admitted_version=p["admitted_version"], request_ids=ids,
-                                             n_fresh=p["n_fresh"], n_replay=p["n_replay"], available=p["available"],
-                                             replaced=p.get("replaced", 0), done=set(ids), tokens=p["tokens"])
+            self.plans[p["step"]] = StepPlan(
+                step=p["step"],
+                admitted_version=p["admitted_version"],
+                request_ids=ids,
+                n_fresh=p["n_fresh"],
+                n_replay=p["n_replay"],
+                available=p["available"],
+                replaced=p.get("replaced", 0),
+                done=set(ids),
+                tokens=p["tokens"],
+            )
         self.eval_history = list(state.get("eval_history", []))
         self.replay_stats = self.replay.stats()
 

@@ -67,10 +67,17 @@ class TraceWarmupSpec:
     threads: int = 1  # torch threads while training (part of the spec: float sums depend on it)
 
     def __post_init__(self) -> None:
-        check_spec(self, [(
-            self.p_propagating >= 0 and self.p_silent >= 0 and self.p_propagating + self.p_silent <= 1,
-            f"p_propagating={self.p_propagating}, p_silent={self.p_silent} must be >= 0 with sum <= 1",
-        )])
+        check_spec(
+            self,
+            [
+                (
+                    self.p_propagating >= 0
+                    and self.p_silent >= 0
+                    and self.p_propagating + self.p_silent <= 1,
+                    f"p_propagating={self.p_propagating}, p_silent={self.p_silent} must be >= 0 with sum <= 1",
+                )
+            ],
+        )
 
     def fingerprint(self) -> str:
         """Short hash of the spec, the random start's fingerprint and the warm-up format."""
@@ -114,8 +121,14 @@ def warm_up_traces(out_dir: Path, *, spec: TraceWarmupSpec = SCRATCHPAD_BASE) ->
     out_dir = Path(out_dir)
     build_tiny_model(out_dir, spec=spec.model)
     prompts = training_prompts(spec)
-    return fit_and_record(out_dir, spec=spec, prompts=prompts, start=start, record_name=RECORD_NAME,
-                          train=lambda model: _train(model, prompts, spec=spec))
+    return fit_and_record(
+        out_dir,
+        spec=spec,
+        prompts=prompts,
+        start=start,
+        record_name=RECORD_NAME,
+        train=lambda model: _train(model, prompts, spec=spec),
+    )
 
 
 def read_trace_warmup(model_dir: Path) -> WarmupResult:

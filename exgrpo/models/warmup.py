@@ -97,10 +97,13 @@ class WarmupSpec:
     threads: int = 1  # torch threads while training (part of the spec: float sums depend on it)
 
     def __post_init__(self) -> None:
-        check_spec(self, [
-            (0.0 <= self.label_noise <= 1.0, f"label_noise={self.label_noise} must be in [0, 1]"),
-            (0.0 <= self.format_noise <= 1.0, f"format_noise={self.format_noise} must be in [0, 1]"),
-        ])
+        check_spec(
+            self,
+            [
+                (0.0 <= self.label_noise <= 1.0, f"label_noise={self.label_noise} must be in [0, 1]"),
+                (0.0 <= self.format_noise <= 1.0, f"format_noise={self.format_noise} must be in [0, 1]"),
+            ],
+        )
 
     def fingerprint(self) -> str:
         """Short hash of the spec, the random start's fingerprint and the warm-up format."""
@@ -178,12 +181,25 @@ def warm_up(out_dir: Path, *, spec: WarmupSpec) -> Path:
     prompts = training_prompts(spec)
     boxed = _encode(prompts, spec=spec, misspelled=False, width=0)
     misspelled = _encode(prompts, spec=spec, misspelled=True, width=boxed.input_ids.shape[1])
-    return fit_and_record(out_dir, spec=spec, prompts=prompts, start=start, record_name="warmup.json",
-                          train=lambda model: _train(model, boxed, misspelled, spec=spec))
+    return fit_and_record(
+        out_dir,
+        spec=spec,
+        prompts=prompts,
+        start=start,
+        record_name="warmup.json",
+        train=lambda model: _train(model, boxed, misspelled, spec=spec),
+    )
 
 
-def fit_and_record(out_dir: Path, *, spec: Any, prompts: Sequence[Prompt], start: float, record_name: str,
-                   train: Callable[[Any], list[float]]) -> Path:
+def fit_and_record(
+    out_dir: Path,
+    *,
+    spec: Any,
+    prompts: Sequence[Prompt],
+    start: float,
+    record_name: str,
+    train: Callable[[Any], list[float]],
+) -> Path:
     """The shared end of every warm-up: load the random start in `out_dir`, run `train(model)` (which
     returns one loss per update) with `spec.threads` torch threads from seed `spec.seed`, save the float32
     weights next to the tokenizer and record `{"spec", "result": WarmupResult}` in `out_dir/record_name`."""

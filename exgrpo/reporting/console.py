@@ -19,7 +19,6 @@ from exgrpo.core import metric_names as M
 PREFIX = "[exgrpo]"
 
 
-
 class Phases:
     """Named, timed phases; `start(name)` ends the previous one. A phase still running after
     `announce_after_s` gets a line on `stream` (`[exgrpo] building base model ...`) and, when it
@@ -74,7 +73,6 @@ class Phases:
             self._say(text)
 
 
-
 def quiet_libraries(*, verbose: bool) -> None:
     """In this process: no transformers / HF hub progress bars ("Writing model shards", "Loading
     weights") and only errors from their loggers, unless `verbose`. Actors get the same through
@@ -94,7 +92,6 @@ def quiet_libraries(*, verbose: bool) -> None:
         disable_progress_bars()
     except ImportError:  # pragma: no cover
         pass
-
 
 
 class Progress:

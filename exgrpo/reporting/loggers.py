@@ -284,9 +284,7 @@ class MetricsLogger:
                     quiet=quiet,
                 )
             if ray_metrics:
-                self.backends["ray"] = RayGaugeBackend(
-                    prometheus_name=prometheus_name, run_id=self.run_id
-                )
+                self.backends["ray"] = RayGaugeBackend(prometheus_name=prometheus_name, run_id=self.run_id)
         except BaseException:
             self.close()
             raise
@@ -319,7 +317,6 @@ class MetricsLogger:
         for backend in list(self.backends.values())[::-1]:
             backend.close()
         self.backends = {}
-
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

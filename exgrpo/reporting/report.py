@@ -87,8 +87,12 @@ def heldout_gain(evals: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for src, x in zip(sources, d, strict=True):
             by.setdefault(src, []).append(x)
         out["gain_by_source"] = {
-            src: (sum(v) / len(v), (sum((x - sum(v) / len(v)) ** 2 for x in v) / max(len(v) - 1, 1) / len(v)) ** 0.5)
-            for src, v in by.items()}
+            src: (
+                sum(v) / len(v),
+                (sum((x - sum(v) / len(v)) ** 2 for x in v) / max(len(v) - 1, 1) / len(v)) ** 0.5,
+            )
+            for src, v in by.items()
+        }
     return out
 
 
@@ -100,8 +104,15 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("steps", s["steps"]),
         ("held-out accuracy before", f(s["eval_accuracy_before"])),
         ("held-out accuracy after", f(s["eval_accuracy_after"])),
-        *([("held-out gain (± s.e.)", f"{s['eval_gain']:+.3f} ± {s['eval_gain_se']:.3f}")] if "eval_gain" in s else []),
-        *[(f"  gain {src} (± s.e.)", f"{g:+.3f} ± {e:.3f}") for src, (g, e) in s.get("gain_by_source", {}).items()],
+        *(
+            [("held-out gain (± s.e.)", f"{s['eval_gain']:+.3f} ± {s['eval_gain_se']:.3f}")]
+            if "eval_gain" in s
+            else []
+        ),
+        *[
+            (f"  gain {src} (± s.e.)", f"{g:+.3f} ± {e:.3f}")
+            for src, (g, e) in s.get("gain_by_source", {}).items()
+        ],
         ("generated tokens", s["tokens"]),
         ("tokens/s (per step time)", f(s["tokens_per_s"])),
         ("replay started", s["replay_started"]),

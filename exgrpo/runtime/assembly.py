@@ -40,7 +40,6 @@ class System:
         ray.kill(self.controller)
 
 
-
 def transfer_backend(cfg: Config) -> str | None:
     """vLLM's weight-transfer backend of the samplers: NCCL on GPUs, gloo on CPU; None without the collective."""
     if cfg.async_.weight_sync != "collective":
@@ -48,7 +47,6 @@ def transfer_backend(cfg: Config) -> str | None:
     from exgrpo.transport.vllm_api import backend_for
 
     return backend_for("cuda" if cfg.samplers.num_gpus > 0 else "cpu")
-
 
 
 def build_system(
@@ -101,15 +99,19 @@ def build_system(
         uniform=r.question_selection == "uniform",
         invoke=RayInvoke(retry_s=120.0 if restarts else 0.0),
     )
-    learners = make_learners(cfg) if make_learners is not None else LearnerGroup(
-        num=cfg.learners.num,
-        make_actor=remote_actor,
-        model_path=model_path,
-        learner_cfg=cfg.learners,
-        loss_cfg=cfg.loss,
-        max_response_len=cfg.model.max_response_len,
-        seed=cfg.trainer.seed,
-        dtype=cfg.model.dtype,
+    learners = (
+        make_learners(cfg)
+        if make_learners is not None
+        else LearnerGroup(
+            num=cfg.learners.num,
+            make_actor=remote_actor,
+            model_path=model_path,
+            learner_cfg=cfg.learners,
+            loss_cfg=cfg.loss,
+            max_response_len=cfg.model.max_response_len,
+            seed=cfg.trainer.seed,
+            dtype=cfg.model.dtype,
+        )
     )
     spec = EngineSpec(
         kind=s.engine,
@@ -141,9 +143,15 @@ def build_system(
     # every admitted request can be on its way at once: the pool dispatches only inside submit/poll, so a
     # sampler limited to fewer chunks than it is given per step runs dry while the driver waits in
     # update/broadcast (measured in the simulated cluster: 16 samplers, eta 1, 1.73x the ideal step)
-    in_flight = math.ceil((cfg.async_.max_staleness + 1) * cfg.trainer.questions_per_step / (s.num * s.requests_per_call))
-    samplers = SamplerPool(spawn=spawn, num=s.num, requests_per_call=s.requests_per_call,
-                           max_in_flight_per_sampler=max(2, in_flight))
+    in_flight = math.ceil(
+        (cfg.async_.max_staleness + 1) * cfg.trainer.questions_per_step / (s.num * s.requests_per_call)
+    )
+    samplers = SamplerPool(
+        spawn=spawn,
+        num=s.num,
+        requests_per_call=s.requests_per_call,
+        max_in_flight_per_sampler=max(2, in_flight),
+    )
     weights = make_transport(cfg.async_.weight_sync, learners=learners, samplers=samplers)
     samplers.on_new = weights.catch_up
     controller = remote_actor(Controller, name="exgrpo-controller", num_cpus=0, samplers=s.num)

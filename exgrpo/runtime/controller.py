@@ -28,7 +28,6 @@ class Controller:
         return self._samplers
 
 
-
 class ControllerClient:
     """`exgrpo.core.roles.Scaling` over the controller actor without blocking: one query is always in
     flight; `desired_samplers()` returns its answer once it has arrived (and asks again), else None."""

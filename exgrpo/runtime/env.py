@@ -30,7 +30,6 @@ ACTOR_ENV = {
 }
 
 
-
 # Quiet actors by default (`--verbose` / logging.verbose drops these): no per-actor "Loading weights" /
 # "Writing model shards" bars (transformers and the HF hub honour HF_HUB_DISABLE_PROGRESS_BARS, tqdm
 # TQDM_DISABLE), transformers' warnings off, Python warnings once per process, W&B silent. Ray's log
@@ -45,9 +44,7 @@ QUIET_ENV = {
 }
 
 
-
 ACTOR_ENV.update(QUIET_ENV)
-
 
 
 def remote_actor(
@@ -78,7 +75,6 @@ def remote_actor(
     return ray.remote(cls).options(**options).remote(**init_kwargs)
 
 
-
 def init_ray(cfg: Config) -> dict[str, Any]:
     """Attach to RAY_ADDRESS if set (as under `ray job submit`), else start a private local cluster.
 
@@ -93,7 +89,9 @@ def init_ray(cfg: Config) -> dict[str, Any]:
         for key in QUIET_ENV:
             env.pop(key, None)
     if cfg.learners.num_gpus == 0 and cfg.samplers.num_gpus == 0:
-        env.setdefault("DS_ACCELERATOR", "cpu")  # no GPU asked for: skips DeepSpeed's detection and its warning
+        env.setdefault(
+            "DS_ACCELERATOR", "cpu"
+        )  # no GPU asked for: skips DeepSpeed's detection and its warning
     runtime_env = {"env_vars": env}
     if ray.is_initialized():
         ctx = None

@@ -52,7 +52,9 @@ class SimRun:
     active: int  # replayable questions at the end
     driver: dict[str, float]  # mean seconds per step: wait, entropy, update, sync, idle (driver records)
     calls: dict[str, float]  # mean seconds per steady-state step inside each role verb the driver called
-    cpu: dict[str, float]  # CPU seconds per steady-state step: driver, shards, samplers, learners, ray, machine
+    cpu: dict[
+        str, float
+    ]  # CPU seconds per steady-state step: driver, shards, samplers, learners, ray, machine
 
     @property
     def ideal_max_s(self) -> float:
@@ -106,36 +108,71 @@ class SimCluster:
     is broadcast, so every run starts from the same state without restarting 64 actor processes.
     """
 
-    def __init__(self, *, samplers: int, learners: int, cost: CostModel, questions_per_step: int = 128,
-                 rollouts_per_question: int = 8, requests_per_call: int = 2, shards: int = 2,
-                 difficulty: Difficulty | None = None, response_len: int = 32, questions: int = 4096,
-                 seed: int = 0, overrides: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        samplers: int,
+        learners: int,
+        cost: CostModel,
+        questions_per_step: int = 128,
+        rollouts_per_question: int = 8,
+        requests_per_call: int = 2,
+        shards: int = 2,
+        difficulty: Difficulty | None = None,
+        response_len: int = 32,
+        questions: int = 4096,
+        seed: int = 0,
+        overrides: Sequence[str] = (),
+    ) -> None:
         import tempfile
 
         from exgrpo.runtime.assembly import build_system
 
         self.cost, self.samplers, self.learners = cost, samplers, learners
-        self.base = [f"trainer.questions_per_step={questions_per_step}",
-                     f"trainer.rollouts_per_question={rollouts_per_question}", f"trainer.seed={seed}",
-                     "trainer.eval_every=0", "trainer.checkpoint_every=0", f"samplers.num={samplers}",
-                     "samplers.num_cpus=0", f"samplers.requests_per_call={requests_per_call}",
-                     f"learners.num={learners}", "learners.num_cpus=0.01",  # the sim ranks take 0; this passes validation
-                     f"replay.num_shards={shards}", "replay.wal=false", "async.weight_sync=object_store",
-                     "logging.progress=false", "logging.plots=false", "logging.report=false",
-                     "logging.ray_metrics=false", *overrides]
+        self.base = [
+            f"trainer.questions_per_step={questions_per_step}",
+            f"trainer.rollouts_per_question={rollouts_per_question}",
+            f"trainer.seed={seed}",
+            "trainer.eval_every=0",
+            "trainer.checkpoint_every=0",
+            f"samplers.num={samplers}",
+            "samplers.num_cpus=0",
+            f"samplers.requests_per_call={requests_per_call}",
+            f"learners.num={learners}",
+            "learners.num_cpus=0.01",  # the sim ranks take 0; this passes validation
+            f"replay.num_shards={shards}",
+            "replay.wal=false",
+            "async.weight_sync=object_store",
+            "logging.progress=false",
+            "logging.plots=false",
+            "logging.report=false",
+            "logging.ray_metrics=false",
+            *overrides,
+        ]
         self.prompts = sim_prompts(questions)
-        self.system = build_system(self.config(eta=1, replay=True, steps=1), model_path="",
-                                   make_sampler=sampler_factory(cost, difficulty=difficulty or Difficulty(),
-                                                                response_len=response_len, seed=seed),
-                                   make_learners=learners_factory(cost))
+        self.system = build_system(
+            self.config(eta=1, replay=True, steps=1),
+            model_path="",
+            make_sampler=sampler_factory(
+                cost, difficulty=difficulty or Difficulty(), response_len=response_len, seed=seed
+            ),
+            make_learners=learners_factory(cost),
+        )
         self._empty = tempfile.mkdtemp(prefix="sim-empty-replay-")
         self.system.replay.snapshot(path=self._empty)
 
     def config(self, *, eta: int, replay: bool, steps: int) -> Any:
         from exgrpo.core.config import load_config
 
-        return load_config(None, [*self.base, f"async.max_staleness={eta}", f"replay.enabled={str(replay).lower()}",
-                                  f"trainer.steps={steps}"])
+        return load_config(
+            None,
+            [
+                *self.base,
+                f"async.max_staleness={eta}",
+                f"replay.enabled={str(replay).lower()}",
+                f"trainer.steps={steps}",
+            ],
+        )
 
     def scale(self, samplers: int) -> None:
         """Grow or drain the real pool (`SamplerPool.scale`)."""
@@ -151,7 +188,9 @@ class SimCluster:
     def pids(self) -> dict[str, list[int]]:
         import ray
 
-        def alive(refs: list[Any]) -> list[int]:  # a sampler Ray killed (e.g. for memory) is replaced by the pool
+        def alive(
+            refs: list[Any],
+        ) -> list[int]:  # a sampler Ray killed (e.g. for memory) is replaced by the pool
             out = []
             for ref in refs:
                 try:
@@ -162,9 +201,11 @@ class SimCluster:
 
         s = self.system
         members = list(s.samplers.members().values())
-        return {"shards": alive([h.pid.remote() for h in s.replay.shards]),
-                "samplers": alive([h.pid.remote() for h in members]),
-                "learners": alive([a.pid.remote() for a in s.learners.actors])}
+        return {
+            "shards": alive([h.pid.remote() for h in s.replay.shards]),
+            "samplers": alive([h.pid.remote() for h in members]),
+            "learners": alive([a.pid.remote() for a in s.learners.actors]),
+        }
 
     def run(self, *, eta: int, replay: bool, steps: int, warmup: int = 2) -> SimRun:
         import psutil
@@ -172,7 +213,9 @@ class SimCluster:
         from exgrpo.loop.driver import Driver
 
         if steps <= warmup:
-            raise ValueError(f"steps={steps} must exceed warmup={warmup} (the steady state is what follows it)")
+            raise ValueError(
+                f"steps={steps} must exceed warmup={warmup} (the steady state is what follows it)"
+            )
         self.reset()
         cfg = self.config(eta=eta, replay=replay, steps=steps)
         pids = self.pids()
@@ -190,15 +233,24 @@ class SimCluster:
             rollouts.append(sum(len(g.trajectories) - (g.kind == "replay") for g in batch.groups))
             replayed.append(sum(g.kind == "replay" for g in batch.groups))
             for g in batch.groups:
-                staleness[batch.version - g.policy_version] = staleness.get(batch.version - g.policy_version, 0) + 1
+                staleness[batch.version - g.policy_version] = (
+                    staleness.get(batch.version - g.policy_version, 0) + 1
+                )
 
         def progress(record: dict[str, Any]) -> None:
             step = int(record[M.STEP])
             if step in (warmup - 1, steps - 1):
                 c = psutil.cpu_times()
-                marks[step] = {"t": time.monotonic(), "seconds": dict(seconds), "driver": _cpu_s([me.pid]), "shards": _cpu_s(pids["shards"]),
-                               "samplers": _cpu_s(pids["samplers"]), "learners": _cpu_s(pids["learners"]),
-                               "ray": _cpu_s(ray_pids), "machine": c.user + c.system + getattr(c, "nice", 0.0)}
+                marks[step] = {
+                    "t": time.monotonic(),
+                    "seconds": dict(seconds),
+                    "driver": _cpu_s([me.pid]),
+                    "shards": _cpu_s(pids["shards"]),
+                    "samplers": _cpu_s(pids["samplers"]),
+                    "learners": _cpu_s(pids["learners"]),
+                    "ray": _cpu_s(ray_pids),
+                    "machine": c.user + c.system + getattr(c, "nice", 0.0),
+                }
 
         s = self.system
         seconds: dict[str, float] = {}
@@ -206,8 +258,17 @@ class SimCluster:
         replay_ = _Timed(s.replay, ("sample_questions", "pull_batch"), seconds)
         learners_ = _Timed(s.learners, ("entropies", "update"), seconds)
         weights_ = _Timed(s.weights, ("broadcast",), seconds)
-        driver = Driver(cfg=cfg, rollouts=rollouts_, replay=replay_, learners=learners_, weights=weights_,
-                        train=self.prompts, on_batch=on_batch, progress=progress, stall_timeout_s=120.0)
+        driver = Driver(
+            cfg=cfg,
+            rollouts=rollouts_,
+            replay=replay_,
+            learners=learners_,
+            weights=weights_,
+            train=self.prompts,
+            on_batch=on_batch,
+            progress=progress,
+            stall_timeout_s=120.0,
+        )
         records = driver.train()
         a, b = marks[warmup - 1], marks[steps - 1]
         n = steps - warmup
@@ -218,19 +279,40 @@ class SimCluster:
         gen = self.cost.rollout_real_s(1) * roll / self.samplers
         upd = self.cost.update_real_s(self.learners)
         stats = s.replay.stats()
-        keys = {"wait": M.WAIT_TIME, "entropy": M.ENTROPY_TIME, "update": M.UPDATE_TIME, "sync": M.SYNC_TIME,
-                "idle": M.IDLE_TIME}
-        return SimRun(samplers=self.samplers, learners=self.learners, eta=eta, replay=replay, steps=steps,
-                      warmup=warmup, step_s=(b["t"] - a["t"]) / n, gen_s=gen, update_s=upd,
-                      ideal_s=self.cost.ideal_step_s(samplers=self.samplers, learners=self.learners, rollouts=roll,
-                                                     eta=eta),
-                      learner_idle=idle, staleness=dict(sorted(staleness.items())), groups_per_step=sizes,
-                      rollouts_per_step=roll, replayed_per_step=float(np.mean(replayed[warmup:])),
-                      replaced=int(sum(r[M.REPLACED] for r in records)),
-                      trajectories=stats.trajectories, active=stats.active,
-                      driver={k: float(np.mean([r[v] for r in steady])) for k, v in keys.items()},
-                      calls={k: (b["seconds"].get(k, 0.0) - a["seconds"].get(k, 0.0)) / n for k in b["seconds"]},
-                      cpu={k: (b[k] - a[k]) / n for k in ("driver", "shards", "samplers", "learners", "ray", "machine")})
+        keys = {
+            "wait": M.WAIT_TIME,
+            "entropy": M.ENTROPY_TIME,
+            "update": M.UPDATE_TIME,
+            "sync": M.SYNC_TIME,
+            "idle": M.IDLE_TIME,
+        }
+        return SimRun(
+            samplers=self.samplers,
+            learners=self.learners,
+            eta=eta,
+            replay=replay,
+            steps=steps,
+            warmup=warmup,
+            step_s=(b["t"] - a["t"]) / n,
+            gen_s=gen,
+            update_s=upd,
+            ideal_s=self.cost.ideal_step_s(
+                samplers=self.samplers, learners=self.learners, rollouts=roll, eta=eta
+            ),
+            learner_idle=idle,
+            staleness=dict(sorted(staleness.items())),
+            groups_per_step=sizes,
+            rollouts_per_step=roll,
+            replayed_per_step=float(np.mean(replayed[warmup:])),
+            replaced=int(sum(r[M.REPLACED] for r in records)),
+            trajectories=stats.trajectories,
+            active=stats.active,
+            driver={k: float(np.mean([r[v] for r in steady])) for k, v in keys.items()},
+            calls={k: (b["seconds"].get(k, 0.0) - a["seconds"].get(k, 0.0)) / n for k in b["seconds"]},
+            cpu={
+                k: (b[k] - a[k]) / n for k in ("driver", "shards", "samplers", "learners", "ray", "machine")
+            },
+        )
 
     def shutdown(self) -> None:
         import shutil

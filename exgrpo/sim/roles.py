@@ -48,7 +48,9 @@ class CostModel:
     """
 
     gen_s: float = 800.0  # one sampler generating one step's batch (`batch_rollouts` rollouts), simulated s
-    update_s: float = 440.0  # one learner updating on one step's batch, simulated s (L learners: update_s / L)
+    update_s: float = (
+        440.0  # one learner updating on one step's batch, simulated s (L learners: update_s / L)
+    )
     time_scale: float = 0.01  # real seconds per simulated second
     batch_rollouts: int = 128 * 8  # rollouts in the batch `gen_s` is for (B x K)
     entropy_s: float = 0.0  # one learner scoring one replay candidate (0: folded into update_s)
@@ -94,8 +96,16 @@ def _tokens(rng: np.random.Generator, n: int) -> tuple[tuple[int, ...], tuple[fl
 class SimSampler:
     """The `actors/sampler.py::Sampler` remote surface, with a sleeping engine (run as `exgrpo-sampler-<i>`)."""
 
-    def __init__(self, *, index: int, cost: CostModel, replay: Any = None, difficulty: Difficulty = Difficulty(),
-                 response_len: int = 32, seed: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        index: int,
+        cost: CostModel,
+        replay: Any = None,
+        difficulty: Difficulty = Difficulty(),
+        response_len: int = 32,
+        seed: int = 0,
+    ) -> None:
         self.name = f"exgrpo-sampler-{index}"
         self.cost, self.replay, self.difficulty = cost, replay, difficulty
         self.response_len, self._seed = response_len, seed
@@ -121,9 +131,15 @@ class SimSampler:
         self.busy_s += t1 - t0
         if self.replay is not None:
             self.replay.push(groups=groups)
-        return RolloutResult(sampler=self.name, request_ids=tuple(r.request_id for r in requests),
-                             policy_version=version, tokens=rollouts * self.response_len, gen_time_s=t1 - t0,
-                             verify_time_s=0.0, groups=tuple(groups) if self.replay is None else ())
+        return RolloutResult(
+            sampler=self.name,
+            request_ids=tuple(r.request_id for r in requests),
+            policy_version=version,
+            tokens=rollouts * self.response_len,
+            gen_time_s=t1 - t0,
+            verify_time_s=0.0,
+            groups=tuple(groups) if self.replay is None else (),
+        )
 
     def _group(self, req: GenerationRequest, version: int) -> Group:
         rng = np.random.default_rng([self._seed, req.request_id])  # a re-issued request repeats its group
@@ -134,21 +150,46 @@ class SimSampler:
             correct = bool(rng.random() < p)
             ids, logprobs = _tokens(rng, self.response_len)
             answer = req.prompt.answer if correct else f"{req.prompt.answer}1"
-            trajs.append(Trajectory(qid=req.prompt.qid, response_ids=ids, logprobs=logprobs, reward=float(correct),
-                                    policy_version=version, text=f"... so the answer is \\boxed{{{answer}}}",
-                                    group_id=gid))
+            trajs.append(
+                Trajectory(
+                    qid=req.prompt.qid,
+                    response_ids=ids,
+                    logprobs=logprobs,
+                    reward=float(correct),
+                    policy_version=version,
+                    text=f"... so the answer is \\boxed{{{answer}}}",
+                    group_id=gid,
+                )
+            )
         prompt_ids = tuple(int(b) for b in hashlib.blake2b(req.prompt.qid.encode(), digest_size=16).digest())
-        return Group(qid=req.prompt.qid, prompt_ids=prompt_ids, trajectories=tuple(trajs), kind=req.kind,
-                     gold=req.prompt.answer, group_id=gid, request_id=req.request_id, policy_version=version,
-                     admitted_version=req.admitted_version, candidates=req.candidates)
+        return Group(
+            qid=req.prompt.qid,
+            prompt_ids=prompt_ids,
+            trajectories=tuple(trajs),
+            kind=req.kind,
+            gold=req.prompt.answer,
+            group_id=gid,
+            request_id=req.request_id,
+            policy_version=version,
+            admitted_version=req.admitted_version,
+            candidates=req.candidates,
+        )
 
-    def evaluate(self, *, prompts: Sequence[Prompt], n: int = 1, temperature: float | None = None,
-                 max_tokens: int | None = None) -> list[tuple[float, ...]]:
+    def evaluate(
+        self,
+        *,
+        prompts: Sequence[Prompt],
+        n: int = 1,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+    ) -> list[tuple[float, ...]]:
         """n rewards per prompt at the current version (sleeps for n rollouts each); nothing is pushed."""
         time.sleep(self.cost.rollout_real_s(n * len(prompts)))
         rng = np.random.default_rng([self._seed, self._version, 7])
-        return [tuple(float(rng.random() < self.difficulty.p_correct(p.qid, self._version)) for _ in range(n))
-                for p in prompts]
+        return [
+            tuple(float(rng.random() < self.difficulty.p_correct(p.qid, self._version)) for _ in range(n))
+            for p in prompts
+        ]
 
     def load_weights(self, *, weights: Any, version: int) -> float:
         """Object-store transport: take the (tiny) simulated weights as `version`; returns seconds spent."""
@@ -180,7 +221,9 @@ class SimLearner:
 
     def reset(self) -> None:
         self._version = 0
-        self.intervals: list[tuple[float, float]] = []  # (start, end) of every update/entropy, time.monotonic()
+        self.intervals: list[
+            tuple[float, float]
+        ] = []  # (start, end) of every update/entropy, time.monotonic()
 
     def ping(self) -> str:
         return "pong"
@@ -200,8 +243,11 @@ class SimLearner:
         seconds = self._sleep(self.cost.update_real_s(self.world_size))
         self._version = version + 1
         rewards = [t.reward for g in groups for t in g.trajectories]
-        return {M.LEARNER_TOKENS: float(sum(len(t.response_ids) for g in groups for t in g.trajectories)),
-                M.LEARNER_UPDATE_TIME: seconds, "learner/sim_reward_mean": float(np.mean(rewards)) if rewards else 0.0}
+        return {
+            M.LEARNER_TOKENS: float(sum(len(t.response_ids) for g in groups for t in g.trajectories)),
+            M.LEARNER_UPDATE_TIME: seconds,
+            "learner/sim_reward_mean": float(np.mean(rewards)) if rewards else 0.0,
+        }
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return {"sim.version": np.array([self._version], dtype=np.int64)}
@@ -229,8 +275,10 @@ class SimLearnerGroup:
         if num < 1:
             raise ValueError(f"a learner group needs at least one learner, got num={num}")
         self._ray, self.num = ray, num
-        self.actors = [make_actor(SimLearner, name=f"exgrpo-learner-{i}", num_cpus=0, rank=i, world_size=num,
-                                  cost=cost) for i in range(num)]
+        self.actors = [
+            make_actor(SimLearner, name=f"exgrpo-learner-{i}", num_cpus=0, rank=i, world_size=num, cost=cost)
+            for i in range(num)
+        ]
         ray.get([a.ping.remote() for a in self.actors])
 
     @property
@@ -239,8 +287,10 @@ class SimLearnerGroup:
 
     def entropies(self, *, candidates: Sequence[ReplayCandidate]) -> list[float]:
         size = math.ceil(len(candidates) / self.num) if candidates else 0
-        chunks = [list(candidates[i * size:(i + 1) * size]) for i in range(self.num)]
-        parts = self._ray.get([a.entropies.remote(candidates=c) for a, c in zip(self.actors, chunks, strict=True)])
+        chunks = [list(candidates[i * size : (i + 1) * size]) for i in range(self.num)]
+        parts = self._ray.get(
+            [a.entropies.remote(candidates=c) for a, c in zip(self.actors, chunks, strict=True)]
+        )
         return [e for part in parts for e in part]
 
     def update(self, *, batch: Any) -> dict[str, float]:
@@ -248,8 +298,10 @@ class SimLearnerGroup:
         if len(groups) % self.num:
             raise ValueError(f"a batch of {len(groups)} groups cannot be split across {self.num} learners")
         per = len(groups) // self.num
-        refs = [a.update.remote(groups=groups[i * per:(i + 1) * per], clip=batch.clip, version=batch.version)
-                for i, a in enumerate(self.actors)]
+        refs = [
+            a.update.remote(groups=groups[i * per : (i + 1) * per], clip=batch.clip, version=batch.version)
+            for i, a in enumerate(self.actors)
+        ]
         results = self._ray.get(refs)
         out = {k: float(np.mean([r[k] for r in results])) for k in results[0]}
         out[M.LEARNER_TOKENS] = float(sum(r[M.LEARNER_TOKENS] for r in results))
@@ -284,14 +336,24 @@ class SimLearnerGroup:
         self.actors = []
 
 
-def sampler_factory(cost: CostModel, *, difficulty: Difficulty = Difficulty(), response_len: int = 32,
-                    seed: int = 0) -> Callable[[int, Any], Any]:
+def sampler_factory(
+    cost: CostModel, *, difficulty: Difficulty = Difficulty(), response_len: int = 32, seed: int = 0
+) -> Callable[[int, Any], Any]:
     """`build_system(make_sampler=...)`: (index, replay client) -> a `SimSampler` actor (num_cpus=0)."""
     from exgrpo.runtime.env import remote_actor
 
     def make(index: int, replay: Any) -> Any:
-        return remote_actor(SimSampler, name=f"exgrpo-sampler-{index}", num_cpus=0, index=index, cost=cost,
-                            replay=replay, difficulty=difficulty, response_len=response_len, seed=seed)
+        return remote_actor(
+            SimSampler,
+            name=f"exgrpo-sampler-{index}",
+            num_cpus=0,
+            index=index,
+            cost=cost,
+            replay=replay,
+            difficulty=difficulty,
+            response_len=response_len,
+            seed=seed,
+        )
 
     return make
 

@@ -83,7 +83,10 @@ class _Loads:
 
 
 def _metrics(start: float, loads: Sequence[float]) -> dict[str, float]:
-    return {M.SYNC_TIME: time.perf_counter() - start, M.WEIGHT_LOAD: sum(loads) / len(loads) if loads else 0.0}
+    return {
+        M.SYNC_TIME: time.perf_counter() - start,
+        M.WEIGHT_LOAD: sum(loads) / len(loads) if loads else 0.0,
+    }
 
 
 class ObjectStoreTransport:
@@ -120,7 +123,9 @@ class VLLMTransport:
         self._export: tuple[Any, int] | None = None  # catch-up weights exported since the last broadcast
         self._loads = _Loads()
         self.fallbacks = 0  # versions that went through the object store because a broadcast failed
-        self.last: dict[str, Any] = {}  # the learner's report of the last broadcast (send_s, apply_s, rebuilt)
+        self.last: dict[
+            str, Any
+        ] = {}  # the learner's report of the last broadcast (send_s, apply_s, rebuilt)
 
     def broadcast(self, *, version: int) -> dict[str, float]:
         """One update of every live sampler through vLLM's API (blocks until all applied it)."""
@@ -134,7 +139,9 @@ class VLLMTransport:
             self.last = self._learners.push_weights(version=version, members=members)
             applied = list(self.last.get("apply_s", []))
         except ray.exceptions.RayError as e:
-            log.warning("weight transfer of version %d failed (%s); sending it through the object store", version, e)
+            log.warning(
+                "weight transfer of version %d failed (%s); sending it through the object store", version, e
+            )
             self.fallbacks += 1
             ref = self._learners.get_weights_ref()
             self._loads.add([h.load_weights.remote(weights=ref, version=version) for h in members.values()])

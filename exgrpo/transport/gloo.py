@@ -73,7 +73,9 @@ class GlooUpdateInfo(WeightTransferUpdateInfo):
 
 
 def _gloo_group(store: dist.Store, *, name: str, rank: int, world_size: int, timeout_s: float) -> Any:
-    return dist.ProcessGroupGloo(dist.PrefixStore(name, store), rank, world_size, timedelta(seconds=timeout_s))
+    return dist.ProcessGroupGloo(
+        dist.PrefixStore(name, store), rank, world_size, timedelta(seconds=timeout_s)
+    )
 
 
 def _broadcast(group: Any, tensor: torch.Tensor) -> None:
@@ -114,11 +116,19 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self.shutdown()  # a new world (the sampler membership changed) replaces the old one
         rank = init_info.rank_offset + self.parallel_config.rank
         self._store = dist.TCPStore(
-            init_info.host, init_info.port, init_info.world_size, is_master=False,
+            init_info.host,
+            init_info.port,
+            init_info.world_size,
+            is_master=False,
             timeout=timedelta(seconds=init_info.timeout_s),
         )
-        self._group = _gloo_group(self._store, name=init_info.group_name, rank=rank,
-                                  world_size=init_info.world_size, timeout_s=init_info.timeout_s)
+        self._group = _gloo_group(
+            self._store,
+            name=init_info.group_name,
+            rank=rank,
+            world_size=init_info.world_size,
+            timeout_s=init_info.timeout_s,
+        )
         self._buffer_bytes = init_info.buffer_size_bytes
 
     def start_weight_update(self) -> None:
@@ -128,9 +138,13 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
 
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
         if self._group is None:
-            raise RuntimeError("gloo weight transfer is not initialised: call init_weight_transfer_engine first")
-        metas = [(n, s, getattr(torch, d)) for n, d, s in
-                 zip(update_info.names, update_info.dtype_names, update_info.shapes, strict=True)]
+            raise RuntimeError(
+                "gloo weight transfer is not initialised: call init_weight_transfer_engine first"
+            )
+        metas = [
+            (n, s, getattr(torch, d))
+            for n, d, s in zip(update_info.names, update_info.dtype_names, update_info.shapes, strict=True)
+        ]
         for chunk in chunk_plan(metas, self._buffer_bytes):
             names, shapes, dtypes, sizes = (list(x) for x in zip(*chunk, strict=True))
             packed = torch.empty(sum(sizes), dtype=torch.uint8, device=self.device)
@@ -164,35 +178,62 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
 
     init_info_cls = GlooTrainerInitInfo
 
-    def __init__(self, *, client: Any, source: WeightSource | None, is_sender: bool, buffer_size_bytes: int) -> None:
+    def __init__(
+        self, *, client: Any, source: WeightSource | None, is_sender: bool, buffer_size_bytes: int
+    ) -> None:
         super().__init__(client=client, source=source, is_sender=is_sender)
         self.buffer_size_bytes = buffer_size_bytes
         self._group: Any = None
         self._store: Any = None
 
     @classmethod
-    def trainer_init(cls, init_info: GlooTrainerInitInfo, *, client: Any, source: WeightSource | None = None
-                     ) -> GlooTrainerWeightTransferEngine:
+    def trainer_init(
+        cls, init_info: GlooTrainerInitInfo, *, client: Any, source: WeightSource | None = None
+    ) -> GlooTrainerWeightTransferEngine:
         if source is None:
             raise ValueError("the gloo trainer engine sends a WeightSource; pass source=")
-        engine = cls(client=client, source=source, is_sender=init_info.is_sender,
-                     buffer_size_bytes=init_info.buffer_size_bytes)
+        engine = cls(
+            client=client,
+            source=source,
+            is_sender=init_info.is_sender,
+            buffer_size_bytes=init_info.buffer_size_bytes,
+        )
         if not engine.is_sender:
             return engine
         if init_info.world_size < 2:
-            raise ValueError(f"a weight-transfer world needs the trainer and a worker, got world_size={init_info.world_size}")
-        engine._store = dist.TCPStore(init_info.host, 0, init_info.world_size, is_master=True,
-                                      timeout=timedelta(seconds=init_info.timeout_s), wait_for_workers=False)
-        worker = GlooInitInfo(host=init_info.host, port=engine._store.port, rank_offset=1,
-                              world_size=init_info.world_size, group_name=init_info.group_name,
-                              buffer_size_bytes=init_info.buffer_size_bytes, timeout_s=init_info.timeout_s)
+            raise ValueError(
+                f"a weight-transfer world needs the trainer and a worker, got world_size={init_info.world_size}"
+            )
+        engine._store = dist.TCPStore(
+            init_info.host,
+            0,
+            init_info.world_size,
+            is_master=True,
+            timeout=timedelta(seconds=init_info.timeout_s),
+            wait_for_workers=False,
+        )
+        worker = GlooInitInfo(
+            host=init_info.host,
+            port=engine._store.port,
+            rank_offset=1,
+            world_size=init_info.world_size,
+            group_name=init_info.group_name,
+            buffer_size_bytes=init_info.buffer_size_bytes,
+            timeout_s=init_info.timeout_s,
+        )
         # the workers block in init until every rank has joined: run their RPC beside our own join, and give
         # up at once if the RPC fails (a dead sampler never joins; its peers would wait out the timeout)
         pool = ThreadPoolExecutor(max_workers=2)
         try:
             joined = pool.submit(client.init_weight_transfer_engine, asdict(worker))
-            group = pool.submit(_gloo_group, engine._store, name=init_info.group_name, rank=0,
-                                world_size=init_info.world_size, timeout_s=init_info.timeout_s)
+            group = pool.submit(
+                _gloo_group,
+                engine._store,
+                name=init_info.group_name,
+                rank=0,
+                world_size=init_info.world_size,
+                timeout_s=init_info.timeout_s,
+            )
             wait([joined, group], return_when=FIRST_EXCEPTION)
             joined.result()
             engine._group = group.result()
@@ -207,14 +248,19 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             for _ in self.source:  # stay in the trainer-side gathers (ZeRO-3)
                 pass
             return
-        update = GlooUpdateInfo(names=[m.name for m in meta], dtype_names=[str(m.dtype).removeprefix("torch.") for m in meta],
-                                shapes=[list(m.shape) for m in meta])
+        update = GlooUpdateInfo(
+            names=[m.name for m in meta],
+            dtype_names=[str(m.dtype).removeprefix("torch.") for m in meta],
+            shapes=[list(m.shape) for m in meta],
+        )
         self.client.start_weight_update()
         pool = ThreadPoolExecutor(max_workers=1)
         try:
             received = pool.submit(self.client.update_weights, asdict(update))
             pairs = _checked(iter(self.source), meta)
-            while (chunk := pack_tensors(pairs, lambda item: item[1].detach().to("cpu"), self.buffer_size_bytes)):
+            while chunk := pack_tensors(
+                pairs, lambda item: item[1].detach().to("cpu"), self.buffer_size_bytes
+            ):
                 _broadcast(self._group, chunk.packed_tensor)
             received.result()
         finally:
@@ -225,10 +271,14 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         self._group, self._store = None, None
 
 
-def _checked(pairs: Iterator[tuple[str, torch.Tensor]], meta: Sequence[ParamMeta]) -> Iterator[tuple[str, torch.Tensor]]:
+def _checked(
+    pairs: Iterator[tuple[str, torch.Tensor]], meta: Sequence[ParamMeta]
+) -> Iterator[tuple[str, torch.Tensor]]:
     """The source's pairs, each checked against the metadata the workers cut their chunks from."""
     for i, ((name, tensor), m) in enumerate(zip(pairs, meta, strict=True)):
         if name != m.name or tensor.dtype != m.dtype or tuple(tensor.shape) != tuple(m.shape):
-            raise ValueError(f"weight source entry {i} is {name!r} {tensor.dtype} {tuple(tensor.shape)}, "
-                             f"but its metadata says {m.name!r} {m.dtype} {tuple(m.shape)}")
+            raise ValueError(
+                f"weight source entry {i} is {name!r} {tensor.dtype} {tuple(tensor.shape)}, "
+                f"but its metadata says {m.name!r} {m.dtype} {tuple(m.shape)}"
+            )
         yield name, tensor

@@ -17,7 +17,6 @@ import torch
 ALIGN = 64  # byte alignment of every tensor in the packed buffer (any dtype can view its slice)
 
 
-
 # ------------------------------------------------------------------------------------- one contiguous buffer
 @dataclass(frozen=True)
 class TensorSlot:
@@ -28,7 +27,6 @@ class TensorSlot:
     shape: tuple[int, ...]
     offset: int  # in bytes, a multiple of ALIGN
     nbytes: int
-
 
 
 @dataclass(frozen=True)
@@ -46,7 +44,6 @@ class PackedWeights:
         """Elements of the distinct tensors (a tied tensor counts once)."""
         seen = {s.offset: int(np.prod(s.shape, dtype=np.int64)) for s in self.layout}
         return sum(seen.values())
-
 
 
 class Packer:
@@ -67,7 +64,9 @@ class Packer:
             if key not in offsets:  # a tied tensor (e.g. lm_head = embed_tokens) is stored once
                 offsets[key] = total
                 total += -(-nbytes // ALIGN) * ALIGN
-            layout.append(TensorSlot(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offsets[key], nbytes))
+            layout.append(
+                TensorSlot(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offsets[key], nbytes)
+            )
         if self._buffer is None or self._buffer.numel() != total or tuple(layout) != self._layout:
             self._buffer = torch.empty(total, dtype=torch.uint8)
             self._layout = tuple(layout)
@@ -80,11 +79,9 @@ class Packer:
         return PackedWeights(layout=self._layout, buffer=self._buffer.numpy())
 
 
-
 def _view(buffer: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
     dtype = getattr(torch, slot.dtype)
     return buffer[slot.offset : slot.offset + slot.nbytes].view(dtype).view(slot.shape)
-
 
 
 def unpack_weights(packed: PackedWeights) -> dict[str, torch.Tensor]:

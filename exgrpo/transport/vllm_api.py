@@ -74,8 +74,12 @@ class SamplerClient:
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         base = int(init_info["rank_offset"])  # separate one-worker engines: one rank each
-        self._all([h.init_weight_transfer_engine.remote(init_info={**init_info, "rank_offset": base + i})
-                   for i, h in enumerate(self.handles)])
+        self._all(
+            [
+                h.init_weight_transfer_engine.remote(init_info={**init_info, "rank_offset": base + i})
+                for i, h in enumerate(self.handles)
+            ]
+        )
 
     def start_weight_update(self) -> None:
         self._all([h.start_weight_update.remote() for h in self.handles])
@@ -85,8 +89,10 @@ class SamplerClient:
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         version = self.version if weight_version is None else int(weight_version)
-        self.apply_s = [float(s) for s in self._all([h.finish_weight_update.remote(version=version)
-                                                      for h in self.handles])]
+        self.apply_s = [
+            float(s)
+            for s in self._all([h.finish_weight_update.remote(version=version) for h in self.handles])
+        ]
 
 
 class LearnerSource(WeightSource):
@@ -142,8 +148,17 @@ class LearnerSource(WeightSource):
 class WeightPusher:
     """Learner rank 0's side of the collective transport: one trainer engine per sampler world."""
 
-    def __init__(self, *, module: torch.nn.Module, backend: str, host: str, zero3: bool = False,
-                 is_sender: bool = True, buffer_size_bytes: int = DEFAULT_BUFFER_BYTES, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        *,
+        module: torch.nn.Module,
+        backend: str,
+        host: str,
+        zero3: bool = False,
+        is_sender: bool = True,
+        buffer_size_bytes: int = DEFAULT_BUFFER_BYTES,
+        timeout_s: float = 300.0,
+    ) -> None:
         register_engines()
         self.source = LearnerSource(module, zero3=zero3)
         self.backend, self.host, self.is_sender = backend, host, is_sender
@@ -157,7 +172,9 @@ class WeightPusher:
         t0 = time.perf_counter()
         if not self.is_sender:
             if self._engine is None:
-                self._engine = WeightTransferTrainerFactory.trainer_init(self._init_info(2), client=None, source=self.source)
+                self._engine = WeightTransferTrainerFactory.trainer_init(
+                    self._init_info(2), client=None, source=self.source
+                )
             self._engine.send_weights()
             return {"send_s": time.perf_counter() - t0, "apply_s": []}
         assert members is not None
@@ -171,17 +188,30 @@ class WeightPusher:
         except BaseException:
             self.source.finish_round()  # keep the other ranks' gathers from waiting forever
             raise
-        return {"send_s": time.perf_counter() - t0, "apply_s": list(self._engine.client.apply_s), "rebuilt": self.worlds}
+        return {
+            "send_s": time.perf_counter() - t0,
+            "apply_s": list(self._engine.client.apply_s),
+            "rebuilt": self.worlds,
+        }
 
     def _init_info(self, world_size: int) -> TrainerInitInfo:
         if self.backend == GLOO:
-            return GlooTrainerInitInfo(world_size=world_size, group_name=f"exgrpo-weights-{self.worlds}",
-                                       host=self.host, buffer_size_bytes=self.buffer_size_bytes,
-                                       timeout_s=self.timeout_s, rank=0 if self.is_sender else 1)
+            return GlooTrainerInitInfo(
+                world_size=world_size,
+                group_name=f"exgrpo-weights-{self.worlds}",
+                host=self.host,
+                buffer_size_bytes=self.buffer_size_bytes,
+                timeout_s=self.timeout_s,
+                rank=0 if self.is_sender else 1,
+            )
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-        return NCCLTrainerInitInfo(master_address=self.host, master_port=_free_port(self.host), world_size=world_size,
-                                   rank=0 if self.is_sender else 1)
+        return NCCLTrainerInitInfo(
+            master_address=self.host,
+            master_port=_free_port(self.host),
+            world_size=world_size,
+            rank=0 if self.is_sender else 1,
+        )
 
     def _rebuild(self, members: Mapping[str, Any]) -> None:
         import ray
@@ -192,7 +222,8 @@ class WeightPusher:
         ray.get([h.ping.remote() for h in members.values()], timeout=self.timeout_s)
         client = SamplerClient(list(members.values()), timeout_s=self.timeout_s)
         self._engine = WeightTransferTrainerFactory.trainer_init(
-            self._init_info(1 + len(members)), client=client, source=self.source)
+            self._init_info(1 + len(members)), client=client, source=self.source
+        )
         self._world = _world(members)
 
     def close(self) -> None:

@@ -48,6 +48,7 @@ __all__ = ["Job", "Pool"]
 
 _STARTUP_TIMEOUT_S = 120.0  # a worker imports sympy and math-verify (~1 s idle, more under load)
 
+
 @dataclass(frozen=True)
 class Job:
     """One verification: "values": every payload must verify against gold; "text": math-verify's

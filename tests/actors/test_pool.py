@@ -26,8 +26,18 @@ def _spawn(model_dir: Path, prefix: str):
     spec = EngineSpec(kind="hf", model_path=str(model_dir))
 
     def spawn(index: int):
-        return remote_actor(Sampler, name=f"{prefix}-{index}", num_cpus=0.5, index=index, engine=spec,
-                            template="plain", max_response_len=4, replay=None, seed=index)
+        return remote_actor(
+            Sampler,
+            name=f"{prefix}-{index}",
+            num_cpus=0.5,
+            index=index,
+            engine=spec,
+            template="plain",
+            max_response_len=4,
+            replay=None,
+            seed=index,
+        )
+
     return spawn
 
 
@@ -35,8 +45,13 @@ def _request(i: int) -> GenerationRequest:
     cands = ()
     if i % 2:
         cands = (Trajectory(qid=f"q{i}", response_ids=(4,), logprobs=(-1.0,), reward=1.0, policy_version=0),)
-    return GenerationRequest(request_id=i, prompt=Prompt(qid=f"q{i}", question=f"{i}+1", answer=str(i + 1)), n=2,
-                             kind="replay" if cands else "fresh", candidates=cands)
+    return GenerationRequest(
+        request_id=i,
+        prompt=Prompt(qid=f"q{i}", question=f"{i}+1", answer=str(i + 1)),
+        n=2,
+        kind="replay" if cands else "fresh",
+        candidates=cands,
+    )
 
 
 def _collect(pool: SamplerPool, want: int, timeout_s: float = 120.0) -> list[RolloutResult]:

@@ -28,20 +28,35 @@ class _Replay:
 
 
 def _requests() -> list[GenerationRequest]:
-    stored = Trajectory(qid="q1", response_ids=(5, 6), logprobs=(-1.0, -2.0), reward=1.0, policy_version=0,
-                        group_id="r0")
+    stored = Trajectory(
+        qid="q1", response_ids=(5, 6), logprobs=(-1.0, -2.0), reward=1.0, policy_version=0, group_id="r0"
+    )
     return [
-        GenerationRequest(request_id=7, prompt=Prompt(qid="q0", question="1+2", answer="3"), n=3, admitted_version=2),
-        GenerationRequest(request_id=8, prompt=Prompt(qid="q1", question="2+2", answer="4"), n=2, kind="replay",
-                          admitted_version=2, candidates=(stored,)),
+        GenerationRequest(
+            request_id=7, prompt=Prompt(qid="q0", question="1+2", answer="3"), n=3, admitted_version=2
+        ),
+        GenerationRequest(
+            request_id=8,
+            prompt=Prompt(qid="q1", question="2+2", answer="4"),
+            n=2,
+            kind="replay",
+            admitted_version=2,
+            candidates=(stored,),
+        ),
     ]
 
 
 @pytest.mark.parametrize("with_replay", [False, True])
 def test_generate_reports_a_rollout_result_and_copies_candidates(model_dir, with_replay):
     replay = _Replay() if with_replay else None
-    sampler = Sampler(index=3, engine=EngineSpec(kind="hf", model_path=str(model_dir)), template="plain",
-                      max_response_len=6, replay=replay, seed=1)
+    sampler = Sampler(
+        index=3,
+        engine=EngineSpec(kind="hf", model_path=str(model_dir)),
+        template="plain",
+        max_response_len=6,
+        replay=replay,
+        seed=1,
+    )
     try:
         requests = _requests()
         result = sampler.generate(requests=requests)
@@ -55,5 +70,7 @@ def test_generate_reports_a_rollout_result_and_copies_candidates(model_dir, with
     assert result.tokens == sum(len(t.response_ids) for g in groups for t in g.trajectories)
     assert groups[0].candidates == () and groups[1].candidates == requests[1].candidates
     assert [(g.kind, g.request_id, g.admitted_version, g.group_id) for g in groups] == [
-        ("fresh", 7, 2, "r7"), ("replay", 8, 2, "r8")]
+        ("fresh", 7, 2, "r7"),
+        ("replay", 8, 2, "r8"),
+    ]
     assert result.gen_time_s > 0 and result.verify_time_s >= 0

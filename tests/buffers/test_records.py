@@ -9,16 +9,37 @@ from exgrpo.core.records import Group, Trajectory
 
 
 def _traj(qid, i, reward, **kw):
-    return Trajectory(qid=qid, response_ids=(i, 50_000 + i, 7), logprobs=(-0.1 * i, -1 / 3, -2.0**-40),
-                      reward=reward, policy_version=i, group_id=f"g{i}", **kw)
+    return Trajectory(
+        qid=qid,
+        response_ids=(i, 50_000 + i, 7),
+        logprobs=(-0.1 * i, -1 / 3, -(2.0**-40)),
+        reward=reward,
+        policy_version=i,
+        group_id=f"g{i}",
+        **kw,
+    )
 
 
 def test_round_trip_of_fresh_replay_and_empty_groups_in_push_order():
     groups = [
-        Group(qid="b", prompt_ids=(3, 4, 5), trajectories=tuple(_traj("b", i, float(i % 2)) for i in range(4)),
-              gold="12", group_id="g1", request_id=7, policy_version=2, admitted_version=1),
-        Group(qid="a", prompt_ids=(1,), trajectories=tuple(_traj("a", i, 0.0, text="x\ny") for i in range(3)),
-              kind="replay", request_id=3, candidates=(_traj("a", 9, 1.0), _traj("a", 8, 1.0, replayed=True))),
+        Group(
+            qid="b",
+            prompt_ids=(3, 4, 5),
+            trajectories=tuple(_traj("b", i, float(i % 2)) for i in range(4)),
+            gold="12",
+            group_id="g1",
+            request_id=7,
+            policy_version=2,
+            admitted_version=1,
+        ),
+        Group(
+            qid="a",
+            prompt_ids=(1,),
+            trajectories=tuple(_traj("a", i, 0.0, text="x\ny") for i in range(3)),
+            kind="replay",
+            request_id=3,
+            candidates=(_traj("a", 9, 1.0), _traj("a", 8, 1.0, replayed=True)),
+        ),
         Group(qid="e", prompt_ids=(), trajectories=(), request_id=5),
     ]
     table = groups_to_arrow(groups)

@@ -15,17 +15,39 @@ K = 4
 
 
 def _group(qid, rewards, *, rid, kind="fresh", candidates=()):
-    trajs = tuple(Trajectory(qid=qid, response_ids=(rid, i, int(r)), logprobs=(-0.5, -0.25, -1 / 3),
-                             reward=float(r), policy_version=rid % 3, group_id=f"g{rid}")
-                  for i, r in enumerate(rewards))
-    return Group(qid=qid, prompt_ids=(1, 2, rid % 5), trajectories=trajs, kind=kind, request_id=rid,
-                 group_id=f"g{rid}", candidates=tuple(candidates))
+    trajs = tuple(
+        Trajectory(
+            qid=qid,
+            response_ids=(rid, i, int(r)),
+            logprobs=(-0.5, -0.25, -1 / 3),
+            reward=float(r),
+            policy_version=rid % 3,
+            group_id=f"g{rid}",
+        )
+        for i, r in enumerate(rewards)
+    )
+    return Group(
+        qid=qid,
+        prompt_ids=(1, 2, rid % 5),
+        trajectories=trajs,
+        kind=kind,
+        request_id=rid,
+        group_id=f"g{rid}",
+        candidates=tuple(candidates),
+    )
 
 
 def state(shard: ReplayShard):
     """Everything a shard answers from: pool, ready queue, pushed ids, retirers, collect, last take."""
-    return (shard.pool, sorted(shard._ready.items()), shard._seen, shard._retirers, shard.collect,
-            shard._last_take, shard.stats())
+    return (
+        shard.pool,
+        sorted(shard._ready.items()),
+        shard._seen,
+        shard._retirers,
+        shard.collect,
+        shard._last_take,
+        shard.stats(),
+    )
 
 
 def restart(shard: ReplayShard, tmp_path) -> ReplayShard:
@@ -45,7 +67,7 @@ def random_ops(rng: np.random.Generator, n: int, first_rid: int = 1):
                 rewards = rng.integers(0, 2, size=K).tolist()
                 picks = [t for g in pushed if g.qid == qid for t in g.trajectories if t.reward == 1.0][:2]
                 if picks and rng.random() < 0.4:  # a replay group: K - 1 fresh rollouts + pinned candidates
-                    groups.append(_group(qid, rewards[:K - 1], rid=rid, kind="replay", candidates=picks))
+                    groups.append(_group(qid, rewards[: K - 1], rid=rid, kind="replay", candidates=picks))
                 else:
                     groups.append(_group(qid, rewards, rid=rid))
                 rid += 1
@@ -79,7 +101,9 @@ def test_a_restarted_shard_equals_the_one_that_died(tmp_path, seed):
             if reference._last_take is not None:
                 assert shard._last_take == reference._last_take
             picks = shard.sample(counts={1: 2, 2: 2, 3: 2}, seed=i)
-            assert picks == reference.sample(counts={1: 2, 2: 2, 3: 2}, seed=i)  # same draws from the same rng
+            assert picks == reference.sample(
+                counts={1: 2, 2: 2, 3: 2}, seed=i
+            )  # same draws from the same rng
     assert shard.recovered()["seconds"] < 5
 
 
@@ -116,12 +140,16 @@ def test_a_torn_frame_is_dropped_and_the_log_continues_after_the_last_good_one(t
 def test_the_log_stays_bounded_and_a_checkpoint_truncates_it(tmp_path, growth):
     """The log compacts once it passes compact_bytes and growth x the last self-snapshot's size (growth 1, the
     default, keeps compaction amortised for a large pool; growth 0 is the fixed threshold)."""
-    shard = ReplayShard(k_rollouts=K, wal_dir=str(tmp_path / "wal"), compact_bytes=4000, compact_growth=growth)
+    shard = ReplayShard(
+        k_rollouts=K, wal_dir=str(tmp_path / "wal"), compact_bytes=4000, compact_growth=growth
+    )
     shard.set_collect(on=True)
     for rid in range(1, 70):
         shard.push(groups=[_group(f"q{rid % 7}", [rid % 2, 1, 0, rid % 3 == 0], rid=rid)])
         shard.take(request_ids=[rid - 1], take_id=f"t{rid}")
-        snap = sum(f.stat().st_size for f in shard.wal.snap_dir(shard.wal.gen).glob("*")) if shard.wal.gen else 0
+        snap = (
+            sum(f.stat().st_size for f in shard.wal.snap_dir(shard.wal.gen).glob("*")) if shard.wal.gen else 0
+        )
         assert shard._snapshot_bytes == snap
         assert shard.wal.bytes <= max(4000, growth * snap) + 3000  # one frame past the threshold at most
     files = sorted(p.name for p in (tmp_path / "wal").iterdir())
@@ -135,7 +163,9 @@ def test_the_log_stays_bounded_and_a_checkpoint_truncates_it(tmp_path, growth):
     fresh = ReplayShard(k_rollouts=K, wal_dir=str(tmp_path / "wal2"))
     fresh.restore(path=str(tmp_path / "ckpt" / "shard-0.parquet"))
     again = ReplayShard(k_rollouts=K, wal_dir=str(tmp_path / "wal2"))
-    assert again.pool == shard.pool and again._seen == shard._seen and again._ready.keys() == shard._ready.keys()
+    assert (
+        again.pool == shard.pool and again._seen == shard._seen and again._ready.keys() == shard._ready.keys()
+    )
 
 
 def test_an_invalid_push_changes_nothing_and_logs_nothing(tmp_path):
@@ -160,7 +190,9 @@ def test_a_checkpoint_and_a_restore_share_their_files_with_the_shards_own_snapsh
     before = state(shard)
     shutil.rmtree(tmp_path / "ckpt")
     assert state(restart(shard, tmp_path)) == before
-    shard.snapshot(path=str(ckpt))  # a second checkpoint at the same path replaces its files, the log keeps its own
+    shard.snapshot(
+        path=str(ckpt)
+    )  # a second checkpoint at the same path replaces its files, the log keeps its own
     fresh = ReplayShard(k_rollouts=K, wal_dir=str(tmp_path / "wal2"))
     fresh.restore(path=str(ckpt))
     shard.push(groups=[_group("q9", [1, 0, 0, 0], rid=99)])

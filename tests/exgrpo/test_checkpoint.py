@@ -25,7 +25,9 @@ from exgrpo.loop.checkpoint import (
 def _fake_checkpoint(run_dir: Path, step: int, cfg) -> Path:
     ckpt = run_dir / "checkpoints" / f"step-{step:06d}"
     ckpt.mkdir(parents=True)
-    (ckpt / CONFIG_FILE).write_text(json.dumps({"fingerprint": config_fingerprint(cfg), "config": cfg.to_dict()}))
+    (ckpt / CONFIG_FILE).write_text(
+        json.dumps({"fingerprint": config_fingerprint(cfg), "config": cfg.to_dict()})
+    )
     (ckpt / "driver.json").write_text("{}")
     return ckpt
 
@@ -37,28 +39,51 @@ def test_checkpoints_are_written_by_default():
 
 def test_fingerprint_ignores_harmless_keys_only():
     base = load_config(None, ["trainer.steps=4"])
-    assert config_fingerprint(base) == config_fingerprint(load_config(None, ["trainer.steps=40", "samplers.num=3",
-                                                                              "logging.run_dir=/x"]))
-    for change in ("trainer.rollouts_per_question=4", "trainer.questions_per_step=4", "replay.num_shards=3",
-                   "model.path=builtin:tiny", "learners.lr=1e-3"):
-        assert config_fingerprint(base) != config_fingerprint(load_config(None, ["trainer.steps=4", change])), change
+    assert config_fingerprint(base) == config_fingerprint(
+        load_config(None, ["trainer.steps=40", "samplers.num=3", "logging.run_dir=/x"])
+    )
+    for change in (
+        "trainer.rollouts_per_question=4",
+        "trainer.questions_per_step=4",
+        "replay.num_shards=3",
+        "model.path=builtin:tiny",
+        "learners.lr=1e-3",
+    ):
+        assert config_fingerprint(base) != config_fingerprint(
+            load_config(None, ["trainer.steps=4", change])
+        ), change
 
 
 def test_resume_with_a_different_config_lists_the_keys(tmp_path):
     old = load_config(None, ["trainer.steps=4"])
     _fake_checkpoint(tmp_path, 2, old)
-    new = load_config(None, ["trainer.steps=8", "trainer.rollouts_per_question=4", "trainer.questions_per_step=4",
-                             "replay.num_shards=3", "model.path=builtin:tiny"])
+    new = load_config(
+        None,
+        [
+            "trainer.steps=8",
+            "trainer.rollouts_per_question=4",
+            "trainer.questions_per_step=4",
+            "replay.num_shards=3",
+            "model.path=builtin:tiny",
+        ],
+    )
     with pytest.raises(ResumeError) as err:
         resume_checkpoint(tmp_path, new)
     text = str(err.value)
-    for key in ("trainer.rollouts_per_question: 8 -> 4", "trainer.questions_per_step: 8 -> 4",
-                "replay.num_shards: 2 -> 3", "model.path: 'builtin:arith-base' -> 'builtin:tiny'"):
+    for key in (
+        "trainer.rollouts_per_question: 8 -> 4",
+        "trainer.questions_per_step: 8 -> 4",
+        "replay.num_shards: 2 -> 3",
+        "model.path: 'builtin:arith-base' -> 'builtin:tiny'",
+    ):
         assert key.split(":")[0] in text
     assert "trainer.steps" not in text.split("\n")[1:-1]  # steps is harmless and not listed
     assert config_differences(old.to_dict(), new) and len(config_differences(old.to_dict(), new)) == 4
     # harmless overrides pass
-    assert resume_checkpoint(tmp_path, load_config(None, ["trainer.steps=8", "samplers.num=1"])).name == "step-000002"
+    assert (
+        resume_checkpoint(tmp_path, load_config(None, ["trainer.steps=8", "samplers.num=1"])).name
+        == "step-000002"
+    )
 
 
 def test_keys_unknown_to_an_old_checkpoint_are_not_compared(tmp_path):
@@ -97,7 +122,11 @@ def test_rewind_metrics_drops_steps_after_the_checkpoint(tmp_path):
     lines = [json.dumps({"step": i, "x": i}) for i in range(5)] + ['{"step": 5, "x"']  # torn last line
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     assert rewind_metrics(tmp_path, 3) == 3
-    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [
+        0,
+        1,
+        2,
+    ]
     assert rewind_metrics(tmp_path, 3) == 0
     assert rewind_metrics(tmp_path / "none", 0) == 0
 
@@ -105,7 +134,9 @@ def test_rewind_metrics_drops_steps_after_the_checkpoint(tmp_path):
 def test_interrupted_message_names_checkpoint_and_command(tmp_path):
     assert "no checkpoint was written yet" in interrupted_message(tmp_path, what="x died", step=1)
     ckpt = _fake_checkpoint(tmp_path, 2, load_config())
-    text = interrupted_message(tmp_path, what=dead_actor("ActorDiedError: ... name: exgrpo-learner-0, ..."), step=3)
+    text = interrupted_message(
+        tmp_path, what=dead_actor("ActorDiedError: ... name: exgrpo-learner-0, ..."), step=3
+    )
     assert text.startswith("learner exgrpo-learner-0 died at step 3")
     assert str(ckpt) in text and f"python -m exgrpo.run --resume {tmp_path}" in text
     assert dead_actor("name: exgrpo-replay-1") == "replay shard exgrpo-replay-1 died"

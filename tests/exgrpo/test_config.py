@@ -23,18 +23,31 @@ def test_every_packaged_config_validates_and_plans():
     from exgrpo.runtime.resources import placement_plan
 
     names = sorted(PACKAGED_CONFIGS.glob("*.yaml"))
-    assert {p.stem for p in names} >= {"default", "tiny-cpu", "qwen2.5-math-7b", "qwen2.5-math-1.5b", "llama3.1-8b"}
+    assert {p.stem for p in names} >= {
+        "default",
+        "tiny-cpu",
+        "qwen2.5-math-7b",
+        "qwen2.5-math-1.5b",
+        "llama3.1-8b",
+    }
     for path in names:
         cfg = load_config(path)
         plan = placement_plan(cfg)
-        assert f"exgrpo-learner-{cfg.learners.num - 1}" in plan and f"exgrpo-sampler-{cfg.samplers.num - 1}" in plan
-        assert path.read_text().startswith("#") and "python -m exgrpo.run" in path.read_text()  # launch command
+        assert (
+            f"exgrpo-learner-{cfg.learners.num - 1}" in plan
+            and f"exgrpo-sampler-{cfg.samplers.num - 1}" in plan
+        )
+        assert (
+            path.read_text().startswith("#") and "python -m exgrpo.run" in path.read_text()
+        )  # launch command
 
 
 def test_yaml_file_and_overrides(tmp_path: Path):
     f = tmp_path / "c.yaml"
     f.write_text("replay:\n  rho: 0.25\ntrainer:\n  steps: 3\n")
-    cfg = load_config(f, ["learners.lr=1e-4", "trainer.steps=7", "async.max_staleness=0", "learners.betas=[0.8, 0.9]"])
+    cfg = load_config(
+        f, ["learners.lr=1e-4", "trainer.steps=7", "async.max_staleness=0", "learners.betas=[0.8, 0.9]"]
+    )
     assert cfg.replay.rho == 0.25
     assert cfg.learners.lr == 1e-4  # YAML 1.1 alone would read "1e-4" as a string
     assert cfg.trainer.steps == 7
@@ -67,7 +80,10 @@ def test_override_parsing():
         (["loss.beta=0"], "loss.beta=0.0 must be > 0"),
         (["loss.clip_eps=1.5"], r"loss.clip_eps=1.5 must lie in \(0, 1\)"),
         (["async.weight_sync=collective"], "needs samplers.engine=vllm"),
-        (["async.weight_sync=collective", "samplers.engine=vllm", "learners.num_gpus=1"], "same kind of device"),
+        (
+            ["async.weight_sync=collective", "samplers.engine=vllm", "learners.num_gpus=1"],
+            "same kind of device",
+        ),
         (["learners.zero_stage=5"], "must be 0, 1, 2 or 3"),
         (["async.max_staleness=-1"], "async.max_staleness must be >= 0"),
         (["replay.mu=9"], "replay.mu=9.0 must lie strictly between 0 and K=8"),
@@ -92,17 +108,26 @@ def test_missing_config_file_lists_packaged():
 
 
 def test_print_config_cli():
-    out = subprocess.run([sys.executable, "-m", "exgrpo.run", "--print-config", "replay.rho=0.25"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "exgrpo.run", "--print-config", "replay.rho=0.25"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "rho: 0.25" in out.stdout and "async:" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "exgrpo.run", "--print-config", "replay.rho=3"],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "exgrpo.run", "--print-config", "replay.rho=3"], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "replay.rho=3.0 must lie in [0, 1]" in bad.stderr
 
 
 def test_dry_run_prints_plan():
-    out = subprocess.run([sys.executable, "-m", "exgrpo.run", "--dry-run", "samplers.num=3"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "exgrpo.run", "--dry-run", "samplers.num=3"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "exgrpo-sampler-2" in out.stdout and "exgrpo-learner-0" in out.stdout
 
 
@@ -129,6 +154,9 @@ def test_literal_types_are_defined_once():
     # no module of the package spells one of these literals out again
     spelt = re.compile(r'Literal\[[^\]]*"(vllm|llama-base|bfloat16|think)"')
     package = Path(config.__file__).parent
-    copies = [str(p.relative_to(package)) for p in package.rglob("*.py")
-              if p.name != "config.py" and spelt.search(p.read_text())]
+    copies = [
+        str(p.relative_to(package))
+        for p in package.rglob("*.py")
+        if p.name != "config.py" and spelt.search(p.read_text())
+    ]
     assert copies == []

@@ -437,7 +437,9 @@ def test_fresh_take_batch_draws_b_questions_every_step_like_the_official_stream(
         return float(i < 2)  # k = 2 of 4 everywhere: every question stays replayable
 
     for take in ("batch", "needed"):
-        driver, rollouts, learners, shards = build(config("trainer.steps=4", f"data.fresh_take={take}"), reward)
+        driver, rollouts, learners, shards = build(
+            config("trainer.steps=4", f"data.fresh_take={take}"), reward
+        )
         records = driver.train()
         n_fresh = [r[M.N_FRESH] for r in records]
         assert sum(r[M.N_REPLAY] for r in records) > 0

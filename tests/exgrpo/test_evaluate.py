@@ -211,9 +211,13 @@ def test_sample_rewards_checks_engine_and_verifier(data_file: Path, verifier: Ve
     with pytest.raises(RuntimeError, match="completions"):
         sample_rewards(Short(), verifier, prompts, n=2, template="plain", max_tokens=4, temperature=1.0)
     with pytest.raises(ValueError, match="think.*boxed"):
-        sample_rewards(CannedEngine(), verifier, prompts, n=2, template="think", max_tokens=4, temperature=1.0)
+        sample_rewards(
+            CannedEngine(), verifier, prompts, n=2, template="think", max_tokens=4, temperature=1.0
+        )
     with pytest.raises(ValueError, match="n must be >= 1"):
-        sample_rewards(CannedEngine(), verifier, prompts, n=0, template="plain", max_tokens=4, temperature=1.0)
+        sample_rewards(
+            CannedEngine(), verifier, prompts, n=0, template="plain", max_tokens=4, temperature=1.0
+        )
     with pytest.raises(ValueError, match="temperature must be >= 0"):
         sample_rewards(CannedEngine(), verifier, prompts, n=1, template="plain", max_tokens=4, temperature=-1)
 

@@ -76,7 +76,9 @@ def test_directory_exist_ok_lets_the_first_writer_win(tmp_path: Path) -> None:
     assert (target / "who").read_text() == "first" and _entries(tmp_path) == ["cache"]
 
 
-def test_directory_exist_ok_still_raises_real_failures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_directory_exist_ok_still_raises_real_failures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def refuse(src: object, dst: object) -> None:
         raise PermissionError("read-only filesystem")
 

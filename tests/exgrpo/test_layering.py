@@ -233,9 +233,16 @@ def test_pure_modules_import_without_ray_vllm_deepspeed():
 def test_importing_a_task_does_not_start_the_verifier():
     """Data takes string helpers from `verify.answers`; the verifier's pool (atexit and fork hooks) stays out."""
     out = subprocess.run(
-        [sys.executable, "-c", "import sys, exgrpo.data.tasks, exgrpo.data.readers; "
-         "print(sorted(m for m in sys.modules if m.startswith('exgrpo.verify')))"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-c",
+            "import sys, exgrpo.data.tasks, exgrpo.data.readers; "
+            "print(sorted(m for m in sys.modules if m.startswith('exgrpo.verify')))",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "['exgrpo.verify', 'exgrpo.verify.answers']"
@@ -244,7 +251,11 @@ def test_importing_a_task_does_not_start_the_verifier():
 def test_trl_is_a_bench_baseline_only():
     """trl (the optional `bench` extra) is the peer baseline of bench/bench_trl.py, never a runtime import."""
     pattern = re.compile(r"^\s*(import|from)\s+trl\b", re.M)
-    offenders = [str(p.relative_to(ROOT)) for pkg in PACKAGES
-                 for p in sorted((ROOT / pkg).rglob("*.py")) if pattern.search(p.read_text())]
+    offenders = [
+        str(p.relative_to(ROOT))
+        for pkg in PACKAGES
+        for p in sorted((ROOT / pkg).rglob("*.py"))
+        if pattern.search(p.read_text())
+    ]
     assert offenders == []
     assert pattern.search((ROOT / "bench" / "bench_trl.py").read_text())  # the pattern does find an import

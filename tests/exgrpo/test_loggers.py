@@ -15,16 +15,29 @@ from exgrpo.core.config import ConfigError, load_config
 def records(n: int = 3) -> list[dict]:
     out = []
     for step in range(n):
-        out.append({M.STEP: step, M.MEAN_REWARD: 0.1 * step, M.SOLVE_RATIO: 0.2 + 0.1 * step,
-                    M.REPLAY_BUCKET.format(k=1): step, M.RETIRED: 2 * step, M.STALENESS_MEAN: 0.5,
-                    M.SYNC_TIME: 0.01 * (step + 1), M.REPLAY_STARTED: True, "eval/version": step + 1,
-                    M.LOSS: float("nan")})
+        out.append(
+            {
+                M.STEP: step,
+                M.MEAN_REWARD: 0.1 * step,
+                M.SOLVE_RATIO: 0.2 + 0.1 * step,
+                M.REPLAY_BUCKET.format(k=1): step,
+                M.RETIRED: 2 * step,
+                M.STALENESS_MEAN: 0.5,
+                M.SYNC_TIME: 0.01 * (step + 1),
+                M.REPLAY_STARTED: True,
+                "eval/version": step + 1,
+                M.LOSS: float("nan"),
+            }
+        )
     return out
 
 
 def numeric_keys(record: dict) -> set[str]:
-    return {k for k, v in record.items()
-            if k != M.STEP and not isinstance(v, bool) and isinstance(v, int | float) and v == v}
+    return {
+        k
+        for k, v in record.items()
+        if k != M.STEP and not isinstance(v, bool) and isinstance(v, int | float) and v == v
+    }
 
 
 def test_config_backends_parse_and_validate():
@@ -104,10 +117,10 @@ def wandb_log_records(path) -> list[bytes]:
         if block - pos % block < 7:  # block trailer padding
             pos += block - pos % block
             continue
-        _crc, length, kind = struct.unpack("<IHB", raw[pos:pos + 7])
+        _crc, length, kind = struct.unpack("<IHB", raw[pos : pos + 7])
         if kind == 0 and length == 0:
             break
-        data, pos = raw[pos + 7:pos + 7 + length], pos + 7 + length
+        data, pos = raw[pos + 7 : pos + 7 + length], pos + 7 + length
         parts = data if kind in (1, 2) else parts + data
         if kind in (1, 4):
             out.append(parts)
@@ -124,9 +137,13 @@ def wandb_records(path) -> tuple[list[dict], dict, dict]:
         rec.ParseFromString(data)
         kind = rec.WhichOneof("record_type")
         if kind == "history":
-            history.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
+            history.append(
+                {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item}
+            )
         elif kind == "summary":
-            summary.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update})
+            summary.update(
+                {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update}
+            )
         elif kind in ("run", "config"):
             items = rec.run.config.update if kind == "run" else rec.config.update
             config.update({i.key: json.loads(i.value_json) for i in items})
@@ -169,8 +186,10 @@ def test_attached_job_keeps_its_own_runtime_env_vars(monkeypatch):
     monkeypatch.setattr(launch.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(launch.ray, "init", lambda **kw: seen.update(kw))
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
-    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR",
-                       json.dumps({"runtime_env": {"env_vars": {"OMP_NUM_THREADS": "2"}, "working_dir": "x"}}))
+    monkeypatch.setenv(
+        "RAY_JOB_CONFIG_JSON_ENV_VAR",
+        json.dumps({"runtime_env": {"env_vars": {"OMP_NUM_THREADS": "2"}, "working_dir": "x"}}),
+    )
     launch.init_ray(load_config(None, []))
     env = seen["runtime_env"]["env_vars"]
     assert "OMP_NUM_THREADS" not in env and env["TQDM_DISABLE"] == "1"

@@ -22,8 +22,13 @@ def cfg_of(*overrides):
 
 
 def test_plan_counts_samplers_and_learner_bundles():
-    cfg = cfg_of("samplers.num=2", "samplers.num_cpus=1", "learners.num=1", "learners.num_cpus=1",
-                 "replay.num_shards=4")
+    cfg = cfg_of(
+        "samplers.num=2",
+        "samplers.num_cpus=1",
+        "learners.num=1",
+        "learners.num_cpus=1",
+        "replay.num_shards=4",
+    )
     plan = plan_resources(cfg)
     assert (plan.cpus, plan.gpus) == (3, 0)  # shards and controller take 0 CPU
     assert plan.breakdown("num_cpus") == "2 samplers x 1 + 1 learner x 1"
@@ -34,8 +39,10 @@ def test_too_few_cpus_names_the_need_and_the_fixes():
     with pytest.raises(ResourceError) as err:
         check_fits(cfg, plan_resources(cfg), {"CPU": 2.0})
     text = str(err.value)
-    assert "the plan needs 3 CPUs (2 samplers x 1 + 1 learner x 1; replay shards and the controller take 0) " \
-           "but the cluster has 2" in text
+    assert (
+        "the plan needs 3 CPUs (2 samplers x 1 + 1 learner x 1; replay shards and the controller take 0) "
+        "but the cluster has 2" in text
+    )
     assert "samplers.num_cpus=0.5" in text and "samplers.num=1" in text and "--num-cpus=3" in text
     assert isinstance(err.value, ConfigError)
     # the suggested fix fits
@@ -71,8 +78,14 @@ def test_memory_and_object_store_estimates(tmp_path):
     problems = shortfalls(cfg, plan, {"CPU": 8.0, "memory": 30.0 * GIB, "object_store_memory": 5.0 * GIB})
     assert any("60.0 GiB of memory" in p for p in problems)
     assert any("object store of" in p or "object store holds" in p for p in problems)
-    assert shortfalls(cfg, plan_resources(cfg, model_bytes=1000), {"CPU": 8.0, "memory": 30.0 * GIB,
-                                                                   "object_store_memory": 5.0 * GIB}) == []
+    assert (
+        shortfalls(
+            cfg,
+            plan_resources(cfg, model_bytes=1000),
+            {"CPU": 8.0, "memory": 30.0 * GIB, "object_store_memory": 5.0 * GIB},
+        )
+        == []
+    )
 
 
 def test_packaged_cpu_configs_fit_a_two_core_cluster():

@@ -52,7 +52,9 @@ def test_builtin_prefix_is_parsed_in_one_place():
 
     assert builtin_name("builtin:arith") == "arith"
     assert builtin_name("data/arith.parquet") is None and builtin_name("arith") is None
-    assert isinstance(builtin_task("builtin:arith"), ArithTask) and isinstance(builtin_task("arith"), ArithTask)
+    assert isinstance(builtin_task("builtin:arith"), ArithTask) and isinstance(
+        builtin_task("arith"), ArithTask
+    )
 
 
 def test_read_source_builtin_task_and_file(tmp_path):
@@ -80,8 +82,15 @@ def test_load_prompts_train_and_eval_specs(tmp_path):
     from exgrpo.data.tasks import builtin_task
 
     task = builtin_task("arith")
-    cfg = load_config(overrides=["data.train=builtin:arith", "data.eval=", "data.num_train=6", "data.num_eval=4",
-                                 "data.seed=2"])
+    cfg = load_config(
+        overrides=[
+            "data.train=builtin:arith",
+            "data.eval=",
+            "data.num_train=6",
+            "data.num_eval=4",
+            "data.seed=2",
+        ]
+    )
     train, evaluation = load_prompts(cfg)  # builtin train: its held-out split is the eval set
     assert train == task.make_split(split="train", n=6, seed=2)
     assert evaluation == task.make_split(split="eval", n=4, seed=2)
@@ -89,4 +98,6 @@ def test_load_prompts_train_and_eval_specs(tmp_path):
     cfg = load_config(overrides=[f"data.train={path}", "data.eval=builtin:gsm", "data.num_eval=3"])
     train_from_file, gsm = load_prompts(cfg)
     assert train_from_file == train and gsm == builtin_task("gsm").make_split(split="eval", n=3, seed=0)
-    assert load_prompts(load_config(overrides=[f"data.train={path}", "data.eval="]))[1] == []  # a file alone: no eval set
+    assert (
+        load_prompts(load_config(overrides=[f"data.train={path}", "data.eval="]))[1] == []
+    )  # a file alone: no eval set

@@ -104,7 +104,9 @@ def test_solution_text_is_a_correct_boxed_answer() -> None:
 
 
 def test_solution_text_scores_under_rewards() -> None:
-    rewards = pytest.importorskip("exgrpo.verify.verifier", reason="exgrpo.verify.verifier is not written yet")
+    rewards = pytest.importorskip(
+        "exgrpo.verify.verifier", reason="exgrpo.verify.verifier is not written yet"
+    )
     task = ArithTask()
     for p in task.make_split(split="eval", n=50, seed=0):
         assert rewards.score(task.solution_text(p), p.answer) == 1.0

@@ -39,10 +39,19 @@ pytestmark = pytest.mark.integration
 
 STEPS, SEED = 10, int(os.environ.get("EXGRPO_CHAOS_SEED", "7"))
 CONFIG = [
-    "trainer.questions_per_step=4", "trainer.rollouts_per_question=4", f"trainer.steps={STEPS}",
-    "replay.start_solve_ratio=0.0", "replay.num_shards=2", "samplers.num=2", "samplers.requests_per_call=2",
-    "async.max_staleness=0", "learners.lr=1e-3", "learners.micro_batch_size=32", "model.max_response_len=12",
-    "logging.progress=false", "logging.plots=false",
+    "trainer.questions_per_step=4",
+    "trainer.rollouts_per_question=4",
+    f"trainer.steps={STEPS}",
+    "replay.start_solve_ratio=0.0",
+    "replay.num_shards=2",
+    "samplers.num=2",
+    "samplers.requests_per_call=2",
+    "async.max_staleness=0",
+    "learners.lr=1e-3",
+    "learners.micro_batch_size=32",
+    "model.max_response_len=12",
+    "logging.progress=false",
+    "logging.plots=false",
 ]
 
 
@@ -79,7 +88,9 @@ class Chaos:
         if self.thread is not None:
             self.thread.join()
         if step in self.plan:
-            self.thread = threading.Thread(target=self.kill, args=(step, self.plan[step], self.rng.uniform(0, 0.25)))
+            self.thread = threading.Thread(
+                target=self.kill, args=(step, self.plan[step], self.rng.uniform(0, 0.25))
+            )
             self.thread.start()
 
     def kill(self, step: int, kind: str, delay: float) -> None:
@@ -96,8 +107,16 @@ class Chaos:
 
 
 def run(tmp_path, model_path, data, *, chaos_seed=None):
-    cfg = load_config(None, [*CONFIG, f"data.train={data['train']}", f"model.path={model_path}",
-                             f"logging.run_dir={tmp_path}", "data.eval="])
+    cfg = load_config(
+        None,
+        [
+            *CONFIG,
+            f"data.train={data['train']}",
+            f"model.path={model_path}",
+            f"logging.run_dir={tmp_path}",
+            "data.eval=",
+        ],
+    )
     batches = []
     chaos = Chaos(chaos_seed) if chaos_seed is not None else None
 
@@ -113,8 +132,9 @@ def run(tmp_path, model_path, data, *, chaos_seed=None):
         tables = {p.name: pq.read_table(p) for p in sorted((tmp_path / "final-replay").iterdir())}
         return tables, system.replay.retired(), system.replay.stats(), system.learners.checksums()[0]
 
-    result = train(cfg, checkpoints=False, on_batch=batches.append, during=during, inspect=inspect,
-                   stall_timeout_s=300)
+    result = train(
+        cfg, checkpoints=False, on_batch=batches.append, during=during, inspect=inspect, stall_timeout_s=300
+    )
     return cfg, result, batches, (chaos.kills if chaos is not None else [])
 
 
@@ -132,18 +152,24 @@ def canonical(name, table):
 
 
 def summary(batch):
-    return [(g.request_id, g.qid, g.kind, [(t.response_ids, t.reward, t.replayed) for t in g.trajectories])
-            for g in sorted(batch.groups, key=lambda g: g.request_id)]
+    return [
+        (g.request_id, g.qid, g.kind, [(t.response_ids, t.reward, t.replayed) for t in g.trajectories])
+        for g in sorted(batch.groups, key=lambda g: g.request_id)
+    ]
 
 
-def test_chaos_kills_of_samplers_and_shards_change_nothing(ray_cluster, tmp_path, warm_model, single_digit_data):
+def test_chaos_kills_of_samplers_and_shards_change_nothing(
+    ray_cluster, tmp_path, warm_model, single_digit_data
+):
     t0 = time.monotonic()
     cfg, ref, ref_batches, _ = run(tmp_path / "reference", warm_model, single_digit_data)
     t1 = time.monotonic()
     cfg, got, batches, kills = run(tmp_path / "chaos", warm_model, single_digit_data, chaos_seed=SEED)
     t2 = time.monotonic()
     B = cfg.trainer.questions_per_step
-    print(f"\nreference run {t1 - t0:.1f} s, chaos run {t2 - t1:.1f} s; kills (after step, actor, pid): {kills}")
+    print(
+        f"\nreference run {t1 - t0:.1f} s, chaos run {t2 - t1:.1f} s; kills (after step, actor, pid): {kills}"
+    )
     kinds = [k for _, k, _ in kills]
     assert kinds.count("Sampler") == 3 and kinds.count("ReplayShard") == 3, kills
     # every step trained, each with exactly B groups, no request trained twice

@@ -12,13 +12,23 @@ pytestmark = pytest.mark.integration
 
 
 def run_cli(tmp_path, *overrides, timeout=600):
-    cmd = [sys.executable, "-m", "exgrpo.run", f"logging.run_dir={tmp_path / 'run'}", "logging.progress=false",
-           *overrides]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)  # any working dir
+    cmd = [
+        sys.executable,
+        "-m",
+        "exgrpo.run",
+        f"logging.run_dir={tmp_path / 'run'}",
+        "logging.progress=false",
+        *overrides,
+    ]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path
+    )  # any working dir
 
 
 def test_default_run_smoke(tmp_path):
-    out = run_cli(tmp_path, "trainer.steps=3", "trainer.eval_every=0", "data.num_eval=16", "trainer.checkpoint_every=2")
+    out = run_cli(
+        tmp_path, "trainer.steps=3", "trainer.eval_every=0", "data.num_eval=16", "trainer.checkpoint_every=2"
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     run = tmp_path / "run"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -48,12 +58,31 @@ def test_full_default_run_improves_heldout_accuracy(tmp_path):
 
 @pytest.mark.slow
 def test_compare_experiment_small(tmp_path):
-    cmd = [sys.executable, "-m", "exgrpo.experiments.compare", "--variants", "exgrpo", "grpo", "--seeds", "0", "1",
-           "--out", str(tmp_path / "cmp"), "trainer.steps=4", "trainer.eval_every=2", "data.num_eval=16"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "exgrpo.experiments.compare",
+        "--variants",
+        "exgrpo",
+        "grpo",
+        "--seeds",
+        "0",
+        "1",
+        "--out",
+        str(tmp_path / "cmp"),
+        "trainer.steps=4",
+        "trainer.eval_every=2",
+        "data.num_eval=16",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads((tmp_path / "cmp" / "results.json").read_text())
-    assert {(r["variant"], r["seed"]) for r in results} == {("exgrpo", 0), ("grpo", 0), ("exgrpo", 1), ("grpo", 1)}
+    assert {(r["variant"], r["seed"]) for r in results} == {
+        ("exgrpo", 0),
+        ("grpo", 0),
+        ("exgrpo", 1),
+        ("grpo", 1),
+    }
     assert all(len(r["curve"]) == 3 for r in results)  # before, step 2, step 4
     assert "| exgrpo |" in (tmp_path / "cmp" / "table.md").read_text()
     assert (tmp_path / "cmp" / "curves.png").stat().st_size > 1000
@@ -72,23 +101,38 @@ def _fake_run(tmp_path, step, *overrides):
     ckpt = run / "checkpoints" / f"step-{step:06d}"
     ckpt.mkdir(parents=True)
     (run / "config.yaml").write_text(cfg.to_yaml())
-    (ckpt / CONFIG_FILE).write_text(json.dumps({"fingerprint": config_fingerprint(cfg), "config": cfg.to_dict()}))
+    (ckpt / CONFIG_FILE).write_text(
+        json.dumps({"fingerprint": config_fingerprint(cfg), "config": cfg.to_dict()})
+    )
     (ckpt / "driver.json").write_text("{}")
     return run
 
 
 def _cli(tmp_path, *args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "exgrpo.run", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=tmp_path)
+    return subprocess.run(
+        [sys.executable, "-m", "exgrpo.run", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+    )
 
 
 def test_resume_errors_name_the_fix_and_change_nothing(tmp_path):
     run = _fake_run(tmp_path, 4, "trainer.steps=4")
     before = (run / "config.yaml").read_text()
     out = _cli(tmp_path, "--resume", str(run))
-    assert out.returncode == 2 and "already finished 4 steps; pass trainer.steps=M>4 to continue" in out.stderr
-    out = _cli(tmp_path, "--resume", str(run), "trainer.steps=8", "trainer.rollouts_per_question=8",
-               "replay.num_shards=3")
+    assert (
+        out.returncode == 2 and "already finished 4 steps; pass trainer.steps=M>4 to continue" in out.stderr
+    )
+    out = _cli(
+        tmp_path,
+        "--resume",
+        str(run),
+        "trainer.steps=8",
+        "trainer.rollouts_per_question=8",
+        "replay.num_shards=3",
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     assert "trainer.rollouts_per_question: 4 -> 8" in out.stderr and "replay.num_shards: 2 -> 3" in out.stderr
     assert (run / "config.yaml").read_text() == before  # a refused resume writes nothing
@@ -103,7 +147,9 @@ def test_model_dir_without_tokenizer_fails_before_any_actor(tmp_path):
     (model / "model.safetensors").write_bytes(b"\0")
     out = run_cli(tmp_path, "--config", "tiny-cpu", f"model.path={model}")
     assert out.returncode == 2
-    assert f"model directory '{model}'" in out.stderr and "has no tokenizer files (tokenizer.json" in out.stderr
+    assert (
+        f"model directory '{model}'" in out.stderr and "has no tokenizer files (tokenizer.json" in out.stderr
+    )
     assert "Traceback" not in out.stderr and "exgrpo-sampler" not in out.stderr
 
 
@@ -111,7 +157,9 @@ def test_bad_data_file_fails_with_rows_named(tmp_path):
     data = tmp_path / "bad.jsonl"
     data.write_text('{"question": "1+1"}\nnot json\n')
     out = run_cli(tmp_path, "--config", "tiny-cpu", f"data.train={data}", "data.eval=builtin:arith")
-    assert out.returncode == 2 and "holds no valid prompt" in out.stderr and "row 1: invalid JSON" in out.stderr
+    assert (
+        out.returncode == 2 and "holds no valid prompt" in out.stderr and "row 1: invalid JSON" in out.stderr
+    )
     assert "Traceback" not in out.stderr
 
 

@@ -23,8 +23,14 @@ def _pid(actor) -> int:
 
 def test_killed_learner_names_the_checkpoint_and_resume_continues(ray_cluster, tmp_path):
     run_dir = tmp_path / "run"
-    overrides = ["trainer.steps=4", "trainer.checkpoint_every=1", "samplers.num=1", "data.num_eval=8",
-                 "logging.progress=false", f"logging.run_dir={run_dir}"]
+    overrides = [
+        "trainer.steps=4",
+        "trainer.checkpoint_every=1",
+        "samplers.num=1",
+        "data.num_eval=8",
+        "logging.progress=false",
+        f"logging.run_dir={run_dir}",
+    ]
     cfg = load_config("tiny-cpu", overrides)
     killed = {}
 

@@ -32,11 +32,25 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-ACTORS = ["exgrpo-sampler-0", "exgrpo-sampler-1", "exgrpo-replay-0", "exgrpo-replay-1", "exgrpo-learner-0",
-          "exgrpo-controller"]
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage"]
+ACTORS = [
+    "exgrpo-sampler-0",
+    "exgrpo-sampler-1",
+    "exgrpo-replay-0",
+    "exgrpo-replay-1",
+    "exgrpo-learner-0",
+    "exgrpo-controller",
+]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 
 pytestmark = [pytest.mark.integration]
 
@@ -59,12 +73,25 @@ def live_run(tmp_path_factory):
     """A tiny run with the dashboard on, long enough to be watched; stopped with Ctrl-C afterwards."""
     tmp = tmp_path_factory.mktemp("live")
     log = (tmp / "stderr.txt").open("w")
-    cmd = [sys.executable, "-m", "exgrpo.run", "--dashboard", "--config", "tiny-cpu", "trainer.steps=5000",
-           "trainer.eval_every=2", "trainer.checkpoint_every=0", "logging.progress=true",
-           f"logging.dashboard_port={free_port()}", f"logging.run_dir={tmp / 'run'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "exgrpo.run",
+        "--dashboard",
+        "--config",
+        "tiny-cpu",
+        "trainer.steps=5000",
+        "trainer.eval_every=2",
+        "trainer.checkpoint_every=0",
+        "logging.progress=true",
+        f"logging.dashboard_port={free_port()}",
+        f"logging.run_dir={tmp / 'run'}",
+    ]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen(cmd, cwd=tmp, stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=tmp, stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True
+    )
     info: dict = {"proc": proc, "stderr": tmp / "stderr.txt", "run_dir": tmp / "run"}
     try:
         deadline = time.monotonic() + 300
@@ -109,25 +136,40 @@ def concrete(expr: str) -> str:
 
 
 @pytest.mark.prometheus
-@pytest.mark.skipif(PROMETHEUS is None, reason="the prometheus binary is not installed "
-                    "(apt-get install prometheus; scripts/setup-system.sh does it)")
+@pytest.mark.skipif(
+    PROMETHEUS is None,
+    reason="the prometheus binary is not installed "
+    "(apt-get install prometheus; scripts/setup-system.sh does it)",
+)
 def test_prometheus_scrapes_live_run_and_every_panel_has_data(live_run, tmp_path):
     shipped = ROOT / "deploy" / "prometheus" / "prometheus.yml"
-    check = subprocess.run([shutil.which("promtool") or "promtool", "check", "config", str(shipped)],
-                           capture_output=True, text=True)
+    check = subprocess.run(
+        [shutil.which("promtool") or "promtool", "check", "config", str(shipped)],
+        capture_output=True,
+        text=True,
+    )
     assert check.returncode == 0, check.stdout + check.stderr
     config = yaml.safe_load(shipped.read_text())
     config["global"]["scrape_interval"] = "1s"
     sd = tmp_path / "targets.json"  # the format of Ray's prom_metrics_service_discovery.json
-    sd.write_text(json.dumps([{"labels": {"job": "ray"}, "targets": [f"127.0.0.1:{live_run['metrics_port']}"]}]))
+    sd.write_text(
+        json.dumps([{"labels": {"job": "ray"}, "targets": [f"127.0.0.1:{live_run['metrics_port']}"]}])
+    )
     (job,) = config["scrape_configs"]
     job["file_sd_configs"][0]["files"] = [str(sd)]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     api = f"http://127.0.0.1:{port}/api/v1"
-    prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w"))
+    prom = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "prometheus.log").open("w"),
+    )
     try:
         panels = dashboard_json()["panels"]
         wanted = {m for p in panels for t in p["targets"] for m in re.findall(r"ray_exgrpo_\w+", t["expr"])}
@@ -136,7 +178,9 @@ def test_prometheus_scrapes_live_run_and_every_panel_has_data(live_run, tmp_path
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             try:
-                result = get_json(f"{api}/query?" + urllib.parse.urlencode({"query": '{__name__=~"ray_exgrpo_.+"}'}))
+                result = get_json(
+                    f"{api}/query?" + urllib.parse.urlencode({"query": '{__name__=~"ray_exgrpo_.+"}'})
+                )
                 names = {r["metric"]["__name__"] for r in result["data"]["result"]}
             except OSError:
                 pass
@@ -148,7 +192,9 @@ def test_prometheus_scrapes_live_run_and_every_panel_has_data(live_run, tmp_path
         print(f"\n{len(names)} ray_exgrpo_ series scraped: {' '.join(sorted(names))}")
         targets = get_json(f"{api}/targets")["data"]["activeTargets"]
         assert [t["health"] for t in targets] == ["up"], targets
-        labels = get_json(f"{api}/query?" + urllib.parse.urlencode({"query": "ray_exgrpo_system_policy_version"}))
+        labels = get_json(
+            f"{api}/query?" + urllib.parse.urlencode({"query": "ray_exgrpo_system_policy_version"})
+        )
         metric = labels["data"]["result"][0]["metric"]
         run_id = json.loads((live_run["run_dir"] / "run.json").read_text())["run_id"]
         assert metric["run_id"] == run_id and metric["SessionName"], metric
@@ -157,8 +203,12 @@ def test_prometheus_scrapes_live_run_and_every_panel_has_data(live_run, tmp_path
                 out = get_json(f"{api}/query?" + urllib.parse.urlencode({"query": concrete(t["expr"])}))
                 assert out["status"] == "success" and out["data"]["result"], (p["title"], t["expr"], out)
         for var in dashboard_json()["templating"]["list"][1:]:
-            label, match = re.fullmatch(r"label_values\((.+), (\w+)\)", concrete(var["query"]["query"])).group(2, 1)
-            values = get_json(f"{api}/label/{label}/values?" + urllib.parse.urlencode({"match[]": match}))["data"]
+            label, match = re.fullmatch(
+                r"label_values\((.+), (\w+)\)", concrete(var["query"]["query"])
+            ).group(2, 1)
+            values = get_json(f"{api}/label/{label}/values?" + urllib.parse.urlencode({"match[]": match}))[
+                "data"
+            ]
             assert values, var["name"]
     finally:
         prom.terminate()
@@ -168,13 +218,19 @@ def test_prometheus_scrapes_live_run_and_every_panel_has_data(live_run, tmp_path
 # ------------------------------------------------------------------------------------------- browser
 def chromium(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
-        return subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed "
-                    "(apt-get install chromium; scripts/setup-system.sh does it)")
+@pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="chromium is not installed (apt-get install chromium; scripts/setup-system.sh does it)",
+)
 def test_dashboard_pages_list_the_named_actors(live_run, tmp_path):
     url = live_run["url"]
     actors = get_json(f"{url}/api/v0/actors?limit=1000&detail=1")["data"]["result"]["result"]
@@ -196,7 +252,9 @@ def test_dashboard_pages_list_the_named_actors(live_run, tmp_path):
     dom = page("jobs", "exgrpo.run")
     assert "exgrpo.run" in dom, dom[-2000:]  # the driver job's entrypoint
     shot = tmp_path / "actors.png"
-    chromium("--window-size=1400,900", "--virtual-time-budget=20000", f"--screenshot={shot}", f"{url}/#/actors")
+    chromium(
+        "--window-size=1400,900", "--virtual-time-budget=20000", f"--screenshot={shot}", f"{url}/#/actors"
+    )
     assert shot.stat().st_size > 20_000
     keep = os.environ.get("EXGRPO_SCREENSHOTS")  # a folder to keep the screenshot in, for a person to look at
     if keep:
@@ -209,8 +267,16 @@ def test_finished_run_writes_every_logger_and_a_quiet_terminal(tmp_path):
     """A short CLI run with all backends: same names in metrics.jsonl, TensorBoard and the offline W&B
     run; report.html; the phase lines and the summary's overhead split; no per-actor progress bars."""
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "exgrpo.run", "--config", "tiny-cpu", "trainer.steps=3",
-           "logging.backends=[tensorboard,wandb]", f"logging.run_dir={run}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "exgrpo.run",
+        "--config",
+        "tiny-cpu",
+        "trainer.steps=3",
+        "logging.backends=[tensorboard,wandb]",
+        f"logging.run_dir={run}",
+    ]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "offline"}
     env.pop("RAY_ADDRESS", None)
     out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
@@ -220,8 +286,12 @@ def test_finished_run_writes_every_logger_and_a_quiet_terminal(tmp_path):
         assert noise not in terminal, terminal[-3000:]
     assert "fixed overhead (s)" in out.stdout and "held-out accuracy after" in out.stdout
     lines = [r for r in (run / "metrics.jsonl").read_text().splitlines() if r]
-    keys = {k for line in lines for k, v in json.loads(line).items()
-            if k != "step" and isinstance(v, int | float) and not isinstance(v, bool)}
+    keys = {
+        k
+        for line in lines
+        for k, v in json.loads(line).items()
+        if k != "step" and isinstance(v, int | float) and not isinstance(v, bool)
+    }
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(run / "tensorboard"))
@@ -246,7 +316,9 @@ def test_shipped_dashboard_is_the_generated_one_and_runtime_env_matches_pyprojec
 
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
-    spec = importlib.util.spec_from_file_location("build_dashboard", ROOT / "deploy" / "grafana" / "build_dashboard.py")
+    spec = importlib.util.spec_from_file_location(
+        "build_dashboard", ROOT / "deploy" / "grafana" / "build_dashboard.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.dashboard() == dashboard_json(), "rerun: python deploy/grafana/build_dashboard.py"
@@ -255,4 +327,4 @@ def test_shipped_dashboard_is_the_generated_one_and_runtime_env_matches_pyprojec
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     names = {re.split(r"[\[<>=!~ ]", d)[0] for d in deps} - {"ray"}
     shipped = {re.split(r"[\[<>=!~ ]", p)[0] for p in env["pip"]["packages"]}
-    assert shipped == names, (shipped ^ names)
+    assert shipped == names, shipped ^ names

@@ -20,10 +20,20 @@ pytestmark = pytest.mark.integration
 
 # One sampler and eta = 0 make generation deterministic (same seeds, same batch composition).
 DETERMINISTIC = [
-    "trainer.questions_per_step=4", "trainer.rollouts_per_question=4",
-    "replay.start_solve_ratio=0.0", "replay.num_shards=2", "samplers.num=1", "samplers.requests_per_call=2",
-    "async.max_staleness=0", "learners.lr=1e-3", "learners.micro_batch_size=32", "model.max_response_len=12",
-    "logging.progress=false", "logging.plots=false", "trainer.eval_samples=1", "trainer.keep_checkpoints=2",
+    "trainer.questions_per_step=4",
+    "trainer.rollouts_per_question=4",
+    "replay.start_solve_ratio=0.0",
+    "replay.num_shards=2",
+    "samplers.num=1",
+    "samplers.requests_per_call=2",
+    "async.max_staleness=0",
+    "learners.lr=1e-3",
+    "learners.micro_batch_size=32",
+    "model.max_response_len=12",
+    "logging.progress=false",
+    "logging.plots=false",
+    "trainer.eval_samples=1",
+    "trainer.keep_checkpoints=2",
 ]
 
 
@@ -40,15 +50,19 @@ def _train(cfg, run_dir, *, resume=False):
         tables = [pq.read_table(p) for p in sorted((run_dir / "final-replay").glob("shard-*.parquet"))]
         return tables, system.replay.retired(), system.learners.checksums()[0]
 
-    result = train(cfg, resume=resume, on_batch=lambda b: qids.append(sorted(g.qid for g in b.groups)),
-                   inspect=inspect)
+    result = train(
+        cfg, resume=resume, on_batch=lambda b: qids.append(sorted(g.qid for g in b.groups)), inspect=inspect
+    )
     tables, retired, checksum = result.inspected
     return qids, tables, retired, checksum
 
 
 def test_resume_matches_uninterrupted_run(ray_cluster, tmp_path, model_path, single_digit_data):
-    data = [f"data.train={single_digit_data['train']}", f"data.eval={single_digit_data['eval']}",
-            f"model.path={model_path}"]
+    data = [
+        f"data.train={single_digit_data['train']}",
+        f"data.eval={single_digit_data['eval']}",
+        f"model.path={model_path}",
+    ]
     full_dir, split_dir = tmp_path / "full", tmp_path / "split"
     full = load_config(None, [*DETERMINISTIC, *data, "trainer.steps=4", f"logging.run_dir={full_dir}"])
     half = load_config(None, [*DETERMINISTIC, *data, "trainer.steps=2", f"logging.run_dir={split_dir}"])
@@ -67,12 +81,23 @@ def test_resume_matches_uninterrupted_run(ray_cluster, tmp_path, model_path, sin
 
 def test_killed_checkpoint_writer_leaves_previous_loadable(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "exgrpo.run", "--config", "tiny-cpu", f"logging.run_dir={run_dir}",
-           "trainer.steps=500", "trainer.checkpoint_every=1", "trainer.keep_checkpoints=3", "logging.progress=false",
-           "data.num_train=200"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "exgrpo.run",
+        "--config",
+        "tiny-cpu",
+        f"logging.run_dir={run_dir}",
+        "trainer.steps=500",
+        "trainer.checkpoint_every=1",
+        "trainer.keep_checkpoints=3",
+        "logging.progress=false",
+        "data.num_train=200",
+    ]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not (run_dir / "checkpoints" / "step-000004").exists():

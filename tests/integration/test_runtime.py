@@ -24,9 +24,16 @@ from exgrpo.runtime.recipe import train
 pytestmark = pytest.mark.integration
 
 BASE = [
-    "trainer.questions_per_step=4", "trainer.rollouts_per_question=4",
-    "replay.start_solve_ratio=0.0", "replay.num_shards=2", "samplers.num=2", "samplers.requests_per_call=2",
-    "learners.lr=1e-4", "learners.micro_batch_size=32", "model.max_response_len=12", "logging.progress=false",
+    "trainer.questions_per_step=4",
+    "trainer.rollouts_per_question=4",
+    "replay.start_solve_ratio=0.0",
+    "replay.num_shards=2",
+    "samplers.num=2",
+    "samplers.requests_per_call=2",
+    "learners.lr=1e-4",
+    "learners.micro_batch_size=32",
+    "model.max_response_len=12",
+    "logging.progress=false",
     "logging.plots=false",
 ]
 
@@ -38,18 +45,31 @@ def model_path(warm_model):
 
 def run(tmp_path, model_path, data, overrides, *, during=None):
     """One run through the project's single wiring (`exgrpo.runtime.recipe.train`)."""
-    cfg = load_config(None, [*BASE, f"data.train={data['train']}", f"data.eval={data['eval']}",
-                             f"model.path={model_path}", f"logging.run_dir={tmp_path}", *overrides])
+    cfg = load_config(
+        None,
+        [
+            *BASE,
+            f"data.train={data['train']}",
+            f"data.eval={data['eval']}",
+            f"model.path={model_path}",
+            f"logging.run_dir={tmp_path}",
+            *overrides,
+        ],
+    )
     batches = []
 
     def inspect(system, driver):
         system.samplers.wait_idle(timeout_s=120)
         handles = list(system.samplers.members().values())
-        return (system.learners.checksums(), ray.get([h.checksum.remote() for h in handles]),
-                ray.get([h.version.remote() for h in handles]))
+        return (
+            system.learners.checksums(),
+            ray.get([h.checksum.remote() for h in handles]),
+            ray.get([h.version.remote() for h in handles]),
+        )
 
-    result = train(cfg, checkpoints=False, on_batch=batches.append, during=during, inspect=inspect,
-                   stall_timeout_s=300)
+    result = train(
+        cfg, checkpoints=False, on_batch=batches.append, during=during, inspect=inspect, stall_timeout_s=300
+    )
     learner_sums, sampler_sums, sampler_versions = result.inspected
     return cfg, result.records, batches, learner_sums, sampler_sums, sampler_versions
 
@@ -61,7 +81,9 @@ def check_batches(cfg, batches, records):
         n_replay = sum(g.kind == "replay" for g in batch.groups)
         # replay requests whose question retired in flight were re-issued as fresh ones (replay/replaced)
         assert n_replay == record[M.N_REPLAY]
-        assert n_replay + record[M.REPLACED] == min(math.floor(cfg.replay.rho * B), record[M.REPLAY_AVAILABLE])
+        assert n_replay + record[M.REPLACED] == min(
+            math.floor(cfg.replay.rho * B), record[M.REPLAY_AVAILABLE]
+        )
         for g in batch.groups:
             if g.kind == "replay":
                 assert len(g.trajectories) == K
@@ -80,14 +102,19 @@ def test_hf_eta1_object_store_with_scaling(ray_cluster, tmp_path, model_path, si
     def during(record, system):
         if record[M.STEP] == 0:  # the operator's command, as a user runs it against the job's cluster
             address = ray.get_runtime_context().gcs_address
-            out = subprocess.run([sys.executable, "-m", "exgrpo.scale", "--samplers", "3", "--address", address],
-                                 capture_output=True, text=True, timeout=120)
+            out = subprocess.run(
+                [sys.executable, "-m", "exgrpo.scale", "--samplers", "3", "--address", address],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert out.returncode == 0 and "3 samplers" in out.stdout, out.stderr[-2000:]
         if record[M.STEP] == 2:
             ray.get(system.controller.set_samplers.remote(n=1))
 
     cfg, records, batches, learner_sums, sampler_sums, versions = run(
-        tmp_path, model_path, single_digit_data, ["trainer.steps=5", "async.max_staleness=1"], during=during)
+        tmp_path, model_path, single_digit_data, ["trainer.steps=5", "async.max_staleness=1"], during=during
+    )
     assert [r[M.VERSION] for r in records] == [1, 2, 3, 4, 5]
     check_batches(cfg, batches, records)
     assert sum(r[M.N_REPLAY] for r in records) > 0, "replay never scheduled"
@@ -100,7 +127,9 @@ def test_hf_eta1_object_store_with_scaling(ray_cluster, tmp_path, model_path, si
     # the JSONL log is complete: every documented key in every record
     logged = read_jsonl(tmp_path / "metrics.jsonl")
     assert len(logged) == 5
-    documented = {v for k, v in vars(M).items() if k.isupper() and isinstance(v, str) and "/" in v and "{" not in v}
+    documented = {
+        v for k, v in vars(M).items() if k.isupper() and isinstance(v, str) and "/" in v and "{" not in v
+    }
     for rec in logged:
         missing = documented - set(rec) - M.OPTIONAL_KEYS
         assert not missing, missing
@@ -109,15 +138,28 @@ def test_hf_eta1_object_store_with_scaling(ray_cluster, tmp_path, model_path, si
     deadline, text = time.monotonic() + 60, ""
     while time.monotonic() < deadline and "exgrpo_rollout_mean_reward" not in text:
         time.sleep(2)
-        text = urllib.request.urlopen(f"http://127.0.0.1:{ray_cluster['metrics_port']}/metrics", timeout=5).read().decode()
+        text = (
+            urllib.request.urlopen(f"http://127.0.0.1:{ray_cluster['metrics_port']}/metrics", timeout=5)
+            .read()
+            .decode()
+        )
     assert "exgrpo_rollout_mean_reward" in text and "exgrpo_system_policy_version" in text
 
 
 @pytest.mark.vllm
 def test_vllm_eta0_through_the_weight_transfer_api(ray_cluster, tmp_path, model_path, single_digit_data):
     cfg, records, batches, learner_sums, sampler_sums, versions = run(
-        tmp_path, model_path, single_digit_data, ["trainer.steps=3", "async.max_staleness=0", "samplers.engine=vllm",
-                                                  "samplers.num=1", "async.weight_sync=collective"])
+        tmp_path,
+        model_path,
+        single_digit_data,
+        [
+            "trainer.steps=3",
+            "async.max_staleness=0",
+            "samplers.engine=vllm",
+            "samplers.num=1",
+            "async.weight_sync=collective",
+        ],
+    )
     check_batches(cfg, batches, records)
     assert all(r[M.STALENESS_MAX] == 0 for r in records)
     assert versions == [3]
@@ -127,7 +169,8 @@ def test_vllm_eta0_through_the_weight_transfer_api(ray_cluster, tmp_path, model_
 @pytest.mark.vllm
 def test_vllm_engine(ray_cluster, tmp_path, model_path, single_digit_data):
     cfg, records, batches, learner_sums, sampler_sums, versions = run(
-        tmp_path, model_path, single_digit_data, ["trainer.steps=3", "samplers.engine=vllm", "samplers.num=1"])
+        tmp_path, model_path, single_digit_data, ["trainer.steps=3", "samplers.engine=vllm", "samplers.num=1"]
+    )
     check_batches(cfg, batches, records)
     assert versions == [3]
     assert sampler_sums[0] == pytest.approx(learner_sums[0], rel=1e-5)
@@ -140,7 +183,8 @@ def test_dead_sampler_is_replaced_and_loses_no_request(ray_cluster, tmp_path, mo
             ray.kill(next(iter(system.samplers.members().values())), no_restart=True)
 
     cfg, records, batches, learner_sums, sampler_sums, versions = run(
-        tmp_path, model_path, single_digit_data, ["trainer.steps=4", "async.max_staleness=1"], during=during)
+        tmp_path, model_path, single_digit_data, ["trainer.steps=4", "async.max_staleness=1"], during=during
+    )
     assert [r[M.VERSION] for r in records] == [1, 2, 3, 4]  # every step got its full batch
     check_batches(cfg, batches, records)
     assert records[-1][M.SAMPLER_RESTARTS] >= 1 and records[-1][M.SAMPLERS] == 2

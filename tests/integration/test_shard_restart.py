@@ -31,15 +31,34 @@ def _group(rid: int) -> Group:
     """Each pusher has its own questions (so the per-question order of records is the pusher's own)."""
     rewards = [(rid >> i) & 1 for i in range(K)]  # every k in 0..K over the request ids
     qid = f"q{rid % 37}-{rid // 10_000}"
-    trajs = tuple(Trajectory(qid=qid, response_ids=(rid, i), logprobs=(-0.5, -1.0), reward=float(r),
-                             policy_version=0, group_id=f"g{rid}") for i, r in enumerate(rewards))
+    trajs = tuple(
+        Trajectory(
+            qid=qid,
+            response_ids=(rid, i),
+            logprobs=(-0.5, -1.0),
+            reward=float(r),
+            policy_version=0,
+            group_id=f"g{rid}",
+        )
+        for i, r in enumerate(rewards)
+    )
     return Group(qid=qid, prompt_ids=(1, rid % 37), trajectories=trajs, request_id=rid, group_id=f"g{rid}")
 
 
 def test_sigkilled_shard_restarts_and_loses_no_acknowledged_push(ray_cluster, tmp_path):
     rng = random.Random(1234)
-    shards = [remote_actor(ReplayShard, name=f"test-restart-shard-{i}", num_cpus=0, max_restarts=50, k_rollouts=K,
-                           wal_dir=str(tmp_path / f"wal-{i}"), compact_bytes=40_000) for i in range(2)]
+    shards = [
+        remote_actor(
+            ReplayShard,
+            name=f"test-restart-shard-{i}",
+            num_cpus=0,
+            max_restarts=50,
+            k_rollouts=K,
+            wal_dir=str(tmp_path / f"wal-{i}"),
+            compact_bytes=40_000,
+        )
+        for i in range(2)
+    ]
     replay = ShardedReplay(shards=shards, k_rollouts=K, invoke=RayInvoke(retry_s=60))
     replay.set_collect(on=True)
     acked: list[int] = []
@@ -104,20 +123,28 @@ def test_sigkilled_shard_restarts_and_loses_no_acknowledged_push(ray_cluster, tm
     assert replay.stats().ready == 0
     # the restored shards hold exactly what shards that never died would
     reference = [ReplayShard(k_rollouts=K) for _ in shards]
-    ShardedReplay(shards=reference, k_rollouts=K, invoke=lambda calls: [getattr(s, m)(**kw) for s, m, kw in calls],
-                  ).set_collect(on=True)
+    ShardedReplay(
+        shards=reference,
+        k_rollouts=K,
+        invoke=lambda calls: [getattr(s, m)(**kw) for s, m, kw in calls],
+    ).set_collect(on=True)
     for rid in sorted(acked):
         reference[shard_of(_group(rid).qid, 2)].push(groups=[_group(rid)])
     for i, shard in enumerate(shards):
-        assert ray.get(shard.stats.remote()).__dict__ | {"ready": 0} == reference[i].stats().__dict__ | {"ready": 0}
+        assert ray.get(shard.stats.remote()).__dict__ | {"ready": 0} == reference[i].stats().__dict__ | {
+            "ready": 0
+        }
         assert ray.get(shard.retired.remote()) == reference[i].retired()
         live = ray.get(shard.sample.remote(counts={k: 99 for k in range(1, K)}, seed=0))[0]
         ref = reference[i].sample(counts={k: 99 for k in range(1, K)}, seed=0)[0]
         assert sorted((p.qid, sorted(p.candidates, key=lambda t: t.response_ids)) for p in live) == sorted(
-            (p.qid, sorted(p.candidates, key=lambda t: t.response_ids)) for p in ref)
+            (p.qid, sorted(p.candidates, key=lambda t: t.response_ids)) for p in ref
+        )
     print(f"\nshard kills: {len(kills)}; client retries: {replay.invoke.retries}")
     for k in kills:
-        print(f"  shard {k['shard']}: back and restored after {k['restored_s']:.2f} s (log replay {k['seconds']:.3f} s, "
-              f"snapshot={k['snapshot']}, frames={k['frames']}, trajectories={k['trajectories']})")
+        print(
+            f"  shard {k['shard']}: back and restored after {k['restored_s']:.2f} s (log replay {k['seconds']:.3f} s, "
+            f"snapshot={k['snapshot']}, frames={k['frames']}, trajectories={k['trajectories']})"
+        )
     for s in shards:
         ray.kill(s)

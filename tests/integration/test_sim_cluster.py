@@ -17,14 +17,23 @@ from exgrpo.sim.roles import CostModel
 pytestmark = pytest.mark.integration
 
 B, K, STEPS = 32, 8, 6
-FACTOR = 1.5  # measured steady-state step <= FACTOR x ideal (a fixed ~0.1 s of plumbing per step, with margin)
+FACTOR = (
+    1.5  # measured steady-state step <= FACTOR x ideal (a fixed ~0.1 s of plumbing per step, with margin)
+)
 
 
 @pytest.fixture(scope="module")
 def cluster(ray_cluster):
     cost = CostModel(gen_s=800.0, update_s=440.0, time_scale=0.003, batch_rollouts=B * K)
-    c = SimCluster(samplers=8, learners=2, cost=cost, questions_per_step=B, rollouts_per_question=K,
-                   requests_per_call=2, questions=1024)
+    c = SimCluster(
+        samplers=8,
+        learners=2,
+        cost=cost,
+        questions_per_step=B,
+        rollouts_per_question=K,
+        requests_per_call=2,
+        questions=1024,
+    )
     c.run(eta=1, replay=True, steps=3, warmup=2)  # the actors' first calls are slow (imports, connections)
     yield c
     c.shutdown()
@@ -32,8 +41,10 @@ def cluster(ray_cluster):
 
 @pytest.fixture(scope="module")
 def runs(cluster):
-    return {(eta, replay): cluster.run(eta=eta, replay=replay, steps=STEPS, warmup=2)
-            for eta, replay in ((1, True), (1, False), (0, True))}
+    return {
+        (eta, replay): cluster.run(eta=eta, replay=replay, steps=STEPS, warmup=2)
+        for eta, replay in ((1, True), (1, False), (0, True))
+    }
 
 
 def test_ideal_of_the_cost_model_derived_by_hand(cluster):

@@ -24,9 +24,20 @@ def test_smollm2_vllm_command_trains_and_evaluates(tmp_path: Path, weight_sync: 
     pytest.importorskip("vllm")
     pytest.importorskip("gguf")
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "exgrpo.run", "--config", "configs/smollm2-135m-cpu.yaml", "samplers.engine=vllm",
-           f"async.weight_sync={weight_sync}", "trainer.steps=2", "data.num_eval=8",
-           "trainer.checkpoint_every=0", "logging.progress=false", f"logging.run_dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "exgrpo.run",
+        "--config",
+        "configs/smollm2-135m-cpu.yaml",
+        "samplers.engine=vllm",
+        f"async.weight_sync={weight_sync}",
+        "trainer.steps=2",
+        "data.num_eval=8",
+        "trainer.checkpoint_every=0",
+        "logging.progress=false",
+        f"logging.run_dir={run_dir}",
+    ]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -24,8 +24,14 @@ from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
 def _run(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
     out = tmp_path / "dc.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--cpu-smoke", "--out", str(out), *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cpu-smoke", "--out", str(out), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     log = proc.stdout + proc.stderr
     assert out.exists(), log
     return proc.returncode, json.loads(out.read_text()), log
@@ -73,13 +79,20 @@ def test_collective_failure_falls_back(tmp_path):
 
 
 def test_imports_without_ray_deepspeed_vllm():
-    code = ("import sys; sys.modules.update(ray=None, deepspeed=None, vllm=None); "
-            f"sys.path.insert(0, {str(ROOT)!r}); import bench.device_check")
+    code = (
+        "import sys; sys.modules.update(ray=None, deepspeed=None, vllm=None); "
+        f"sys.path.insert(0, {str(ROOT)!r}); import bench.device_check"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
 
 
 def test_chunk_plan_and_checksum():
-    specs = [("a", (3,), "bfloat16"), ("b", (2, 2), "float32"), ("c", (1,), "bfloat16"), ("d", (5,), "bfloat16")]
+    specs = [
+        ("a", (3,), "bfloat16"),
+        ("b", (2, 2), "float32"),
+        ("c", (1,), "bfloat16"),
+        ("d", (5,), "bfloat16"),
+    ]
     # 6, 16, 2, 10 bytes; a chunk closes once it exceeds 8 bytes (vLLM's rule)
     assert dc.chunk_plan(specs, 8) == [[0, 1], [2, 3]]
     assert dc.chunk_plan(specs, 1000) == [[0, 1, 2, 3]]
@@ -100,14 +113,27 @@ def test_update_matches_deepspeed_learner(tmp_path):
     model = dc.build_learner_model(TINY, dtype="float32", device=torch.device("cpu"), checkpointing=True)
     model.save_pretrained(tmp_path)
     ours = dc.MasterWeights(model, cfg)
-    theirs = Learner(model_path=str(tmp_path), learner=cfg, loss=LossConfig(), max_response_len=TINY.response_len,
-                     master_port=_free_port())
+    theirs = Learner(
+        model_path=str(tmp_path),
+        learner=cfg,
+        loss=LossConfig(),
+        max_response_len=TINY.response_len,
+        master_port=_free_port(),
+    )
     theirs.setup()
     for step in range(2):
         groups = synthetic_groups(TINY, step=step)
         a = theirs.update(groups=groups, clip=False, version=step)
-        b = dc.exgrpo_update(model, ours, groups, loss=LossConfig(), micro_batch=TINY.micro_batch, minibatches=2,
-                             max_response_len=TINY.response_len, clip=False)
+        b = dc.exgrpo_update(
+            model,
+            ours,
+            groups,
+            loss=LossConfig(),
+            micro_batch=TINY.micro_batch,
+            minibatches=2,
+            max_response_len=TINY.response_len,
+            clip=False,
+        )
         assert b["grad_norm"] == pytest.approx(a["learner/grad_norm"], rel=1e-5)
         assert b["loss"] == pytest.approx(a["learner/loss"], rel=1e-5, abs=1e-8)
     ref = theirs.engine.module.state_dict()

@@ -295,7 +295,9 @@ def test_get_weights_is_the_hf_state_dict(fresh_learner, model_path):
     model = AutoModelForCausalLM.from_pretrained(model_path)
     sd = model.state_dict()
     packed = fresh_learner.get_weights()
-    assert [(s.name, s.shape, s.dtype) for s in packed.layout] == [(k, tuple(v.shape), "float32") for k, v in sd.items()]
+    assert [(s.name, s.shape, s.dtype) for s in packed.layout] == [
+        (k, tuple(v.shape), "float32") for k, v in sd.items()
+    ]
     assert packed.buffer.dtype == np.uint8 and packed.buffer.ndim == 1  # one contiguous buffer
     assert packed.numel == fresh_learner.num_parameters() == sum(p.numel() for p in model.parameters())
     _assert_weights_close(packed, {k: v.numpy() for k, v in sd.items()}, atol=0)

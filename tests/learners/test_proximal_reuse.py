@@ -30,8 +30,16 @@ METRICS = (M.LOSS, M.PG_LOSS, M.ENTROPY, M.GRAD_NORM, M.CLIP_FRAC, M.RATIO_FRESH
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory) -> str:
-    cfg = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=2, head_dim=32, max_position_embeddings=64)
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(1)
     path = tmp_path_factory.mktemp("tiny-qwen2-proximal")
     Qwen2ForCausalLM(cfg).save_pretrained(path)
@@ -49,16 +57,32 @@ def _groups(seed: int, *, stale: bool) -> tuple[Group, ...]:
             n = 1 + (5 * i + 3 * k + seed) % 7
             ids = tuple(torch.randint(1, 64, (n,), generator=g).tolist())
             lp = -2.0 if stale else -4.2
-            trajs.append(Trajectory(qid=f"q{i}", response_ids=ids, logprobs=tuple(lp + 0.05 * t for t in range(n)),
-                                    reward=float((i + k) % 3 == 0), policy_version=0, replayed=i == 0 and k == 0))
-        out.append(Group(qid=f"q{i}", prompt_ids=tuple(range(1, 2 + i)), trajectories=tuple(trajs),
-                         kind="replay" if i == 0 else "fresh"))
+            trajs.append(
+                Trajectory(
+                    qid=f"q{i}",
+                    response_ids=ids,
+                    logprobs=tuple(lp + 0.05 * t for t in range(n)),
+                    reward=float((i + k) % 3 == 0),
+                    policy_version=0,
+                    replayed=i == 0 and k == 0,
+                )
+            )
+        out.append(
+            Group(
+                qid=f"q{i}",
+                prompt_ids=tuple(range(1, 2 + i)),
+                trajectories=tuple(trajs),
+                kind="replay" if i == 0 else "fresh",
+            )
+        )
     return tuple(out)
 
 
 def _learner(path: str, *, reuse: bool, loss: LossConfig, **cfg) -> Learner:
     base = dict(lr=1e-3, micro_batch_size=3, minibatches=1, zero_stage=0)
-    learner = Learner(model_path=path, learner=LearnerConfig(**{**base, **cfg}), loss=loss, max_response_len=MAX_LEN)
+    learner = Learner(
+        model_path=path, learner=LearnerConfig(**{**base, **cfg}), loss=loss, max_response_len=MAX_LEN
+    )
     learner.setup()
     learner.reuse_proximal = reuse
     return learner

@@ -39,9 +39,14 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def learners(ray_cluster, model_dir):
-    group = LearnerGroup(num=1, make_actor=remote_actor, model_path=str(model_dir),
-                         learner_cfg=LearnerConfig(lr=1e-2, micro_batch_size=8), loss_cfg=LossConfig(),
-                         max_response_len=4)
+    group = LearnerGroup(
+        num=1,
+        make_actor=remote_actor,
+        model_path=str(model_dir),
+        learner_cfg=LearnerConfig(lr=1e-2, micro_batch_size=8),
+        loss_cfg=LossConfig(),
+        max_response_len=4,
+    )
     group.disk_checksum = group.checksums()[0]
     yield group
     group.shutdown()
@@ -51,28 +56,58 @@ def _step(learners: LearnerGroup) -> int:
     """One real update (mixed rewards, so the weights move); returns the new version."""
     v = learners.version()
     groups = tuple(
-        Group(qid=f"q{i}", prompt_ids=(3, 4 + i), kind="fresh", trajectories=tuple(
-            Trajectory(qid=f"q{i}", response_ids=(5 + k, 6 + i), logprobs=(-4.0, -4.0), reward=float(k % 2),
-                       policy_version=v) for k in range(4)))
-        for i in range(2))
+        Group(
+            qid=f"q{i}",
+            prompt_ids=(3, 4 + i),
+            kind="fresh",
+            trajectories=tuple(
+                Trajectory(
+                    qid=f"q{i}",
+                    response_ids=(5 + k, 6 + i),
+                    logprobs=(-4.0, -4.0),
+                    reward=float(k % 2),
+                    policy_version=v,
+                )
+                for k in range(4)
+            ),
+        )
+        for i in range(2)
+    )
     learners.update(batch=TrainBatch(groups=groups, version=v))
     return v + 1
 
 
 def _pool(model_dir: Path, prefix: str, *, engine: str = "hf") -> SamplerPool:
-    spec = EngineSpec(kind=engine, model_path=str(model_dir), weight_transfer="gloo" if engine == "vllm" else None)
+    spec = EngineSpec(
+        kind=engine, model_path=str(model_dir), weight_transfer="gloo" if engine == "vllm" else None
+    )
 
     def spawn(index: int):
-        return remote_actor(Sampler, name=f"{prefix}-{index}", num_cpus=0.5, index=index, engine=spec,
-                            template="plain", max_response_len=4, replay=None, seed=index)
+        return remote_actor(
+            Sampler,
+            name=f"{prefix}-{index}",
+            num_cpus=0.5,
+            index=index,
+            engine=spec,
+            template="plain",
+            max_response_len=4,
+            replay=None,
+            seed=index,
+        )
+
     return SamplerPool(spawn=spawn, num=0, requests_per_call=1)
 
 
 def _served(pool: SamplerPool) -> list[tuple[int, float]]:
     """(version, checksum) of every live sampler (queued after its weight loads, so after them)."""
     handles = list(pool.members().values())
-    return list(zip(ray.get([h.version.remote() for h in handles]), ray.get([h.checksum.remote() for h in handles]),
-                    strict=True))
+    return list(
+        zip(
+            ray.get([h.version.remote() for h in handles]),
+            ray.get([h.checksum.remote() for h in handles]),
+            strict=True,
+        )
+    )
 
 
 def _assert_in_sync(pool: SamplerPool, learners: LearnerGroup, version: int, rel: float = 1e-12) -> None:
@@ -108,8 +143,12 @@ def test_object_store_broadcast_and_catch_up(learners, model_dir):
         _assert_in_sync(pool, learners, v)
         assert transport.broadcast(version=v)[M.WEIGHT_LOAD] > 0  # the first loads have finished by now
         pool.scale(num=3)  # the newcomer gets the published weights before its first request
-        pool.submit(requests=[GenerationRequest(request_id=i, prompt=Prompt(qid=f"q{i}", question="1+1", answer="2"),
-                                                n=1) for i in range(3)])
+        pool.submit(
+            requests=[
+                GenerationRequest(request_id=i, prompt=Prompt(qid=f"q{i}", question="1+1", answer="2"), n=1)
+                for i in range(3)
+            ]
+        )
         results = pool.wait_idle(timeout_s=120)
         assert {r.sampler for r in results} == set(pool.members()) and len(pool.members()) == 3
         assert {r.policy_version for r in results} == {v}

@@ -28,9 +28,14 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory):
 
 def test_vllm_api_under_zero3_gathers_on_both_learner_ranks(ray_cluster, model_dir):
     pytest.importorskip("vllm")
-    group = LearnerGroup(num=2, make_actor=remote_actor, model_path=str(model_dir),
-                         learner_cfg=LearnerConfig(num=2, zero_stage=3, lr=1e-2, micro_batch_size=8),
-                         loss_cfg=LossConfig(), max_response_len=4)
+    group = LearnerGroup(
+        num=2,
+        make_actor=remote_actor,
+        model_path=str(model_dir),
+        learner_cfg=LearnerConfig(num=2, zero_stage=3, lr=1e-2, micro_batch_size=8),
+        loss_cfg=LossConfig(),
+        max_response_len=4,
+    )
     pool = _pool(model_dir, "z3", engine="vllm")
     transport = VLLMTransport(learners=group, samplers=pool)
     try:
