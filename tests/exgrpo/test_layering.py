@@ -19,8 +19,6 @@ import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("exgrpo", "actors", "buffers", "learners")
 
