@@ -24,15 +24,11 @@ from typing import Any
 import ray
 from ray.rllib.utils.actor_manager import FaultTolerantActorManager
 
+from exgrpo.core.names import sampler_name
 from exgrpo.core.records import GenerationRequest, Prompt, RolloutResult
 
 log = logging.getLogger(__name__)
 TAG = "generate"
-
-
-def sampler_id(index: int) -> str:
-    """The stable id of the sampler spawned with `index` (its actor name, `Sampler.name`)."""
-    return f"exgrpo-sampler-{index}"
 
 
 class SamplerPool:
@@ -73,7 +69,7 @@ class SamplerPool:
 
     def members(self) -> dict[str, Any]:
         """Live samplers that take new requests: stable id -> handle, oldest first."""
-        return {sampler_id(self._index[a]): self._handles[a] for a in sorted(self._live())}
+        return {sampler_name(self._index[a]): self._handles[a] for a in sorted(self._live())}
 
     def size(self) -> int:
         return len(self._live())

@@ -26,6 +26,7 @@ from actors.engines import GenerationEngine
 from actors.factory import make_engine
 from actors.sampling import sample_rewards
 from exgrpo.core.config import Dtype, EngineKind, TemplateName
+from exgrpo.core.names import sampler_name
 from exgrpo.core.records import GenerationRequest, Group, Prompt, RolloutResult, Trajectory
 from exgrpo.data.templates import render_prompt, reward_mode
 from exgrpo.transport.packed import PackedWeights, unpack_weights
@@ -60,7 +61,7 @@ class Sampler:
         seed: int = 0,
     ) -> None:
         torch.set_num_threads(1)
-        self.name = f"exgrpo-sampler-{index}"
+        self.name = sampler_name(index)
         self.engine: GenerationEngine = make_engine(
             engine.kind, engine.model_path, dtype=engine.dtype, seed=seed, **_engine_kwargs(engine)
         )

@@ -1,5 +1,5 @@
 """The ExGRPO experience pool: question statistics, difficulty buckets, retirement and stored
-trajectories (DESIGN.md section 4). Pure: numpy + pyarrow only. The sampling weights and the
+trajectories (docs/architecture.md, "The algorithm"). Pure: numpy + pyarrow only. The sampling weights and the
 allocation over buckets and shards live in `exgrpo/core/selection.py`; the pool draws inside a bucket.
 
 Statistics. After each finished group of a question, k = its correct rollouts (a replay slot
@@ -31,14 +31,11 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from buffers.records import ListColumn
 from exgrpo.core.records import Group, Trajectory
+from exgrpo.core.selection import check_rollouts
 
 SNAPSHOT_FORMAT = "exgrpo.experience_pool/1"  # schema metadata of to_arrow() tables
-
-
-def _check_k(k_rollouts: int) -> None:
-    if k_rollouts < 2:
-        raise ValueError(f"k_rollouts={k_rollouts} must be >= 2")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -107,7 +104,7 @@ class ExperiencePool:
     """Question statistics and stored correct trajectories of one replay shard (or all of them)."""
 
     def __init__(self, k_rollouts: int, max_trajectories_per_question: int = 8) -> None:
-        _check_k(k_rollouts)
+        check_rollouts(k_rollouts)
         if max_trajectories_per_question < 1:
             raise ValueError(f"max_trajectories_per_question={max_trajectories_per_question} must be >= 1")
         self.k_rollouts = k_rollouts
@@ -340,9 +337,9 @@ class ExperiencePool:
             raise ValueError(f"snapshot was taken with K={meta['exgrpo.k_rollouts']}, not K={k_rollouts}")
         col = {name: table.column(name).to_pylist() for name in ("row", "qid", "bucket", "reward")}
         col |= {name: table.column(name).to_pylist() for name in ("policy_version", "text", "group_id")}
-        prompts = _ListReader(table.column("prompt_ids"), np.int32)
-        responses = _ListReader(table.column("response_ids"), np.int32)
-        logprobs = _ListReader(table.column("logprobs"), np.float32)
+        prompts = ListColumn(table.column("prompt_ids"))
+        responses = ListColumn(table.column("response_ids"))
+        logprobs = ListColumn(table.column("logprobs"))
         for i, (kind, qid) in enumerate(zip(col["row"], col["qid"], strict=True)):
             if kind == "question":
                 bucket = col["bucket"][i]
@@ -350,11 +347,11 @@ class ExperiencePool:
                     raise ValueError(
                         f"row {first + i}: bucket {bucket} of {qid!r} is outside 1..{k_rollouts - 1}"
                     )
-                self._questions[qid] = _Question(prompts[i], bucket)
+                self._questions[qid] = _Question(prompts.array(i, np.int32), bucket)
             elif kind == "trajectory":
                 if qid not in self._questions:
                     raise ValueError(f"row {first + i}: trajectory of {qid!r} before its question row")
-                ids, lps = responses[i], logprobs[i]
+                ids, lps = responses.array(i, np.int32), logprobs.array(i, np.float32)
                 if len(ids) != len(lps):
                     raise ValueError(f"row {first + i}: {len(ids)} response ids but {len(lps)} log-probs")
                 s = _Stored(ids, lps, col["reward"][i], col["policy_version"][i], col["text"][i] or "",
@@ -415,16 +412,3 @@ def _list_array(parts: Sequence[np.ndarray | None], value_type: pa.DataType) -> 
     if offsets[-1] > np.iinfo(np.int32).max:
         return pa.LargeListArray.from_arrays(pa.array(offsets), values, mask=mask)
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values, mask=mask)
-
-
-class _ListReader:
-    """Row i of a list column as an owned numpy array (empty for null rows)."""
-
-    def __init__(self, column: pa.ChunkedArray, dtype: type) -> None:
-        arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-        self.offsets = arr.offsets.to_numpy()
-        self.values = arr.values.to_numpy(zero_copy_only=False)
-        self.dtype = dtype
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        return np.array(self.values[self.offsets[i] : self.offsets[i + 1]], dtype=self.dtype, copy=True)

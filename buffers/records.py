@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from exgrpo.core.records import Group, Trajectory
@@ -69,16 +70,20 @@ def groups_to_arrow(groups: Sequence[Group]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=SCHEMA)
 
 
-class _Lists:
-    """Row i of a list column as a tuple of Python numbers (() for a null row)."""
+class ListColumn:
+    """Row i of an Arrow list column without a Python object per element: `items(i)` as a tuple of
+    Python numbers, `array(i, dtype)` as an owned numpy array (both empty for a null row)."""
 
     def __init__(self, column: pa.ChunkedArray) -> None:
         arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
         self.offsets = arr.offsets.to_numpy()
         self.values = arr.values.to_numpy(zero_copy_only=False)
 
-    def __getitem__(self, i: int) -> tuple:
+    def items(self, i: int) -> tuple:
         return tuple(self.values[self.offsets[i] : self.offsets[i + 1]].tolist())
+
+    def array(self, i: int, dtype: type) -> np.ndarray:
+        return np.array(self.values[self.offsets[i] : self.offsets[i + 1]], dtype=dtype, copy=True)
 
 
 def groups_from_arrow(table: pa.Table) -> list[Group]:
@@ -86,7 +91,7 @@ def groups_from_arrow(table: pa.Table) -> list[Group]:
         return []
     col = {f.name: table.column(f.name).to_pylist() for f in SCHEMA if not pa.types.is_list(f.type)}
     prompts, responses, logprobs = (
-        _Lists(table.column(n)) for n in ("prompt_ids", "response_ids", "logprobs")
+        ListColumn(table.column(n)) for n in ("prompt_ids", "response_ids", "logprobs")
     )
     by_id: dict[int, tuple[int, list[Trajectory], list[Trajectory]]] = {}
     for i, (rid, role) in enumerate(zip(col["request_id"], col["role"], strict=True)):
@@ -97,8 +102,8 @@ def groups_from_arrow(table: pa.Table) -> list[Group]:
             continue
         t = Trajectory(
             qid=col["qid"][i],
-            response_ids=responses[i],
-            logprobs=logprobs[i],
+            response_ids=responses.items(i),
+            logprobs=logprobs.items(i),
             reward=col["reward"][i],
             policy_version=col["policy_version"][i],
             replayed=col["replayed"][i],
@@ -109,7 +114,7 @@ def groups_from_arrow(table: pa.Table) -> list[Group]:
     return [
         Group(
             qid=col["qid"][i],
-            prompt_ids=prompts[i],
+            prompt_ids=prompts.items(i),
             trajectories=tuple(trajs),
             kind=col["kind"][i],
             gold=col["gold"][i],

@@ -149,7 +149,7 @@ class ShardedReplay:
         self._all("set_collect", on=on)
 
     def sample_questions(self, *, n: int, rng: np.random.Generator) -> list[ReplayPick]:
-        """Up to n distinct questions drawn with global bucket weights (DESIGN.md 4), with candidates."""
+        """Up to n distinct questions drawn with global bucket weights (docs/architecture.md, "The algorithm"), with candidates."""
         if n <= 0:
             return []
         sizes = self._sizes if self._sizes is not None else self._all("bucket_sizes")

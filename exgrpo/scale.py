@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from exgrpo.core.names import CONTROLLER, NAMESPACE
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m exgrpo.scale", description=__doc__.split("\n")[0])
@@ -23,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ray.init(address=args.address, namespace="exgrpo", logging_level="ERROR")
     try:
-        controller = ray.get_actor("exgrpo-controller", namespace="exgrpo")
+        controller = ray.get_actor(CONTROLLER, namespace=NAMESPACE)
     except ValueError:
         print(
             "error: no running exgrpo job found (actor 'exgrpo-controller' in namespace 'exgrpo')",

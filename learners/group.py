@@ -28,6 +28,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import LearnerConfig, LossConfig
+from exgrpo.core.names import learner_name
 from exgrpo.core.records import Group, ReplayCandidate, TrainBatch
 from learners.learner import Learner
 
@@ -101,7 +102,7 @@ class LearnerGroup:
         self.actors = [
             make_actor(
                 Learner,
-                name=f"exgrpo-learner-{i}",
+                name=learner_name(i),
                 num_cpus=learner_cfg.num_cpus,
                 num_gpus=learner_cfg.num_gpus,
                 scheduling_strategy=strategy(i),
@@ -179,7 +180,7 @@ class LearnerGroup:
 
     def version(self) -> int:
         """Rank 0's policy version: the tag of weights exported now (the last update's version + 1)."""
-        return int(ray.get(self.rank0.get_version.remote()))
+        return int(ray.get(self.rank0.version.remote()))
 
     def checksums(self) -> list[float]:
         """Each rank's float64 parameter sum (equal across ranks after every step)."""

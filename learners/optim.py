@@ -1,4 +1,4 @@
-"""The learner's optimiser (AdamW with the global grad-norm rule of DESIGN.md 4) and DeepSpeed config.
+"""The learner's optimiser (AdamW with the global grad-norm rule of docs/architecture.md, "The algorithm") and DeepSpeed config.
 
 DeepSpeed's ``gradient_clipping`` is off; the client optimiser's ``step`` sees the final, rank-averaged,
 unscaled fp32 gradients (the whole model under ZeRO-0, this rank's partition under ZeRO 1-3, where the

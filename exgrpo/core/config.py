@@ -380,12 +380,12 @@ def validate(cfg: Config) -> None:
         (lr.num >= 1, "learners.num must be >= 1"),
         (s.num >= 1, "samplers.num must be >= 1 (scale down to 1, not 0)"),
         (
-            t.questions_per_step % lr.num == 0,
+            lr.num < 1 or t.questions_per_step % lr.num == 0,  # learners.num < 1 has its own message
             f"trainer.questions_per_step={t.questions_per_step} is not divisible across learners.num={lr.num}: "
             f"every learner rank needs whole groups; make questions_per_step a multiple of {lr.num}",
         ),
         (
-            t.questions_per_step % (lr.num * lr.minibatches) == 0,
+            lr.num * lr.minibatches < 1 or t.questions_per_step % (lr.num * lr.minibatches) == 0,
             f"trainer.questions_per_step={t.questions_per_step} must split into learners.minibatches={lr.minibatches} "
             f"mini-batches on each of learners.num={lr.num} ranks; use a multiple of {lr.num * lr.minibatches}",
         ),
@@ -403,6 +403,7 @@ def validate(cfg: Config) -> None:
         (lr.lr > 0, "learners.lr must be > 0"),
         (lr.grad_clip > 0, "learners.grad_clip must be > 0"),
         (lr.micro_batch_size >= 1, "learners.micro_batch_size must be >= 1"),
+        (lr.minibatches >= 1, "learners.minibatches must be >= 1 (1 = one optimiser step per training step)"),
         (0 < lo.clip_eps < 1, f"loss.clip_eps={lo.clip_eps} must lie in (0, 1)"),
         (lo.beta > 0, f"loss.beta={lo.beta} must be > 0 (policy shaping w / (w + beta))"),
         (lo.tis_cap is None or lo.tis_cap >= 1.0, "loss.tis_cap must be >= 1 or null"),

@@ -1,5 +1,5 @@
 """Replay selection, pure (numpy only): which questions to replay and which stored trajectory fills
-slot 0 of each replayed group (DESIGN.md 4).
+slot 0 of each replayed group (docs/architecture.md, "The algorithm").
 
 - `bucket_weights`: Gaussian weight over the difficulty bucket k (or uniform), normalised over
   non-empty buckets.
@@ -35,7 +35,7 @@ def bucket_weights(
     `uniform=True` gives every non-empty bucket 1/#buckets (the "no question selection" ablation).
     Computed relative to the largest term, so far-away buckets may underflow to exactly 0.
     """
-    _check_k(k_rollouts)
+    check_rollouts(k_rollouts)
     if not sigma > 0:
         raise ValueError(f"sigma={sigma} must be > 0")
     if any(n < 0 for n in sizes.values()):
@@ -115,7 +115,8 @@ def _valid_entropies(entropies: Sequence[float]) -> tuple[np.ndarray, np.ndarray
     return values, ok
 
 
-def _check_k(k_rollouts: int) -> None:
+def check_rollouts(k_rollouts: int) -> None:
+    """K >= 2: a group advantage needs two rollouts."""
     if k_rollouts < 2:
         raise ValueError(f"k_rollouts={k_rollouts} must be >= 2")
 

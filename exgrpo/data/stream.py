@@ -1,8 +1,8 @@
 """PromptStream: the fresh-question iterator (seeded epochs, retired questions skipped).
 
 Each epoch is a seeded permutation of the training prompts minus the questions retired by the
-time the epoch starts (DESIGN.md 4: a question solved K/K is skipped from its next epoch). The
-position is part of the checkpointed driver state.
+time the epoch starts (a question solved K/K is skipped from its next epoch). The position is part
+of the checkpointed driver state.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from typing import Any
 import ray
 
 from exgrpo.core.config import Config
+from exgrpo.core.names import CONTROLLER, replay_name, sampler_name
 from exgrpo.runtime.controller import Controller, ControllerClient
 from exgrpo.runtime.env import remote_actor
 from exgrpo.runtime.resources import check_cluster
@@ -80,7 +81,7 @@ def build_system(
     shards = [
         remote_actor(
             ReplayShard,
-            name=f"exgrpo-replay-{i}",
+            name=replay_name(i),
             num_cpus=0,
             max_restarts=restarts,
             k_rollouts=K,
@@ -126,7 +127,7 @@ def build_system(
             return make_sampler(index, replay)
         return remote_actor(
             Sampler,
-            name=f"exgrpo-sampler-{index}",
+            name=sampler_name(index),
             num_cpus=s.num_cpus,
             num_gpus=s.num_gpus,
             index=index,
@@ -154,7 +155,7 @@ def build_system(
     )
     weights = make_transport(cfg.async_.weight_sync, learners=learners, samplers=samplers)
     samplers.on_new = weights.catch_up
-    controller = remote_actor(Controller, name="exgrpo-controller", num_cpus=0, samplers=s.num)
+    controller = remote_actor(Controller, name=CONTROLLER, num_cpus=0, samplers=s.num)
     return System(
         replay=replay,
         samplers=samplers,

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.core.config import Config, ConfigError
+from exgrpo.core.names import CONTROLLER, learner_name, replay_name, sampler_name
 
 log = logging.getLogger(__name__)
 
@@ -296,12 +297,12 @@ def placement_plan(cfg: Config) -> str:
     """Which actors start, with which resources (`python -m exgrpo.run --dry-run`)."""
     s, lr, r = cfg.samplers, cfg.learners, cfg.replay
     rows = [
-        (f"exgrpo-learner-{i}", lr.num_cpus, lr.num_gpus, "placement group 'learners' (PACK)")
+        (learner_name(i), lr.num_cpus, lr.num_gpus, "placement group 'learners' (PACK)")
         for i in range(lr.num)
     ]
-    rows += [(f"exgrpo-sampler-{i}", s.num_cpus, s.num_gpus, f"engine={s.engine}") for i in range(s.num)]
-    rows += [(f"exgrpo-replay-{i}", 0, 0, "replay shard") for i in range(r.num_shards)]
-    rows += [("exgrpo-controller", 0, 0, "scaling controller")]
+    rows += [(sampler_name(i), s.num_cpus, s.num_gpus, f"engine={s.engine}") for i in range(s.num)]
+    rows += [(replay_name(i), 0, 0, "replay shard") for i in range(r.num_shards)]
+    rows += [(CONTROLLER, 0, 0, "scaling controller")]
     width = max(len(n) for n, *_ in rows)
     lines = [f"{'actor':<{width}}  {'CPUs':>5}  {'GPUs':>5}  notes"]
     lines += [f"{n:<{width}}  {c:>5g}  {g:>5g}  {note}" for n, c, g, note in rows]

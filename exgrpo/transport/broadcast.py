@@ -1,4 +1,4 @@
-"""Weight transports from the learner group to the samplers, whole (DESIGN.md section 5).
+"""Weight transports from the learner group to the samplers, whole (docs/architecture.md, "Weights").
 
 Both implement ``exgrpo.core.roles.WeightTransport.broadcast(*, version)`` and ``catch_up(handle)``, which
 brings a sampler the pool just added to the current weights before its first request (the pool calls it

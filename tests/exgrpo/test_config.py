@@ -136,6 +136,7 @@ def test_literal_types_are_defined_once():
     import re
     from typing import get_args, get_type_hints
 
+    from actors import sampling
     from exgrpo import evaluate
     from exgrpo.core import config
     from exgrpo.core.config import Dtype, EngineKind, ModelConfig, RewardMode, SamplerConfig, TemplateName
@@ -150,7 +151,7 @@ def test_literal_types_are_defined_once():
     assert get_type_hints(rewards.extract_answer)["mode"] is RewardMode
     assert get_type_hints(smollm2.convert_smollm2)["dtype"] is Dtype
     assert get_type_hints(warmup.WarmupSpec)["template"] is TemplateName
-    assert (evaluate.TemplateName, evaluate.EngineKind, evaluate.Dtype) == (TemplateName, EngineKind, Dtype)
+    assert (sampling.TemplateName, evaluate.EngineKind, evaluate.Dtype) == (TemplateName, EngineKind, Dtype)
     # no module of the package spells one of these literals out again
     spelt = re.compile(r'Literal\[[^\]]*"(vllm|llama-base|bfloat16|think)"')
     package = Path(config.__file__).parent

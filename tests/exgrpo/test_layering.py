@@ -186,6 +186,7 @@ PURE = [
     "buffers.shard",
     "buffers.sharded",
     "learners.learner",
+    "learners.update",
 ]
 HEAVY = ("ray", "vllm", "deepspeed")
 

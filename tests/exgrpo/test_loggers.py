@@ -10,6 +10,7 @@ import pytest
 
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import ConfigError, load_config
+from exgrpo.reporting.loggers import MetricsLogger, read_jsonl
 
 
 def records(n: int = 3) -> list[dict]:
@@ -51,16 +52,16 @@ def test_config_backends_parse_and_validate():
 
 
 def test_jsonl_only_and_run_id_kept_on_resume(tmp_path):
-    logger = M.MetricsLogger(tmp_path, ray_metrics=False, config={"trainer": {"steps": 3}})
+    logger = MetricsLogger(tmp_path, ray_metrics=False, config={"trainer": {"steps": 3}})
     run_id = logger.run_id
     for r in records(2):
         logger.log(r)
     logger.close()
-    lines = M.read_jsonl(tmp_path / "metrics.jsonl")
+    lines = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r[M.STEP] for r in lines] == [0, 1] and lines[0][M.LOSS] is None  # NaN -> null
     info = json.loads((tmp_path / "run.json").read_text())
     assert info["run_id"] == run_id and info["config"] == {"trainer": {"steps": 3}}
-    again = M.MetricsLogger(tmp_path, ray_metrics=False)
+    again = MetricsLogger(tmp_path, ray_metrics=False)
     assert again.run_id == run_id
     again.close()
 
@@ -73,7 +74,7 @@ def test_tensorboard_and_offline_wandb_share_names(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_API_KEY", "")  # offline needs no account
     cfg = load_config(None, ["logging.backends=[tensorboard,wandb]", "trainer.steps=3"])
-    logger = M.MetricsLogger.from_config(tmp_path, cfg)
+    logger = MetricsLogger.from_config(tmp_path, cfg)
     recs = records(3)
     for r in recs:
         logger.log(r)
