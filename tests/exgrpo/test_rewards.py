@@ -313,7 +313,7 @@ def test_close_reaps_every_worker():
 
 def test_workers_exit_with_the_interpreter():
     code = (
-        "from exgrpo import rewards\n"
+        "from exgrpo.verify import verifier as rewards\n"
         "assert rewards.score(r'\\boxed{0.25}', r'\\frac14') == 1.0\n"
         "print(*[w.process.pid for w in rewards._shared_pool()._workers])\n"
     )
