@@ -11,6 +11,11 @@ one Arrow IPC stream (a table whose schema metadata names the call). `append` re
 frame is fsync'd. A frame torn by a crash fails its length or crc check: `open` drops it (it was
 never acknowledged) and truncates the file there, so later appends follow the last good frame.
 
+A failed append (ENOSPC, EIO) cuts the file back to the end of the last good frame before it raises, so
+no later frame lands behind a partial one (which `read_frames` would stop at, dropping every acknowledged
+call after it); if even that fails, the log refuses every later append: the shard fails loudly rather than
+acknowledging calls it could not make durable.
+
 `open` recovers: newest complete snapshot, then its log's frames, in order. `rotate` (after the
 shard has written `snap-<gen+1>`) starts `log-<gen+1>` and deletes the older generation, which keeps
 the log bounded by the shard's compaction threshold.
@@ -18,6 +23,7 @@ the log bounded by the shard's compaction threshold.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import struct
@@ -37,6 +43,13 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _free_space(path: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(path).free / 2**20:.1f} MiB"
+    except OSError:
+        return "unknown space"
 
 
 def encode(table: pa.Table) -> bytes:
@@ -70,6 +83,7 @@ class WriteAheadLog:
         self._file = None
         self.bytes = 0  # size of the current log
         self.appends = 0  # frames appended since the process started
+        self.broken: str | None = None  # why appends are refused (a failed append could not be undone)
 
     def snap_dir(self, gen: int) -> Path:
         return self.dir / f"snap-{gen:06d}"
@@ -96,13 +110,42 @@ class WriteAheadLog:
         return (self.snap_dir(self.gen) if gens else None), tables
 
     def append(self, table: pa.Table) -> None:
-        """Write one frame and fsync it: once this returns, a restarted shard replays it."""
+        """Write one frame and fsync it: once this returns, a restarted shard replays it.
+
+        On a write or sync failure the file is cut back to the last good frame and the error is raised
+        (naming the file and the free space left), so the call is not acknowledged and nothing is lost.
+        """
+        if self.broken is not None:
+            raise OSError(f"write-ahead log {self.log_path(self.gen)} refuses appends: {self.broken}")
         frame = encode(table)
-        self._file.write(frame)
-        self._file.flush()
-        os.fdatasync(self._file.fileno())
+        try:
+            self._file.write(frame)
+            self._file.flush()
+            os.fdatasync(self._file.fileno())
+        except OSError as err:
+            self._undo_partial(err)
+            raise OSError(
+                err.errno,
+                f"{err.strerror or err} while appending to {self.log_path(self.gen)} "
+                f"({_free_space(self.dir)} free); the call was not logged nor applied",
+            ) from err
         self.bytes += len(frame)
         self.appends += 1
+
+    def _undo_partial(self, err: OSError) -> None:
+        """Drop the partial frame of a failed append: truncate to the last good end and sync."""
+        path = self.log_path(self.gen)
+        with contextlib.suppress(
+            OSError
+        ):  # flushing the partial bytes may fail again; the truncate drops them
+            self._file.close()
+        try:
+            with open(path, "r+b") as f:
+                f.truncate(self.bytes)
+                os.fsync(f.fileno())
+            self._file = open(path, "ab")  # noqa: SIM115 - held open for appends
+        except OSError as undo:
+            self.broken = f"a failed append ({err}) could not be cut back ({undo})"
 
     def rotate(self, write_snapshot: Callable[[Path], None]) -> None:
         """Write snapshot gen+1 with `write_snapshot(tmp_dir)`, start its empty log, drop generation gen."""

@@ -5,6 +5,10 @@ produced next to the target under a hidden temporary name (`.<name>.<random>.tmp
 and moved into place by one `os.replace` (files) or `os.rename` (directories). The temporary path is
 made with the process's ordinary permissions (umask), not the owner-only ones of `tempfile`, so the
 result is readable exactly as a plainly written file or directory would be.
+
+Durable too: before the rename, every file under the temporary path and every directory in it is
+fsync'd, and after it the parent directory is, so after a power loss the target is either the old
+content or the complete new one (never a name pointing at truncated files).
 """
 
 from __future__ import annotations
@@ -19,6 +23,25 @@ from pathlib import Path
 
 def _temporary_sibling(target: Path) -> Path:
     return target.parent / f".{target.name}.{secrets.token_hex(8)}.tmp"
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file, or every file and directory under a directory (the directory itself last)."""
+    if path.is_symlink():
+        return
+    if path.is_dir():
+        for sub in sorted(path.rglob("*"), key=lambda q: len(q.parts), reverse=True):
+            if not sub.is_symlink():
+                _fsync_one(sub)
+    _fsync_one(path)
+
+
+def _fsync_one(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _remove(path: Path) -> None:
@@ -54,6 +77,7 @@ def atomic_path(
                 tmp = _temporary_sibling(target)
     try:
         yield tmp
+        fsync_path(tmp)
         if not directory:
             os.replace(tmp, target)
         elif exist_ok:
@@ -64,6 +88,7 @@ def atomic_path(
                     raise
         else:
             _replace_directory(tmp, target)
+        _fsync_one(target.parent)
     finally:
         if tmp.exists() or tmp.is_symlink():
             _remove(tmp)

@@ -4,6 +4,8 @@ takes, `set_collect`, compactions and torn writes before it."""
 
 from __future__ import annotations
 
+import errno
+
 import numpy as np
 import pytest
 
@@ -199,3 +201,60 @@ def test_a_checkpoint_and_a_restore_share_their_files_with_the_shards_own_snapsh
     shard.snapshot(path=str(ckpt))
     again = ReplayShard(k_rollouts=K, wal_dir=str(tmp_path / "wal2"))
     assert again.pool == fresh.pool and again._seen == fresh._seen and 99 not in again._seen
+
+
+class _FullDisk:
+    """The shard's log file, whose next write stores half of its bytes and then fails as a full disk does."""
+
+    def __init__(self, f) -> None:
+        self.f, self.fail = f, True
+
+    def write(self, data: bytes) -> int:
+        if self.fail:
+            self.fail = False
+            self.f.write(data[: len(data) // 2])
+            self.f.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self.f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+def test_a_failed_append_is_cut_back_and_loses_no_acknowledged_call(tmp_path):
+    shard = ReplayShard(k_rollouts=K, wal_dir=str(tmp_path / "wal"))
+    shard.push(groups=[_group("a", [1, 0, 0, 1], rid=1)])
+    log = shard.wal.log_path(shard.wal.gen)
+    good = log.stat().st_size
+    shard.wal._file = _FullDisk(shard.wal._file)
+    with pytest.raises(
+        OSError, match=r"No space left on device while appending to .*log-000000.wal \(.* free\)"
+    ):
+        shard.push(groups=[_group("b", [1, 0, 0, 0], rid=2)])
+    assert shard._seen == {1} and log.stat().st_size == good  # not applied, and the partial frame is gone
+    shard.push(groups=[_group("b", [1, 0, 0, 0], rid=2)])  # the sampler's retry, after space was freed
+    shard.set_collect(on=True)
+    shard.push(groups=[_group("c", [0, 1, 0, 0], rid=3)])
+    before = state(shard)
+    shard = restart(shard, tmp_path)
+    assert len(read_frames(log)[0]) == 4  # every acknowledged call is read back, none after a bad frame
+    assert state(shard) == before and shard._seen == {1, 2, 3}
+
+
+def test_a_log_that_cannot_be_cut_back_refuses_later_appends(tmp_path, monkeypatch):
+    import buffers.wal as wal
+
+    shard = ReplayShard(k_rollouts=K, wal_dir=str(tmp_path / "wal"))
+    shard.push(groups=[_group("a", [1, 0, 0, 1], rid=1)])
+    shard.wal._file = _FullDisk(shard.wal._file)
+
+    def no_reopen(*args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(wal, "open", no_reopen, raising=False)
+    with pytest.raises(OSError, match="No space left"):
+        shard.push(groups=[_group("b", [1, 0, 0, 0], rid=2)])
+    monkeypatch.undo()
+    with pytest.raises(OSError, match="refuses appends: a failed append .* could not be cut back"):
+        shard.push(groups=[_group("c", [1, 0, 0, 0], rid=3)])
+    assert shard._seen == {1}
