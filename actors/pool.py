@@ -178,24 +178,52 @@ class SamplerPool:
         return out
 
     # -- evaluation ----------------------------------------------------------------------------------
-    def evaluate(self, *, prompts: Sequence[Prompt], n: int) -> list[tuple[float, ...]]:
+    def evaluate(
+        self, *, prompts: Sequence[Prompt], n: int, max_attempts: int = 3
+    ) -> list[tuple[float, ...]]:
         """n rewards per prompt, in prompt order: contiguous slices of the prompts, one per live sampler.
 
-        Each sampler evaluates after the requests already sent to it (and with the weights they left).
+        Each sampler evaluates after the requests already sent to it (and with the weights they left). A
+        sampler that dies meanwhile is replaced, as in generation, and its slice is evaluated again on the
+        live samplers (at most `max_attempts` rounds; an error raised inside `evaluate` is not retried).
         """
-        handles = list(self.members().values())
         if not prompts:
             return []
-        if not handles:
-            raise RuntimeError("no live sampler to evaluate on")
-        per, extra = divmod(len(prompts), len(handles))
-        refs, start = [], 0
-        for i, h in enumerate(handles):
-            stop = start + per + (i < extra)
-            if stop > start:
-                refs.append(h.evaluate.remote(prompts=list(prompts[start:stop]), n=n))
-            start = stop
-        return [tuple(s) for part in ray.get(refs) for s in part]
+        scores: dict[int, list[tuple[float, ...]]] = {}  # slice start -> its scores
+        todo = [(0, list(prompts))]
+        for _ in range(max_attempts):
+            live = sorted(self._live())
+            if not live:
+                raise RuntimeError("no live sampler to evaluate on")
+            calls = []
+            for start, part in todo:  # each slice over every live sampler, contiguous, the first ones larger
+                per, extra = divmod(len(part), len(live))
+                lo = 0
+                for j, aid in enumerate(live):
+                    hi = lo + per + (j < extra)
+                    if hi > lo:
+                        ref = self._handles[aid].evaluate.remote(prompts=part[lo:hi], n=n)
+                        calls.append((aid, start + lo, part[lo:hi], ref))
+                    lo = hi
+            todo, dead = [], set()
+            for aid, start, sub, ref in calls:
+                try:
+                    scores[start] = [tuple(s) for s in ray.get(ref)]
+                except ray.exceptions.RayActorError as err:
+                    log.error("sampler %s died during evaluation: %s", self._index.get(aid), err)
+                    dead.add(aid)
+                    todo.append((start, sub))
+            for aid in dead:
+                if aid in self.manager.actor_ids():
+                    draining = aid in self._draining
+                    self._remove(aid)
+                    if not draining:
+                        self.restarts += 1
+                        self._add(1)
+            self._dispatch()
+            if not todo:
+                return [s for start in sorted(scores) for s in scores[start]]
+        raise RuntimeError(f"held-out evaluation failed on {max_attempts} rounds of samplers")
 
     def shutdown(self) -> None:
         """Stop every sampler (queued and in-flight requests are dropped)."""

@@ -99,3 +99,17 @@ def test_evaluate_splits_prompts_and_keeps_their_order(ray_cluster, model_dir):
         assert pool.evaluate(prompts=[], n=3) == []
     finally:
         pool.shutdown()
+
+
+def test_a_sampler_that_dies_during_evaluation_is_replaced_and_its_slice_evaluated_again(
+    ray_cluster, model_dir
+):
+    pool = SamplerPool(spawn=_spawn(model_dir, "pool-d"), num=2, requests_per_call=1)
+    try:
+        prompts = [Prompt(qid=f"d{i}", question=f"{i}+0", answer=str(i)) for i in range(5)]
+        ray.kill(pool.members()["exgrpo-sampler-0"], no_restart=True)  # dies before its slice is scored
+        scores = pool.evaluate(prompts=prompts, n=2)
+        assert len(scores) == 5 and all(len(s) == 2 and set(s) <= {0.0, 1.0} for s in scores)
+        assert pool.restarts == 1 and pool.size() == 2 and "exgrpo-sampler-0" not in pool.members()
+    finally:
+        pool.shutdown()
