@@ -155,7 +155,14 @@ def build_system(
     )
     weights = make_transport(cfg.async_.weight_sync, learners=learners, samplers=samplers)
     samplers.on_new = weights.catch_up
-    controller = remote_actor(Controller, name=CONTROLLER, num_cpus=0, samplers=s.num)
+    controller = remote_actor(
+        Controller,
+        name=CONTROLLER,
+        num_cpus=0,
+        samplers=s.num,
+        sampler_cpus=s.num_cpus,
+        sampler_gpus=s.num_gpus,
+    )
     return System(
         replay=replay,
         samplers=samplers,

@@ -12,8 +12,9 @@ from typing import Any
 class Controller:
     """The named actor `exgrpo-controller` through which operators steer a running job."""
 
-    def __init__(self, *, samplers: int) -> None:
+    def __init__(self, *, samplers: int, sampler_cpus: float = 0.0, sampler_gpus: float = 0.0) -> None:
         self._samplers = samplers
+        self._resources = (float(sampler_cpus), float(sampler_gpus))  # what one more sampler reserves
 
     def ping(self) -> str:
         return "pong"
@@ -26,6 +27,10 @@ class Controller:
 
     def desired_samplers(self) -> int:
         return self._samplers
+
+    def sampler_resources(self) -> tuple[float, float]:
+        """(CPUs, GPUs) one sampler actor reserves (`samplers.num_cpus`, `samplers.num_gpus`)."""
+        return self._resources
 
 
 class ControllerClient:

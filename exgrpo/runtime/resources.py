@@ -311,3 +311,14 @@ def placement_plan(cfg: Config) -> str:
         f"stage {lr.zero_stage}, weight sync {cfg.async_.weight_sync}, max staleness {cfg.async_.max_staleness}"
     )
     return "\n".join(lines)
+
+
+def samplers_that_fit(*, current: int, cpus: float, gpus: float, free: Mapping[str, float]) -> int:
+    """How many samplers the job can run now: `current` plus as many more as the cluster's free CPUs and
+    GPUs (`ray.available_resources()`) can place at `cpus`/`gpus` each (a sampler that reserves nothing
+    always fits)."""
+    more = []
+    for need, have in ((cpus, free.get("CPU", 0.0)), (gpus, free.get("GPU", 0.0))):
+        if need > 0:
+            more.append(int((have + 1e-9) // need))
+    return current + min(more) if more else 2**31 - 1

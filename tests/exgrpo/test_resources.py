@@ -11,6 +11,7 @@ from exgrpo.runtime.resources import (
     check_fits,
     model_weight_bytes,
     plan_resources,
+    samplers_that_fit,
     shortfalls,
 )
 
@@ -123,3 +124,48 @@ def test_check_cluster_fails_at_once_or_waits_for_held_resources(monkeypatch):
     fake.free = [{"CPU": 1.0}]
     with pytest.raises(ResourceError, match=r"only 1 are free now .*ray status"):
         check_cluster(cfg, wait_s=0.3)
+
+
+def test_samplers_that_fit_counts_free_cpus_and_gpus():
+    # 2 samplers running; 1.5 CPUs free at 0.5 each -> 3 more
+    assert samplers_that_fit(current=2, cpus=0.5, gpus=0.0, free={"CPU": 1.5}) == 5
+    assert samplers_that_fit(current=2, cpus=1.0, gpus=0.0, free={"CPU": 0.0}) == 2  # nothing free: no more
+    assert samplers_that_fit(current=1, cpus=1.0, gpus=1.0, free={"CPU": 8.0, "GPU": 1.0}) == 2  # GPU-bound
+    assert samplers_that_fit(current=1, cpus=1.0, gpus=1.0, free={"CPU": 8.0}) == 1  # no GPU on the cluster
+    assert samplers_that_fit(current=3, cpus=0.0, gpus=0.0, free={}) > 10**6  # reserves nothing: always fits
+
+
+@pytest.mark.integration
+def test_scale_refuses_a_scale_up_the_cluster_cannot_place(ray_cluster):
+    """`python -m exgrpo.scale` against a job's controller on a 4-CPU cluster: 3 more 1-CPU samplers fit, 50 do
+    not (refused at once, exit 2, nothing changed); scaling down is always accepted."""
+    import subprocess
+    import sys
+
+    import ray
+
+    from exgrpo.core.names import CONTROLLER
+    from exgrpo.runtime.controller import Controller
+    from exgrpo.runtime.env import remote_actor
+
+    controller = remote_actor(Controller, name=CONTROLLER, num_cpus=0, samplers=1, sampler_cpus=1.0)
+    try:
+        address = ray.get_runtime_context().gcs_address
+
+        def scale(n: int) -> subprocess.CompletedProcess:
+            cmd = [sys.executable, "-m", "exgrpo.scale", "--samplers", str(n), "--address", address]
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+        free = int(ray.available_resources().get("CPU", 0))
+        refused = scale(50)
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        assert (
+            f"at most {1 + free} samplers fit (python -m exgrpo.scale --samplers {1 + free})"
+            in refused.stderr
+        )
+        assert ray.get(controller.desired_samplers.remote()) == 1
+        ok = scale(1 + free)
+        assert ok.returncode == 0 and f"{1 + free} samplers" in ok.stdout, ok.stderr[-2000:]
+        assert scale(1).returncode == 0 and ray.get(controller.desired_samplers.remote()) == 1
+    finally:
+        ray.kill(controller)
