@@ -5,12 +5,11 @@
 
 Part ``learner``: the ExGRPO update on a Qwen2.5-1.5B-shaped random model (transformers ``Qwen2Config``
     through ``bench.gpu_learner.build_model``: no download), bf16. The device has no Ray, DeepSpeed or
-    vLLM, and ``learners.learner`` imports ``exgrpo.transport.broadcast``, which imports Ray, so only pure
-    functions are imported: ``exgrpo.core.algorithm`` (``exgrpo_loss``, ``group_advantages``,
-    ``token_logprobs``, ``token_entropy``) and ``learners.optim.make_optimizer`` (``GuardedAdamW``).
-    ``exgrpo_update`` strings them together as ``Learner.update`` does at world size 1 (the test checks
-    the two agree): the no-grad proximal log-prob pass, 2 mini-batches of whole groups, micro-batches of
-    8 sequences; fp32 master weights, gradients and AdamW moments (as DeepSpeed's bf16 mode keeps).
+    vLLM, so the update is ``learners.update.update``, the very update ``learners.learner.Learner`` runs
+    on its DeepSpeed engine (plain torch functions), here on the bare model at world size 1 with
+    ``learners.optim.make_optimizer`` (``GuardedAdamW``) as the optimiser (the test checks the two agree):
+    the no-grad proximal log-prob pass, 2 mini-batches of whole groups, micro-batches of 8 sequences;
+    fp32 master weights, gradients and AdamW moments (as DeepSpeed's bf16 mode keeps).
     Gradient checkpointing is on (``--no-checkpointing``: off); the project's ``Learner`` does not turn
     it on. Workload: 4 groups x 8 rollouts = 32 sequences of 256 prompt + 1024 response tokens per update.
     Figures (T = prompt + response tokens per update, P = parameters, tied embedding counted once, which
@@ -58,10 +57,11 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench.gpu_learner import FULL, TINY, Shape, _peak_gib, _reset_peak, _sync, build_model, synthetic_groups  # noqa: E402
-from exgrpo.core.algorithm import exgrpo_loss, group_advantages, token_entropy, token_logprobs  # noqa: E402
+from exgrpo.core import metric_names as M  # noqa: E402
 from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
 from exgrpo.core.records import Group  # noqa: E402
 from learners.optim import make_optimizer  # noqa: E402
+from learners.update import chunks, update  # noqa: E402
 
 PEAK_TFLOPS = 790.0  # bf16 dense, 8192^3 matmul measured on an H200 (KINDS.md)
 GPU_SHAPE = dataclasses.replace(FULL, groups=4, rollouts=8, prompt_len=256, response_len=1024, micro_batch=8)
@@ -105,35 +105,6 @@ class MasterWeights:
         return self.optimizer.last_grad_norm, self.optimizer.overflow
 
 
-def _rows(groups: Sequence[Group], device: torch.device) -> dict[str, Any]:
-    """The groups' sequences as tensors (equal prompt and response lengths, as ``synthetic_groups`` makes)."""
-    prompts = {len(g.prompt_ids) for g in groups}
-    responses = {len(t.response_ids) for g in groups for t in g.trajectories}
-    if len(prompts) != 1 or len(responses) != 1:
-        raise ValueError("the device check's update takes equal prompt and response lengths only")
-    ids, behaviour, replayed, adv = [], [], [], []
-    for g in groups:
-        rewards = torch.tensor([[t.reward for t in g.trajectories]])  # (1, K)
-        adv.append(group_advantages(rewards)[0])  # (K,)
-        for t in g.trajectories:
-            ids.append(list(g.prompt_ids) + list(t.response_ids))
-            behaviour.append(list(t.logprobs))
-            replayed.append(t.replayed)
-    return {
-        "ids": torch.tensor(ids, device=device),  # (N, P + R)
-        "behaviour": torch.tensor(behaviour, dtype=torch.float32, device=device),  # (N, R)
-        "replayed": torch.tensor(replayed, device=device),  # (N,)
-        "adv": torch.cat(adv).to(device),  # (N,)
-        "prompt_len": prompts.pop(),
-    }
-
-
-def _response_logits(model: torch.nn.Module, ids: torch.Tensor, prompt_len: int) -> torch.Tensor:
-    """(n, R, V) logits predicting the response tokens (all-ones attention mask, as the learner passes)."""
-    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits  # (n, S, V)
-    return logits[:, prompt_len - 1 : -1]
-
-
 def exgrpo_update(
     model: torch.nn.Module,
     opt: MasterWeights,
@@ -145,69 +116,39 @@ def exgrpo_update(
     max_response_len: int,
     clip: bool,
 ) -> dict[str, Any]:
-    """One ExGRPO update of whole groups, from ``exgrpo.core.algorithm``'s functions (DESIGN.md 4).
+    """One ExGRPO update of whole groups: ``learners.update.update`` (``Learner.update``'s own steps) at
+    world size 1, each backward's gradients added into ``opt``'s fp32 masters, one ``opt.step`` per
+    mini-batch."""
+    norms: list[float] = []
 
-    The steps of ``learners.learner.Learner.update`` at world size 1 for equal-length rows (the test
-    checks the two agree): Dr.GRPO advantages; a no-grad pass for the proximal log-probs (fresh rows;
-    replayed rows keep their stored ones); ``minibatches`` optimiser steps over whole groups, each
-    accumulating micro-batches of ``micro_batch`` rows weighted by their share of the mini-batch's rows
-    (with equal lengths that is also their share of its tokens, so the entropy term needs no correction).
-    """
-    rows = _rows(groups, next(model.parameters()).device)
-    ids, p_len = rows["ids"], rows["prompt_len"]
-    n = ids.shape[0]
-    if len(groups) % minibatches:
-        raise ValueError(f"{len(groups)} groups do not split into {minibatches} mini-batches")
-    with torch.no_grad():
-        proximal = torch.cat(
-            [
-                token_logprobs(_response_logits(model, ids[sl], p_len), ids[sl, p_len:])
-                for sl in _chunks(n, micro_batch)
-            ]
-        )  # (N, R)
-    old_logp = torch.where(rows["replayed"].unsqueeze(1), rows["behaviour"], proximal)  # (N, R)
-    per = n // minibatches
-    norms, skipped, pg, ent = [], 0, [], []
-    for m in range(minibatches):
-        base = m * per
-        for sl in _chunks(per, micro_batch):
-            sl = slice(base + sl.start, base + sl.stop)
-            n_j = sl.stop - sl.start
-            logits = _response_logits(model, ids[sl], p_len)  # (n, R, V)
-            tokens = ids[sl, p_len:]  # (n, R)
-            logp, h = token_logprobs(logits, tokens), token_entropy(logits)  # (n, R) each
-            value, metrics = exgrpo_loss(
-                logp=logp,
-                old_logp=old_logp[sl],
-                advantages=rows["adv"][sl],
-                response_mask=torch.ones_like(tokens, dtype=torch.bool),
-                replayed=rows["replayed"][sl],
-                clip=clip,
-                clip_eps=loss.clip_eps,
-                beta=loss.beta,
-                norm_len=max_response_len if loss.norm == "constant" else None,
-                entropy=h,
-                entropy_coef=loss.entropy_coef,
-                shaping=loss.policy_shaping,
-            )
-            (value * (n_j / per)).backward()
-            opt.accumulate()
-            pg.append(metrics["pg_loss"] * n_j / per)
-            ent.append(metrics["entropy"] * n_j / per)
-        norm, skip = opt.step()
+    def backward(objective: torch.Tensor) -> None:
+        objective.backward()
+        opt.accumulate()
+
+    def step() -> tuple[float, bool]:
+        norm, skipped = opt.step()
         norms.append(norm)
-        skipped += int(skip)
+        return norm, skipped
+
+    m = update(
+        model,
+        groups,
+        loss=loss,
+        minibatches=minibatches,
+        max_response_len=max_response_len,
+        clip=clip,
+        device=next(model.parameters()).device,
+        micro_slices=lambda n: chunks(n, micro_batch),
+        backward=backward,
+        step=step,
+    )
     return {
-        "loss": (sum(pg) - loss.entropy_coef * sum(ent)) / minibatches,
-        "grad_norm": sum(norms) / len(norms),  # the mean over mini-batches, as Learner.update reports it
+        "loss": m[M.LOSS],
+        "grad_norm": m[M.GRAD_NORM],  # the mean over mini-batches, as Learner.update reports it
         "grad_norms": norms,
-        "skipped_steps": skipped,
-        "response_tokens": n * (ids.shape[1] - p_len),
+        "skipped_steps": int(m[M.SKIPPED_STEPS]),
+        "response_tokens": int(m[M.LEARNER_TOKENS]),
     }
-
-
-def _chunks(n: int, size: int) -> list[slice]:
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
 def build_learner_model(
@@ -310,7 +251,7 @@ def check_learner(
         "response_tokens_per_update": response_tokens,
         "minibatches": minibatches,
         "gradient_checkpointing": checkpointing and model.is_gradient_checkpointing and model.training,
-        "update": "bench.device_check.exgrpo_update: exgrpo.core.algorithm loss + learners.optim.GuardedAdamW, "
+        "update": "learners.update.update (Learner.update's steps) + learners.optim.GuardedAdamW, "
         "no DeepSpeed, world size 1, fp32 master weights, gradients and AdamW moments",
         "setup_s": setup_s,
         "step_seconds": times,

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from exgrpo.core import metric_names as M
+from exgrpo.core.names import learner_name, sampler_name
 from exgrpo.core.records import GenerationRequest, Group, Prompt, ReplayCandidate, RolloutResult, Trajectory
 
 
@@ -106,7 +107,7 @@ class SimSampler:
         response_len: int = 32,
         seed: int = 0,
     ) -> None:
-        self.name = f"exgrpo-sampler-{index}"
+        self.name = sampler_name(index)
         self.cost, self.replay, self.difficulty = cost, replay, difficulty
         self.response_len, self._seed = response_len, seed
         self._version = 0
@@ -252,7 +253,7 @@ class SimLearner:
     def get_weights(self) -> dict[str, np.ndarray]:
         return {"sim.version": np.array([self._version], dtype=np.int64)}
 
-    def get_version(self) -> int:
+    def version(self) -> int:
         return self._version
 
     def busy(self) -> list[tuple[float, float]]:
@@ -276,7 +277,7 @@ class SimLearnerGroup:
             raise ValueError(f"a learner group needs at least one learner, got num={num}")
         self._ray, self.num = ray, num
         self.actors = [
-            make_actor(SimLearner, name=f"exgrpo-learner-{i}", num_cpus=0, rank=i, world_size=num, cost=cost)
+            make_actor(SimLearner, name=learner_name(i), num_cpus=0, rank=i, world_size=num, cost=cost)
             for i in range(num)
         ]
         ray.get([a.ping.remote() for a in self.actors])
@@ -311,7 +312,7 @@ class SimLearnerGroup:
         return self.rank0.get_weights.remote()
 
     def version(self) -> int:
-        return int(self._ray.get(self.rank0.get_version.remote()))
+        return int(self._ray.get(self.rank0.version.remote()))
 
     def busy(self) -> list[list[tuple[float, float]]]:
         """Every rank's busy intervals (time.monotonic(), comparable across processes of one machine)."""
@@ -345,7 +346,7 @@ def sampler_factory(
     def make(index: int, replay: Any) -> Any:
         return remote_actor(
             SimSampler,
-            name=f"exgrpo-sampler-{index}",
+            name=sampler_name(index),
             num_cpus=0,
             index=index,
             cost=cost,

@@ -121,7 +121,7 @@ def test_skipped_proximal_pass_trains_identically(model_path, clip, norm):
         for name, value in _params(fast).items():
             assert torch.equal(value, _params(slow)[name]), name
     assert fast_calls == [0] and slow_calls == [3]
-    assert fast.version == slow.version == 3
+    assert fast.version() == slow.version() == 3
 
 
 @pytest.mark.parametrize("case", ["two_minibatches", "tis"])

@@ -1,0 +1,364 @@
+"""The ExGRPO update as plain torch functions: a model (any ``torch.nn.Module`` whose output has
+``.logits``), the batch's groups and config values in; gradients, optimiser steps (through the caller's
+``backward`` / ``step``) and ``learner/*`` metrics out. Nothing here imports Ray, DeepSpeed or vLLM, so
+``bench/device_check.py`` runs the very update ``learners.learner.Learner`` runs (on its DeepSpeed engine).
+
+One ``update`` (docs/architecture.md, "The algorithm"):
+    1. ``build_rows``: the groups' trajectories as rows; A = group_advantages(rewards) per group.
+    2. ``old_logprobs``: the proximal log-probs. Fresh rows take the no-grad log-probs of the current
+       weights (``per_token``), replayed rows their stored behaviour log-probs; optional
+       tis = min(exp(proximal - sampler_logp), tis_cap) on fresh tokens (staleness). ``reuses_proximal``:
+       with one mini-batch and no tis the no-grad pass is skipped: the mini-batch's own forward runs at the
+       same weights, so its detached log-probs are exactly the proximal ones (fresh ratio 1, at any eta).
+    3. The rows are split into ``minibatches`` of whole groups (``minibatch_slices``, one optimiser step
+       each) and each mini-batch into micro-batches (``micro_slices``: gradient accumulation);
+       ``minibatch_backward`` hands each micro-batch's objective to ``backward``.
+    4. ``minibatch_metrics`` per optimiser step, ``update_metrics`` over the update.
+
+Gradient accumulation is exact. With W ranks the caller's backward averages gradients over ranks (no
+division by the number of micro-batches). Micro-batch j of a mini-batch of N rows and T response tokens
+(summed over all ranks: ``minibatch_totals``) holds n_j rows and t_j tokens, and its objective is
+    w_pg * pg_j - c_H * w_H * H_j,   w_pg = W n_j / N (constant normaliser) or W t_j / T (token mean),
+                                     w_H = W t_j / T,
+so the accumulated, rank-averaged gradient equals the gradient of exgrpo_loss over the whole
+mini-batch of all ranks (the entropy bonus is always a token mean). exgrpo_loss returns
+pg_j - c_H H_j; the difference of the two weights is added back as c_H (w_pg - w_H) H_j.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from exgrpo.core import metric_names as M
+from exgrpo.core.algorithm import exgrpo_loss, group_advantages, masked_mean, token_entropy, token_logprobs
+from exgrpo.core.config import LossConfig
+from exgrpo.core.records import Group
+
+Part = tuple[dict[str, float], int, int]  # one micro-batch: exgrpo_loss metrics, rows, response tokens
+
+
+@dataclass(frozen=True)
+class Row:
+    """One training sequence: prompt + response, its advantage and behaviour log-probs."""
+
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    behaviour: tuple[float, ...]  # sampler log-probs (fresh) or stored ones (replayed)
+    replayed: bool = False
+    advantage: float = 0.0
+
+
+PADDING_ROW = Row(prompt_ids=(0,), response_ids=(0,), behaviour=(0.0,))  # the forward of an empty slice
+
+
+@dataclass(frozen=True)
+class Encoded:
+    input_ids: Tensor  # (n, S) prompt + response, right-padded with 0
+    attention_mask: Tensor  # (n, S)
+    positions: Tensor  # (n, R) index of the logit predicting each response token
+    tokens: Tensor  # (n, R) response tokens (0 at padding)
+    mask: Tensor  # (n, R) bool, true on response tokens
+
+
+def build_rows(groups: Sequence[Group], *, std_normalize: bool) -> tuple[list[Row], list[int]]:
+    """The groups' trajectories as rows with their group's advantages, and the group bounds (G + 1)."""
+    rows, bounds = [], [0]
+    for g in groups:
+        rewards = torch.tensor([[t.reward for t in g.trajectories]])  # (1, K)
+        adv = group_advantages(rewards, std_normalize=std_normalize)[0]  # (K,)
+        for t, a in zip(g.trajectories, adv.tolist(), strict=True):
+            rows.append(Row(g.prompt_ids, t.response_ids, t.logprobs, t.replayed, a))
+        bounds.append(len(rows))
+    return rows, bounds
+
+
+def encode(rows: Sequence[Row], r_max: int, device: torch.device) -> Encoded:
+    """The rows as right-padded model inputs and the response tokens' positions and mask."""
+    n, s = len(rows), max(len(r.prompt_ids) + len(r.response_ids) for r in rows)
+    ids = torch.zeros(n, s, dtype=torch.long)  # (n, S)
+    attn = torch.zeros(n, s, dtype=torch.long)  # (n, S)
+    pos = torch.zeros(n, r_max, dtype=torch.long)  # (n, R)
+    tok = torch.zeros(n, r_max, dtype=torch.long)  # (n, R)
+    mask = torch.zeros(n, r_max, dtype=torch.bool)  # (n, R)
+    for i, r in enumerate(rows):
+        p, k = len(r.prompt_ids), len(r.response_ids)
+        if p == 0:
+            raise ValueError("a sequence needs at least one prompt token to score its first response token")
+        ids[i, : p + k] = torch.tensor(r.prompt_ids + r.response_ids)
+        attn[i, : p + k] = 1
+        pos[i, :k] = torch.arange(p - 1, p + k - 1)
+        tok[i, :k] = torch.tensor(r.response_ids)
+        mask[i, :k] = True
+    return Encoded(ids.to(device), attn.to(device), pos.to(device), tok.to(device), mask.to(device))
+
+
+def pad(values: Sequence[Sequence[float]], r_max: int) -> Tensor:
+    """(N, R) float32, zero-padded on the right."""
+    out = torch.zeros(len(values), r_max, dtype=torch.float32)  # (N, R)
+    for i, v in enumerate(values):
+        out[i, : len(v)] = torch.tensor(v, dtype=torch.float32)
+    return out
+
+
+def chunks(n: int, size: int) -> list[slice]:
+    """Consecutive slices of at most ``size`` of ``range(n)`` (the plain micro-batches)."""
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def weighted(pairs: Sequence[tuple[float, float]]) -> float:
+    """Weighted mean of (value, weight) pairs, skipping zero weights and NaN values; NaN if none."""
+    kept = [(v, w) for v, w in pairs if w > 0 and not math.isnan(v)]
+    total = sum(w for _, w in kept)
+    return sum(v * w for v, w in kept) / total if total > 0 else math.nan
+
+
+def response_logits(model: torch.nn.Module, enc: Encoded) -> Tensor:
+    """(n, R, V) the logits predicting each response token."""
+    logits = model(input_ids=enc.input_ids, attention_mask=enc.attention_mask, use_cache=False).logits
+    index = enc.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])  # (n, R, V)
+    return logits.gather(1, index)  # (n, R, V)
+
+
+@torch.no_grad()
+def per_token(
+    model: torch.nn.Module,
+    rows: Sequence[Row],
+    r_max: int,
+    what: str,
+    *,
+    slices: Sequence[slice],
+    device: torch.device,
+) -> Tensor:
+    """(N, R) float32 on the CPU: no-grad log-probs (``what="logp"``) or entropies of the response tokens,
+    one forward per slice (an empty slice runs a padding forward, as ZeRO-3 needs; 0 at padding)."""
+    out = torch.zeros(len(rows), r_max)  # (N, R)
+    for sl in slices:
+        chunk = rows[sl] or [PADDING_ROW]
+        enc = encode(chunk, r_max, device)
+        logits = response_logits(model, enc)  # (n, R, V)
+        vals = token_logprobs(logits, enc.tokens) if what == "logp" else token_entropy(logits)  # (n, R)
+        if rows[sl]:
+            out[sl] = torch.where(enc.mask, vals, 0.0).float().cpu()
+    return out
+
+
+def reuses_proximal(*, minibatches: int, tis_cap: float | None, reuse: bool = True) -> bool:
+    """Whether the mini-batch's own forward supplies the proximal log-probs (the no-grad pass skipped):
+    one mini-batch (no step before it) and no TIS weight (which needs them before the forward)."""
+    return reuse and minibatches == 1 and tis_cap is None
+
+
+def old_logprobs(
+    rows: Sequence[Row], r_max: int, proximal: Tensor | None, *, tis_cap: float | None
+) -> tuple[Tensor, Tensor | None]:
+    """(old_logp (N, R), tis (N, R) or None) from the no-grad log-probs ``proximal`` (N, R) of the current
+    weights. ``proximal=None`` (``reuses_proximal``): old_logp holds the behaviour log-probs, whose fresh
+    rows ``minibatch_backward(proximal_is_current=True)`` replaces by the forward's detached log-probs."""
+    behaviour = pad([r.behaviour for r in rows], r_max)  # (N, R)
+    if proximal is None:
+        return behaviour, None
+    replayed = torch.tensor([r.replayed for r in rows])  # (N,)
+    old_logp = torch.where(replayed.unsqueeze(1), behaviour, proximal)  # (N, R)
+    tis = None
+    if tis_cap is not None:
+        tis = torch.exp(proximal - behaviour).clamp(max=tis_cap)  # (N, R)
+    return old_logp, tis
+
+
+def minibatch_slices(bounds: Sequence[int], minibatches: int) -> list[slice]:
+    """Row slices of ``minibatches`` mini-batches of whole groups (``bounds``: the G + 1 group bounds)."""
+    per = (len(bounds) - 1) // minibatches
+    return [slice(bounds[m * per], bounds[(m + 1) * per]) for m in range(minibatches)]
+
+
+def minibatch_totals(
+    rows: Sequence[Row], *, device: torch.device, all_reduce: Callable[[Tensor], object] | None = None
+) -> tuple[float, float]:
+    """(N, T): rows and response tokens (at least 1) of the mini-batch, summed over ranks by ``all_reduce``."""
+    totals = torch.tensor(
+        [len(rows), sum(len(r.response_ids) for r in rows)], dtype=torch.float64, device=device
+    )  # (2,)
+    if all_reduce is not None:
+        all_reduce(totals)
+    return float(totals[0]), max(float(totals[1]), 1.0)
+
+
+def minibatch_backward(
+    model: torch.nn.Module,
+    rows: Sequence[Row],
+    old_logp: Tensor,
+    tis: Tensor | None,
+    *,
+    r_max: int,
+    clip: bool,
+    loss: LossConfig,
+    max_response_len: int,
+    totals: tuple[float, float],
+    slices: Sequence[slice],
+    backward: Callable[[Tensor], object],
+    boundary: Callable[[bool], object] | None = None,
+    world_size: int = 1,
+    proximal_is_current: bool = False,
+    device: torch.device,
+) -> list[Part]:
+    """Forward every micro-batch of one mini-batch and hand its weighted objective to ``backward``.
+
+    ``old_logp`` / ``tis``: (n, R) rows of this mini-batch; ``totals``: ``minibatch_totals``; ``boundary``
+    (is this the last micro-batch) runs before each forward. ``proximal_is_current``: ``old_logp`` holds
+    only the replayed rows' log-probs; fresh rows take this forward's detached log-probs (the weights have
+    not moved since the update began). Returns the non-empty micro-batches' metrics, rows and tokens."""
+    n_all, t_all = totals
+    norm_len = max_response_len if loss.norm == "constant" else None
+    lengths = [len(r.response_ids) for r in rows]
+    parts: list[Part] = []
+    for j, sl in enumerate(slices):
+        if boundary is not None:
+            boundary(j == len(slices) - 1)
+        chunk = rows[sl]
+        n_j, t_j = len(chunk), sum(lengths[sl])
+        enc = encode(chunk or [PADDING_ROW], r_max, device)
+        logits = response_logits(model, enc)  # (n, R, V)
+        logp = token_logprobs(logits, enc.tokens)  # (n, R)
+        ent = token_entropy(logits)  # (n, R)
+        replayed = torch.tensor([r.replayed for r in chunk] or [False], device=device)  # (n,)
+        old = logp.detach()  # (n, R) the proximal log-probs when they are the current ones
+        if n_j and proximal_is_current:
+            old = torch.where(replayed.unsqueeze(1), old_logp[sl].to(device), old)  # (n, R)
+        elif n_j:
+            old = old_logp[sl].to(device)  # (n, R)
+        value, metrics = exgrpo_loss(
+            logp=logp,
+            old_logp=old,
+            advantages=torch.tensor([r.advantage for r in chunk] or [0.0], device=device),  # (n,)
+            response_mask=enc.mask,
+            replayed=replayed,
+            clip=clip,
+            clip_eps=loss.clip_eps,
+            beta=loss.beta,
+            norm_len=norm_len,
+            entropy=ent,
+            entropy_coef=loss.entropy_coef,
+            shaping=loss.policy_shaping,
+            tis_weight=tis[sl].to(device) if tis is not None and n_j else None,  # (n, R)
+        )
+        w_pg = world_size * (n_j / n_all if norm_len is not None else t_j / t_all)
+        w_h = world_size * t_j / t_all
+        objective = w_pg * value + loss.entropy_coef * (w_pg - w_h) * masked_mean(ent, enc.mask)  # ()
+        backward(objective)
+        if n_j:
+            parts.append((metrics, n_j, t_j))
+    return parts
+
+
+def minibatch_metrics(
+    parts: Sequence[Part], *, constant: bool, entropy_coef: float, grad_norm: float, skipped: bool
+) -> dict[str, float]:
+    """``learner/*`` metrics of one optimiser step from its micro-batches' (``constant``: the constant
+    normaliser, so the policy loss is a row mean; else a token mean)."""
+    pg = weighted([(m["pg_loss"], n if constant else t) for m, n, t in parts])
+    ent = weighted([(m["entropy"], t) for m, _, t in parts])
+    fresh = [(m, m["num_fresh_tokens"]) for m, _, _ in parts]
+    return {
+        M.LOSS: pg - entropy_coef * ent,
+        M.PG_LOSS: pg,
+        M.ENTROPY: ent,
+        M.CLIP_FRAC: weighted([(m["clip_frac"], f) for m, f in fresh]),
+        M.RATIO_FRESH: weighted([(m["ratio_fresh_mean"], f) for m, f in fresh]),
+        M.RATIO_REPLAY: weighted([(m["ratio_replay_mean"], m["num_replay_tokens"]) for m, _, _ in parts]),
+        M.APPROX_KL: weighted([(m["approx_kl"], f) for m, f in fresh]),
+        M.GRAD_NORM: grad_norm,
+        M.SKIPPED_STEPS: float(skipped),
+        M.LEARNER_TOKENS: float(sum(t for _, _, t in parts)),
+    }
+
+
+def update_metrics(history: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The update's metrics: the mean over its optimiser steps (NaN-aware); skipped steps and tokens summed."""
+    out = {k: weighted([(h[k], 1.0) for h in history]) for k in history[0]}
+    out[M.SKIPPED_STEPS] = sum(h[M.SKIPPED_STEPS] for h in history)
+    out[M.LEARNER_TOKENS] = sum(h[M.LEARNER_TOKENS] for h in history)
+    return out
+
+
+def update(
+    model: torch.nn.Module,
+    groups: Sequence[Group],
+    *,
+    loss: LossConfig,
+    minibatches: int,
+    max_response_len: int,
+    clip: bool,
+    device: torch.device,
+    micro_slices: Callable[[int], list[slice]],
+    backward: Callable[[Tensor], object],
+    step: Callable[[], tuple[float, bool]],
+    proximal_pass: Callable[[list[Row], int], Tensor] | None = None,
+    boundary: Callable[[bool], object] | None = None,
+    all_reduce: Callable[[Tensor], object] | None = None,
+    world_size: int = 1,
+    reuse_proximal: bool = True,
+) -> dict[str, float]:
+    """One ExGRPO update of this process's whole groups; returns ``learner/*`` metrics.
+
+    The caller supplies what differs between a DeepSpeed rank and a plain model: ``micro_slices(n)``
+    (micro-batches of n rows), ``backward(objective)`` (accumulate its gradient), ``step()`` (one optimiser
+    step: (grad norm, skipped)), optionally ``boundary(last)`` before each micro-batch's forward,
+    ``all_reduce`` (sums a tensor over ranks, when ``world_size`` > 1) and ``proximal_pass(rows, r_max)``
+    ((N, R) no-grad log-probs; default ``per_token`` over ``micro_slices``). ``reuse_proximal=False``
+    always runs the no-grad pass (tests compare the two paths)."""
+    start = time.perf_counter()
+    if not groups or len(groups) % minibatches:
+        raise ValueError(
+            f"{len(groups)} groups cannot be split into learners.minibatches={minibatches} "
+            "mini-batches of whole groups"
+        )
+    rows, bounds = build_rows(groups, std_normalize=loss.std_normalize)
+    r_max = max(max(len(r.response_ids) for r in rows), 1)
+    current = reuses_proximal(minibatches=minibatches, tis_cap=loss.tis_cap, reuse=reuse_proximal)
+    proximal = None
+    if not current:
+        if proximal_pass is None:
+            proximal = per_token(model, rows, r_max, "logp", slices=micro_slices(len(rows)), device=device)
+        else:
+            proximal = proximal_pass(rows, r_max)  # (N, R) current weights, no grad
+    old_logp, tis = old_logprobs(rows, r_max, proximal, tis_cap=loss.tis_cap)  # (N, R) each
+    history = []
+    for sl in minibatch_slices(bounds, minibatches):
+        mb = rows[sl]
+        totals = minibatch_totals(mb, device=device, all_reduce=all_reduce)
+        parts = minibatch_backward(
+            model,
+            mb,
+            old_logp[sl],
+            tis[sl] if tis is not None else None,
+            r_max=r_max,
+            clip=clip,
+            loss=loss,
+            max_response_len=max_response_len,
+            totals=totals,
+            slices=micro_slices(len(mb)),
+            backward=backward,
+            boundary=boundary,
+            world_size=world_size,
+            proximal_is_current=current,
+            device=device,
+        )
+        grad_norm, skipped = step()
+        history.append(
+            minibatch_metrics(
+                parts,
+                constant=loss.norm == "constant",
+                entropy_coef=loss.entropy_coef,
+                grad_norm=grad_norm,
+                skipped=skipped,
+            )
+        )
+    out = update_metrics(history)
+    out[M.LEARNER_UPDATE_TIME] = time.perf_counter() - start
+    return out

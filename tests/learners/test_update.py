@@ -1,0 +1,222 @@
+"""``learners.update``: the plain-torch update is the ``Learner``'s, and the device check runs it.
+
+The same tiny Qwen2 trains once through ``Learner.update`` (a DeepSpeed ZeRO-0 engine, CPU, gloo) and once
+through ``learners.update.update`` on the bare HF model with the same client optimiser (``GuardedAdamW``):
+the metrics, the accumulated gradients handed to each optimiser step and the weights after each step agree
+(on CPU at world size 1 they are bitwise equal: the engine's backward is the model's, averaged over 1 rank).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/exgrpo/torch_extensions"))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+
+import learners.update as U  # noqa: E402
+from exgrpo.core import metric_names as M  # noqa: E402
+from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
+from exgrpo.core.records import Group, Trajectory  # noqa: E402
+from learners.learner import Learner  # noqa: E402
+from learners.optim import make_optimizer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+torch.set_num_threads(1)
+MAX_LEN = 8
+METRICS = (
+    M.LOSS,
+    M.PG_LOSS,
+    M.ENTROPY,
+    M.GRAD_NORM,
+    M.CLIP_FRAC,
+    M.RATIO_FRESH,
+    M.RATIO_REPLAY,
+    M.APPROX_KL,
+    M.SKIPPED_STEPS,
+    M.LEARNER_TOKENS,
+)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory) -> str:
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(2)
+    path = tmp_path_factory.mktemp("tiny-qwen2-update")
+    Qwen2ForCausalLM(cfg).save_pretrained(path)
+    return str(path)
+
+
+def _groups(seed: int) -> tuple[Group, ...]:
+    """4 groups of K=4, response lengths 1..7, prompts of 1..4 tokens, mixed rewards (group 3 all 0);
+    group 0 is a replay group whose slot 0 is replayed with stored log-probs far from the model's."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(4):
+        trajs = []
+        for k in range(4):
+            n = 1 + (5 * i + 3 * k + seed) % 7
+            replayed = i == 0 and k == 0
+            lp = -3.0 if replayed else -4.4
+            trajs.append(
+                Trajectory(
+                    qid=f"q{i}",
+                    response_ids=tuple(torch.randint(1, 64, (n,), generator=g).tolist()),
+                    logprobs=tuple(lp + 0.05 * t for t in range(n)),
+                    reward=0.0 if i == 3 else float((i + k) % 3 == 0),
+                    policy_version=0,
+                    replayed=replayed,
+                )
+            )
+        out.append(
+            Group(
+                qid=f"q{i}",
+                prompt_ids=tuple(range(1, 2 + i)),
+                trajectories=tuple(trajs),
+                kind="replay" if i == 0 else "fresh",
+            )
+        )
+    return tuple(out)
+
+
+def _record_grads(optimizer, seen: list[list[torch.Tensor]]) -> None:
+    """Wrap ``optimizer.step`` to record the gradients it is handed (before the grad-norm rule)."""
+    inner = optimizer.step
+
+    def step(*args, **kwargs):  # noqa: ANN002, ANN003
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        seen.append([p.grad.detach().clone() for p in params])
+        return inner(*args, **kwargs)
+
+    optimizer.step = step
+
+
+CASES = {
+    # two mini-batches (the no-grad proximal pass) with a TIS weight, token-mean normaliser, clipping,
+    # micro-batches of 3 (uneven: 3, 3, 2); std-normalised advantages
+    "two_minibatches_tis": (
+        dict(minibatches=2, micro_batch_size=3, grad_clip=0.1),
+        LossConfig(norm="token_mean", entropy_coef=0.01, tis_cap=1.2, std_normalize=True),
+        True,
+    ),
+    # one mini-batch, no TIS: the proximal pass is skipped (the forward's own log-probs); constant normaliser
+    "one_minibatch_reuse": (
+        dict(minibatches=1, micro_batch_size=5),
+        LossConfig(norm="constant", entropy_coef=0.01),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_pure_update_matches_learner(model_path, case):
+    cfg_kw, loss, clip = CASES[case]
+    cfg = LearnerConfig(lr=1e-3, zero_stage=0, **cfg_kw)
+    learner = Learner(model_path=model_path, learner=cfg, loss=loss, max_response_len=MAX_LEN)
+    learner.setup()
+    assert learner.engine.optimizer is learner.optimizer  # ZeRO-0, fp32: the client optimiser itself
+    theirs: list[list[torch.Tensor]] = []
+    _record_grads(learner.optimizer, theirs)
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    model.config.use_cache = False
+    opt = make_optimizer(model, cfg)
+    ours: list[list[torch.Tensor]] = []
+    _record_grads(opt, ours)
+
+    def step() -> tuple[float, bool]:
+        opt.begin()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return opt.last_grad_norm, opt.overflow
+
+    for version in range(2):  # the second update starts from moved weights and Adam moments
+        groups = _groups(version)
+        want = learner.update(groups=groups, clip=clip, version=version)
+        got = U.update(
+            model,
+            groups,
+            loss=loss,
+            minibatches=cfg.minibatches,
+            max_response_len=MAX_LEN,
+            clip=clip,
+            device=torch.device("cpu"),
+            micro_slices=lambda n: U.chunks(n, cfg.micro_batch_size),
+            backward=lambda objective: objective.backward(),
+            step=step,
+        )
+        assert set(got) == set(want)
+        for key in METRICS:
+            a, b = got[key], want[key]
+            assert (math.isnan(a) and math.isnan(b)) or a == b, (key, a, b)
+        assert got[M.SKIPPED_STEPS] == 0 and math.isfinite(got[M.GRAD_NORM])
+        assert learner.version() == version + 1
+    assert len(ours) == len(theirs) == 2 * cfg.minibatches
+    for g_ours, g_theirs in zip(ours, theirs, strict=True):
+        assert any(float(g.abs().sum()) > 0 for g in g_ours)
+        for a, b in zip(g_ours, g_theirs, strict=True):
+            assert torch.equal(a, b)
+    ref = learner.engine.module.state_dict()
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, ref[name]), name
+
+
+def test_old_logprobs_follows_the_reuse_rule():
+    rows = [
+        U.Row((1,), (2, 3), (-1.0, -2.0), replayed=True, advantage=0.5),
+        U.Row((1, 2), (4,), (-3.0,), replayed=False, advantage=-0.5),
+    ]
+    assert U.reuses_proximal(minibatches=1, tis_cap=None)
+    assert not U.reuses_proximal(minibatches=2, tis_cap=None)
+    assert not U.reuses_proximal(minibatches=1, tis_cap=2.0)
+    assert not U.reuses_proximal(minibatches=1, tis_cap=None, reuse=False)
+    behaviour, tis = U.old_logprobs(rows, 2, None, tis_cap=None)
+    assert tis is None and torch.equal(behaviour, torch.tensor([[-1.0, -2.0], [-3.0, 0.0]]))
+    proximal = torch.tensor([[-5.0, -5.0], [-2.5, 0.0]])  # (N, R)
+    old, tis = U.old_logprobs(rows, 2, proximal, tis_cap=1.5)
+    assert torch.equal(old, torch.tensor([[-1.0, -2.0], [-2.5, 0.0]]))  # replayed: stored; fresh: proximal
+    assert torch.allclose(tis[1], torch.tensor([min(math.exp(0.5), 1.5), 1.0]))
+    assert U.minibatch_slices([0, 4, 8, 12, 16], 2) == [slice(0, 8), slice(8, 16)]
+    enc = U.encode(rows, 2, torch.device("cpu"))
+    assert enc.positions.tolist() == [[0, 1], [1, 0]] and enc.mask.tolist() == [[True, True], [True, False]]
+
+
+def test_device_check_runs_the_shared_update():
+    """bench/device_check.py defines no loss of its own: it calls learners.update and nothing of the loss."""
+    sys.path.insert(0, str(ROOT))
+    from bench import device_check as dc
+
+    assert dc.update is U.update
+    tree = ast.parse((ROOT / "bench" / "device_check.py").read_text())
+    imported = {
+        (node.module, a.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for a in node.names
+    }
+    assert ("learners.update", "update") in imported
+    assert not any(m == "exgrpo.core.algorithm" for m, _ in imported)
+    called = {
+        node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+    }
+    loss_parts = {"exgrpo_loss", "token_logprobs", "token_entropy", "group_advantages", "masked_mean"}
+    assert called & loss_parts == set()
+    defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    assert defined & {"_rows", "_response_logits", "_chunks"} == set()
