@@ -15,7 +15,8 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/exgrp
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from tiny_qwen2 import save_tiny_qwen2  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 
 from exgrpo.core import metric_names as M  # noqa: E402
 from exgrpo.core.algorithm import exgrpo_loss, token_entropy, token_logprobs  # noqa: E402
@@ -31,20 +32,7 @@ MAX_LEN = 8  # max_response_len: the constant normaliser
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory) -> str:
     """A random tiny Qwen2 (vocab 64, hidden 64, 2 layers, 2 heads of dim 32), no tokenizer."""
-    cfg = Qwen2Config(
-        vocab_size=64,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-qwen2")
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
-    return str(path)
+    return save_tiny_qwen2(tmp_path_factory, seed=0, name="tiny-qwen2")
 
 
 def _traj(seed: int, n: int, reward: float, *, replayed: bool = False, logprob: float = -4.5) -> Trajectory:

@@ -16,7 +16,7 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/exgrp
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from tiny_qwen2 import save_tiny_qwen2  # noqa: E402
 
 from exgrpo.core import metric_names as M  # noqa: E402
 from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
@@ -30,20 +30,7 @@ METRICS = (M.LOSS, M.PG_LOSS, M.ENTROPY, M.GRAD_NORM, M.CLIP_FRAC, M.RATIO_FRESH
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory) -> str:
-    cfg = Qwen2Config(
-        vocab_size=64,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(1)
-    path = tmp_path_factory.mktemp("tiny-qwen2-proximal")
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
-    return str(path)
+    return save_tiny_qwen2(tmp_path_factory, seed=1, name="tiny-qwen2-proximal")
 
 
 def _groups(seed: int, *, stale: bool) -> tuple[Group, ...]:

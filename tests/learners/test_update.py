@@ -18,7 +18,8 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/exgrp
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from tiny_qwen2 import save_tiny_qwen2  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 
 import learners.update as U  # noqa: E402
 from exgrpo.core import metric_names as M  # noqa: E402
@@ -46,20 +47,7 @@ METRICS = (
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory) -> str:
-    cfg = Qwen2Config(
-        vocab_size=64,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(2)
-    path = tmp_path_factory.mktemp("tiny-qwen2-update")
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
-    return str(path)
+    return save_tiny_qwen2(tmp_path_factory, seed=2, name="tiny-qwen2-update")
 
 
 def _groups(seed: int) -> tuple[Group, ...]:
