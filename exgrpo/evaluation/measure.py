@@ -14,10 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from actors.engines import HFEngine
+from actors.sampling import sample_rewards
 from exgrpo.core.config import TemplateName
 from exgrpo.core.records import Prompt
 from exgrpo.data.scratchpad import TraceCheck, check_trace
-from exgrpo.data.templates import render_prompt
+from exgrpo.data.templates import render_prompt, reward_mode
+from exgrpo.verify.verifier import Verifier
 
 
 def solve_counts(
@@ -32,10 +35,6 @@ def solve_counts(
 ) -> list[int]:
     """Per prompt, how many of its n sampled responses (HFEngine, as the RL samplers generate)
     the project's Verifier scores correct (`actors.sampling.sample_rewards`)."""
-    from actors.engines import HFEngine
-    from actors.sampling import sample_rewards
-    from exgrpo.data.templates import reward_mode
-    from exgrpo.verify.verifier import Verifier
 
     engine = HFEngine(model_dir, seed=seed)
     with Verifier(mode=reward_mode(template)) as verifier:
@@ -96,9 +95,6 @@ def measure_traces(
 ) -> SampledTraces:
     """Sample n responses per prompt with `HFEngine` (as the RL samplers generate), score them with
     the project's `Verifier` and check each trace with `check_trace`."""
-    from actors.engines import HFEngine
-    from exgrpo.data.templates import reward_mode
-    from exgrpo.verify.verifier import Verifier
 
     engine = HFEngine(model_dir, seed=seed)
     texts = [render_prompt(p.question, template=template, tokenizer=engine.tokenizer) for p in prompts]
