@@ -115,15 +115,17 @@ def run_project(
 ) -> dict[str, Any]:
     import ray
 
+    from exgrpo.loop.observer import Observer
     from exgrpo.runtime.recipe import train
 
     cfg = workload(smollm2, warmup + steps, out_dir, [f"async.max_staleness={eta}", *extra])
     ends: list[float] = []
 
-    def during(record: dict[str, Any], system: Any) -> None:
-        ends.append(time.perf_counter())
+    class StepEnds(Observer):
+        def on_step(self, *, record: dict[str, Any]) -> None:
+            ends.append(time.perf_counter())
 
-    records = train(cfg, checkpoints=False, during=during).records
+    records = train(cfg, checkpoints=False, observer=StepEnds()).records
     ray.shutdown()
     # step 0's interval runs from the loop's first step start; the others between consecutive step ends
     first_start = ends[0] - records[0]["system/step_time_s"]

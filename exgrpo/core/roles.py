@@ -1,4 +1,4 @@
-"""The roles of the system on one page (DESIGN.md 2-3).
+"""The roles of the system on one page (docs/architecture.md).
 
 The driver (`exgrpo/loop/driver.py`) is written against these Protocols only, so the training loop runs
 on in-process fakes in unit tests and on Ray actors in production; `exgrpo/runtime/assembly.py` is the one
@@ -7,8 +7,9 @@ module that builds the Ray-backed implementations:
     Rollouts         actors/pool.py::SamplerPool        samplers: generate, verify, push to replay
     Replay           buffers/sharded.py::ShardedReplay  question statistics, trajectories, finished groups
     Learners         learners/group.py::LearnerGroup    DeepSpeed ranks: entropies and updates
-    WeightTransport  exgrpo/transport/broadcast.py            learner weights -> every sampler
-    Scaling          exgrpo/scale.py::ControllerClient  the operator's desired sampler count
+    WeightTransport  exgrpo/transport/broadcast.py      learner weights -> every sampler
+    Scaling          exgrpo/runtime/controller.py       the operator's desired sampler count
+    RunObserver      exgrpo/loop/observer.py            what the run reports (logger, step bar, tests)
 
 Data between roles are the frozen records of `exgrpo/core/records.py`. Every verb takes keyword arguments.
 """
@@ -16,7 +17,7 @@ Data between roles are the frozen records of `exgrpo/core/records.py`. Every ver
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -100,9 +101,35 @@ class WeightTransport(Protocol):
     def broadcast(self, *, version: int) -> dict[str, float]:
         """Publish the current weights as `version`; returns `system/` timing metrics."""
 
+    def catch_up(self, handle: Any) -> None:
+        """Bring a sampler the pool just added to the last published weights, before its first request
+        (the pool calls it through `SamplerPool.on_new`)."""
+
 
 class Scaling(Protocol):
     """Where an operator's sampler count comes from (`python -m exgrpo.scale`)."""
 
     def desired_samplers(self) -> int | None:
         """The requested count, or None when there is no (new) answer; never blocks."""
+
+
+class RunObserver(Protocol):
+    """What a run reports as it goes; an observer only watches (what it returns is ignored, what it raises
+    ends the run). The driver calls `on_batch`, `on_step` and `on_candidates`; the training recipe
+    (`exgrpo/runtime/recipe.py`) calls `on_train_start` and `on_train_end` with the system it built.
+    `exgrpo/loop/observer.py` has a no-op base to subclass and `Observers`, several as one."""
+
+    def on_train_start(self, *, system: Any, driver: Any) -> None:
+        """Before the first step (after a resume's restore): the actors (`System`) and the `Driver`."""
+
+    def on_batch(self, *, batch: TrainBatch) -> None:
+        """Every step's shuffled batch, just before the learners' update."""
+
+    def on_step(self, *, record: dict[str, Any]) -> None:
+        """Every step's metrics record (docs/metrics.md), after its evaluation, before its checkpoint."""
+
+    def on_candidates(self, *, step: int, rows: list[dict[str, Any]]) -> None:
+        """One row per replay candidate scored at `step` (entropy, trace validity); only with a trace check."""
+
+    def on_train_end(self, *, system: Any, driver: Any) -> None:
+        """After the last step and the final save, before the actors stop (not when the run fails)."""

@@ -1,4 +1,4 @@
-"""The training loop (DESIGN.md 2 and 5), top to bottom. Typed by `exgrpo/core/roles.py`; imports no Ray.
+"""The training loop (docs/architecture.md, "One step"), top to bottom. Typed by `exgrpo/core/roles.py`; imports no Ray.
 
 Per step t:
   1. admit: requests for step t may be issued once the learner version v >= t - eta, so every
@@ -40,9 +40,10 @@ from exgrpo.core.records import (
     ReplayStats,
     TrainBatch,
 )
-from exgrpo.core.roles import Learners, Replay, Rollouts, Scaling, WeightTransport
+from exgrpo.core.roles import Learners, Replay, Rollouts, RunObserver, Scaling, WeightTransport
 from exgrpo.core.selection import fill_replay_slots
 from exgrpo.data.stream import PromptStream
+from exgrpo.loop.observer import Observer
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,14 @@ class StepPlan:
 
 
 class Driver:
+    """The loop over the roles. What it reports (every batch, every step's record, the scored replay
+    candidates) goes to `observer` (`exgrpo.core.roles.RunObserver`; `exgrpo.loop.observer.Observers` for
+    several), which only watches. `checkpointer` and `trace_check` are collaborators, not observers, so
+    they stay arguments of their own: the checkpointer drains the driver and writes its state at the
+    points the loop chooses (its failure must stop the loop), and the trace check's answers become the
+    `replay/*_valid_frac` metrics and switch on the scoring of every replay candidate.
+    """
+
     def __init__(
         self,
         *,
@@ -80,22 +89,19 @@ class Driver:
         train: Sequence[Prompt],
         evaluation: Sequence[Prompt] = (),
         scaling: Scaling | None = None,
-        logger: M.MetricsLogger | None = None,
-        progress: Callable[[dict[str, Any]], None] | None = None,
+        observer: RunObserver | None = None,
         checkpointer: Callable[[Driver], None] | None = None,
-        on_batch: Callable[[TrainBatch], None] | None = None,
         stall_timeout_s: float = 900.0,
         trace_check: Callable[[Prompt, str], bool] | None = None,
-        on_candidates: Callable[[int, list[dict[str, Any]]], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.rollouts, self.replay, self.learners, self.weights = rollouts, replay, learners, weights
-        self.scaling, self.logger, self.progress = scaling, logger, progress
+        self.scaling = scaling
+        self.observer: RunObserver = observer if observer is not None else Observer()
         self.checkpointer = checkpointer  # callable(driver) that writes a checkpoint
-        self.on_batch = on_batch  # hook(TrainBatch) for tests and debugging
         # measurement only (the reward stays outcome-only): is a response's reasoning trace fully valid?
+        # With one, every replay candidate is scored and reported (`observer.on_candidates`).
         self.trace_check = trace_check
-        self.on_candidates = on_candidates  # hook(step, one row per scored replay candidate)
         self.stall_timeout_s = stall_timeout_s
         self.K = cfg.trainer.rollouts_per_question
         self.B = cfg.trainer.questions_per_step
@@ -115,7 +121,7 @@ class Driver:
         self.next_request_id = 0
         self.plans: dict[int, StepPlan] = {}
         self.owner: dict[int, int] = {}  # request id -> step
-        self.eval_history: list[dict[str, float]] = []
+        self.eval_history: list[dict[str, Any]] = []  # eval/ metrics + per-question Avg@n and sources
         self.replay_stats = ReplayStats(bucket_sizes={}, active=0, retired=0, trajectories=0, ready=0)
         self._last_step_end = time.perf_counter()
 
@@ -143,8 +149,7 @@ class Driver:
             self.delayed_start.update(solve_ratio=solve_ratio)
             order = self.shuffle_rng.permutation(len(groups))
             batch = TrainBatch(groups=tuple(groups[i] for i in order), version=self.version, clip=clip)
-            if self.on_batch is not None:
-                self.on_batch(batch)
+            self.observer.on_batch(batch=batch)
             t1 = time.perf_counter()
             learner_metrics = self.learners.update(batch=batch)
             t_update = time.perf_counter() - t1
@@ -180,10 +185,7 @@ class Driver:
             if (every and (step + 1) % every == 0) or step == steps - 1:
                 record.update(self.evaluate())
             records.append(record)
-            if self.logger:
-                self.logger.log(record)
-            if self.progress is not None:
-                self.progress(record)
+            self.observer.on_step(record=record)
             del self.plans[step]
             self.step += 1
             every = self.cfg.trainer.checkpoint_every
@@ -301,7 +303,8 @@ class Driver:
         """Fill slot 0 of each replay group with its chosen stored trajectory.
 
         Returns the groups, the seconds spent and, with a `trace_check`, the share of chosen (and of all
-        candidate) trajectories whose reasoning trace is fully valid.
+        candidate) trajectories whose reasoning trace is fully valid; every candidate is then scored and
+        reported to `observer.on_candidates`.
         """
         replay = [g for g in groups if g.kind == "replay"]
         if not replay:
@@ -313,7 +316,7 @@ class Driver:
             for g in replay
             for c in g.candidates
         ]
-        scored = mode != "random" or self.on_candidates is not None
+        scored = mode != "random" or self.trace_check is not None  # a trace check reports every entropy
         ent = self.learners.entropies(candidates=flat) if scored else [0.0] * len(flat)
         mixed = fill_replay_slots(groups, ent, mode=mode, rng=self.rng)
         seconds = time.perf_counter() - t0
@@ -323,24 +326,23 @@ class Driver:
         chosen = [
             self.trace_check(self.prompts[g.qid], g.trajectories[0].text) for g in mixed if g.kind == "replay"
         ]
-        if self.on_candidates is not None:
-            rows, i = [], 0
-            for g in replay:
-                for j, c in enumerate(g.candidates):
-                    rows.append(
-                        {
-                            "step": step,
-                            "request_id": g.request_id,
-                            "qid": g.qid,
-                            "candidate": j,
-                            "entropy": float(ent[i]),
-                            "valid": bool(valid[i]),
-                            "tokens": len(c.response_ids),
-                            "policy_version": c.policy_version,
-                        }
-                    )
-                    i += 1
-            self.on_candidates(step, rows)
+        rows, i = [], 0
+        for g in replay:
+            for j, c in enumerate(g.candidates):
+                rows.append(
+                    {
+                        "step": step,
+                        "request_id": g.request_id,
+                        "qid": g.qid,
+                        "candidate": j,
+                        "entropy": float(ent[i]),
+                        "valid": bool(valid[i]),
+                        "tokens": len(c.response_ids),
+                        "policy_version": c.policy_version,
+                    }
+                )
+                i += 1
+        self.observer.on_candidates(step=step, rows=rows)
         return (
             mixed,
             seconds,
@@ -399,7 +401,7 @@ class Driver:
 
     def replay_metrics(self) -> dict[str, float]:
         st = self.replay_stats
-        out = {
+        out: dict[str, float] = {
             M.REPLAY_STARTED: int(self.delayed_start.started),
             M.REPLAY_SIZE: st.active,
             M.RETIRED: st.retired,

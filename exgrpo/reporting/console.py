@@ -1,9 +1,11 @@
 """The terminal during a run: phase lines, the step bar, and quiet libraries.
 
+- `Phase`: the names of a run's phases (the training recipe's stages; the report sums the fixed ones).
 - `Phases`: one line on stderr for every start-up / shut-down phase that runs past a couple of
   seconds (building the base model, starting Ray, starting actors, ...), with its duration; all
   phase times go into the summary (`phases_s`, `fixed_overhead_s`).
-- `Progress`: the tqdm bar over the steps (reward, solve ratio, replay size, held-out accuracy).
+- `Progress`: the tqdm bar over the steps (reward, solve ratio, replay size, held-out accuracy), an
+  observer of the driver (`exgrpo.loop.observer.Observer`).
 - `quiet_libraries`: transformers' and DeepSpeed's routine lines off unless `logging.verbose`.
 """
 
@@ -12,11 +14,29 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from enum import Enum
 from typing import IO, Any
 
 from exgrpo.core import metric_names as M
+from exgrpo.loop.observer import Observer
 
 PREFIX = "[exgrpo]"
+
+
+class Phase(str, Enum):
+    """The phases of a run (`exgrpo.runtime.recipe.TrainingRecipe`), in order; the value is the name shown
+    on the terminal and kept in `summary.json` (`phases_s`)."""
+
+    BASE_MODEL = "base model"
+    DATA = "data"
+    RAY = "Ray start-up"
+    ACTORS = "actor start-up"
+    LOGGERS = "loggers"
+    TRAIN_LOOP = "train loop"  # evaluations, steps, checkpoints, the final save
+    SHUTDOWN = "shutdown"
+    REPORT = "report"
+
+    __str__ = str.__str__  # the name itself, in f-strings and as a `Phases.times` key
 
 
 class Phases:
@@ -30,7 +50,7 @@ class Phases:
         self.enabled = enabled
         self.announce_after_s = announce_after_s
         self.stream = stream
-        self.times: dict[str, float] = {}
+        self.times: dict[str, float] = {}  # phase name (a plain string) -> seconds
         self._current: tuple[str, float, threading.Timer | None, list[bool]] | None = None
         self._lock = threading.Lock()
 
@@ -38,7 +58,9 @@ class Phases:
         print(f"{PREFIX} {text}", file=self.stream or sys.stderr, flush=True)
 
     def start(self, name: str, detail: str = "", *, announce: bool = True) -> None:
+        """End the current phase and start `name` (a `Phase` or any other name)."""
         self.end()
+        name = str(name)
         said = [False]
         timer = None
         if self.enabled and announce:
@@ -67,11 +89,6 @@ class Phases:
         if said[0]:
             self._say(f"{name}: {dt:.1f} s")
 
-    def note(self, text: str) -> None:
-        """A line the user should see now (e.g. the dashboard URL), printed even for short phases."""
-        if self.enabled:
-            self._say(text)
-
 
 def quiet_libraries(*, verbose: bool) -> None:
     """In this process: no transformers / HF hub progress bars ("Writing model shards", "Loading
@@ -94,8 +111,8 @@ def quiet_libraries(*, verbose: bool) -> None:
         pass
 
 
-class Progress:
-    """A tqdm bar showing reward, solve ratio, replay size and held-out accuracy."""
+class Progress(Observer):
+    """A tqdm bar showing reward, solve ratio, replay size and held-out accuracy (`on_step` moves it)."""
 
     def __init__(self, *, total: int, enabled: bool = True, evaluating: bool = False) -> None:
         """`evaluating`: the loop starts with a held-out evaluation; the bar says so until the first step."""
@@ -120,6 +137,9 @@ class Progress:
             post["eval"] = f"{record[M.EVAL_ACCURACY]:.3f}"
         self._bar.set_postfix(post, refresh=False)
         self._bar.update(1)
+
+    def on_step(self, *, record: dict[str, Any]) -> None:
+        self.update(record)
 
     def skip(self, n: int) -> None:
         """Steps already done before a resume."""

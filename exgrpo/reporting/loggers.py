@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from exgrpo.core.metric_names import STEP, prometheus_name
+from exgrpo.loop.observer import Observer
 
 BACKENDS = ("jsonl", "tensorboard", "wandb")  # what `logging.backends` may list (jsonl is always on)
 STEP_KEY = "step"
@@ -228,25 +229,25 @@ class RayGaugeBackend:
         pass
 
 
-class CandidateLog:
+class CandidateLog(Observer):
     """Appends the driver's scored replay candidates (entropy, trace validity) to a JSONL file: the data
     behind the Figure 1 miniature (`exgrpo.experiments.figure1`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def __call__(self, step: int, rows: list[dict[str, Any]]) -> None:
+    def on_candidates(self, *, step: int, rows: list[dict[str, Any]]) -> None:
         with self.path.open("a") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
 
 
-class MetricsLogger:
+class MetricsLogger(Observer):
     """The run's one logger: every record goes to each backend of `exgrpo/py` under the same names.
 
     `metrics.jsonl` is always written; `backends` adds `tensorboard` and/or `wandb`; `ray_metrics`
     mirrors numeric values to Ray gauges (`exgrpo_<name>`). The run id (kept across a resume) and
     the config are recorded in `run.json` and by every backend. `from_config(run_dir, cfg)` is what
-    `exgrpo.runtime.recipe.train` uses.
+    `exgrpo.runtime.recipe.TrainingRecipe` uses; as an observer of the driver it logs every step's record.
     """
 
     def __init__(
@@ -307,6 +308,9 @@ class MetricsLogger:
         step = int(record.get(STEP, 0))
         for backend in self.backends.values():
             backend.log(record, step)
+
+    def on_step(self, *, record: dict[str, Any]) -> None:
+        self.log(record)
 
     def summary(self, values: dict[str, Any]) -> None:
         """End-of-run figures (`exgrpo.reporting.report.summary`) to the backends that keep a run summary."""

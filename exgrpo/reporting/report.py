@@ -17,9 +17,10 @@ from typing import Any
 
 from exgrpo.core import metric_names as M
 from exgrpo.core.fileio import atomic_write_text
+from exgrpo.reporting.console import Phase
 
-# Start-up and tear-down phases (`Phases` names used by `exgrpo.runtime.recipe.train`): the fixed overhead of a run.
-FIXED_PHASES = ("base model", "data", "Ray start-up", "actor start-up", "loggers", "shutdown", "report")
+# Start-up and tear-down phases of the training recipe: the fixed overhead of a run (all but the loop).
+FIXED_PHASES = tuple(p for p in Phase if p is not Phase.TRAIN_LOOP)
 TIME_SPLIT = (
     ("generation_wait", M.WAIT_TIME),
     ("entropy", M.ENTROPY_TIME),
@@ -60,7 +61,7 @@ def summary(
         out["phases_s"] = dict(phases)
         out["steps_s"] = steps_s
         # the loop minus its steps: held-out evaluations, checkpoints, the final save
-        out["eval_and_checkpoints_s"] = max(phases.get("train loop", 0.0) - steps_s, 0.0)
+        out["eval_and_checkpoints_s"] = max(phases.get(Phase.TRAIN_LOOP, 0.0) - steps_s, 0.0)
         out["fixed_overhead_s"] = sum(phases.get(p, 0.0) for p in FIXED_PHASES)
     return out
 
@@ -166,13 +167,6 @@ def write_report(
             page = report_html(s, figures, run_id=run_id or run_dir.name, config_yaml=config_yaml)
             atomic_write_text(run_dir / "report.html", page)
     return s
-
-
-def write_plots(run_dir: Path, records: Sequence[dict[str, Any]], evals: Sequence[dict[str, float]]) -> None:
-    out = Path(run_dir) / "plots"
-    out.mkdir(exist_ok=True)
-    for name, png in render_figures(records, evals).items():
-        (out / f"{name}.png").write_bytes(png)
 
 
 # Figures of the report: name -> (title, what it shows). PNG names in plots/ are the keys.

@@ -2,30 +2,40 @@
 
     config -> model dir -> prompts -> Ray -> actors (`build_system`) -> Driver -> checkpoints -> report
 
-`train(cfg, resume=...)` is what every caller runs: the CLI (`exgrpo.run`), the sweep
-(`exgrpo.experiments.compare`), the integration tests and the benchmarks.
+`TrainingRecipe(cfg, resume=...).run()` runs its stages in order: `setup`, `train`, `save`, `cleanup`
+and `report`. `train(cfg, resume=...)` is that in one call, and what every caller runs: the CLI
+(`exgrpo.run`), the sweep (`exgrpo.experiments.compare`), the integration tests and the benchmarks. What
+the run reports as it goes reaches the metrics logger, the progress bar, the candidate log and the
+caller's own `observer` (`exgrpo.loop.observer.Observer`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import ray
 
 from exgrpo.core.config import Config
-from exgrpo.reporting.loggers import CandidateLog
+from exgrpo.core.roles import RunObserver
+from exgrpo.loop.observer import Observers
+from exgrpo.reporting.console import Phase, Phases, Progress, quiet_libraries
+from exgrpo.reporting.loggers import CandidateLog, MetricsLogger
 from exgrpo.runtime.assembly import System, build_system
 from exgrpo.runtime.env import init_ray
 from exgrpo.runtime.resources import check_cluster
 
+if TYPE_CHECKING:
+    from exgrpo.core.records import Prompt
+    from exgrpo.loop.checkpoint import Checkpointer, RunInterrupted
+    from exgrpo.loop.driver import Driver
+
 log = logging.getLogger("exgrpo")
+T = TypeVar("T")
 
 
 @dataclass
@@ -35,7 +45,6 @@ class RunResult:
     evals: list[dict[str, float]]
     wall_s: float
     checkpoint_s: list[float] = field(default_factory=list)  # seconds of every checkpoint write
-    inspected: Any = None  # what `inspect(system, driver)` returned
 
 
 def make_run_dir(cfg: Config) -> Path:
@@ -45,159 +54,246 @@ def make_run_dir(cfg: Config) -> Path:
     return run_dir
 
 
+class TrainingRecipe:
+    """One training job (or, with `resume`, its continuation from the latest checkpoint of
+    `cfg.logging.run_dir`), stage by stage; `run()` runs them in order.
+
+    `checkpoints=False` writes none (`trainer.checkpoint_every` is ignored). `observer` (a
+    `exgrpo.core.roles.RunObserver`, e.g. a subclass of `exgrpo.loop.observer.Observer`) sees every
+    batch and step record, and gets the system and the driver before the first step and after the
+    final save, before the actors stop (tests read the actors' state there). `stall_timeout_s`: how
+    long a step may wait without any generation finishing before the run fails.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        resume: bool = False,
+        checkpoints: bool = True,
+        observer: RunObserver | None = None,
+        stall_timeout_s: float = 900.0,
+    ) -> None:
+        self.cfg = cfg
+        self.resume, self.checkpoints, self.stall_timeout_s = resume, checkpoints, stall_timeout_s
+        self.phases = Phases(enabled=cfg.logging.progress)  # a line for every phase past ~2 s, all timed
+        # built by `setup`
+        self.t_start = 0.0
+        self.ckpt: Path | None = None  # the checkpoint a resumed run restores
+        self.run_dir = Path()
+        self.model_path = ""
+        self.tokenizer: dict[str, bytes] = {}
+        self.train_set: list[Prompt] = []
+        self.eval_set: list[Prompt] = []
+        self.system: System | None = None
+        self.logger: MetricsLogger | None = None
+        self.progress: Progress | None = None
+        self.checkpointer: Checkpointer | None = None
+        self.driver: Driver | None = None
+        # logger, progress bar, candidate log (tasks with a trace check), the caller's observer
+        self.observers = Observers()
+        self.caller_observer = observer
+        self.records: list[dict[str, Any]] = []  # what `train` trained (a resumed run: from its checkpoint)
+
+    def run(self) -> RunResult:
+        """setup, train, save, the observers' `on_train_end`, cleanup (always) and report (on success).
+
+        A learner or replay shard that dies (`ray.exceptions.RayActorError`) ends the run with
+        `RunInterrupted`, whose message names the checkpoint and the resume command. A failed run
+        flushes what was logged and writes no report.
+        """
+        self.setup()
+        failed = True
+        try:
+            self.train()
+            self.save()
+            self.observers.on_train_end(system=self.system, driver=self.driver)
+            failed = False
+        except ray.exceptions.RayActorError as err:
+            # a learner or shard died (the pool replaces samplers itself)
+            raise self.interrupted(err) from err
+        finally:
+            self.cleanup(failed=failed)
+        return self.report()
+
+    # -- the stages --------------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Resume checks, the run dir, the base model, the data, Ray, the actors, the loggers and the driver.
+
+        A bad resume (or a fresh run over another run's checkpoints) is refused before anything is
+        written. The train-loop phase starts before the driver is built.
+        """
+        from exgrpo.data.sources import load_prompts
+        from exgrpo.data.tasks import trace_checker
+        from exgrpo.loop.checkpoint import (
+            Checkpointer,
+            checkpoint_step,
+            fresh_run_dir_check,
+            resume_checkpoint,
+            rewind_metrics,
+            tokenizer_files,
+        )
+        from exgrpo.loop.driver import Driver
+        from exgrpo.models.resolve import resolve_model
+
+        cfg, phases = self.cfg, self.phases
+        self.t_start = time.perf_counter()
+        quiet_libraries(verbose=cfg.logging.verbose)
+        ckpt = self.ckpt = (
+            resume_checkpoint(Path(cfg.logging.run_dir).expanduser(), cfg)
+            if self.resume
+            else fresh_run_dir_check(cfg)
+        )
+        run_dir = self.run_dir = make_run_dir(cfg)
+        if ckpt is not None and (dropped := rewind_metrics(run_dir, checkpoint_step(ckpt))):
+            log.info(
+                "metrics.jsonl: dropped %d records of steps after %s (they are trained again)",
+                dropped,
+                ckpt.name,
+            )
+        phases.start(Phase.BASE_MODEL, f"{cfg.model.path} (built once, then cached)")
+        model_path = self.model_path = str(
+            resolve_model(str(ckpt / "model") if ckpt else cfg.model.path, cache_dir=cfg.model.cache_dir)
+        )
+        self.tokenizer = tokenizer_files(model_path)  # read now: a resumed run rotates its checkpoint away
+        phases.start(Phase.DATA, cfg.data.train)
+        self.train_set, self.eval_set = load_prompts(cfg)
+        log.info(
+            "run dir %s; model %s; %d train / %d eval questions",
+            run_dir,
+            model_path,
+            len(self.train_set),
+            len(self.eval_set),
+        )
+        phases.start(Phase.RAY)
+        init_ray(cfg)
+        check_cluster(cfg, model_path=model_path)
+        phases.start(
+            Phase.ACTORS,
+            f"{cfg.samplers.num} samplers, {cfg.learners.num} learners, {cfg.replay.num_shards} replay shards",
+        )
+        system = self.system = build_system(cfg, model_path=model_path, run_dir=run_dir)
+        phases.start(Phase.LOGGERS, ", ".join(cfg.logging.backends))
+        self.logger = MetricsLogger.from_config(run_dir, cfg)  # metrics.jsonl + logging.backends + Ray gauges
+        phases.start(Phase.TRAIN_LOOP, announce=False)  # evaluations, steps, final save: the bar shows them
+        self.progress = Progress(
+            total=cfg.trainer.steps, enabled=cfg.logging.progress, evaluating=bool(self.eval_set)
+        )
+        self.checkpointer = (
+            Checkpointer(run_dir, model_path=model_path, keep=cfg.trainer.keep_checkpoints)
+            if self.checkpoints
+            else None
+        )
+        trace_check = trace_checker(cfg.data.train)
+        candidates = CandidateLog(run_dir / "candidates.jsonl") if trace_check is not None else None
+        self.observers = Observers(self.logger, self.progress, candidates, self.caller_observer)
+        self.driver = Driver(
+            cfg=cfg,
+            rollouts=system.samplers,
+            replay=system.replay,
+            learners=system.learners,
+            weights=system.weights,
+            train=self.train_set,
+            evaluation=self.eval_set,
+            scaling=system.scaling,
+            observer=self.observers,
+            checkpointer=self.checkpointer,
+            stall_timeout_s=self.stall_timeout_s,
+            trace_check=trace_check,
+        )
+
+    def train(self) -> list[dict[str, Any]]:
+        """Restore the checkpoint of a resumed run, then run the driver to `trainer.steps`."""
+        from exgrpo.loop.checkpoint import restore_checkpoint
+
+        driver, progress = self._built(self.driver), self._built(self.progress)
+        if self.ckpt is not None:
+            t0 = time.perf_counter()
+            restore_checkpoint(self.ckpt, driver=driver)
+            progress.skip(driver.step)
+            log.info(
+                "resumed from %s at step %d (policy version %d); restore took %.2f s",
+                self.ckpt,
+                driver.step,
+                driver.version,
+                time.perf_counter() - t0,
+            )
+        self.observers.on_train_start(system=self.system, driver=driver)
+        self.records = driver.train()
+        return self.records
+
+    def save(self) -> None:
+        """The final model (`<run_dir>/final`, HF safetensors) and the tokenizer beside it."""
+        from exgrpo.loop.checkpoint import copy_tokenizer
+
+        self._built(self.system).learners.save(path=str(self.run_dir / "final"))
+        copy_tokenizer(self.tokenizer, self.run_dir / "final")
+
+    def cleanup(self, *, failed: bool) -> None:
+        """Close the progress bar, flush the logger of a failed run (TensorBoard, W&B), stop the actors."""
+        self._built(self.progress).close()
+        if failed:
+            self._built(self.logger).close()  # a failed run: flush what was logged; no report
+        self.phases.start(Phase.SHUTDOWN)
+        self._built(self.system).shutdown()
+
+    def report(self) -> RunResult:
+        """summary.json / summary.txt (printed), plots and report.html as configured; closes the logger."""
+        from exgrpo.reporting.loggers import read_jsonl
+        from exgrpo.reporting.report import write_report
+
+        cfg, driver, logger = self.cfg, self._built(self.driver), self._built(self.logger)
+        self.phases.start(Phase.REPORT)
+        wall = time.perf_counter() - self.t_start
+        summary = write_report(
+            self.run_dir,
+            records=read_jsonl(logger.path),
+            evals=driver.eval_history,
+            wall_s=wall,
+            plots=cfg.logging.plots,
+            html_report=cfg.logging.report,
+            phases=self.phases.times,
+            run_id=logger.run_id,
+            config_yaml=cfg.to_yaml(),
+        )
+        logger.summary(summary)
+        logger.close()
+        self.phases.end()
+        return RunResult(
+            run_dir=self.run_dir,
+            records=self.records,
+            evals=list(driver.eval_history),
+            wall_s=wall,
+            checkpoint_s=list(self.checkpointer.seconds) if self.checkpointer else [],
+        )
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def interrupted(self, err: ray.exceptions.RayActorError) -> RunInterrupted:
+        """The `RunInterrupted` for an actor that died: what died, at which step, how to resume."""
+        from exgrpo.loop.checkpoint import RunInterrupted, dead_actor, interrupted_message, latest_checkpoint
+
+        step = self._built(self.driver).step
+        message = interrupted_message(self.run_dir, what=dead_actor(str(err)), step=step)
+        return RunInterrupted(message, run_dir=self.run_dir, checkpoint=latest_checkpoint(self.run_dir))
+
+    @staticmethod
+    def _built(part: T | None) -> T:
+        """A part `setup` builds (the system, the driver, ...)."""
+        if part is None:
+            raise RuntimeError("TrainingRecipe: call setup() first")
+        return part
+
+
 def train(
     cfg: Config,
     *,
     resume: bool = False,
     checkpoints: bool = True,
-    on_batch: Callable[[Any], None] | None = None,
-    during: Callable[[dict[str, Any], System], None] | None = None,
-    inspect: Callable[[System, Any], Any] | None = None,
+    observer: RunObserver | None = None,
     stall_timeout_s: float = 900.0,
 ) -> RunResult:
-    """Run one training job end to end (or continue it from its latest checkpoint with `resume`).
-
-    `on_batch(batch)` sees every TrainBatch, `during(record, system)` runs after every step, and
-    `inspect(system, driver)` runs after the last step, before the actors stop (tests use these).
-    """
-    from exgrpo.data.sources import load_prompts
-    from exgrpo.data.tasks import trace_checker
-    from exgrpo.loop.checkpoint import (
-        Checkpointer,
-        RunInterrupted,
-        checkpoint_step,
-        copy_tokenizer,
-        dead_actor,
-        fresh_run_dir_check,
-        interrupted_message,
-        latest_checkpoint,
-        restore_checkpoint,
-        resume_checkpoint,
-        rewind_metrics,
-        tokenizer_files,
-    )
-    from exgrpo.loop.driver import Driver
-    from exgrpo.models.resolve import resolve_model
-    from exgrpo.reporting.console import Phases, Progress, quiet_libraries
-    from exgrpo.reporting.loggers import MetricsLogger, read_jsonl
-    from exgrpo.reporting.report import write_report
-
-    t_start = time.perf_counter()
-    phases = Phases(enabled=cfg.logging.progress)  # a line for every phase past ~2 s, all timed
-    quiet_libraries(verbose=cfg.logging.verbose)
-    # refuse a bad resume (or a fresh run over another run's checkpoints) before anything is written
-    ckpt = (
-        resume_checkpoint(Path(cfg.logging.run_dir).expanduser(), cfg) if resume else fresh_run_dir_check(cfg)
-    )
-    run_dir = make_run_dir(cfg)
-    if ckpt is not None and (dropped := rewind_metrics(run_dir, checkpoint_step(ckpt))):
-        log.info(
-            "metrics.jsonl: dropped %d records of steps after %s (they are trained again)", dropped, ckpt.name
-        )
-    phases.start("base model", f"{cfg.model.path} (built once, then cached)")
-    model_path = str(
-        resolve_model(str(ckpt / "model") if ckpt else cfg.model.path, cache_dir=cfg.model.cache_dir)
-    )
-    tokenizer = tokenizer_files(model_path)  # read now: a resumed run rotates its source checkpoint away
-    phases.start("data", cfg.data.train)
-    train_set, eval_set = load_prompts(cfg)
-    log.info(
-        "run dir %s; model %s; %d train / %d eval questions",
-        run_dir,
-        model_path,
-        len(train_set),
-        len(eval_set),
-    )
-    phases.start("Ray start-up")
-    init_ray(cfg)
-    check_cluster(cfg, model_path=model_path)
-    phases.start(
-        "actor start-up",
-        f"{cfg.samplers.num} samplers, {cfg.learners.num} learners, {cfg.replay.num_shards} replay shards",
-    )
-    system = build_system(cfg, model_path=model_path, run_dir=run_dir)
-    phases.start("loggers", ", ".join(cfg.logging.backends))
-    logger = MetricsLogger.from_config(run_dir, cfg)  # metrics.jsonl + logging.backends + Ray gauges
-    phases.start("train loop", announce=False)  # evaluations, steps, final save: the bar shows them
-    progress = Progress(total=cfg.trainer.steps, enabled=cfg.logging.progress, evaluating=bool(eval_set))
-    checkpointer = (
-        Checkpointer(run_dir, model_path=model_path, keep=cfg.trainer.keep_checkpoints)
-        if checkpoints
-        else None
-    )
-
-    def after_step(record: dict[str, Any]) -> None:
-        progress.update(record)
-        if during is not None:
-            during(record, system)
-
-    trace_check = trace_checker(cfg.data.train)
-    candidates_log = CandidateLog(run_dir / "candidates.jsonl") if trace_check is not None else None
-    driver = Driver(
-        cfg=cfg,
-        rollouts=system.samplers,
-        replay=system.replay,
-        learners=system.learners,
-        weights=system.weights,
-        train=train_set,
-        evaluation=eval_set,
-        scaling=system.scaling,
-        logger=logger,
-        progress=after_step,
-        checkpointer=checkpointer,
-        on_batch=on_batch,
-        stall_timeout_s=stall_timeout_s,
-        trace_check=trace_check,
-        on_candidates=candidates_log,
-    )
-    inspected = None
-    try:
-        if ckpt is not None:
-            t0 = time.perf_counter()
-            restore_checkpoint(ckpt, driver=driver)
-            progress.skip(driver.step)
-            log.info(
-                "resumed from %s at step %d (policy version %d); restore took %.2f s",
-                ckpt,
-                driver.step,
-                driver.version,
-                time.perf_counter() - t0,
-            )
-        records = driver.train()
-        system.learners.save(path=str(run_dir / "final"))
-        copy_tokenizer(tokenizer, run_dir / "final")
-        if inspect is not None:
-            inspected = inspect(system, driver)
-    except ray.exceptions.RayActorError as err:  # a learner or shard died (the pool replaces samplers itself)
-        message = interrupted_message(run_dir, what=dead_actor(str(err)), step=driver.step)
-        raise RunInterrupted(message, run_dir=run_dir, checkpoint=latest_checkpoint(run_dir)) from err
-    finally:
-        progress.close()
-        if sys.exc_info()[0] is not None:
-            logger.close()  # a failed run: flush what was logged (TensorBoard, W&B); no report
-        phases.start("shutdown")
-        system.shutdown()
-    phases.start("report")
-    wall = time.perf_counter() - t_start
-    summary = write_report(
-        run_dir,
-        records=read_jsonl(logger.path),
-        evals=driver.eval_history,
-        wall_s=wall,
-        plots=cfg.logging.plots,
-        html_report=cfg.logging.report,
-        phases=phases.times,
-        run_id=logger.run_id,
-        config_yaml=cfg.to_yaml(),
-    )
-    logger.summary(summary)
-    logger.close()
-    phases.end()
-    return RunResult(
-        run_dir=run_dir,
-        records=records,
-        evals=list(driver.eval_history),
-        wall_s=wall,
-        checkpoint_s=list(checkpointer.seconds) if checkpointer else [],
-        inspected=inspected,
-    )
+    """Run one training job end to end (or continue it from its latest checkpoint with `resume`):
+    `TrainingRecipe(cfg, ...).run()`."""
+    return TrainingRecipe(
+        cfg, resume=resume, checkpoints=checkpoints, observer=observer, stall_timeout_s=stall_timeout_s
+    ).run()

@@ -211,6 +211,7 @@ class SimCluster:
         import psutil
 
         from exgrpo.loop.driver import Driver
+        from exgrpo.loop.observer import Observer
 
         if steps <= warmup:
             raise ValueError(
@@ -228,29 +229,32 @@ class SimCluster:
         rollouts: list[int] = []
         replayed: list[int] = []
 
-        def on_batch(batch: Any) -> None:
-            sizes.append(len(batch.groups))
-            rollouts.append(sum(len(g.trajectories) - (g.kind == "replay") for g in batch.groups))
-            replayed.append(sum(g.kind == "replay" for g in batch.groups))
-            for g in batch.groups:
-                staleness[batch.version - g.policy_version] = (
-                    staleness.get(batch.version - g.policy_version, 0) + 1
-                )
+        class Measure(Observer):
+            """Every batch's composition and staleness; CPU and role-verb seconds at the window's ends."""
 
-        def progress(record: dict[str, Any]) -> None:
-            step = int(record[M.STEP])
-            if step in (warmup - 1, steps - 1):
-                c = psutil.cpu_times()
-                marks[step] = {
-                    "t": time.monotonic(),
-                    "seconds": dict(seconds),
-                    "driver": _cpu_s([me.pid]),
-                    "shards": _cpu_s(pids["shards"]),
-                    "samplers": _cpu_s(pids["samplers"]),
-                    "learners": _cpu_s(pids["learners"]),
-                    "ray": _cpu_s(ray_pids),
-                    "machine": c.user + c.system + getattr(c, "nice", 0.0),
-                }
+            def on_batch(self, *, batch: Any) -> None:
+                sizes.append(len(batch.groups))
+                rollouts.append(sum(len(g.trajectories) - (g.kind == "replay") for g in batch.groups))
+                replayed.append(sum(g.kind == "replay" for g in batch.groups))
+                for g in batch.groups:
+                    staleness[batch.version - g.policy_version] = (
+                        staleness.get(batch.version - g.policy_version, 0) + 1
+                    )
+
+            def on_step(self, *, record: dict[str, Any]) -> None:
+                step = int(record[M.STEP])
+                if step in (warmup - 1, steps - 1):
+                    c = psutil.cpu_times()
+                    marks[step] = {
+                        "t": time.monotonic(),
+                        "seconds": dict(seconds),
+                        "driver": _cpu_s([me.pid]),
+                        "shards": _cpu_s(pids["shards"]),
+                        "samplers": _cpu_s(pids["samplers"]),
+                        "learners": _cpu_s(pids["learners"]),
+                        "ray": _cpu_s(ray_pids),
+                        "machine": c.user + c.system + getattr(c, "nice", 0.0),
+                    }
 
         s = self.system
         seconds: dict[str, float] = {}
@@ -265,8 +269,7 @@ class SimCluster:
             learners=learners_,
             weights=weights_,
             train=self.prompts,
-            on_batch=on_batch,
-            progress=progress,
+            observer=Measure(),
             stall_timeout_s=120.0,
         )
         records = driver.train()

@@ -3,6 +3,7 @@
 FakeRollouts "generates" a request when it is polled (or at once), with rewards scripted by a
 function of (request, rollout index, weights version), pushes the groups into a real replay
 (`ShardedReplay` over in-process `ReplayShard`s) and reports `RolloutResult`s, like a sampler does.
+`Recorder` is an observer (`exgrpo.core.roles.RunObserver`) that keeps what the driver reports.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from exgrpo.core.records import (
     TrainBatch,
     Trajectory,
 )
+from exgrpo.core.roles import Learners, Replay, Rollouts, RunObserver, WeightTransport
+from exgrpo.loop.observer import Observer
 
 # reward(request, index, version) -> 0.0 or 1.0
 RewardFn = Callable[[GenerationRequest, int, int], float]
@@ -47,11 +50,15 @@ class FakeWeights:
     def __init__(self) -> None:
         self.version = 0
         self.broadcasts: list[int] = []
+        self.caught_up: list[Any] = []
 
     def broadcast(self, *, version: int) -> dict[str, float]:
         self.version = version
         self.broadcasts.append(version)
         return {}
+
+    def catch_up(self, handle: Any) -> None:
+        self.caught_up.append(handle)
 
 
 @dataclass
@@ -89,7 +96,8 @@ class FakeRollouts:
 
     def poll(self, *, timeout_s: float) -> list[RolloutResult]:
         self.polls += 1
-        ready, still = [], []
+        ready: list[list[Any]] = []
+        still: list[list[Any]] = []
         for item in self.pending:
             (ready if item[1] <= 0 else still).append(item)
             item[1] -= 1
@@ -178,6 +186,24 @@ class FakeRollouts:
         return 1
 
 
+class Recorder(Observer):
+    """Keeps every batch, step record and candidate row the driver reports, in order."""
+
+    def __init__(self) -> None:
+        self.batches: list[TrainBatch] = []
+        self.records: list[dict[str, Any]] = []
+        self.candidates: list[tuple[int, list[dict[str, Any]]]] = []
+
+    def on_batch(self, *, batch: TrainBatch) -> None:
+        self.batches.append(batch)
+
+    def on_step(self, *, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+    def on_candidates(self, *, step: int, rows: list[dict[str, Any]]) -> None:
+        self.candidates.append((step, rows))
+
+
 def score(t: Trajectory) -> float:
     """The fake learner's entropy of a candidate: deterministic, distinct per trajectory."""
     rid, i, copy = t.response_ids
@@ -204,3 +230,14 @@ class FakeLearners:
 
     def load(self, *, path: str) -> None:
         self.loaded = json.loads((Path(path) / "learner.json").read_text())
+
+
+def _conforms(
+    rollouts: FakeRollouts,
+    learners: FakeLearners,
+    weights: FakeWeights,
+    replay: ShardedReplay,
+    observer: Recorder,
+) -> tuple[Rollouts, Learners, WeightTransport, Replay, RunObserver]:
+    """Never called: mypy checks here that each fake (and the in-process replay) has its role's surface."""
+    return rollouts, learners, weights, replay, observer

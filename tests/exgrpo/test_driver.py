@@ -10,12 +10,22 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from fakes import FakeLearners, FakeRollouts, FakeWeights, make_replay, prompts, sampleable, score
+from fakes import (
+    FakeLearners,
+    FakeRollouts,
+    FakeWeights,
+    Recorder,
+    make_replay,
+    prompts,
+    sampleable,
+    score,
+)
 
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import load_config
 from exgrpo.loop.checkpoint import Checkpointer, latest_checkpoint, restore_checkpoint
 from exgrpo.loop.driver import Driver
+from exgrpo.loop.observer import Observer, Observers
 
 B, K = 8, 4
 
@@ -43,7 +53,7 @@ def qnum(request) -> int:
     return int(request.prompt.qid[1:])
 
 
-def build(cfg, reward, *, n_prompts=16, checkpointer=None, **fake):
+def build(cfg, reward, *, n_prompts=16, checkpointer=None, observer=None, trace_check=None, **fake):
     replay, shards = make_replay(K)
     weights, learners = FakeWeights(), FakeLearners()
     rollouts = FakeRollouts(replay=replay, shards=shards, weights=weights, reward=reward, **fake)
@@ -54,8 +64,10 @@ def build(cfg, reward, *, n_prompts=16, checkpointer=None, **fake):
         learners=learners,
         weights=weights,
         train=prompts(n_prompts),
+        observer=observer,
         checkpointer=checkpointer,
         stall_timeout_s=10.0,
+        trace_check=trace_check,
     )
     return driver, rollouts, learners, shards
 
@@ -404,11 +416,11 @@ def test_checkpoint_round_trip_continues_identically(tmp_path, eta):
         if d.step == 4:
             raise Killed
 
-    driver, _, learners_b, _ = build(cfg, reward, checkpointer=kill_after)
-    records_b: list = []
-    driver.progress = records_b.append
+    seen = Recorder()
+    driver, _, learners_b, _ = build(cfg, reward, checkpointer=kill_after, observer=seen)
     with pytest.raises(Killed):
         driver.train()
+    records_b = seen.records
     assert len(records_b) == 4
     first_half = _summary(learners_b, records_b)
 
@@ -452,3 +464,46 @@ def test_fresh_take_batch_draws_b_questions_every_step_like_the_official_stream(
 def _stream_drawn(state: dict) -> int:
     """Questions drawn from the stream so far (no retirement here, so every epoch has the same length)."""
     return int(state["epoch"]) * len(state["order"]) + int(state["position"])
+
+
+# -- 8. what the driver reports --------------------------------------------------------------------
+
+
+def test_observers_see_every_batch_and_record_and_with_a_trace_check_every_candidate():
+    def reward(r, i, v):
+        return float(i < 2)  # k = 2 of 4 everywhere: every question stays replayable
+
+    order = []
+
+    class Order(Observer):
+        def on_batch(self, *, batch):
+            order.append(("batch", batch.version, len(learners.batches)))  # before the update
+
+        def on_step(self, *, record):
+            order.append(("step", record[M.STEP], len(learners.batches)))
+
+    def valid(prompt, text):
+        return text.endswith("/0")
+
+    cfg = config("trainer.steps=4", "replay.trajectory_selection=random")
+    a, b = Recorder(), Recorder()
+    driver, _, learners, _ = build(cfg, reward, observer=Observers(a, None, b, Order()), trace_check=valid)
+    records = driver.train()
+    assert a.records == b.records == records
+    assert all(x is y for x, y in zip(a.batches, learners.batches, strict=True)) and len(a.batches) == 4
+    assert order == [e for t in range(4) for e in (("batch", t, t), ("step", t, t + 1))]
+    # random selection needs no entropies, but a trace check scores and reports every candidate
+    scored = [c for call in learners.scored for c in call]
+    rows = [row for _, step_rows in a.candidates for row in step_rows]
+    assert len(rows) == len(scored) > 0 and a.candidates == b.candidates
+    assert [t for t, _ in a.candidates] == [r[M.STEP] for r in records if r[M.N_REPLAY] > 0]
+    for row, c in zip(rows, scored, strict=True):
+        assert row["qid"] == c.qid and row["entropy"] == score(c.trajectory)
+        assert row["valid"] == valid(None, c.trajectory.text)
+    assert all(M.CHOSEN_VALID in r for r in records if r[M.N_REPLAY] > 0)
+
+    # without a trace check, random selection scores nothing and reports no candidate
+    c = Recorder()
+    driver, _, learners, _ = build(cfg, reward, observer=c)
+    assert driver.train() == c.records
+    assert learners.scored == [] and c.candidates == [] and len(c.batches) == 4

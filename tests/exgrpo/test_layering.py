@@ -181,6 +181,7 @@ PURE = [
     "exgrpo.data.sources",
     "exgrpo.transport.packed",
     "exgrpo.loop.driver",
+    "exgrpo.loop.observer",
     "exgrpo.loop.checkpoint",
     "buffers.experience",
     "buffers.shard",

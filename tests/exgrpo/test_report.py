@@ -14,7 +14,7 @@ import time
 import pytest
 
 from exgrpo.core import metric_names as M
-from exgrpo.reporting.console import Phases
+from exgrpo.reporting.console import Phase, Phases
 from exgrpo.reporting.report import FIGURES, format_summary, summary, write_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -82,11 +82,11 @@ def test_phases_announce_only_long_phases_and_time_all():
 def test_summary_table_has_phase_split():
     records, evals = fake_run()
     phases = {
-        "base model": 1.0,
-        "Ray start-up": 4.0,
-        "actor start-up": 6.0,
-        "train loop": 15.0,
-        "shutdown": 1.0,
+        Phase.BASE_MODEL: 1.0,
+        Phase.RAY: 4.0,
+        Phase.ACTORS: 6.0,
+        Phase.TRAIN_LOOP: 15.0,
+        Phase.SHUTDOWN: 1.0,
     }
     s = summary(records, evals, 30.0, phases)
     assert s["fixed_overhead_s"] == 12.0 and s["steps_s"] == 12.0 and s["eval_and_checkpoints_s"] == 3.0

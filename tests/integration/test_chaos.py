@@ -33,6 +33,7 @@ import pytest
 
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import load_config
+from exgrpo.loop.observer import Observer
 from exgrpo.runtime.recipe import train
 
 pytestmark = pytest.mark.integration
@@ -117,25 +118,37 @@ def run(tmp_path, model_path, data, *, chaos_seed=None):
             "data.eval=",
         ],
     )
-    batches = []
     chaos = Chaos(chaos_seed) if chaos_seed is not None else None
 
-    def during(record, system):
-        if chaos is not None:
-            chaos.after_step(record[M.STEP])
+    class Watch(Observer):
+        """Every batch, chaos after every step, and the final replay contents and learner checksum."""
 
-    def inspect(system, driver):
-        if chaos is not None:
-            chaos.after_step(-1)
-            assert chaos.error is None, chaos.error
-        system.replay.snapshot(path=str(tmp_path / "final-replay"))
-        tables = {p.name: pq.read_table(p) for p in sorted((tmp_path / "final-replay").iterdir())}
-        return tables, system.replay.retired(), system.replay.stats(), system.learners.checksums()[0]
+        def __init__(self):
+            self.batches, self.final = [], None
 
-    result = train(
-        cfg, checkpoints=False, on_batch=batches.append, during=during, inspect=inspect, stall_timeout_s=300
-    )
-    return cfg, result, batches, (chaos.kills if chaos is not None else [])
+        def on_batch(self, *, batch):
+            self.batches.append(batch)
+
+        def on_step(self, *, record):
+            if chaos is not None:
+                chaos.after_step(record[M.STEP])
+
+        def on_train_end(self, *, system, driver):
+            if chaos is not None:
+                chaos.after_step(-1)
+                assert chaos.error is None, chaos.error
+            system.replay.snapshot(path=str(tmp_path / "final-replay"))
+            tables = {p.name: pq.read_table(p) for p in sorted((tmp_path / "final-replay").iterdir())}
+            self.final = (
+                tables,
+                system.replay.retired(),
+                system.replay.stats(),
+                system.learners.checksums()[0],
+            )
+
+    watch = Watch()
+    result = train(cfg, checkpoints=False, observer=watch, stall_timeout_s=300)
+    return cfg, result, watch, (chaos.kills if chaos is not None else [])
 
 
 def canonical(name, table):
@@ -162,9 +175,10 @@ def test_chaos_kills_of_samplers_and_shards_change_nothing(
     ray_cluster, tmp_path, warm_model, single_digit_data
 ):
     t0 = time.monotonic()
-    cfg, ref, ref_batches, _ = run(tmp_path / "reference", warm_model, single_digit_data)
+    cfg, ref, ref_watch, _ = run(tmp_path / "reference", warm_model, single_digit_data)
     t1 = time.monotonic()
-    cfg, got, batches, kills = run(tmp_path / "chaos", warm_model, single_digit_data, chaos_seed=SEED)
+    cfg, got, watch, kills = run(tmp_path / "chaos", warm_model, single_digit_data, chaos_seed=SEED)
+    ref_batches, batches = ref_watch.batches, watch.batches
     t2 = time.monotonic()
     B = cfg.trainer.questions_per_step
     print(
@@ -181,8 +195,8 @@ def test_chaos_kills_of_samplers_and_shards_change_nothing(
     # the same run as without kills
     for t, (a, b) in enumerate(zip(ref_batches, batches, strict=True)):
         assert summary(a) == summary(b), f"step {t} differs"
-    ref_tables, ref_retired, ref_stats, ref_sum = ref.inspected
-    tables, retired, stats, checksum = got.inspected
+    ref_tables, ref_retired, ref_stats, ref_sum = ref_watch.final
+    tables, retired, stats, checksum = watch.final
     assert tables.keys() == ref_tables.keys()
     for name in tables:
         assert canonical(name, tables[name]) == canonical(name, ref_tables[name]), name

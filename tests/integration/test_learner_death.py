@@ -12,6 +12,7 @@ import ray
 
 from exgrpo.core.config import load_config
 from exgrpo.loop.checkpoint import RunInterrupted
+from exgrpo.loop.observer import Observer
 from exgrpo.runtime.recipe import train
 
 pytestmark = pytest.mark.integration
@@ -32,15 +33,18 @@ def test_killed_learner_names_the_checkpoint_and_resume_continues(ray_cluster, t
         f"logging.run_dir={run_dir}",
     ]
     cfg = load_config("tiny-cpu", overrides)
-    killed = {}
 
-    def during(record, system):
-        if record["step"] == 1 and not killed:  # step 1 trained; the checkpoint of step 1 exists
-            killed["pid"] = _pid(system.learners.actors[0])
-            os.kill(killed["pid"], signal.SIGKILL)
+    class KillLearner(Observer):
+        def on_train_start(self, *, system, driver):
+            self.system, self.pid = system, None
+
+        def on_step(self, *, record):
+            if record["step"] == 1 and self.pid is None:  # step 1 trained; the checkpoint of step 1 exists
+                self.pid = _pid(self.system.learners.actors[0])
+                os.kill(self.pid, signal.SIGKILL)
 
     with pytest.raises(RunInterrupted) as err:
-        train(cfg, during=during)
+        train(cfg, observer=KillLearner())
     text = str(err.value)
     assert "learner exgrpo-learner-0 died at step 2" in text, text
     assert "checkpoints/step-000001" in text and f"python -m exgrpo.run --resume {run_dir}" in text

@@ -14,6 +14,7 @@ import pytest
 
 from exgrpo.core.config import load_config
 from exgrpo.loop.checkpoint import latest_checkpoint
+from exgrpo.loop.observer import Observer
 from exgrpo.runtime.recipe import train
 
 pytestmark = pytest.mark.integration
@@ -42,19 +43,30 @@ def model_path(warm_model):
     return warm_model
 
 
+class Watch(Observer):
+    """The questions of every batch; after the last step, the replay contents and the learner checksum."""
+
+    def __init__(self, run_dir):
+        self.run_dir, self.qids, self.final = run_dir, [], None
+
+    def on_batch(self, *, batch):
+        self.qids.append(sorted(g.qid for g in batch.groups))
+
+    def on_train_end(self, *, system, driver):
+        system.replay.snapshot(path=str(self.run_dir / "final-replay"))
+        shards = sorted((self.run_dir / "final-replay").glob("shard-*.parquet"))
+        self.final = (
+            [pq.read_table(p) for p in shards],
+            system.replay.retired(),
+            system.learners.checksums()[0],
+        )
+
+
 def _train(cfg, run_dir, *, resume=False):
-    qids: list[list[str]] = []
-
-    def inspect(system, driver):
-        system.replay.snapshot(path=str(run_dir / "final-replay"))
-        tables = [pq.read_table(p) for p in sorted((run_dir / "final-replay").glob("shard-*.parquet"))]
-        return tables, system.replay.retired(), system.learners.checksums()[0]
-
-    result = train(
-        cfg, resume=resume, on_batch=lambda b: qids.append(sorted(g.qid for g in b.groups)), inspect=inspect
-    )
-    tables, retired, checksum = result.inspected
-    return qids, tables, retired, checksum
+    watch = Watch(run_dir)
+    train(cfg, resume=resume, observer=watch)
+    tables, retired, checksum = watch.final
+    return watch.qids, tables, retired, checksum
 
 
 def test_resume_matches_uninterrupted_run(ray_cluster, tmp_path, model_path, single_digit_data):

@@ -18,6 +18,7 @@ import ray
 
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import load_config
+from exgrpo.loop.observer import Observer
 from exgrpo.reporting.loggers import read_jsonl
 from exgrpo.runtime.recipe import train
 
@@ -43,7 +44,28 @@ def model_path(warm_model):
     return warm_model
 
 
-def run(tmp_path, model_path, data, overrides, *, during=None):
+class Watch(Observer):
+    """Every TrainBatch and, after the last step, the learners' and samplers' checksums and versions;
+    `self.system` for what a test does after a step (`on_step`)."""
+
+    def __init__(self):
+        self.system, self.batches = None, []
+
+    def on_train_start(self, *, system, driver):
+        self.system = system
+
+    def on_batch(self, *, batch):
+        self.batches.append(batch)
+
+    def on_train_end(self, *, system, driver):
+        system.samplers.wait_idle(timeout_s=120)
+        handles = list(system.samplers.members().values())
+        self.learner_sums = system.learners.checksums()
+        self.sampler_sums = ray.get([h.checksum.remote() for h in handles])
+        self.sampler_versions = ray.get([h.version.remote() for h in handles])
+
+
+def run(tmp_path, model_path, data, overrides, *, watch=None):
     """One run through the project's single wiring (`exgrpo.runtime.recipe.train`)."""
     cfg = load_config(
         None,
@@ -56,22 +78,10 @@ def run(tmp_path, model_path, data, overrides, *, during=None):
             *overrides,
         ],
     )
-    batches = []
-
-    def inspect(system, driver):
-        system.samplers.wait_idle(timeout_s=120)
-        handles = list(system.samplers.members().values())
-        return (
-            system.learners.checksums(),
-            ray.get([h.checksum.remote() for h in handles]),
-            ray.get([h.version.remote() for h in handles]),
-        )
-
-    result = train(
-        cfg, checkpoints=False, on_batch=batches.append, during=during, inspect=inspect, stall_timeout_s=300
-    )
-    learner_sums, sampler_sums, sampler_versions = result.inspected
-    return cfg, result.records, batches, learner_sums, sampler_sums, sampler_versions
+    watch = watch or Watch()
+    result = train(cfg, checkpoints=False, observer=watch, stall_timeout_s=300)
+    w = watch
+    return cfg, result.records, w.batches, w.learner_sums, w.sampler_sums, w.sampler_versions
 
 
 def check_batches(cfg, batches, records):
@@ -99,21 +109,22 @@ def check_batches(cfg, batches, records):
 
 
 def test_hf_eta1_object_store_with_scaling(ray_cluster, tmp_path, model_path, single_digit_data):
-    def during(record, system):
-        if record[M.STEP] == 0:  # the operator's command, as a user runs it against the job's cluster
-            address = ray.get_runtime_context().gcs_address
-            out = subprocess.run(
-                [sys.executable, "-m", "exgrpo.scale", "--samplers", "3", "--address", address],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert out.returncode == 0 and "3 samplers" in out.stdout, out.stderr[-2000:]
-        if record[M.STEP] == 2:
-            ray.get(system.controller.set_samplers.remote(n=1))
+    class Scale(Watch):
+        def on_step(self, *, record):
+            if record[M.STEP] == 0:  # the operator's command, as a user runs it against the job's cluster
+                address = ray.get_runtime_context().gcs_address
+                out = subprocess.run(
+                    [sys.executable, "-m", "exgrpo.scale", "--samplers", "3", "--address", address],
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
+                assert out.returncode == 0 and "3 samplers" in out.stdout, out.stderr[-2000:]
+            if record[M.STEP] == 2:
+                ray.get(self.system.controller.set_samplers.remote(n=1))
 
     cfg, records, batches, learner_sums, sampler_sums, versions = run(
-        tmp_path, model_path, single_digit_data, ["trainer.steps=5", "async.max_staleness=1"], during=during
+        tmp_path, model_path, single_digit_data, ["trainer.steps=5", "async.max_staleness=1"], watch=Scale()
     )
     assert [r[M.VERSION] for r in records] == [1, 2, 3, 4, 5]
     check_batches(cfg, batches, records)
@@ -178,12 +189,17 @@ def test_vllm_engine(ray_cluster, tmp_path, model_path, single_digit_data):
 
 
 def test_dead_sampler_is_replaced_and_loses_no_request(ray_cluster, tmp_path, model_path, single_digit_data):
-    def during(record, system):
-        if record[M.STEP] == 0:  # kill a sampler while the next steps' requests are in flight
-            ray.kill(next(iter(system.samplers.members().values())), no_restart=True)
+    class KillSampler(Watch):
+        def on_step(self, *, record):
+            if record[M.STEP] == 0:  # kill a sampler while the next steps' requests are in flight
+                ray.kill(next(iter(self.system.samplers.members().values())), no_restart=True)
 
     cfg, records, batches, learner_sums, sampler_sums, versions = run(
-        tmp_path, model_path, single_digit_data, ["trainer.steps=4", "async.max_staleness=1"], during=during
+        tmp_path,
+        model_path,
+        single_digit_data,
+        ["trainer.steps=4", "async.max_staleness=1"],
+        watch=KillSampler(),
     )
     assert [r[M.VERSION] for r in records] == [1, 2, 3, 4]  # every step got its full batch
     check_batches(cfg, batches, records)
