@@ -20,7 +20,7 @@ import numpy as np
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-from exgrpo.core.config import load_config  # noqa: E402
+from exgrpo.core.config_files import load_config  # noqa: E402
 from exgrpo.runtime.env import init_ray  # noqa: E402
 from exgrpo.runtime.recipe import train  # noqa: E402
 

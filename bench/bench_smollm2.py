@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from actors.sampler import EngineSpec, Sampler  # noqa: E402
-from exgrpo.core.config import Config, EngineKind, load_config  # noqa: E402
+from exgrpo.core.config import Config, EngineKind  # noqa: E402
+from exgrpo.core.config_files import load_config  # noqa: E402
 from exgrpo.core.records import GenerationRequest, Group, Prompt  # noqa: E402
 from exgrpo.data.sources import read_source  # noqa: E402
 from exgrpo.models.resolve import resolve_model  # noqa: E402

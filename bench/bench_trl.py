@@ -64,7 +64,8 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from exgrpo.core.config import Config, load_config  # noqa: E402
+from exgrpo.core.config import Config  # noqa: E402
+from exgrpo.core.config_files import load_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2_CONFIG = ROOT / "configs" / "smollm2-135m-cpu.yaml"

@@ -26,7 +26,7 @@ import ray
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-from exgrpo.core.config import load_config  # noqa: E402
+from exgrpo.core.config_files import load_config  # noqa: E402
 from exgrpo.models.resolve import BuiltinModel, register_builtin, resolve_model  # noqa: E402
 from exgrpo.models.tiny import TinyModelSpec, build_tiny_model  # noqa: E402
 from exgrpo.runtime.assembly import build_system  # noqa: E402

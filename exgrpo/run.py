@@ -21,7 +21,8 @@ import os
 import sys
 from pathlib import Path
 
-from exgrpo.core.config import ConfigError, load_config
+from exgrpo.core.config import ConfigError
+from exgrpo.core.config_files import load_config
 
 
 def main(argv: list[str] | None = None) -> int:

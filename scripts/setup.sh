@@ -50,7 +50,7 @@ if [[ ! -f "$PREBUILT" || "$(cat "$PREBUILT")" != "$MODEL_KEY" ]]; then
   OMP_NUM_THREADS=1 HF_HUB_DISABLE_PROGRESS_BARS=1 "$VENV/bin/python" - <<'PY'
 import time
 
-from exgrpo.core.config import load_config
+from exgrpo.core.config_files import load_config
 from exgrpo.models.resolve import resolve_model
 
 t0, cfg = time.perf_counter(), load_config()

@@ -2,7 +2,7 @@
 
 Every field has a one-line doc. Invalid values and combinations fail at load time with a
 `ConfigError` that names the field and says what to change. Load order: the packaged default
-(`exgrpo/configs/default.yaml`), then the user's YAML file, then `key.sub=value` overrides.
+(`exgrpo/configs/default.yaml`), then the user's YAML file, then `key.sub=value` overrides (`config_files.py`).
 """
 
 from __future__ import annotations
@@ -10,14 +10,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
-import os
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
-
-PACKAGED_CONFIGS = Path(__file__).parents[1] / "configs"  # exgrpo/configs
 
 # The project's literal types, defined here once and imported everywhere else.
 EngineKind = Literal["hf", "vllm"]  # generation engine: transformers or vLLM
@@ -282,78 +278,6 @@ def from_dict(data: dict[str, Any]) -> Config:
     cfg = Config(**sections)
     validate(cfg)
     return cfg
-
-
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
-    for k, v in extra.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = {**out[k], **v}
-        else:
-            out[k] = v
-    return out
-
-
-def parse_override(text: str) -> dict[str, Any]:
-    """`replay.rho=0.25` -> {"replay": {"rho": 0.25}} (values parsed as YAML scalars)."""
-    if "=" not in text:
-        raise ConfigError(f"override {text!r} must look like section.key=value (e.g. replay.rho=0.25)")
-    key, raw = text.split("=", 1)
-    parts = key.strip().split(".")
-    if len(parts) != 2 or not all(parts):
-        raise ConfigError(f"override key {key!r} must be section.key (e.g. trainer.steps=10)")
-    value = _safe_yaml(raw, f"override {text!r}") if raw.strip() else ""
-    return {parts[0]: {parts[1]: value}}
-
-
-def _safe_yaml(text: str, where: str) -> Any:
-    """yaml.safe_load with its errors as ConfigError naming `where` (a file or an override)."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{where} is not valid YAML: {err}") from err
-    except RecursionError as err:
-        raise ConfigError(f"{where}: YAML nested too deeply") from err
-
-
-def _read_config_file(path: str | os.PathLike[str]) -> Any:
-    try:
-        p = resolve_config_path(path)
-        text = p.read_text(encoding="utf-8")
-    except ValueError as err:  # embedded NUL byte in the path; UnicodeDecodeError (not UTF-8 text)
-        if isinstance(err, ConfigError):
-            raise
-        raise ConfigError(f"cannot read config file {str(path)!r}: {err}") from err
-    except OSError as err:  # a directory, no permission
-        raise ConfigError(f"cannot read config file {str(path)!r}: {err.strerror or err}") from err
-    return _safe_yaml(text, f"config file {str(path)!r}")
-
-
-def resolve_config_path(path: str | os.PathLike[str]) -> Path:
-    """A config path as given, or the name of a packaged config (`tiny-cpu`, `default.yaml`)."""
-    p = Path(path).expanduser()
-    if p.exists():
-        return p
-    for candidate in (PACKAGED_CONFIGS / p.name, PACKAGED_CONFIGS / f"{p.name}.yaml"):
-        if candidate.exists():
-            return candidate
-    packaged = sorted(x.stem for x in PACKAGED_CONFIGS.glob("*.yaml"))
-    raise ConfigError(f"config file {str(path)!r} not found; packaged configs: {', '.join(packaged)}")
-
-
-def load_config(
-    path: str | os.PathLike[str] | None = None, overrides: list[str] | tuple[str, ...] = ()
-) -> Config:
-    """Packaged default <- YAML file <- dotted overrides, validated."""
-    data = yaml.safe_load((PACKAGED_CONFIGS / "default.yaml").read_text()) or {}
-    if path is not None:
-        user = _read_config_file(path) or {}
-        if not isinstance(user, dict):
-            raise ConfigError(f"{path}: a config file must be a mapping of sections")
-        data = _merge(data, user)
-    for text in overrides:
-        data = _merge(data, parse_override(text))
-    return from_dict(data)
 
 
 def validate(cfg: Config) -> None:

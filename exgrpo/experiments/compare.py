@@ -73,7 +73,7 @@ PAIRS = [
 
 
 def run_one(name: str, seed: int, overrides: list[str], out: Path) -> dict[str, Any]:
-    from exgrpo.core.config import load_config
+    from exgrpo.core.config_files import load_config
     from exgrpo.runtime.recipe import train
 
     run_dir = out / f"{name}-seed{seed}"
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = json.loads(results_path.read_text()) if results_path.exists() else []
     t0 = time.perf_counter()
     if not args.report:
-        from exgrpo.core.config import load_config
+        from exgrpo.core.config_files import load_config
         from exgrpo.runtime.env import init_ray
 
         init_ray(load_config(None, args.overrides))

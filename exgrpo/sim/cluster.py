@@ -162,7 +162,7 @@ class SimCluster:
         self.system.replay.snapshot(path=self._empty)
 
     def config(self, *, eta: int, replay: bool, steps: int) -> Any:
-        from exgrpo.core.config import load_config
+        from exgrpo.core.config_files import load_config
 
         return load_config(
             None,

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo.core.config import TrainerConfig, load_config
+from exgrpo.core.config import TrainerConfig
+from exgrpo.core.config_files import load_config
 from exgrpo.loop.checkpoint import (
     CONFIG_FILE,
     ResumeError,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo.core.config import PACKAGED_CONFIGS, Config, ConfigError, from_dict, load_config, parse_override
+from exgrpo.core.config import Config, ConfigError, from_dict
+from exgrpo.core.config_files import PACKAGED_CONFIGS, load_config, parse_override
 
 
 def test_default_loads_and_round_trips():

@@ -22,7 +22,7 @@ from fakes import (
 )
 
 from exgrpo.core import metric_names as M
-from exgrpo.core.config import load_config
+from exgrpo.core.config_files import load_config
 from exgrpo.loop.checkpoint import Checkpointer, latest_checkpoint, restore_checkpoint
 from exgrpo.loop.driver import Driver
 from exgrpo.loop.observer import Observer, Observers

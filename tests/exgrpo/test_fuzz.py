@@ -22,7 +22,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from exgrpo.core.config import Config, ConfigError, from_dict, load_config, parse_override
+from exgrpo.core.config import Config, ConfigError, from_dict
+from exgrpo.core.config_files import load_config, parse_override
 from exgrpo.data.readers import DataError, read_prompts
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

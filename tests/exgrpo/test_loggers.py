@@ -9,7 +9,8 @@ import json
 import pytest
 
 from exgrpo.core import metric_names as M
-from exgrpo.core.config import ConfigError, load_config
+from exgrpo.core.config import ConfigError
+from exgrpo.core.config_files import load_config
 from exgrpo.reporting.loggers import MetricsLogger, read_jsonl
 
 

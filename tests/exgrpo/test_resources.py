@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from exgrpo.core.config import ConfigError, load_config
+from exgrpo.core.config import ConfigError
+from exgrpo.core.config_files import load_config
 from exgrpo.runtime.resources import (
     ResourceError,
     check_cluster,

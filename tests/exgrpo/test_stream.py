@@ -76,7 +76,7 @@ def test_read_source_builtin_task_and_file(tmp_path):
 
 
 def test_load_prompts_train_and_eval_specs(tmp_path):
-    from exgrpo.core.config import load_config
+    from exgrpo.core.config_files import load_config
     from exgrpo.data.readers import write_prompts
     from exgrpo.data.sources import load_prompts
     from exgrpo.data.tasks import builtin_task

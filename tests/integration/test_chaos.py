@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from exgrpo.core import metric_names as M
-from exgrpo.core.config import load_config
+from exgrpo.core.config_files import load_config
 from exgrpo.loop.observer import Observer
 from exgrpo.runtime.recipe import train
 

@@ -93,7 +93,7 @@ def test_compare_experiment_small(tmp_path):
 
 def _fake_run(tmp_path, step, *overrides):
     """A run dir with config.yaml and one complete (fake) checkpoint at `step`, as a finished run leaves it."""
-    from exgrpo.core.config import load_config
+    from exgrpo.core.config_files import load_config
     from exgrpo.loop.checkpoint import CONFIG_FILE, config_fingerprint
 
     run = tmp_path / "done"

@@ -10,7 +10,7 @@ import signal
 import pytest
 import ray
 
-from exgrpo.core.config import load_config
+from exgrpo.core.config_files import load_config
 from exgrpo.loop.checkpoint import RunInterrupted
 from exgrpo.loop.observer import Observer
 from exgrpo.runtime.recipe import train

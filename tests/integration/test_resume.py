@@ -12,7 +12,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from exgrpo.core.config import load_config
+from exgrpo.core.config_files import load_config
 from exgrpo.loop.checkpoint import latest_checkpoint
 from exgrpo.loop.observer import Observer
 from exgrpo.runtime.recipe import train

@@ -17,7 +17,7 @@ import pytest
 import ray
 
 from exgrpo.core import metric_names as M
-from exgrpo.core.config import load_config
+from exgrpo.core.config_files import load_config
 from exgrpo.loop.observer import Observer
 from exgrpo.reporting.loggers import read_jsonl
 from exgrpo.runtime.recipe import train
