@@ -23,7 +23,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -44,6 +43,7 @@ from exgrpo.core.roles import Learners, Replay, Rollouts, RunObserver, Scaling, 
 from exgrpo.core.selection import fill_replay_slots
 from exgrpo.data.stream import PromptStream
 from exgrpo.loop.observer import Observer
+from exgrpo.loop.steps import StepPlan, eval_metrics, replay_metrics, rollout_metrics, solve_ratio
 
 log = logging.getLogger(__name__)
 
@@ -52,21 +52,6 @@ log = logging.getLogger(__name__)
 # to its timeout and the step's last result is seen up to POLL_S late (0.05 s: ~25 ms per step on average;
 # 0.01 s: ~5 ms). A poll costs the driver ~0.1 ms of CPU, so 100 polls/s stay under 1% of a core.
 POLL_S = 0.01
-
-
-@dataclass
-class StepPlan:
-    """The requests admitted for one step."""
-
-    step: int
-    admitted_version: int
-    request_ids: set[int]
-    n_fresh: int
-    n_replay: int
-    available: int = 0  # replayable questions when the step was scheduled
-    replaced: int = 0  # replay requests re-issued as fresh (question retired in flight)
-    done: set[int] = field(default_factory=set)
-    tokens: int = 0
 
 
 class Driver:
@@ -142,11 +127,11 @@ class Driver:
             groups = self.pull(plan)
             t_wait = time.perf_counter()
             groups, t_entropy, mix_metrics = self.mix(groups, step=step)
-            solve_ratio = _solve_ratio([g for g in groups if g.kind == "fresh"])
+            solve = solve_ratio([g for g in groups if g.kind == "fresh"])
             # clipping follows the state *before* this step's ratio: removed from the step after the start
             clip = not (self.delayed_start.started and self.cfg.loss.remove_clip_after_replay)
             started_before = self.delayed_start.started
-            self.delayed_start.update(solve_ratio=solve_ratio)
+            self.delayed_start.update(solve_ratio=solve)
             order = self.shuffle_rng.permutation(len(groups))
             batch = TrainBatch(groups=tuple(groups[i] for i in order), version=self.version, clip=clip)
             self.observer.on_batch(batch=batch)
@@ -160,13 +145,13 @@ class Driver:
             t_sync = time.perf_counter() - t2
             if self.delayed_start.started and not started_before:
                 self.replay.set_collect(on=True)
-                log.info("replay started at step %d (fresh solve ratio %.3f)", step, solve_ratio)
+                log.info("replay started at step %d (fresh solve ratio %.3f)", step, solve)
             t_end = time.perf_counter()
             record = {
                 M.STEP: step,
                 **learner_metrics,
-                **self.rollout_metrics(groups, plan, solve_ratio),
-                **self.replay_metrics(),
+                **rollout_metrics(groups, plan, solve_ratio=solve, wall_s=self._since_last_step()),
+                **replay_metrics(self.replay_stats, started=self.delayed_start.started, k_rollouts=self.K),
                 **mix_metrics,
                 **sync_metrics,
                 M.VERSION: self.version,
@@ -354,62 +339,14 @@ class Driver:
         if not self.evaluation:
             return {}
         scores = self.rollouts.evaluate(prompts=self.evaluation, n=self.cfg.trainer.eval_samples)
-        out = {
-            M.EVAL_ACCURACY: float(np.mean([np.mean(s) for s in scores])),
-            M.EVAL_PASS: float(np.mean([max(s) for s in scores])),
-            M.EVAL_VERSION: self.version,
-        }
-        sources = sorted({p.data_source for p in self.evaluation})
-        if len(sources) > 1:  # e.g. in-distribution and out-of-distribution questions, scored separately
-            for source in sources:
-                mine = [
-                    np.mean(s)
-                    for p, s in zip(self.evaluation, scores, strict=True)
-                    if p.data_source == source
-                ]
-                out[M.EVAL_ACCURACY_SOURCE.format(source=M.metric_safe(source))] = float(np.mean(mine))
-        # per-question Avg@n, in eval order: the paired standard error of a gain between two evaluations
-        self.eval_history.append(
-            {
-                **out,
-                "per_question": [float(np.mean(s)) for s in scores],
-                "sources": [p.data_source for p in self.evaluation],
-            }
-        )
+        out, per_question = eval_metrics(self.evaluation, scores, version=self.version)
+        self.eval_history.append({**out, **per_question})
         return out
 
-    def rollout_metrics(
-        self, groups: Sequence[Group], plan: StepPlan, solve_ratio: float
-    ) -> dict[str, float]:
+    def _since_last_step(self) -> float:
         now = time.perf_counter()
         dt, self._last_step_end = now - self._last_step_end, now
-        fresh = [t for g in groups for t in g.trajectories if not t.replayed]
-        flat = [len({t.reward for t in g.trajectories}) == 1 for g in groups]
-        return {
-            M.MEAN_REWARD: float(np.mean([t.reward for t in fresh])) if fresh else 0.0,
-            M.SOLVE_RATIO: solve_ratio,
-            M.TOKENS: plan.tokens,
-            M.TOKENS_PER_S: plan.tokens / max(dt, 1e-9),
-            M.GROUPS_PER_S: len(groups) / max(dt, 1e-9),
-            M.ZERO_VARIANCE_FRAC: float(np.mean(flat)),
-            M.RESPONSE_LEN: float(np.mean([len(t.response_ids) for t in fresh])) if fresh else 0.0,
-            M.N_FRESH: plan.n_fresh,
-            M.N_REPLAY: plan.n_replay,
-            M.REPLAY_AVAILABLE: plan.available,
-            M.REPLACED: plan.replaced,
-        }
-
-    def replay_metrics(self) -> dict[str, float]:
-        st = self.replay_stats
-        out: dict[str, float] = {
-            M.REPLAY_STARTED: int(self.delayed_start.started),
-            M.REPLAY_SIZE: st.active,
-            M.RETIRED: st.retired,
-            M.TRAJECTORIES: st.trajectories,
-        }
-        for k in range(1, self.K):
-            out[M.REPLAY_BUCKET.format(k=k)] = st.bucket_sizes.get(k, 0)
-        return out
+        return dt
 
     # -- checkpoint state ------------------------------------------------------------------------------
     def drain(self) -> None:
@@ -468,8 +405,3 @@ class Driver:
             )
         self.eval_history = list(state.get("eval_history", []))
         self.replay_stats = self.replay.stats()
-
-
-def _solve_ratio(groups: Sequence[Group]) -> float:
-    rewards = [t.reward for g in groups for t in g.trajectories if not t.replayed]
-    return float(np.mean(rewards)) if rewards else 0.0
