@@ -226,6 +226,30 @@ def interrupted_message(run_dir: Path, *, what: str, step: int) -> str:
     )
 
 
+RESUMED_MODEL = "resumed-model"  # under the run dir: the weights a resumed run's actors start from
+
+
+def pin_model(checkpoint: Path, run_dir: Path) -> Path:
+    """The model files of `checkpoint/model` (weights, config, tokenizer; not the optimiser state) at
+    `<run_dir>/resumed-model`, hard-linked (copied across filesystems), replacing an earlier pin.
+
+    A resumed run's samplers and learners load from here, not from the checkpoint: checkpoint rotation
+    later deletes `checkpoints/step-N`, and every sampler started after that (a replacement, a scale-up)
+    would otherwise find no weights. Hard links cost no space and keep the bytes alive after the rotation.
+    """
+    source = checkpoint / "model"
+    if not source.is_dir():
+        raise FileNotFoundError(f"checkpoint {checkpoint} has no model/ directory")
+    with atomic_path(run_dir / RESUMED_MODEL, directory=True) as tmp:
+        for f in sorted(source.iterdir()):
+            if f.is_file():
+                try:
+                    (tmp / f.name).hardlink_to(f)
+                except OSError:
+                    shutil.copy2(f, tmp / f.name)
+    return run_dir / RESUMED_MODEL
+
+
 def tokenizer_files(model_path: str | Path) -> dict[str, bytes]:
     """The tokenizer files of a model directory, read once: a resumed run's model directory lies inside a
     checkpoint that the run itself later rotates away, so the files must not be read from it again."""

@@ -129,6 +129,7 @@ class TrainingRecipe:
             Checkpointer,
             checkpoint_step,
             fresh_run_dir_check,
+            pin_model,
             resume_checkpoint,
             rewind_metrics,
             tokenizer_files,
@@ -152,10 +153,10 @@ class TrainingRecipe:
                 ckpt.name,
             )
         phases.start(Phase.BASE_MODEL, f"{cfg.model.path} (built once, then cached)")
-        model_path = self.model_path = str(
-            resolve_model(str(ckpt / "model") if ckpt else cfg.model.path, cache_dir=cfg.model.cache_dir)
-        )
-        self.tokenizer = tokenizer_files(model_path)  # read now: a resumed run rotates its checkpoint away
+        # a resumed run starts from its checkpoint's weights, pinned in the run dir: rotation deletes the checkpoint
+        start = str(pin_model(ckpt, run_dir)) if ckpt else cfg.model.path
+        model_path = self.model_path = str(resolve_model(start, cache_dir=cfg.model.cache_dir))
+        self.tokenizer = tokenizer_files(model_path)
         phases.start(Phase.DATA, cfg.data.train)
         self.train_set, self.eval_set = load_prompts(cfg)
         log.info(

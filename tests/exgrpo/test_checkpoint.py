@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,27 @@ def test_interrupted_message_names_checkpoint_and_command(tmp_path):
     assert str(ckpt) in text and f"python -m exgrpo.run --resume {tmp_path}" in text
     assert dead_actor("name: exgrpo-replay-1") == "replay shard exgrpo-replay-1 died"
     assert dead_actor("something else") == "a Ray actor of the run died"
+
+
+def test_a_resumed_runs_model_outlives_the_rotation_of_its_checkpoint(tmp_path):
+    """The weights a resumed run's actors load are pinned in the run dir: a sampler started after checkpoint
+    rotation deleted `checkpoints/step-N` (a replacement, a scale-up) still finds them."""
+    from exgrpo.loop.checkpoint import RESUMED_MODEL, pin_model
+    from exgrpo.models.resolve import check_model_dir
+
+    ckpt = tmp_path / "checkpoints" / "step-000010"
+    (ckpt / "model" / "deepspeed").mkdir(parents=True)
+    files = {"model.safetensors": b"weights", "config.json": b"{}", "tokenizer.json": b"{}"}
+    for name, data in files.items():
+        (ckpt / "model" / name).write_bytes(data)
+    (ckpt / "model" / "deepspeed" / "optim.pt").write_bytes(b"optimiser state")
+    pinned = pin_model(ckpt, tmp_path)
+    assert pinned == tmp_path / RESUMED_MODEL and sorted(p.name for p in pinned.iterdir()) == sorted(files)
+    shutil.rmtree(tmp_path / "checkpoints")  # rotation
+    assert {p.name: p.read_bytes() for p in pinned.iterdir()} == files
+    check_model_dir(pinned)  # what a sampler's start checks
+    (ckpt / "model").mkdir(parents=True)
+    (ckpt / "model" / "model.safetensors").write_bytes(b"newer")
+    assert [p.name for p in pin_model(ckpt, tmp_path).iterdir()] == [
+        "model.safetensors"
+    ]  # a later resume replaces it
