@@ -96,13 +96,18 @@ class TrainingRecipe:
         self.records: list[dict[str, Any]] = []  # what `train` trained (a resumed run: from its checkpoint)
 
     def run(self) -> RunResult:
-        """setup, train, save, the observers' `on_train_end`, cleanup (always) and report (on success).
+        """setup, train, save, the observers' `on_train_end`, cleanup (always, a failed setup too) and report
+        (on success).
 
         A learner or replay shard that dies (`ray.exceptions.RayActorError`) ends the run with
         `RunInterrupted`, whose message names the checkpoint and the resume command. A failed run
         flushes what was logged and writes no report.
         """
-        self.setup()
+        try:
+            self.setup()
+        except BaseException:
+            self.cleanup(failed=True)  # whatever setup started (the actors, the logger) stops with it
+            raise
         failed = True
         try:
             self.train()
@@ -231,12 +236,15 @@ class TrainingRecipe:
         copy_tokenizer(self.tokenizer, self.run_dir / "final")
 
     def cleanup(self, *, failed: bool) -> None:
-        """Close the progress bar, flush the logger of a failed run (TensorBoard, W&B), stop the actors."""
-        self._built(self.progress).close()
-        if failed:
-            self._built(self.logger).close()  # a failed run: flush what was logged; no report
-        self.phases.start(Phase.SHUTDOWN)
-        self._built(self.system).shutdown()
+        """Close the progress bar, flush the logger of a failed run (TensorBoard, W&B), stop the actors
+        (each only if `setup` got as far as building it)."""
+        if self.progress is not None:
+            self.progress.close()
+        if failed and self.logger is not None:
+            self.logger.close()  # a failed run: flush what was logged; no report
+        if self.system is not None:
+            self.phases.start(Phase.SHUTDOWN)
+            self.system.shutdown()
 
     def report(self) -> RunResult:
         """summary.json / summary.txt (printed), plots and report.html as configured; closes the logger."""

@@ -1,0 +1,66 @@
+"""The training recipe's stages in order, with fakes for what `setup` builds (no Ray cluster)."""
+
+from __future__ import annotations
+
+import pytest
+
+from exgrpo.core.config_files import load_config
+from exgrpo.runtime.recipe import TrainingRecipe
+
+
+class _System:
+    def __init__(self) -> None:
+        self.stopped = 0
+
+    def shutdown(self) -> None:
+        self.stopped += 1
+
+
+class _Closing:
+    def __init__(self) -> None:
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def _recipe(tmp_path) -> TrainingRecipe:
+    return TrainingRecipe(load_config(None, [f"logging.run_dir={tmp_path}", "logging.progress=false"]))
+
+
+def test_a_setup_that_fails_after_starting_the_actors_stops_them(tmp_path, monkeypatch):
+    recipe, system, logger = _recipe(tmp_path), _System(), _Closing()
+
+    def setup() -> None:
+        recipe.system, recipe.logger = system, logger  # the actors and the logger are up ...
+        raise OSError("disk full while writing run.json")  # ... and the next part fails
+
+    monkeypatch.setattr(recipe, "setup", setup)
+    monkeypatch.setattr(recipe, "train", lambda: pytest.fail("train after a failed setup"))
+    with pytest.raises(OSError, match="disk full"):
+        recipe.run()
+    assert system.stopped == 1 and logger.closed == 1
+
+
+def test_a_failed_train_stops_the_actors_and_writes_no_report(tmp_path, monkeypatch):
+    recipe, system, logger, progress = _recipe(tmp_path), _System(), _Closing(), _Closing()
+
+    def setup() -> None:
+        recipe.system, recipe.logger, recipe.progress = system, logger, progress
+
+    def train() -> list:
+        raise ValueError("a bug in a step")
+
+    monkeypatch.setattr(recipe, "setup", setup)
+    monkeypatch.setattr(recipe, "train", train)
+    monkeypatch.setattr(recipe, "report", lambda: pytest.fail("a report for a failed run"))
+    with pytest.raises(ValueError, match="a bug in a step"):
+        recipe.run()
+    assert system.stopped == 1 and logger.closed == 1 and progress.closed == 1
+
+
+def test_a_setup_that_fails_before_anything_started_raises_its_own_error(tmp_path, monkeypatch):
+    recipe = _recipe(tmp_path)
+    monkeypatch.setattr(recipe, "setup", lambda: (_ for _ in ()).throw(FileNotFoundError("no such model")))
+    with pytest.raises(FileNotFoundError, match="no such model"):  # not "call setup() first"
+        recipe.run()
