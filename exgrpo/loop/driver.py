@@ -41,7 +41,7 @@ from exgrpo.core.records import (
 )
 from exgrpo.core.roles import Learners, Replay, Rollouts, RunObserver, Scaling, WeightTransport
 from exgrpo.core.selection import fill_replay_slots
-from exgrpo.data.stream import PromptStream
+from exgrpo.data.stream import OutOfQuestions, PromptStream
 from exgrpo.loop.observer import Observer
 from exgrpo.loop.steps import StepPlan, eval_metrics, replay_metrics, rollout_metrics, solve_ratio
 
@@ -108,6 +108,7 @@ class Driver:
         self.owner: dict[int, int] = {}  # request id -> step
         self.eval_history: list[dict[str, Any]] = []  # eval/ metrics + per-question Avg@n and sources
         self.replay_stats = ReplayStats(bucket_sizes={}, active=0, retired=0, trajectories=0, ready=0)
+        self.out_of_work: str | None = None  # why training ended before trainer.steps (no questions left)
         self._last_step_end = time.perf_counter()
 
     # -- the loop --------------------------------------------------------------------------------------
@@ -120,11 +121,20 @@ class Driver:
         while self.step < steps:
             step, t0 = self.step, time.perf_counter()
             self.apply_scaling()
-            while self.next_schedule < steps and self.next_schedule <= self.version + self.eta:
-                self.schedule(self.next_schedule)
-                self.next_schedule += 1
+            try:
+                while self.next_schedule < steps and self.next_schedule <= self.version + self.eta:
+                    self.schedule(self.next_schedule)
+                    self.next_schedule += 1
+            except OutOfQuestions as err:  # train the steps already admitted, then stop
+                steps = self._out_of_work(err, steps=self.next_schedule)
+                if self.step >= steps:
+                    break
             plan = self.wait(step)
-            groups = self.pull(plan)
+            try:
+                groups = self.pull(plan)
+            except OutOfQuestions as err:  # a retired replay question found no fresh replacement
+                self._out_of_work(err, steps=step)
+                break
             t_wait = time.perf_counter()
             groups, t_entropy, mix_metrics = self.mix(groups, step=step)
             solve = solve_ratio([g for g in groups if g.kind == "fresh"])
@@ -342,6 +352,12 @@ class Driver:
         out, per_question = eval_metrics(self.evaluation, scores, version=self.version)
         self.eval_history.append({**out, **per_question})
         return out
+
+    def _out_of_work(self, err: OutOfQuestions, *, steps: int) -> int:
+        """Training ends after `steps` steps (fewer than `trainer.steps`): the data ran out."""
+        self.out_of_work = f"{err}: training ends after {steps} of {self.cfg.trainer.steps} steps"
+        log.warning("%s", self.out_of_work)
+        return steps
 
     def _since_last_step(self) -> float:
         now = time.perf_counter()

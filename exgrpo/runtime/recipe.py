@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ import ray
 from exgrpo.core.config import Config
 from exgrpo.core.roles import RunObserver
 from exgrpo.loop.observer import Observers
-from exgrpo.reporting.console import Phase, Phases, Progress, quiet_libraries
+from exgrpo.reporting.console import PREFIX, Phase, Phases, Progress, quiet_libraries
 from exgrpo.reporting.loggers import CandidateLog, MetricsLogger
 from exgrpo.runtime.assembly import System, build_system
 from exgrpo.runtime.env import init_ray
@@ -226,6 +227,8 @@ class TrainingRecipe:
             )
         self.observers.on_train_start(system=self.system, driver=driver)
         self.records = driver.train()
+        if driver.out_of_work:  # the data ran out: the run still saves, reports and exits 0
+            print(f"{PREFIX} {driver.out_of_work}; saving the final model and the report", file=sys.stderr)
         return self.records
 
     def save(self) -> None:

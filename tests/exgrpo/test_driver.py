@@ -507,3 +507,20 @@ def test_observers_see_every_batch_and_record_and_with_a_trace_check_every_candi
     driver, _, learners, _ = build(cfg, reward, observer=c)
     assert driver.train() == c.records
     assert learners.scored == [] and c.candidates == [] and len(c.batches) == 4
+
+
+def test_running_out_of_questions_ends_training_cleanly_without_a_repeated_question():
+    # 10 questions, B = 8, every rollout correct: step 0's 8 questions all retire (k = K). Step 1 needs 8
+    # distinct questions and only 2 are left, so training ends after step 0 instead of crashing or
+    # repeating a question inside one step.
+    driver, rollouts, learners, shards = build(
+        config("replay.enabled=false"), lambda r, i, v: 1.0, n_prompts=10
+    )
+    records = driver.train()
+    assert [r[M.STEP] for r in records] == [0] and driver.step == 1
+    assert driver.out_of_work == (
+        "only 2 training questions are not retired; a step needs 8 distinct ones: training ends after 1 of 6 steps"
+    )
+    for batch in learners.batches:
+        qids = [g.qid for g in batch.groups]
+        assert len(set(qids)) == len(qids) == B

@@ -1,7 +1,7 @@
 import pytest
 
 from exgrpo.core.records import Prompt
-from exgrpo.data.stream import PromptStream
+from exgrpo.data.stream import OutOfQuestions, PromptStream
 
 
 def _prompts(n):
@@ -31,7 +31,7 @@ def test_retired_questions_skipped_from_next_epoch():
 
 def test_all_retired_fails_loudly():
     s = PromptStream(_prompts(2), seed=0, retired=lambda: frozenset({"q0", "q1"}))
-    with pytest.raises(StopIteration, match="every training question is retired"):
+    with pytest.raises(OutOfQuestions, match="every training question is retired"):
         s.next(1)
 
 
@@ -40,7 +40,31 @@ def test_state_round_trip_continues_identically():
     a.next(5)
     b = PromptStream(_prompts(7), seed=1)
     b.load_state_dict(a.state_dict())
-    assert [p.qid for p in a.next(9)] == [p.qid for p in b.next(9)]
+    assert [p.qid for p in a.next(6)] == [p.qid for p in b.next(6)]  # crosses into the next epoch
+    assert [p.qid for p in a.next(6)] == [p.qid for p in b.next(6)]
+
+
+def test_a_call_never_holds_a_question_twice_across_an_epoch_boundary():
+    for seed in range(20):
+        s = PromptStream(_prompts(5), seed=seed)
+        s.next(3)  # 2 left in this epoch: the next call of 4 crosses into the next one
+        for _ in range(10):
+            got = [p.qid for p in s.next(4)]
+            assert len(set(got)) == 4, (seed, got)
+    # every epoch is still a permutation of the questions, in seeded order
+    s, seen = PromptStream(_prompts(5), seed=0), []
+    for _ in range(5):
+        seen += [p.qid for p in s.next(4)]
+    assert sorted(seen[:5]) == sorted(f"q{i}" for i in range(5))
+
+
+def test_fewer_questions_left_than_a_step_needs():
+    retired = set()
+    s = PromptStream(_prompts(6), seed=0, retired=lambda: frozenset(retired))
+    s.next(6)
+    retired.update({"q0", "q1", "q2"})
+    with pytest.raises(OutOfQuestions, match="only 3 training questions are not retired; a step needs 4"):
+        s.next(4)
 
 
 # --------------------------------------------------------------------------- sources: builtin:<task> or a file
