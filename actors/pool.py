@@ -103,6 +103,17 @@ class SamplerPool:
             if not self._in_flight.get(aid):
                 self._remove(aid)
 
+    def _replace(self, failed: set[int]) -> None:
+        """Remove failed samplers (their requests go back to the front of the queue) and start one new
+        sampler for each that was not draining anyway."""
+        for aid in failed:
+            if aid in self.manager.actor_ids():
+                draining = aid in self._draining
+                self._remove(aid)
+                if not draining:
+                    self.restarts += 1
+                    self._add(1)
+
     def _remove(self, aid: int) -> None:
         handle = self.manager.remove_actor(aid)
         self._draining.discard(aid)
@@ -159,13 +170,7 @@ class SamplerPool:
             else:
                 log.error("sampler %s failed: %s", self._index.get(r.actor_id), r.get())
                 failed.add(r.actor_id)
-        for aid in failed:
-            if aid in self.manager.actor_ids():
-                draining = aid in self._draining
-                self._remove(aid)
-                if not draining:
-                    self.restarts += 1
-                    self._add(1)
+        self._replace(failed)
         self._reap_drained()
         self._dispatch()
         return done
@@ -213,13 +218,7 @@ class SamplerPool:
                     log.error("sampler %s died during evaluation: %s", self._index.get(aid), err)
                     dead.add(aid)
                     todo.append((start, sub))
-            for aid in dead:
-                if aid in self.manager.actor_ids():
-                    draining = aid in self._draining
-                    self._remove(aid)
-                    if not draining:
-                        self.restarts += 1
-                        self._add(1)
+            self._replace(dead)
             self._dispatch()
             if not todo:
                 return [s for start in sorted(scores) for s in scores[start]]
