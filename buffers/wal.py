@@ -33,16 +33,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from exgrpo.core.fileio import fsync_one, fsync_path
+
 MAGIC = b"XWAL"
 HEADER = struct.Struct("<4sIQ")
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _free_space(path: Path) -> str:
@@ -106,7 +100,7 @@ class WriteAheadLog:
             os.fsync(f.fileno())
         self._file = open(path, "ab")  # noqa: SIM115 - held open for appends
         self.bytes = end
-        _fsync_dir(self.dir)
+        fsync_one(self.dir)
         return (self.snap_dir(self.gen) if gens else None), tables
 
     def append(self, table: pa.Table) -> None:
@@ -154,14 +148,11 @@ class WriteAheadLog:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         write_snapshot(tmp)
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        fsync_path(tmp)  # its files, then the directory
         new_log = self.log_path(gen)
         new_log.write_bytes(b"")
         tmp.rename(self.snap_dir(gen))
-        _fsync_dir(self.dir)
+        fsync_one(self.dir)
         self._file.close()
         self._file = open(new_log, "ab")  # noqa: SIM115
         self.gen, self.bytes = gen, 0

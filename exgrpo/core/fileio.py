@@ -32,11 +32,12 @@ def fsync_path(path: Path) -> None:
     if path.is_dir():
         for sub in sorted(path.rglob("*"), key=lambda q: len(q.parts), reverse=True):
             if not sub.is_symlink():
-                _fsync_one(sub)
-    _fsync_one(path)
+                fsync_one(sub)
+    fsync_one(path)
 
 
-def _fsync_one(path: Path) -> None:
+def fsync_one(path: Path) -> None:
+    """fsync one file or directory entry (not what a directory holds)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -88,7 +89,7 @@ def atomic_path(
                     raise
         else:
             _replace_directory(tmp, target)
-        _fsync_one(target.parent)
+        fsync_one(target.parent)
     finally:
         if tmp.exists() or tmp.is_symlink():
             _remove(tmp)
