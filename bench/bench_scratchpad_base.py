@@ -30,15 +30,25 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=200, help="questions per split")
     parser.add_argument("--k", type=int, default=8, help="samples per question")
     parser.add_argument("--cache-dir", default="~/.cache/exgrpo")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (the questions stay the same)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     model = resolve_model(args.model, cache_dir=args.cache_dir)
-    print(json.dumps({"model": str(model), "resolve_s": round(time.perf_counter() - t0, 1)}))
+    print(
+        json.dumps(
+            {
+                "model": str(model),
+                "resolve_s": round(time.perf_counter() - t0, 1),
+                "seed": args.seed,
+                "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            }
+        )
+    )
     task = ScratchpadTask()
     for split in ("train", "val", "eval", "ood-eval"):
         prompts = task.make_split(split=split, n=args.n, seed=0)
-        s = measure_traces(model, prompts, n=args.k)
+        s = measure_traces(model, prompts, n=args.k, seed=args.seed)
         rewards = np.array(s.rewards, dtype=float)  # (questions, K)
         k = rewards.sum(axis=1).astype(int)
         by_len: dict[int, list[float]] = {}

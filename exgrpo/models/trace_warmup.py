@@ -20,7 +20,10 @@ the time, with its errors in the reasoning (a wrong step), not in the format:
 The same spec gives bit-identical weights (fixed seeds and data order; `spec.threads` torch threads
 while training). `measure_traces` samples a model the way the RL samplers do (`HFEngine` at
 temperature 1.0, the project's `Verifier`) and checks every sampled trace with `check_trace`.
-`SCRATCHPAD_BASE` is the spec behind `builtin:scratchpad-base`.
+`SCRATCHPAD_BASE` and `SCRATCHPAD_WEAK` are the recipes of the shipped `builtin:scratchpad-base` and
+`builtin:scratchpad-weak` (`exgrpo.models.shipped`): the weights are deterministic on one machine but
+their bytes depend on the CPU's kernels, so the package carries the built weights and users never
+train them.
 """
 
 from __future__ import annotations
@@ -101,8 +104,7 @@ SCRATCHPAD_BASE = TraceWarmupSpec(
     model=SCRATCHPAD_MODEL, steps=1000, lr=4e-3, batch_size=24, p_propagating=0.15, p_silent=0.25
 )
 # builtin:scratchpad-weak: the same recipe stopped at 700 updates, before the model has learned to add
-# reliably (val ID solve rate 0.099 at T=1, OOD 0.000, k histogram over 100 val questions for K=8:
-# 57/29/5/3/2/2/1/1/0 for k=0..8) - the analogue of the paper's weak Llama base.
+# reliably (the shipped weights: docs/task.md) - the analogue of the paper's weak Llama base.
 SCRATCHPAD_WEAK = dataclasses.replace(SCRATCHPAD_BASE, steps=700)
 
 
