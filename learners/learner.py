@@ -153,7 +153,19 @@ class Learner:
         return (ent.sum(dim=1) / lengths.clamp(min=1)).tolist()
 
     def update(self, *, groups: Sequence[Group], clip: bool, version: int) -> dict[str, float]:
-        """One training step on this rank's whole groups (``learners.update.update``); returns ``learner/*`` metrics."""
+        """One training step on this rank's whole groups (``learners.update.update``); returns ``learner/*`` metrics
+        (with the gradient's split by row origin, ``learners.update.gradient_shares``, every
+        ``learners.grad_share_every`` steps)."""
+        shares = {}
+        if self.cfg.grad_share_every and version % self.cfg.grad_share_every == 0:
+            shares = U.gradient_shares(
+                self.engine.module,
+                groups,
+                loss=self.loss_cfg,
+                max_response_len=self.max_response_len,
+                clip=clip,
+                device=self.device,
+            )
         out = U.update(
             self.engine,
             groups,
@@ -170,9 +182,10 @@ class Learner:
             all_reduce=dist.all_reduce if self.world_size > 1 else None,
             world_size=self.world_size,
             reuse_proximal=self.reuse_proximal,
+            grad_clip=self.cfg.grad_clip,
         )
         self._version = version + 1
-        return out
+        return {**out, **shares}
 
     # ---------------------------------------------------------------- weights
     @contextlib.contextmanager

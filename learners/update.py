@@ -257,7 +257,13 @@ def minibatch_backward(
 
 
 def minibatch_metrics(
-    parts: Sequence[Part], *, constant: bool, entropy_coef: float, grad_norm: float, skipped: bool
+    parts: Sequence[Part],
+    *,
+    constant: bool,
+    entropy_coef: float,
+    grad_norm: float,
+    skipped: bool,
+    grad_clip: float | None = None,
 ) -> dict[str, float]:
     """``learner/*`` metrics of one optimiser step from its micro-batches' (``constant``: the constant
     normaliser, so the policy loss is a row mean; else a token mean)."""
@@ -274,6 +280,7 @@ def minibatch_metrics(
         M.APPROX_KL: weighted([(m["approx_kl"], f) for m, f in fresh]),
         M.GRAD_NORM: grad_norm,
         M.SKIPPED_STEPS: float(skipped),
+        M.CLIPPED_STEPS: float(grad_clip is not None and not skipped and grad_norm > grad_clip),
         M.LEARNER_TOKENS: float(sum(t for _, _, t in parts)),
     }
 
@@ -282,6 +289,7 @@ def update_metrics(history: Sequence[dict[str, float]]) -> dict[str, float]:
     """The update's metrics: the mean over its optimiser steps (NaN-aware); skipped steps and tokens summed."""
     out = {k: weighted([(h[k], 1.0) for h in history]) for k in history[0]}
     out[M.SKIPPED_STEPS] = sum(h[M.SKIPPED_STEPS] for h in history)
+    out[M.CLIPPED_STEPS] = sum(h[M.CLIPPED_STEPS] for h in history)
     out[M.LEARNER_TOKENS] = sum(h[M.LEARNER_TOKENS] for h in history)
     return out
 
@@ -303,6 +311,7 @@ def update(
     all_reduce: Callable[[Tensor], object] | None = None,
     world_size: int = 1,
     reuse_proximal: bool = True,
+    grad_clip: float | None = None,
 ) -> dict[str, float]:
     """One ExGRPO update of this process's whole groups; returns ``learner/*`` metrics.
 
@@ -311,7 +320,8 @@ def update(
     step: (grad norm, skipped)), optionally ``boundary(last)`` before each micro-batch's forward,
     ``all_reduce`` (sums a tensor over ranks, when ``world_size`` > 1) and ``proximal_pass(rows, r_max)``
     ((N, R) no-grad log-probs; default ``per_token`` over ``micro_slices``). ``reuse_proximal=False``
-    always runs the no-grad pass (tests compare the two paths)."""
+    always runs the no-grad pass (tests compare the two paths). ``grad_clip``: the caller's clip threshold,
+    to count the optimiser steps it scaled down (``learner/clipped_steps``)."""
     start = time.perf_counter()
     if not groups or len(groups) % minibatches:
         raise ValueError(
@@ -357,8 +367,81 @@ def update(
                 entropy_coef=loss.entropy_coef,
                 grad_norm=grad_norm,
                 skipped=skipped,
+                grad_clip=grad_clip,
             )
         )
     out = update_metrics(history)
     out[M.LEARNER_UPDATE_TIME] = time.perf_counter() - start
+    return out
+
+
+GRAD_PARTS = (
+    ("stored", M.GRAD_NORM_STORED, M.GRAD_SHARE_STORED),
+    ("replay_fresh", M.GRAD_NORM_REPLAY_FRESH, M.GRAD_SHARE_REPLAY_FRESH),
+    ("fresh", M.GRAD_NORM_FRESH, M.GRAD_SHARE_FRESH),
+)
+
+
+def gradient_shares(
+    model: torch.nn.Module,
+    groups: Sequence[Group],
+    *,
+    loss: LossConfig,
+    max_response_len: int,
+    clip: bool,
+    device: torch.device,
+) -> dict[str, float]:
+    """Where the update's policy gradient comes from (a diagnostic; no optimiser state or ``.grad`` touched).
+
+    The rows split three ways: the stored trajectories in slot 0 of replay groups (``stored``), the fresh
+    rollouts of replay groups (``replay_fresh``) and the rollouts of fresh groups (``fresh``). The policy
+    loss is linear in the advantages token by token (the clipped and shaped surrogates too), so with the
+    other rows' advantages set to 0 each part's gradient g_p is its exact contribution to the update's
+    policy gradient g = sum_p g_p (the same normaliser; the entropy bonus left out). Returns each part's
+    norm |g_p| and its share <g_p, g> / |g|^2 of the gradient along g (the shares sum to 1). One forward,
+    three backwards (``torch.autograd.grad``), at the weights the update starts from."""
+    rows, bounds = build_rows(groups, std_normalize=loss.std_normalize)
+    in_replay_group = torch.zeros(len(rows), dtype=torch.bool)  # (N,)
+    for g, lo, hi in zip(groups, bounds[:-1], bounds[1:], strict=True):
+        in_replay_group[lo:hi] = g.kind == "replay"
+    r_max = max(max(len(r.response_ids) for r in rows), 1)
+    params = [p for p in model.parameters() if p.requires_grad]
+    enc = encode(rows, r_max, device)
+    logp = token_logprobs(response_logits(model, enc), enc.tokens)  # (N, R)
+    replayed = torch.tensor([r.replayed for r in rows], device=device)  # (N,)
+    behaviour = pad([r.behaviour for r in rows], r_max).to(device)  # (N, R)
+    old = torch.where(replayed.unsqueeze(1), behaviour, logp.detach())  # (N, R)
+    advantages = torch.tensor([r.advantage for r in rows], device=device)  # (N,)
+    masks = {
+        "stored": replayed.cpu(),
+        "replay_fresh": in_replay_group & ~replayed.cpu(),
+        "fresh": ~in_replay_group,
+    }
+    flat: dict[str, Tensor] = {}
+    for name, _, _ in GRAD_PARTS:
+        value, _ = exgrpo_loss(
+            logp=logp,
+            old_logp=old,
+            advantages=advantages * masks[name].to(device).float(),
+            response_mask=enc.mask,
+            replayed=replayed,
+            clip=clip,
+            clip_eps=loss.clip_eps,
+            beta=loss.beta,
+            norm_len=max_response_len if loss.norm == "constant" else None,
+            shaping=loss.policy_shaping,
+        )
+        grads = torch.autograd.grad(value, params, retain_graph=True, allow_unused=True)
+        flat[name] = torch.cat(
+            [
+                (gr if gr is not None else torch.zeros_like(p)).reshape(-1).double()
+                for gr, p in zip(grads, params, strict=True)
+            ]
+        )
+    total = sum(flat.values())  # (P,)
+    total_sq = float(total @ total)
+    out = {M.GRAD_NORM_PG: total_sq**0.5}
+    for name, norm_key, share_key in GRAD_PARTS:
+        out[norm_key] = float(flat[name].norm())
+        out[share_key] = float(flat[name] @ total) / total_sq if total_sq > 0 else math.nan
     return out

@@ -54,6 +54,9 @@ class DataConfig:
     fresh_take: FreshTake = (
         "batch"  # batch: B fresh questions per step, the first B - n_replay used (official)
     )
+    fresh_per_step: int | None = (
+        None  # at most this many fresh questions per step (None = B - replayed); the stream then takes this many per step
+    )
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,12 @@ class ReplayConfig:
     question_selection: Literal["gaussian", "uniform"] = "gaussian"  # bucket weighting (ablation: uniform)
     trajectory_selection: Literal["lowest_entropy", "highest_entropy", "random"] = "lowest_entropy"
     max_trajectories_per_question: int = 8  # stored correct trajectories per question (oldest evicted)
+    replay_trajectories: bool = (
+        True  # False: a replayed question gets K fresh rollouts, no stored one (the curriculum alone)
+    )
+    max_age: int | None = (
+        None  # a stored trajectory older than this many policy versions is not replayed (None = any age)
+    )
     wal: bool = (
         True  # shards fsync a log of their calls (<run_dir>/replay-wal), replayed when Ray restarts one
     )
@@ -102,6 +111,9 @@ class LearnerConfig:
     grad_clip: float = 1.0  # clip the global gradient norm to this
     skip_grad_norm: float = 500.0  # skip the step when the grad norm is non-finite or above this
     minibatches: int = 1  # optimizer steps per training step (the paper uses 2)
+    grad_share_every: int = (
+        0  # every N steps, measure the gradient of stored, replay-fresh and fresh rows apart (0 = off)
+    )
     micro_batch_size: int = 16  # sequences per forward/backward pass
 
 
@@ -293,6 +305,24 @@ def validate(cfg: Config) -> None:
         (
             0.0 <= r.rho <= 1.0,
             f"replay.rho={r.rho} must lie in [0, 1] (0.5 = half of each batch from replay)",
+        ),
+        (
+            cfg.data.fresh_per_step is None or 1 <= cfg.data.fresh_per_step <= t.questions_per_step,
+            f"data.fresh_per_step={cfg.data.fresh_per_step} must lie in [1, trainer.questions_per_step="
+            f"{t.questions_per_step}] (or null: the batch's questions not drawn from replay)",
+        ),
+        (
+            r.max_age is None or r.max_age >= 0,
+            f"replay.max_age={r.max_age} must be >= 0 policy versions (or null for any age)",
+        ),
+        (
+            lr.grad_share_every >= 0,
+            f"learners.grad_share_every={lr.grad_share_every} must be >= 0 (0 = off)",
+        ),
+        (
+            lr.grad_share_every == 0 or lr.zero_stage < 3,
+            "learners.grad_share_every needs whole parameters on each rank: use learners.zero_stage <= 2 "
+            "or set it to 0",
         ),
         (
             0.0 <= r.start_solve_ratio <= 1.0,

@@ -23,6 +23,9 @@ RESPONSE_LEN = "rollout/response_len"  # mean response length (tokens) in the ba
 ZERO_VARIANCE_FRAC = (
     "rollout/zero_variance_frac"  # fraction of groups whose rewards are all equal (no signal)
 )
+FRESH_ZERO_VARIANCE_FRAC = (
+    "rollout/fresh_zero_variance_frac"  # the same over fresh groups only (what new data offers)
+)
 # replay/
 REPLAY_STARTED = "replay/started"  # 1 once the delayed start has switched replay on
 REPLAY_SIZE = "replay/size"  # questions that can be replayed (bucket 1..K-1 with a stored trajectory)
@@ -45,6 +48,19 @@ RATIO_REPLAY = "learner/ratio_replay"  # mean importance ratio on replayed token
 APPROX_KL = "learner/approx_kl"  # approximate KL(old || new) on fresh tokens
 GRAD_NORM = "learner/grad_norm"  # gradient norm before clipping
 SKIPPED_STEPS = "learner/skipped_steps"  # optimiser steps skipped (non-finite or huge grad norm)
+CLIPPED_STEPS = (
+    "learner/clipped_steps"  # optimiser steps whose grad norm exceeded learners.grad_clip (scaled down)
+)
+# learner/ diagnostics every learners.grad_share_every steps: the policy gradient split by row origin
+GRAD_NORM_PG = "learner/grad_norm_pg"  # norm of the policy-gradient part alone (no entropy bonus)
+GRAD_NORM_STORED = "learner/grad_norm_stored"  # ... of the stored trajectories in slot 0 of replay groups
+GRAD_NORM_REPLAY_FRESH = "learner/grad_norm_replay_fresh"  # ... of the fresh rollouts of replay groups
+GRAD_NORM_FRESH = "learner/grad_norm_fresh"  # ... of the rollouts of fresh groups
+GRAD_SHARE_STORED = "learner/grad_share_stored"  # <g_stored, g> / |g|^2: its share of the gradient along g
+GRAD_SHARE_REPLAY_FRESH = (
+    "learner/grad_share_replay_fresh"  # the same for the fresh rollouts of replay groups
+)
+GRAD_SHARE_FRESH = "learner/grad_share_fresh"  # the same for fresh groups (the three shares sum to 1)
 LEARNER_TOKENS = "learner/tokens"  # trained response tokens (summed over ranks)
 LEARNER_UPDATE_TIME = "learner/update_time_s"  # a rank's time inside update
 # system/

@@ -58,6 +58,44 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
         ["model.path=builtin:scratchpad-weak", "replay.enabled=false"],
         "GRPO on the weak base model",
     ),
+    # why replay hurts: one change at a time, each against grpo on the same seeds
+    "questions-only": (
+        ["replay.replay_trajectories=false"],
+        "replay the chosen questions with K fresh rollouts, no stored trajectory (the curriculum alone)",
+    ),
+    "age-2": (
+        ["replay.max_age=2"],
+        "stored trajectories at most 2 policy versions old (else K fresh rollouts)",
+    ),
+    "beta-1": (["loss.beta=1.0"], "policy shaping f(w) = w/(w+1) instead of beta = 0.1"),
+    "exgrpo-clip-official": (
+        ["learners.grad_clip=0.015625", "learners.skip_grad_norm=7.8125"],
+        "ExGRPO with grad clip 1.0 and skip 500 in the official units (x 1/64, like the entropy coefficient)",
+    ),
+    "grpo-clip-official": (
+        ["replay.enabled=false", "learners.grad_clip=0.015625", "learners.skip_grad_norm=7.8125"],
+        "GRPO with the same rescaled clip and skip thresholds",
+    ),
+    # where replay might pay
+    "equal-fresh": (
+        ["trainer.questions_per_step=16", "data.fresh_per_step=8"],
+        "ExGRPO with grpo's 8 fresh questions per step plus up to 8 replayed (equal fresh data, 2x batch)",
+    ),
+}
+# every run also measures where its gradient comes from (learners.update.gradient_shares; no effect on training)
+DIAGNOSTICS = ["learners.grad_share_every=5"]
+# per-step series kept in results.json (the mechanism's curves)
+SERIES = {
+    "zero_var": "rollout/zero_variance_frac",
+    "fresh_zero_var": "rollout/fresh_zero_variance_frac",
+    "train_reward": "rollout/mean_reward",
+    "entropy": "learner/entropy",
+    "grad_norm": "learner/grad_norm",
+    "clipped": "learner/clipped_steps",
+    "n_replay": "replay/n_replay",
+    "share_stored": "learner/grad_share_stored",
+    "share_replay_fresh": "learner/grad_share_replay_fresh",
+    "share_fresh": "learner/grad_share_fresh",
 }
 # (a, b): report a - b per seed; ablations are compared with full ExGRPO
 PAIRS = [
@@ -69,6 +107,13 @@ PAIRS = [
     ("exgrpo", "rho-0.25"),
     ("exgrpo", "rho-0.75"),
     ("exgrpo-weak", "grpo-weak"),
+    ("questions-only", "grpo"),
+    ("questions-only", "exgrpo"),
+    ("age-2", "grpo"),
+    ("beta-1", "grpo"),
+    ("exgrpo-clip-official", "grpo-clip-official"),
+    ("grpo-clip-official", "grpo"),
+    ("equal-fresh", "grpo"),
 ]
 
 
@@ -78,6 +123,7 @@ def run_one(name: str, seed: int, overrides: list[str], out: Path) -> dict[str, 
 
     run_dir = out / f"{name}-seed{seed}"
     every = [
+        *DIAGNOSTICS,
         *overrides,
         *VARIANTS[name][0],
         f"trainer.seed={seed}",
@@ -110,6 +156,11 @@ def run_one(name: str, seed: int, overrides: list[str], out: Path) -> dict[str, 
         "replay_groups": int(sum(r.get("replay/n_replay", 0) for r in records)),
         "chosen_valid_frac": float(np.mean(chosen)) if chosen else None,
         "final_reward": records[-1].get("rollout/mean_reward"),
+        "series": {
+            name: [r.get(key) for r in records]
+            for name, key in SERIES.items()
+            if any(key in r for r in records)
+        },
         "retired": records[-1].get("replay/retired"),
     }
 
@@ -189,6 +240,7 @@ def format_report(results: list[dict[str, Any]]) -> str:
             m, se, _ = paired(d)
             cells.append(f"{m:+.3f} ± {se:.3f}")
         lines.append(f"| {a} − {b} | {len(seeds)} | " + " | ".join(cells) + f" | {np.mean(budgets):.0f} |")
+    lines += ["", *mechanism_table(results)]
     lines += [
         "",
         "## Per run",
@@ -204,6 +256,44 @@ def format_report(results: list[dict[str, Any]]) -> str:
             f"{c['id']:.3f} | {c['ood']:.3f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _series_mean(run: dict[str, Any], name: str, *, last: int | None = None) -> float:
+    """NaN-aware mean of one per-step series of a run (over its last `last` steps when given)."""
+    values = [v for v in run.get("series", {}).get(name, []) if v is not None]
+    values = values[-last:] if last else values
+    finite = [float(v) for v in values if np.isfinite(float(v))]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
+MECHANISM = (  # (series, over the last N steps or None = all, column)
+    ("fresh_zero_var", None, "fresh zero-var"),
+    ("zero_var", None, "batch zero-var"),
+    ("train_reward", 20, "train reward, last 20"),
+    ("entropy", 20, "entropy, last 20"),
+    ("grad_norm", None, "grad norm"),
+    ("clipped", None, "clipped steps"),
+    ("share_stored", None, "grad share: stored"),
+    ("share_replay_fresh", None, "replay-fresh"),
+    ("share_fresh", None, "fresh"),
+)
+
+
+def mechanism_table(results: list[dict[str, Any]]) -> list[str]:
+    """Per variant, the mean over seeds of each run's mean of the mechanism series (NaN-aware)."""
+    lines = [
+        "## Mechanism: per-step series, mean over steps then over seeds",
+        "",
+        "| variant | seeds | " + " | ".join(c for _, _, c in MECHANISM) + " |",
+        "|---|---|" + "---|" * len(MECHANISM),
+    ]
+    for v, runs in _by(results).items():
+        cells = []
+        for name, last, _ in MECHANISM:
+            vals = [x for x in (_series_mean(r, name, last=last) for r in runs.values()) if np.isfinite(x)]
+            cells.append(f"{np.mean(vals):.3f}" if vals else "-")
+        lines.append(f"| {v} | {len(runs)} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:

@@ -6,7 +6,8 @@ Per step t:
      admission control; nothing stale is dropped, admission is paced instead);
   2. schedule: after the delayed start, n_replay = min(floor(rho * B), replayable questions) are
      drawn from replay (K - 1 fresh rollouts each; the request carries the question's stored
-     candidates), the rest are fresh questions (K rollouts);
+     candidates; `replay.replay_trajectories=false` or `replay.max_age` with no young enough candidate:
+     K fresh rollouts of the replayed question instead), the rest are fresh questions (K rollouts);
   3. wait for step t's requests, pull their groups by request id; a replay request whose question
      retired in flight is re-issued as a fresh request (a retired question is never replayed);
   4. put each replayed question's stored trajectory with the lowest entropy under the current
@@ -208,12 +209,14 @@ class Driver:
         # official stream: B questions every step, the first B - n_replay used, so an epoch lasts the
         # same number of steps with or without replay ("batch"); "needed" draws only B - n_replay
         take = self.B if self.cfg.data.fresh_take == "batch" else self.B - len(picks)
-        fresh = self.stream.next(take)[: self.B - len(picks)]
+        room = self.B - len(picks)
+        if (
+            self.cfg.data.fresh_per_step is not None
+        ):  # equal fresh data: the rest of the batch is replay or nothing
+            take, room = self.cfg.data.fresh_per_step, min(room, self.cfg.data.fresh_per_step)
+        fresh = self.stream.next(take)[:room]
         requests = [self._request(p, kind="fresh", n=self.K) for p in fresh]
-        requests += [
-            self._request(self.prompts[p.qid], kind="replay", n=self.K - 1, candidates=p.candidates)
-            for p in picks
-        ]
+        requests += [self._replay_request(p) for p in picks]
         plan = StepPlan(
             step=step,
             admitted_version=self.version,
@@ -225,6 +228,18 @@ class Driver:
         self.plans[step] = plan
         self._submit(plan, requests)
         return plan
+
+    def _replay_request(self, pick: ReplayPick) -> GenerationRequest:
+        """K - 1 fresh rollouts plus a stored trajectory in slot 0; with `replay.replay_trajectories=false`,
+        or when `replay.max_age` leaves no stored trajectory young enough (age = the admitting version minus
+        the version that sampled it), the question is revisited with K fresh rollouts instead."""
+        r = self.cfg.replay
+        candidates = pick.candidates
+        if r.max_age is not None:
+            candidates = tuple(c for c in candidates if self.version - c.policy_version <= r.max_age)
+        if not r.replay_trajectories or not candidates:
+            return self._request(self.prompts[pick.qid], kind="fresh", n=self.K)
+        return self._request(self.prompts[pick.qid], kind="replay", n=self.K - 1, candidates=candidates)
 
     def _request(self, prompt: Prompt, *, kind: str, n: int, candidates: tuple = ()) -> GenerationRequest:
         self.next_request_id += 1

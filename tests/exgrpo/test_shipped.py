@@ -47,7 +47,9 @@ def test_a_damaged_copy_fails_loudly_naming_the_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["scratchpad-base", "scratchpad-weak"])
-def test_the_shipped_record_is_the_recipe_and_the_tokenizer_is_the_projects(name: str, tmp_path: Path) -> None:
+def test_the_shipped_record_is_the_recipe_and_the_tokenizer_is_the_projects(
+    name: str, tmp_path: Path
+) -> None:
     shipped = MANIFEST[name]
     record = json.loads((shipped_model(name) / RECORD_NAME).read_text())
     assert record["spec"] == json.loads(json.dumps(dataclasses.asdict(shipped.recipe)))

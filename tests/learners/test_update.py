@@ -208,3 +208,39 @@ def test_device_check_runs_the_shared_update():
     assert called & loss_parts == set()
     defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
     assert defined & {"_rows", "_response_logits", "_chunks"} == set()
+
+
+def test_gradient_shares_split_the_policy_gradient_exactly(model_path):
+    """stored + replay-fresh + fresh gradients add up to the update's policy gradient (entropy off)."""
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    groups = _groups(0)
+    loss = LossConfig(norm="constant", entropy_coef=0.0)
+    shares = U.gradient_shares(
+        model, groups, loss=loss, max_response_len=8, clip=False, device=torch.device("cpu")
+    )
+    assert all(p.grad is None for p in model.parameters())  # nothing accumulated
+    U.update(
+        model,
+        groups,
+        loss=loss,
+        minibatches=1,
+        max_response_len=8,
+        clip=False,
+        device=torch.device("cpu"),
+        micro_slices=lambda n: U.chunks(n, 5),
+        backward=lambda objective: objective.backward(),
+        step=lambda: (0.0, False),  # keep the accumulated gradient, take no step
+    )
+    full = torch.cat([p.grad.reshape(-1).double() for p in model.parameters()])
+    assert shares[M.GRAD_NORM_PG] == pytest.approx(float(full.norm()), rel=1e-5)
+    parts = (M.GRAD_SHARE_STORED, M.GRAD_SHARE_REPLAY_FRESH, M.GRAD_SHARE_FRESH)
+    assert sum(shares[k] for k in parts) == pytest.approx(1.0, abs=1e-9)
+    assert (
+        shares[M.GRAD_NORM_STORED] > 0
+        and shares[M.GRAD_NORM_REPLAY_FRESH] > 0
+        and shares[M.GRAD_NORM_FRESH] > 0
+    )
+    fresh_only = U.gradient_shares(
+        model, groups[1:], loss=loss, max_response_len=8, clip=True, device=torch.device("cpu")
+    )
+    assert fresh_only[M.GRAD_NORM_STORED] == 0.0 and fresh_only[M.GRAD_SHARE_FRESH] == pytest.approx(1.0)
