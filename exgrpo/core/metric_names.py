@@ -83,7 +83,21 @@ EVAL_VERSION = "eval/version"  # policy version the evaluation used
 EVAL_ACCURACY_SOURCE = "eval/accuracy_{source}"  # Avg@n per data_source when the eval set has several
 
 # keys present only in some records (evaluation steps; batches with replay groups and a process check)
-OPTIONAL_KEYS = frozenset({EVAL_ACCURACY, EVAL_PASS, EVAL_VERSION, CHOSEN_VALID, CANDIDATES_VALID})
+GRAD_SHARE_KEYS = frozenset(
+    {
+        GRAD_NORM_PG,
+        GRAD_NORM_STORED,
+        GRAD_NORM_REPLAY_FRESH,
+        GRAD_NORM_FRESH,
+        GRAD_SHARE_STORED,
+        GRAD_SHARE_REPLAY_FRESH,
+        GRAD_SHARE_FRESH,
+    }
+)
+# keys only some records carry: evaluations, process checks, the gradient split (learners.grad_share_every)
+OPTIONAL_KEYS = (
+    frozenset({EVAL_ACCURACY, EVAL_PASS, EVAL_VERSION, CHOSEN_VALID, CANDIDATES_VALID}) | GRAD_SHARE_KEYS
+)
 
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
 

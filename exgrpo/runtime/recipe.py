@@ -158,7 +158,7 @@ class TrainingRecipe:
                 dropped,
                 ckpt.name,
             )
-        phases.start(Phase.BASE_MODEL, f"{cfg.model.path} (built once, then cached)")
+        phases.start(Phase.BASE_MODEL, cfg.model.path)
         # a resumed run starts from its checkpoint's weights, pinned in the run dir: rotation deletes the checkpoint
         start = str(pin_model(ckpt, run_dir)) if ckpt else cfg.model.path
         model_path = self.model_path = str(resolve_model(start, cache_dir=cfg.model.cache_dir))
