@@ -15,7 +15,9 @@ in-distribution (ID) and out-of-distribution (OOD) separately.
 Outputs in --out: results.json (one record per run: variant, seed, overrides, run directory, wall
 time and its curve of accuracy by learner step and by generated tokens; resumable and re-runnable
 per seed), table.md (mean +- std over seeds; paired differences with their standard errors at
-equal learner steps and at equal generated tokens), curves.png.
+equal learner steps and at equal generated tokens; the mechanism table: per-step series such as the fresh
+zero-variance share, entropy, clipped steps and the gradient's split by row origin), curves.png and
+mechanism.png (those series by step).
 """
 
 from __future__ import annotations
@@ -323,6 +325,42 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_mechanism(results: list[dict[str, Any]], path: Path, *, window: int = 10) -> None:
+    """Per variant, the mean over seeds of each mechanism series by step (moving average of `window` steps)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (
+        ("fresh_zero_var", "fresh zero-variance groups"),
+        ("entropy", "token entropy"),
+        ("train_reward", "fresh train reward"),
+    )
+    fig, axes = plt.subplots(1, len(panels), figsize=(15, 4))
+    for ax, (name, label) in zip(axes, panels, strict=True):
+        for v, runs in _by(results).items():
+            rows = [
+                [np.nan if x is None else float(x) for x in r.get("series", {}).get(name, [])]
+                for r in runs.values()
+            ]
+            rows = [row for row in rows if row]
+            if not rows:
+                continue
+            n = min(len(row) for row in rows)
+            mean = np.nanmean(np.array([row[:n] for row in rows]), axis=0)  # (steps,)
+            smooth = np.convolve(
+                np.nan_to_num(mean, nan=np.nanmean(mean)), np.ones(window) / window, mode="valid"
+            )
+            ax.plot(np.arange(len(smooth)) + window, smooth, label=v)
+        ax.set_xlabel("learner step")
+        ax.set_ylabel(f"{label} (mean over seeds, {window}-step average)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m exgrpo.experiments.compare", description=__doc__.split("\n")[0]
@@ -357,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
                 (out / "table.md").write_text(format_report(results))
     (out / "table.md").write_text(format_report(results))
     plot(results, out / "curves.png")
+    if any(r.get("series") for r in results):
+        plot_mechanism(results, out / "mechanism.png")
     print(format_report(results))
     print(f"sweep wall time this invocation: {time.perf_counter() - t0:.0f} s")
     return 0
