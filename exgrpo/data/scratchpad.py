@@ -404,6 +404,10 @@ SCRATCHPAD_TASKS = {
         seed=seed, splits=("val", "ood-val"), name="scratchpad-val-all"
     ),
     "scratchpad": ScratchpadTask,
+    # a hard training distribution: 4-digit questions only (the base solves ~12% of them, so most fresh
+    # groups are all wrong: the regime where revisiting solved questions might pay); train with it and
+    # evaluate on builtin:scratchpad-val-all / -heldout
+    "scratchpad-4digit": lambda seed=0: ScratchpadTask(seed=seed, id_digits=(4, 4), name="scratchpad-4digit"),
     "scratchpad-val": lambda seed=0: ScratchpadView(seed=seed, eval_split="val", name="scratchpad-val"),
     "scratchpad-ood": lambda seed=0: ScratchpadView(seed=seed, eval_split="ood-eval", name="scratchpad-ood"),
     "scratchpad-ood-val": lambda seed=0: ScratchpadView(
