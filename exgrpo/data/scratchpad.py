@@ -408,6 +408,18 @@ SCRATCHPAD_TASKS = {
     # groups are all wrong: the regime where revisiting solved questions might pay); train with it and
     # evaluate on builtin:scratchpad-val-all / -heldout
     "scratchpad-4digit": lambda seed=0: ScratchpadTask(seed=seed, id_digits=(4, 4), name="scratchpad-4digit"),
+    # its held-out questions: 4-digit ID and 4-digit OOD (carry chains), final numbers / choosing settings
+    "scratchpad-4digit-heldout": lambda seed=0: ScratchpadHeldOut(
+        seed=seed,
+        task=ScratchpadTask(id_digits=(4, 4), name="scratchpad-4digit"),
+        name="scratchpad-4digit-heldout",
+    ),
+    "scratchpad-4digit-val-all": lambda seed=0: ScratchpadHeldOut(
+        seed=seed,
+        splits=("val", "ood-val"),
+        task=ScratchpadTask(id_digits=(4, 4), name="scratchpad-4digit"),
+        name="scratchpad-4digit-val-all",
+    ),
     "scratchpad-val": lambda seed=0: ScratchpadView(seed=seed, eval_split="val", name="scratchpad-val"),
     "scratchpad-ood": lambda seed=0: ScratchpadView(seed=seed, eval_split="ood-eval", name="scratchpad-ood"),
     "scratchpad-ood-val": lambda seed=0: ScratchpadView(

@@ -55,13 +55,19 @@ def _score(model: Path, prompts: list[Prompt], *, n: int, temperature: float) ->
 
 
 def probe_run(
-    run: dict[str, Any], *, replayed: list[str], n: int, temperatures: list[float], num: int
+    run: dict[str, Any],
+    *,
+    replayed: list[str],
+    n: int,
+    temperatures: list[float],
+    num: int,
+    eval_spec: str = "",
 ) -> dict:
     from exgrpo.core.config_files import load_config
     from exgrpo.data.sources import load_prompts
 
     run_dir = Path(run["run_dir"])
-    cfg = load_config(str(run_dir / "config.yaml"))
+    cfg = load_config(str(run_dir / "config.yaml"), [f"data.eval={eval_spec}"] if eval_spec else [])
     train, evaluation = load_prompts(cfg)
     by_qid = {p.qid: p for p in train}
     chosen = [by_qid[q] for q in replayed if q in by_qid][:num]
@@ -128,12 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=4, help="samples per question")
     parser.add_argument("--temperatures", nargs="+", type=float, default=[1.0, 0.6])
     parser.add_argument("--num", type=int, default=100, help="replayed (and fresh-seen) questions probed")
+    parser.add_argument(
+        "--eval", default="", help="score these held-out questions instead of the run's data.eval"
+    )
+    parser.add_argument("--name", default="probe", help="output files: <sweep>/<name>.json and <name>.md")
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
     results = json.loads((args.sweep / "results.json").read_text())
-    path = args.sweep / "probe.json"
+    path = args.sweep / f"{args.name}.json"
     records: list[dict[str, Any]] = json.loads(path.read_text()) if path.exists() else []
     done = {(r["variant"], r["seed"]) for r in records}
     replayed = {r["seed"]: _replayed_qids(Path(r["run_dir"])) for r in results if r["variant"] == "exgrpo"}
@@ -152,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         path.write_text(json.dumps(records, indent=1))
-    (args.sweep / "probe.md").write_text(format_probe(records))
+    (args.sweep / f"{args.name}.md").write_text(format_probe(records))
     print(format_probe(records))
     return 0
 
