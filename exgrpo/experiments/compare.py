@@ -158,13 +158,29 @@ def run_one(name: str, seed: int, overrides: list[str], out: Path) -> dict[str, 
         "replay_groups": int(sum(r.get("replay/n_replay", 0) for r in records)),
         "chosen_valid_frac": float(np.mean(chosen)) if chosen else None,
         "final_reward": records[-1].get("rollout/mean_reward"),
-        "series": {
-            name: [r.get(key) for r in records]
-            for name, key in SERIES.items()
-            if any(key in r for r in records)
-        },
+        "series": series_of(records),
         "retired": records[-1].get("replay/retired"),
     }
+
+
+def series_of(records: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """The SERIES of a run's step records (those it logged). A run logged before the fresh-only zero-variance
+    metric existed gets it only if it never replayed (then it equals the batch's share)."""
+    fresh, batch = SERIES["fresh_zero_var"], SERIES["zero_var"]
+    if not any(fresh in r or r.get("replay/n_replay") for r in records):
+        records = [{**r, fresh: r[batch]} if batch in r else r for r in records]
+    return {
+        name: [r.get(key) for r in records] for name, key in SERIES.items() if any(key in r for r in records)
+    }
+
+
+def backfill_series(results: list[dict[str, Any]]) -> None:
+    """Runs recorded without series (an older sweep) get them from their run directory's metrics.jsonl."""
+    for r in results:
+        path = Path(r.get("run_dir", "")) / "metrics.jsonl"
+        if not r.get("series") and path.is_file():
+            records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            r["series"] = series_of(records)
 
 
 # -- aggregation ----------------------------------------------------------------------------------------
@@ -378,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.json"
     results: list[dict[str, Any]] = json.loads(results_path.read_text()) if results_path.exists() else []
+    backfill_series(results)
     t0 = time.perf_counter()
     if not args.report:
         from exgrpo.core.config_files import load_config
