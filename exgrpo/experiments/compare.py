@@ -349,9 +349,9 @@ def plot_mechanism(results: list[dict[str, Any]], path: Path, *, window: int = 1
     import matplotlib.pyplot as plt
 
     panels = (
-        ("fresh_zero_var", "fresh zero-variance groups"),
+        ("fresh_zero_var", "zero-variance share of fresh groups"),
         ("entropy", "token entropy"),
-        ("train_reward", "fresh train reward"),
+        ("train_reward", "reward of fresh rollouts (replay groups' too)"),
     )
     fig, axes = plt.subplots(1, len(panels), figsize=(15, 4))
     for ax, (name, label) in zip(axes, panels, strict=True):
@@ -370,7 +370,8 @@ def plot_mechanism(results: list[dict[str, Any]], path: Path, *, window: int = 1
             )
             ax.plot(np.arange(len(smooth)) + window, smooth, label=v)
         ax.set_xlabel("learner step")
-        ax.set_ylabel(f"{label} (mean over seeds, {window}-step average)")
+        ax.set_title(label, fontsize=9)
+        ax.set_ylabel(f"mean over seeds, {window}-step average", fontsize=8)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
