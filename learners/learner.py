@@ -33,6 +33,7 @@ from exgrpo.core.config import LearnerConfig, LossConfig
 from exgrpo.core.records import Group, ReplayCandidate
 from exgrpo.transport.packed import PackedWeights, Packer
 from learners import update as U
+from learners.diagnostics import gradient_shares
 from learners.optim import deepspeed_config, make_optimizer
 
 DEFAULT_TORCH_EXTENSIONS_DIR = "~/.cache/exgrpo/torch_extensions"
@@ -154,11 +155,11 @@ class Learner:
 
     def update(self, *, groups: Sequence[Group], clip: bool, version: int) -> dict[str, float]:
         """One training step on this rank's whole groups (``learners.update.update``); returns ``learner/*`` metrics
-        (with the gradient's split by row origin, ``learners.update.gradient_shares``, every
+        (with the gradient's split by row origin, ``learners.diagnostics.gradient_shares``, every
         ``learners.grad_share_every`` steps)."""
         shares = {}
         if self.cfg.grad_share_every and version % self.cfg.grad_share_every == 0:
-            shares = U.gradient_shares(
+            shares = gradient_shares(
                 self.engine.module,
                 groups,
                 loss=self.loss_cfg,

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from exgrpo.core.records import Prompt
-from exgrpo.experiments.compare import mean_std, paired
+from exgrpo.experiments.tables import mean_std, paired
 
 
 def _replayed_qids(run_dir: Path) -> list[str]:

@@ -209,11 +209,9 @@ class Driver:
         # official stream: B questions every step, the first B - n_replay used, so an epoch lasts the
         # same number of steps with or without replay ("batch"); "needed" draws only B - n_replay
         take = self.B if self.cfg.data.fresh_take == "batch" else self.B - len(picks)
-        room = self.B - len(picks)
-        if (
-            self.cfg.data.fresh_per_step is not None
-        ):  # equal fresh data: the rest of the batch is replay or nothing
-            take, room = self.cfg.data.fresh_per_step, min(room, self.cfg.data.fresh_per_step)
+        room, cap = self.B - len(picks), self.cfg.data.fresh_per_step
+        if cap is not None:  # equal fresh data: the rest of the batch is replay or nothing
+            take, room = cap, min(room, cap)
         fresh = self.stream.next(take)[:room]
         requests = [self._request(p, kind="fresh", n=self.K) for p in fresh]
         requests += [self._replay_request(p) for p in picks]

@@ -46,7 +46,35 @@ class ShippedModel:
     built_on: str  # the machine the weights were built on (the kernels that decided the bytes)
 
 
-MANIFEST: dict[str, ShippedModel] = {}  # name -> what is shipped; filled at the end of this module
+_BUILT_ON = "AMD EPYC (AVX2, no AVX-512), torch 2.13.0+cpu, 1 torch thread"
+MANIFEST: dict[str, ShippedModel] = {  # name -> what is shipped
+    "scratchpad-base": ShippedModel(
+        recipe=SCRATCHPAD_BASE,
+        built_on=_BUILT_ON,
+        sha256={
+            "chat_template.jinja": "578572a7fcbcfc27e5c4dc0918426cd4b4eda803584ce27df024a6c6a39bfc8b",
+            "config.json": "124affad189b1a7bbaed7e8ae44075d06d422f5c5e8e722619613ce91ad209f0",
+            "generation_config.json": "14432c2565ed8ff4eee0beb78f2b6d2e45076a01e47c872ff8ab4df78374ab22",
+            "model.safetensors": "abaea5fb94f61f481d3f75ddb171f461448ffaa7835288f8c8081c8006724230",
+            "tokenizer.json": "53757fbb0700c46db3d122cae7d6b2c5205a8a7609623814e3e1dee12bf12066",
+            "tokenizer_config.json": "f0915cccd0d0f77154165e924dc42f724e30d12920517a8cf62cc88d3e5bf221",
+            "trace_warmup.json": "6ef6cfa5d60c3d4faf704e89cdb2c7f43aa65ceff5085d606582892552c28c69",
+        },
+    ),
+    "scratchpad-weak": ShippedModel(
+        recipe=SCRATCHPAD_WEAK,
+        built_on=_BUILT_ON,
+        sha256={
+            "chat_template.jinja": "578572a7fcbcfc27e5c4dc0918426cd4b4eda803584ce27df024a6c6a39bfc8b",
+            "config.json": "124affad189b1a7bbaed7e8ae44075d06d422f5c5e8e722619613ce91ad209f0",
+            "generation_config.json": "14432c2565ed8ff4eee0beb78f2b6d2e45076a01e47c872ff8ab4df78374ab22",
+            "model.safetensors": "c6b64280f0cb3e8366536a4d7476e82c34e4489f5405772c59d0908b30574601",
+            "tokenizer.json": "53757fbb0700c46db3d122cae7d6b2c5205a8a7609623814e3e1dee12bf12066",
+            "tokenizer_config.json": "f0915cccd0d0f77154165e924dc42f724e30d12920517a8cf62cc88d3e5bf221",
+            "trace_warmup.json": "a2effe8b473de718a8d7dadee16907cbbcd120511d30beba13ac01cf8f573824",
+        },
+    ),
+}
 
 
 def file_sha256(path: Path) -> str:
@@ -86,14 +114,15 @@ def rebuild(name: str, out: Path) -> bool:
         raise FileExistsError(f"{out} is not empty; give a new directory")
     t0 = time.perf_counter()
     warm_up_traces(out, spec=shipped.recipe)
-    same = file_sha256(out / "model.safetensors") == shipped.sha256["model.safetensors"]
+    built = file_sha256(out / "model.safetensors")
+    same = built == shipped.sha256["model.safetensors"]
     print(
         json.dumps(
             {
                 "model": name,
                 "out": str(out),
                 "build_s": round(time.perf_counter() - t0, 1),
-                "model.safetensors sha256": file_sha256(out / "model.safetensors"),
+                "model.safetensors sha256": built,
                 "shipped sha256": shipped.sha256["model.safetensors"],
                 "identical": same,
                 "shipped built on": shipped.built_on,
@@ -129,39 +158,6 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     return 0 if rebuild(args.rebuild, args.out) else 1
-
-
-_BUILT_ON = "AMD EPYC (AVX2, no AVX-512), torch 2.13.0+cpu, 1 torch thread"
-MANIFEST.update(
-    {
-        "scratchpad-base": ShippedModel(
-            recipe=SCRATCHPAD_BASE,
-            built_on=_BUILT_ON,
-            sha256={
-                "chat_template.jinja": "578572a7fcbcfc27e5c4dc0918426cd4b4eda803584ce27df024a6c6a39bfc8b",
-                "config.json": "124affad189b1a7bbaed7e8ae44075d06d422f5c5e8e722619613ce91ad209f0",
-                "generation_config.json": "14432c2565ed8ff4eee0beb78f2b6d2e45076a01e47c872ff8ab4df78374ab22",
-                "model.safetensors": "abaea5fb94f61f481d3f75ddb171f461448ffaa7835288f8c8081c8006724230",
-                "tokenizer.json": "53757fbb0700c46db3d122cae7d6b2c5205a8a7609623814e3e1dee12bf12066",
-                "tokenizer_config.json": "f0915cccd0d0f77154165e924dc42f724e30d12920517a8cf62cc88d3e5bf221",
-                "trace_warmup.json": "6ef6cfa5d60c3d4faf704e89cdb2c7f43aa65ceff5085d606582892552c28c69",
-            },
-        ),
-        "scratchpad-weak": ShippedModel(
-            recipe=SCRATCHPAD_WEAK,
-            built_on=_BUILT_ON,
-            sha256={
-                "chat_template.jinja": "578572a7fcbcfc27e5c4dc0918426cd4b4eda803584ce27df024a6c6a39bfc8b",
-                "config.json": "124affad189b1a7bbaed7e8ae44075d06d422f5c5e8e722619613ce91ad209f0",
-                "generation_config.json": "14432c2565ed8ff4eee0beb78f2b6d2e45076a01e47c872ff8ab4df78374ab22",
-                "model.safetensors": "c6b64280f0cb3e8366536a4d7476e82c34e4489f5405772c59d0908b30574601",
-                "tokenizer.json": "53757fbb0700c46db3d122cae7d6b2c5205a8a7609623814e3e1dee12bf12066",
-                "tokenizer_config.json": "f0915cccd0d0f77154165e924dc42f724e30d12920517a8cf62cc88d3e5bf221",
-                "trace_warmup.json": "a2effe8b473de718a8d7dadee16907cbbcd120511d30beba13ac01cf8f573824",
-            },
-        ),
-    }
-)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from exgrpo.experiments.compare import VARIANTS, _series_mean, format_report, mechanism_table, paired
+from exgrpo.experiments.compare import VARIANTS
 from exgrpo.experiments.probe import format_probe
+from exgrpo.experiments.tables import _series_mean, format_report, mechanism_table, paired
 
 
 def _run(variant: str, seed: int, final_id: float, *, series: dict | None = None) -> dict:

@@ -25,6 +25,7 @@ import learners.update as U  # noqa: E402
 from exgrpo.core import metric_names as M  # noqa: E402
 from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
 from exgrpo.core.records import Group, Trajectory  # noqa: E402
+from learners.diagnostics import gradient_shares  # noqa: E402
 from learners.learner import Learner  # noqa: E402
 from learners.optim import make_optimizer  # noqa: E402
 
@@ -215,7 +216,7 @@ def test_gradient_shares_split_the_policy_gradient_exactly(model_path):
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     groups = _groups(0)
     loss = LossConfig(norm="constant", entropy_coef=0.0)
-    shares = U.gradient_shares(
+    shares = gradient_shares(
         model, groups, loss=loss, max_response_len=8, clip=False, device=torch.device("cpu")
     )
     assert all(p.grad is None for p in model.parameters())  # nothing accumulated
@@ -240,7 +241,7 @@ def test_gradient_shares_split_the_policy_gradient_exactly(model_path):
         and shares[M.GRAD_NORM_REPLAY_FRESH] > 0
         and shares[M.GRAD_NORM_FRESH] > 0
     )
-    fresh_only = U.gradient_shares(
+    fresh_only = gradient_shares(
         model, groups[1:], loss=loss, max_response_len=8, clip=True, device=torch.device("cpu")
     )
     assert fresh_only[M.GRAD_NORM_STORED] == 0.0 and fresh_only[M.GRAD_SHARE_FRESH] == pytest.approx(1.0)
