@@ -1,4 +1,4 @@
-"""Sampler: one generation engine plus the answer verifier.
+"""Sampler: one generation engine plus the reward (the answer verifier, or the run's `reward.fn`).
 
 `generate(requests=...)` turns generation requests into verified `Group`s tagged with the policy
 version of the weights that sampled them, pushes them to the replay shards and reports a
@@ -28,9 +28,9 @@ from actors.sampling import sample_rewards
 from exgrpo.core.config import Dtype, EngineKind, TemplateName
 from exgrpo.core.names import sampler_name
 from exgrpo.core.records import GenerationRequest, Group, Prompt, RolloutResult, Trajectory
-from exgrpo.data.templates import render_prompt, reward_mode
+from exgrpo.data.templates import render_prompt
 from exgrpo.transport.packed import PackedWeights, unpack_weights
-from exgrpo.verify.verifier import Verifier
+from exgrpo.verify.rewards import MATH, make_scorer
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ class Sampler:
         temperature: float = 1.0,
         top_p: float = 1.0,
         verify_timeout_s: float = 5.0,
+        reward_fn: str = MATH,
         replay: Any = None,
         seed: int = 0,
     ) -> None:
@@ -68,7 +69,7 @@ class Sampler:
         self.template = template
         self.max_response_len = max_response_len
         self.temperature, self.top_p = temperature, top_p
-        self.verifier = Verifier(mode=reward_mode(template), timeout_s=verify_timeout_s)
+        self.verifier = make_scorer(reward_fn, template=template, timeout_s=verify_timeout_s)
         self.replay = replay
         self._seed = seed
         self._update_start = time.perf_counter()
@@ -98,8 +99,10 @@ class Sampler:
         )
         t1 = time.perf_counter()
         flat = [c for comps in outs for c in comps]
-        golds = [r.prompt.answer for r, comps in zip(requests, outs, strict=True) for _ in comps]
-        rewards = self.verifier.score_many([c.text for c in flat], golds)
+        asked = [r.prompt for r, comps in zip(requests, outs, strict=True) for _ in comps]
+        failed_before = _failures(self.verifier)
+        rewards = self.verifier.score_prompts(asked, [c.text for c in flat])
+        failures = _failures(self.verifier) - failed_before
         t2 = time.perf_counter()
         groups, i = [], 0
         for req, text, comps in zip(requests, texts, outs, strict=True):
@@ -142,6 +145,7 @@ class Sampler:
             gen_time_s=t1 - t0,
             verify_time_s=t2 - t1,
             groups=tuple(groups) if self.replay is None else (),
+            reward_failures=failures,
         )
 
     def evaluate(
@@ -208,6 +212,12 @@ class Sampler:
 
     def close(self) -> None:
         self.verifier.close()
+
+
+def _failures(scorer: Any) -> int:
+    """Rewards a scorer has scored 0 for want of a verdict: deadlines passed, reward functions that raised."""
+    stats = scorer.stats()
+    return stats.timeouts + getattr(stats, "errors", 0)
 
 
 def _engine_kwargs(spec: EngineSpec) -> dict[str, Any]:

@@ -18,9 +18,9 @@ if TYPE_CHECKING:  # the engines import torch; evaluate itself only calls `gener
 
 
 class Scorer(Protocol):
-    """What `evaluate` needs from a verifier (`exgrpo.verify.verifier.Verifier` is one)."""
+    """What `evaluate` needs from a reward (`Verifier` and `exgrpo.verify.rewards.FunctionReward` are ones)."""
 
-    def score_many(self, responses: Sequence[str], golds: Sequence[str]) -> list[float]: ...
+    def score_prompts(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> list[float]: ...
 
 
 def sample_rewards(
@@ -60,8 +60,8 @@ def sample_rewards(
             f"the engine returned {[len(c) for c in outs]} completions for {len(prompts)} prompts, "
             f"asked for {drawn} each"
         )
-    golds = [p.answer for p in prompts for _ in range(drawn)]
-    rewards = verifier.score_many([c.text for comps in outs for c in comps], golds)
+    asked = [p for p in prompts for _ in range(drawn)]
+    rewards = verifier.score_prompts(asked, [c.text for comps in outs for c in comps])
     return [tuple(rewards[i * drawn : (i + 1) * drawn]) * (n // drawn) for i in range(len(prompts))]
 
 
@@ -71,7 +71,7 @@ def check_scoring(verifier: Scorer, *, n: int, temperature: float, template: Tem
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
     mode = reward_mode(template)
-    if getattr(verifier, "mode", mode) != mode:
+    if getattr(verifier, "mode", mode) not in (mode, None):  # None: a reward that reads no answer region
         raise ValueError(
             f"template {template!r} puts the final answer in {mode!r} mode but the verifier extracts "
             f"in {verifier.mode!r} mode; make it with Verifier(mode=reward_mode(template))"

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, get_args
 
 from exgrpo.core.config import Dtype, EngineKind
 from exgrpo.core.fileio import atomic_write_text
-from exgrpo.data.templates import TEMPLATES, render_prompt, reward_mode
+from exgrpo.data.templates import TEMPLATES, render_prompt
 from exgrpo.evaluation.scores import evaluate, format_table, load_data
 
 if TYPE_CHECKING:  # the engines import torch; evaluate itself only calls `generate`
@@ -59,6 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--answer-key", default="answer", help="answer column of a plain-layout file")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (and builtin task seed)")
     p.add_argument("--dtype", choices=get_args(Dtype), default="float32")
+    p.add_argument(
+        "--reward-fn",
+        default="math",
+        help="the reward: math (the answer verifier) or package.module:function / file.py:function",
+    )
     p.add_argument("--verify-timeout", type=float, default=5.0, help="seconds per answer verification")
     p.add_argument("--verify-workers", type=int, default=1, help="math-verify worker processes")
     p.add_argument("--cache-dir", default="~/.cache/exgrpo", help="where builtin models are built")
@@ -69,7 +74,16 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from exgrpo.data.readers import DataError
     from exgrpo.models.resolve import ModelResolveError, resolve_model
+    from exgrpo.verify.plugin import RewardError
+    from exgrpo.verify.rewards import MATH, make_scorer
 
+    try:
+        scorer = make_scorer(
+            args.reward_fn, template=args.template, timeout_s=args.verify_timeout, workers=args.verify_workers
+        )
+    except (RewardError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     try:
         model_dir = resolve_model(args.model, cache_dir=args.cache_dir)
         data = load_data(
@@ -78,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             question_key=args.question_key,
             answer_key=args.answer_key,
+            for_reward_fn=args.reward_fn != MATH,
         )
     except (DataError, ModelResolveError, ValueError) as err:
+        scorer.close()
         print(f"error: {err}", file=sys.stderr)
         return 2
     if data.skipped:
@@ -87,7 +103,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped {len(data.skipped)} of {data.rows_read} rows ({shown})", file=sys.stderr)
 
     from actors.factory import make_engine
-    from exgrpo.verify.verifier import Verifier
 
     engine = make_engine(args.engine, model_dir, dtype=args.dtype, seed=args.seed)
     tokenizer = getattr(engine, "tokenizer", None)
@@ -107,9 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     t0 = time.perf_counter()
-    with Verifier(
-        mode=reward_mode(args.template), timeout_s=args.verify_timeout, workers=args.verify_workers
-    ) as v:
+    with scorer as v:
         report = evaluate(
             engine,
             data.prompts,
@@ -131,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         "data": args.data,
         "engine": args.engine,
         "template": args.template,
+        "reward_fn": args.reward_fn,
         "seed": args.seed,
         "rows": {
             "read": data.rows_read,

@@ -60,6 +60,21 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class RewardConfig:
+    fn: str = (
+        "math"  # math (the answer verifier), or your function: package.module:function or file.py:function
+    )
+
+    def __post_init__(self) -> None:
+        where, sep, name = self.fn.rpartition(":")
+        if self.fn != "math" and not (sep and where and name.isidentifier()):
+            raise ConfigError(
+                f"reward.fn={self.fn!r} must be 'math' or name a function as package.module:function or "
+                "path/to/file.py:function (docs/rewards.md)"
+            )
+
+
+@dataclass(frozen=True)
 class SamplerConfig:
     num: int = 2  # sampler actors (scaled at run time with `python -m exgrpo.scale`)
     engine: EngineKind = "hf"  # generation engine
@@ -192,6 +207,7 @@ class LoggingConfig:
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     samplers: SamplerConfig = field(default_factory=SamplerConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     learners: LearnerConfig = field(default_factory=LearnerConfig)

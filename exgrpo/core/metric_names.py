@@ -20,6 +20,7 @@ TOKENS = "rollout/tokens"  # tokens generated for this step's batch
 TOKENS_PER_S = "rollout/tokens_per_s"  # generated tokens per wall second since the last step
 GROUPS_PER_S = "rollout/groups_per_s"  # finished groups per wall second since the last step
 RESPONSE_LEN = "rollout/response_len"  # mean response length (tokens) in the batch
+REWARD_FAILURES = "rollout/reward_failures"  # rewards that timed out or whose reward.fn raised (scored 0)
 ZERO_VARIANCE_FRAC = (
     "rollout/zero_variance_frac"  # fraction of groups whose rewards are all equal (no signal)
 )

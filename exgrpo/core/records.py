@@ -7,8 +7,8 @@ carries the policy version that produced it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 GroupKind = Literal["fresh", "replay"]
 
@@ -21,6 +21,9 @@ class Prompt:
     question: str  # the question text, before any chat template
     answer: str  # the gold answer (LaTeX or plain text), e.g. "\\frac{1}{2}"
     data_source: str = "default"  # dataset name, for per-source evaluation tables
+    fields: dict[str, Any] = field(
+        default_factory=dict, hash=False
+    )  # the row's other columns (for reward.fn)
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ class RolloutResult:
     gen_time_s: float
     verify_time_s: float
     groups: tuple[Group, ...] = ()  # only when the sampler has no Replay to push to (tests, tools)
+    reward_failures: int = 0  # rewards that timed out or whose function raised (each scored 0)
 
 
 @dataclass(frozen=True)

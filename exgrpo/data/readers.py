@@ -19,7 +19,9 @@ Layouts (`layout="auto"` picks one from the column names, in this order):
 Question ids: a `qid` or `id` column as given; else `extra_info.index` as `"{source}:{index}"`;
 else `"{source}:{row}"`, where `source` is `source_name` or the file's stem. Rows are 0-based:
 the record index of a parquet file, the line index of a JSON-lines file (blank lines carry no
-record and are passed over). A row with no usable question or answer, or a duplicate qid, is a
+record and are passed over). For a run with its own reward function (`for_reward_fn=True`), every
+column the layout does not read is kept in `Prompt.fields` (JSON values only) and the answer may be
+absent (""). A row with no usable question (or, for the math verifier, answer), or a duplicate qid, is a
 bad row: reported in `ReadResult.skipped` (`on_bad_row="skip"`) or raised as a `DataError`
 naming the first few rows (`on_bad_row="error"`). Nothing is dropped silently.
 """
@@ -85,6 +87,7 @@ def read_prompts(
     layout: LayoutArg = "auto",
     on_bad_row: BadRowPolicy = "skip",
     source_name: str | None = None,
+    for_reward_fn: bool = False,
 ) -> ReadResult:
     """Read a parquet or JSON-lines file into prompts; see the module docstring for the layouts.
 
@@ -105,7 +108,8 @@ def read_prompts(
         except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
             raise DataError(f"{str(path)!r} is not a readable parquet file: {err}") from err
         chosen = _choose_layout(layout, columns, question_key=question_key, path=path)
-        rows: Iterable[tuple[int, dict[str, Any]]] = _parquet_rows(path, _needed_columns(chosen, columns))
+        needed = None if for_reward_fn else _needed_columns(chosen, columns)
+        rows: Iterable[tuple[int, dict[str, Any]]] = _parquet_rows(path, needed)
     elif suffix in JSONL_SUFFIXES:
         records, bad = _read_jsonl(path)
         if not records:
@@ -133,6 +137,7 @@ def read_prompts(
                 source=source,
                 question_key=question_key,
                 answer_key=answer_key,
+                for_reward_fn=for_reward_fn,
             )
         except _RowError as err:
             bad.append(BadRow(row, str(err)))
@@ -274,27 +279,60 @@ def _read_jsonl(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[BadR
 
 
 def _to_prompt(
-    record: dict[str, Any], *, row: int, layout: Layout, source: str, question_key: str, answer_key: str
+    record: dict[str, Any],
+    *,
+    row: int,
+    layout: Layout,
+    source: str,
+    question_key: str,
+    answer_key: str,
+    for_reward_fn: bool = False,
 ) -> Prompt:
     if layout == "plain":
         question = _question_text(record.get(question_key), f"column {question_key!r}")
-        answer = _answer_text(record.get(answer_key), f"column {answer_key!r}")
-    elif layout == "verl":
+    elif layout == "verl" or record.get("problem") is None:
         question = _last_user_message(record.get("prompt"))
-        answer = _answer_text(_ground_truth(record), "reward_model.ground_truth")
     else:
-        if record.get("problem") is not None:
-            question = _question_text(record["problem"], "column 'problem'")
-        else:
-            question = _last_user_message(record.get("prompt"))
-        answer = _openr1_answer(record)
+        question = _question_text(record["problem"], "column 'problem'")
+    try:
+        answer = _layout_answer(record, layout, answer_key)
+    except _RowError:
+        if not for_reward_fn:
+            raise
+        answer = ""  # a reward function may need no gold answer
+    fields: dict[str, Any] = {}
+    if for_reward_fn:
+        used = _READ_COLUMNS[layout] | ({question_key, answer_key} if layout == "plain" else set())
+        fields = {k: v for k, v in record.items() if k not in used}
+        try:
+            json.dumps(fields)
+        except (TypeError, ValueError) as err:
+            raise _RowError(
+                f"a column holds a value a reward function cannot receive as JSON ({err})"
+            ) from err
     data_source = record.get("data_source")
     return Prompt(
         qid=_qid(record, row=row, source=source),
         question=question,
         answer=answer,
         data_source=data_source if isinstance(data_source, str) and data_source else source,
+        fields=fields,
     )
+
+
+_READ_COLUMNS: dict[Layout, set[str]] = {  # columns a layout reads itself (the rest become Prompt.fields)
+    "plain": {"qid", "id", "data_source"},
+    "verl": {"qid", "id", "data_source", "prompt", "reward_model"},
+    "openr1": {"qid", "id", "data_source", "problem", "prompt", "answer", "reward_model", "target"},
+}
+
+
+def _layout_answer(record: dict[str, Any], layout: Layout, answer_key: str) -> str:
+    if layout == "plain":
+        return _answer_text(record.get(answer_key), f"column {answer_key!r}")
+    if layout == "verl":
+        return _answer_text(_ground_truth(record), "reward_model.ground_truth")
+    return _openr1_answer(record)
 
 
 def _qid(record: dict[str, Any], *, row: int, source: str) -> str:

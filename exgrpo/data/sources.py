@@ -47,6 +47,7 @@ def read_source(
     question_key: str = "question",
     answer_key: str = "answer",
     on_bad_row: BadRowPolicy = "skip",
+    for_reward_fn: bool = False,
 ) -> SourceData:
     """`builtin:<task>`: `num` questions of the task's `split` split drawn with `seed`; anything
     else: every row of a parquet/jsonl file (`exgrpo.data.readers.read_prompts`, which raises a
@@ -65,7 +66,13 @@ def read_source(
         prompts = builtin_task(name).make_split(split=split, n=num, seed=seed)
         return SourceData(tuple(prompts), name)
 
-    result = read_prompts(spec, question_key=question_key, answer_key=answer_key, on_bad_row=on_bad_row)
+    result = read_prompts(
+        spec,
+        question_key=question_key,
+        answer_key=answer_key,
+        on_bad_row=on_bad_row,
+        for_reward_fn=for_reward_fn,
+    )
     return SourceData(result.prompts, Path(spec).stem, result.skipped)
 
 
@@ -96,6 +103,7 @@ def _read(cfg: Config, spec: str, *, split: Split, num: int) -> list[Prompt]:
         question_key=d.question_key,
         answer_key=d.answer_key,
         on_bad_row=d.on_bad_row,
+        for_reward_fn=cfg.reward.fn != "math",
     )
     if data.skipped:
         first = "; ".join(f"row {b.row}: {b.reason}" for b in data.skipped[:3])

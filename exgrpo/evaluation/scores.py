@@ -175,8 +175,11 @@ def format_table(report: EvalReport) -> str:
     return "\n".join(lines)
 
 
-def load_data(data: str, *, num: int, seed: int, question_key: str, answer_key: str) -> SourceData:
-    """`builtin:<task>` (its held-out split, `num` questions) or a parquet/jsonl file (bad rows skipped)."""
+def load_data(
+    data: str, *, num: int, seed: int, question_key: str, answer_key: str, for_reward_fn: bool = False
+) -> SourceData:
+    """`builtin:<task>` (its held-out split, `num` questions) or a parquet/jsonl file (bad rows skipped;
+    `for_reward_fn`: rows keep their other columns and may lack an answer, `exgrpo.data.readers`)."""
     return read_source(
         data,
         split="eval",
@@ -185,4 +188,5 @@ def load_data(data: str, *, num: int, seed: int, question_key: str, answer_key: 
         question_key=question_key,
         answer_key=answer_key,
         on_bad_row="skip",
+        for_reward_fn=for_reward_fn,
     )

@@ -272,6 +272,7 @@ class Driver:
                 # tokens are attributed to the step of the call's first request
                 first = self.plans.get(self.owner.get(result.request_ids[0], step))
                 (first or plan).tokens += result.tokens
+                (first or plan).reward_failures += result.reward_failures
                 for rid in result.request_ids:
                     owner = self.plans.get(self.owner.pop(rid, -1))
                     if owner is not None:

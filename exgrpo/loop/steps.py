@@ -31,11 +31,12 @@ class StepPlan:
     replaced: int = 0  # replay requests re-issued as fresh (question retired in flight)
     done: set[int] = field(default_factory=set)
     tokens: int = 0
+    reward_failures: int = 0  # of the step's rollouts: rewards that timed out or raised (scored 0)
 
 
 def solve_ratio(groups: Sequence[Group]) -> float:
-    rewards = [t.reward for g in groups for t in g.trajectories if not t.replayed]
-    return float(np.mean(rewards)) if rewards else 0.0
+    correct = [t.correct for g in groups for t in g.trajectories if not t.replayed]
+    return float(np.mean(correct)) if correct else 0.0
 
 
 def rollout_metrics(
@@ -49,6 +50,7 @@ def rollout_metrics(
         M.MEAN_REWARD: float(np.mean([t.reward for t in fresh])) if fresh else 0.0,
         M.SOLVE_RATIO: solve_ratio,
         M.TOKENS: plan.tokens,
+        M.REWARD_FAILURES: plan.reward_failures,
         M.TOKENS_PER_S: plan.tokens / max(wall_s, 1e-9),
         M.GROUPS_PER_S: len(groups) / max(wall_s, 1e-9),
         M.ZERO_VARIANCE_FRAC: float(np.mean(flat)),

@@ -137,6 +137,7 @@ def build_system(
             temperature=s.temperature,
             top_p=s.top_p,
             verify_timeout_s=s.verify_timeout_s,
+            reward_fn=cfg.reward.fn,
             replay=replay,
             seed=cfg.trainer.seed,
         )

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import ray
 
-from exgrpo.core.config import Config
+from exgrpo.core.config import Config, ConfigError
 from exgrpo.core.roles import RunObserver
 from exgrpo.loop.observer import Observers
 from exgrpo.reporting.console import PREFIX, Phase, Phases, Progress, quiet_libraries
@@ -46,6 +46,18 @@ class RunResult:
     evals: list[dict[str, float]]
     wall_s: float
     checkpoint_s: list[float] = field(default_factory=list)  # seconds of every checkpoint write
+
+
+def check_reward(cfg: Config) -> None:
+    """Import `reward.fn` here, in the driver, so a bad spec fails with its reason before any actor starts."""
+    from exgrpo.verify.plugin import RewardError, resolve
+    from exgrpo.verify.rewards import MATH
+
+    if cfg.reward.fn != MATH:
+        try:
+            resolve(cfg.reward.fn)
+        except RewardError as err:
+            raise ConfigError(str(err)) from err
 
 
 def make_run_dir(cfg: Config) -> Path:
@@ -151,6 +163,7 @@ class TrainingRecipe:
             if self.resume
             else fresh_run_dir_check(cfg)
         )
+        check_reward(cfg)  # a reward.fn that cannot be imported fails before anything is written
         run_dir = self.run_dir = make_run_dir(cfg)
         if ckpt is not None and (dropped := rewind_metrics(run_dir, checkpoint_step(ckpt))):
             log.info(

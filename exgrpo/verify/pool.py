@@ -5,8 +5,10 @@ gold, the equation rule) is decided by `exgrpo.verify.verifier` and `exgrpo.veri
 
 Workers: each is `python -c "from exgrpo.verify.worker import worker_main; ..."`, so nothing depends
 on how the host process was started. A worker reads one JSON line per job on stdin,
-`[kind, payloads, gold, timeout_s]`, and writes `1` or `0` on stdout; math-verify parses the LaTeX
-into sympy and compares (`exgrpo/verify/worker.py`). The parent never parses model text into anything but
+`[kind, payloads, gold, timeout_s, fields]`, and writes `1` or `0` on stdout; math-verify parses the LaTeX
+into sympy and compares (`exgrpo/verify/worker.py`). A pool made with `reward_fn` runs a user's reward
+function in the same workers instead (`exgrpo.verify.plugin`); its replies are floats, or `e` for a
+function that raised (scored 0 and counted in `errors`). The parent never parses model text into anything but
 strings: no pickle, no eval, no sympify on its side. Nothing reads or writes files.
 
 Scheduling: one dispatcher thread per `Pool` owns its workers. Callers from any number of threads
@@ -38,9 +40,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from typing import Literal
+from typing import Any, Literal
 
-from exgrpo.verify.worker import READY
+from exgrpo.verify.worker import ERROR, READY, REWARD_FN_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -52,20 +54,26 @@ _STARTUP_TIMEOUT_S = 120.0  # a worker imports sympy and math-verify (~1 s idle,
 @dataclass(frozen=True)
 class Job:
     """One verification: "values": every payload must verify against gold; "text": math-verify's
-    extraction finds the stated answer in payloads[0] (a response tail with no box)."""
+    extraction finds the stated answer in payloads[0] (a response tail with no box); "reward": a user's
+    reward function scores payloads = [prompt, completion] with the row's `fields`."""
 
-    kind: Literal["values", "text"]
+    kind: Literal["values", "text", "reward"]
     payloads: list[str]
     gold: str
+    fields: dict[str, Any] | None = None
 
 
 class _Worker:
     """One verification process (started at construction; `ready` once math-verify is loaded)."""
 
-    def __init__(self, *, max_memory_mb: int | None) -> None:
+    def __init__(self, *, max_memory_mb: int | None, reward_fn: str | None, import_root: str | None) -> None:
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ, EXGRPO_VERIFY_MAX_MEMORY_MB=str(max_memory_mb or 0))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        env.pop(REWARD_FN_ENV, None)
+        if reward_fn is not None:
+            env[REWARD_FN_ENV] = reward_fn
+        paths = (package_root, import_root, env.get("PYTHONPATH"))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         self.process = subprocess.Popen(
             [sys.executable, "-c", "from exgrpo.verify.worker import worker_main; worker_main()"],
             stdin=subprocess.PIPE,
@@ -82,7 +90,7 @@ class _Worker:
         """Hand the worker a job; False if it is dead."""
         try:
             self.process.stdin.write(
-                json.dumps([job.kind, job.payloads, job.gold, timeout_s]).encode() + b"\n"
+                json.dumps([job.kind, job.payloads, job.gold, timeout_s, job.fields]).encode() + b"\n"
             )
             self.process.stdin.flush()
         except (OSError, ValueError):
@@ -115,18 +123,18 @@ class _Batch:
     jobs: Sequence[Job]
     timeout_s: float
     pending: deque[int] = field(default_factory=deque)
-    verdicts: list[bool] = field(default_factory=list)
+    verdicts: list[float] = field(default_factory=list)
     left: int = 0
     done: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
 
     def __post_init__(self) -> None:
         self.pending.extend(range(len(self.jobs)))
-        self.verdicts = [False] * len(self.jobs)
+        self.verdicts = [0.0] * len(self.jobs)
         self.left = len(self.jobs)
 
-    def finish(self, index: int, ok: bool) -> None:
-        self.verdicts[index] = ok
+    def finish(self, index: int, value: float) -> None:
+        self.verdicts[index] = value
         self.left -= 1
         if self.left <= 0:
             self.done.set()
@@ -145,12 +153,22 @@ class Pool:
     one goes to the standby worker at once while the successor loads (~1 s idle, several under load).
     """
 
-    def __init__(self, *, size: int, max_memory_mb: int | None, spares: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        size: int,
+        max_memory_mb: int | None,
+        spares: int = 1,
+        reward_fn: str | None = None,
+        import_root: str | None = None,
+    ) -> None:
         self._size = size
         self._spares = spares
         self._max_memory_mb = max_memory_mb
+        self._reward_fn, self._import_root = reward_fn, import_root  # a user's reward instead of math-verify
         self._closed = False
         self.timeouts = 0
+        self.errors = 0  # reward-function jobs that raised, returned no finite number, or crashed the worker
         self._reset()
         _POOLS.add(self)
 
@@ -165,8 +183,9 @@ class Pool:
         os.set_blocking(self._wake_w, False)
         self._start_error: str | None = None
 
-    def run(self, jobs: Sequence[Job], *, timeout_s: float) -> list[bool]:
-        """Verdict per job; a job with no reply timeout_s after its dispatch is False."""
+    def run(self, jobs: Sequence[Job], *, timeout_s: float) -> list[float]:
+        """Value per job (1.0 / 0.0 for math jobs, the function's float for reward jobs); a job with no
+        reply timeout_s after its dispatch, or whose worker died or errored, is 0.0."""
         if not jobs:
             return []
         batch = _Batch(jobs, timeout_s)
@@ -216,7 +235,7 @@ class Pool:
         for dead in [w for w in self._workers if w.process.poll() is not None and w not in self._busy]:
             self._replace(dead)
         while len(self._workers) < self._size + self._spares:
-            self._workers.append(_Worker(max_memory_mb=self._max_memory_mb))
+            self._workers.append(self._new_worker())
         if self._thread is None:
             self._thread = threading.Thread(target=self._dispatch, name="exgrpo-verifier", daemon=True)
             self._thread.start()
@@ -281,28 +300,45 @@ class Pool:
             reply = worker.recv()
             if worker in self._busy:
                 batch, index, _ = self._busy.pop(worker)
-                batch.finish(index, reply == b"1")
+                batch.finish(index, self._value(reply))
                 if reply is None:  # crashed on this job (it scores 0)
                     self._replace(worker)
             elif reply == READY:
                 worker.ready = True
             else:
                 self._start_failed(
-                    worker, "a math-verify worker failed to start; see its traceback on stderr"
+                    worker, f"{self._what} worker failed to start; see its traceback on stderr"
                 )
         now = time.monotonic()
         for worker, (batch, index, deadline) in list(self._busy.items()):
             if deadline <= now and not wait([worker], timeout=0):
                 del self._busy[worker]
                 self.timeouts += 1  # counted before the caller can see the result
-                batch.finish(index, False)
+                batch.finish(index, 0.0)
                 self._replace(worker)
                 logger.debug("a job passed its deadline; its worker was killed")
         for worker in [w for w in self._workers if not w.ready]:
             if worker.started + _STARTUP_TIMEOUT_S <= now:
                 self._start_failed(
-                    worker, f"a math-verify worker did not start within {_STARTUP_TIMEOUT_S:.0f} s"
+                    worker, f"{self._what} worker did not start within {_STARTUP_TIMEOUT_S:.0f} s"
                 )
+
+    @property
+    def _what(self) -> str:
+        return f"a reward.fn={self._reward_fn}" if self._reward_fn else "a math-verify"
+
+    def _value(self, reply: bytes | None) -> float:
+        """A reply line as a score (lock held): math 1/0, a reward's float; errors and crashes count and score 0."""
+        if reply in (b"1", b"0") and self._reward_fn is None:
+            return float(reply == b"1")
+        try:
+            value = float(reply) if reply not in (None, ERROR) else None
+        except ValueError:
+            value = None
+        if value is None:
+            self.errors += self._reward_fn is not None
+            return 0.0
+        return value
 
     def _start_failed(self, worker: _Worker, message: str) -> None:
         worker.kill()
@@ -330,7 +366,12 @@ class Pool:
         if worker in self._workers:
             self._workers.remove(worker)
         if not self._closed:
-            self._workers.append(_Worker(max_memory_mb=self._max_memory_mb))
+            self._workers.append(self._new_worker())
+
+    def _new_worker(self) -> _Worker:
+        return _Worker(
+            max_memory_mb=self._max_memory_mb, reward_fn=self._reward_fn, import_root=self._import_root
+        )
 
 
 def _close_all() -> None:

@@ -27,6 +27,7 @@ from functools import lru_cache
 from typing import get_args
 
 from exgrpo.core.config import RewardMode
+from exgrpo.core.records import Prompt
 from exgrpo.verify.answers import (
     BOX_COMMAND,
     BOX_OPEN,
@@ -144,6 +145,10 @@ class Verifier:
             return verdict
         return Job("values", values, gold)
 
+    def score_prompts(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> list[float]:
+        """score_many against each prompt's gold answer (the reward interface of `exgrpo.verify.rewards`)."""
+        return self.score_many(completions, [p.answer for p in prompts])
+
     def score_many(self, responses: Sequence[str], golds: Sequence[str]) -> list[float]:
         """score() for each pair, fanned out over the workers, one deadline per item."""
         if len(responses) != len(golds):
@@ -161,8 +166,8 @@ class Verifier:
             else:
                 jobs.append(job)
                 job_items.append(i)
-        for i, ok in zip(job_items, self._pool.run(jobs, timeout_s=self.timeout_s), strict=True):
-            rewards[i] = float(ok)
+        for i, value in zip(job_items, self._pool.run(jobs, timeout_s=self.timeout_s), strict=True):
+            rewards[i] = value
         with self._count_lock:
             self._scored += len(rewards)
             self._fast += len(rewards) - len(jobs)

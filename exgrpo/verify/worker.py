@@ -1,10 +1,13 @@
 """The verification worker: the program each `exgrpo.verify.pool` worker process runs.
 
-It reads one JSON line per job on stdin, `[kind, payloads, gold, timeout_s]`, and writes `1` or `0`
-on stdout: whether math-verify (sympy) finds the answer equivalent to the gold. It runs as
-`python -c "from exgrpo.verify.worker import worker_main; worker_main()"`, starts by warming
-math-verify up, then announces `READY`. The parent owns the deadline; this side only adds backstops
-(RLIMIT_CPU per job, RLIMIT_AS) for a parent that died mid-job. Nothing here reads or writes files.
+It reads one JSON line per job on stdin, `[kind, payloads, gold, timeout_s, fields]`, and writes one reply
+line on stdout. Math jobs ("values", "text") reply `1` or `0`: whether math-verify (sympy) finds the answer
+equivalent to the gold. With `EXGRPO_REWARD_FN` set, the worker instead serves a user's reward function
+(`exgrpo.verify.plugin`): a "reward" job's payloads are `[prompt, completion]`, the reply is the float it
+returned, or `e` when it raised or returned something that is not a finite number. It runs as
+`python -c "from exgrpo.verify.worker import worker_main; worker_main()"`, loads what it serves, then
+announces `READY`. The parent owns the deadline; this side only adds backstops (RLIMIT_CPU per job,
+RLIMIT_AS) for a parent that died mid-job. Nothing here reads or writes files.
 """
 
 from __future__ import annotations
@@ -12,21 +15,25 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import sys
+from collections.abc import Callable
 from functools import lru_cache
+from typing import Any
 
 from exgrpo.verify.answers import boxed, equation_values, has_relation, normalize
+from exgrpo.verify.plugin import resolve
 
 READY = b"ready"
+ERROR = b"e"  # a reward function raised or returned no finite number (scored 0, counted)
+REWARD_FN_ENV = "EXGRPO_REWARD_FN"  # the reward.fn spec a worker serves instead of math-verify
 _HUGE_LOG10 = 1e6  # numbers past 10^(10^6) are judged without being computed
 
 
 def _log10(expr: object) -> float | None:
     """log10 |expr| estimated from its literals for numbers, powers and factorials (never evaluated)."""
-    import math
-
     if getattr(expr, "is_Integer", False):
         digits = str(abs(int(expr)))  # a parsed literal: at most as long as the answer
         return math.log10(int(digits)) if len(digits) < 300 and digits != "0" else len(digits) - 1.0
@@ -58,18 +65,8 @@ def _huge(expr: object) -> bool:
         return False
 
 
-def worker_main() -> None:
-    """Worker loop (run as `python -c`): read JSON [kind, payloads, gold, timeout_s] lines on stdin,
-    write b"1" or b"0" lines: whether math-verify finds the answer equivalent to the gold."""
-    import resource
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
-    replies = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # stray prints from libraries go to stderr, not into the reply pipe
-    memory_mb = int(os.environ.get("EXGRPO_VERIFY_MAX_MEMORY_MB", "0"))
-    if memory_mb > 0:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_AS, (memory_mb * 2**20, memory_mb * 2**20))
+def _math_judge() -> Callable[[str, list[str], str, Any], bytes]:
+    """Load math-verify and return the judge of math jobs (b"1" / b"0")."""
     # math-verify warns that its own (SIGALRM) timeouts are off; the parent owns the deadline.
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
@@ -103,19 +100,61 @@ def worker_main() -> None:
     equivalent("values", ["1"], "1")  # warm-up (regex compilation) before the first deadline starts
     equivalent("text", ["so 1"], "1")
     equivalent("values", ["x^2+2x+1"], "(x+1)^2")  # sympy's first simplify is slow (~0.6 s)
+
+    def judge(kind: str, payloads: list[str], gold: str, fields: Any) -> bytes:
+        try:
+            return b"1" if equivalent(kind, payloads, gold) else b"0"
+        except Exception:  # unparsable or pathological text: not equivalent
+            return b"0"
+
+    return judge
+
+
+def _reward_judge(spec: str) -> Callable[[str, list[str], str, Any], bytes]:
+    """Load a user's reward function and return the judge of "reward" jobs (a float, or b"e")."""
+    fn = resolve(spec).fn
+
+    def judge(kind: str, payloads: list[str], gold: str, fields: Any) -> bytes:
+        try:
+            value = fn(payloads[0], payloads[1], dict(fields or {}))
+            if isinstance(value, bool):
+                value = float(value)
+            if not isinstance(value, int | float) or not math.isfinite(value):
+                return ERROR
+            return repr(float(value)).encode()
+        except Exception:  # the function raised: scored 0 and counted by the parent
+            return ERROR
+
+    return judge
+
+
+def worker_main() -> None:
+    """Worker loop (run as `python -c`): read JSON [kind, payloads, gold, timeout_s, fields] lines on
+    stdin, write one reply line per job (see the module docstring)."""
+    import resource
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints from libraries go to stderr, not into the reply pipe
+    memory_mb = int(os.environ.get("EXGRPO_VERIFY_MAX_MEMORY_MB", "0"))
+    if memory_mb > 0:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_AS, (memory_mb * 2**20, memory_mb * 2**20))
+    spec = os.environ.get(REWARD_FN_ENV)
+    judge = _reward_judge(spec) if spec else _math_judge()
     replies.write(READY + b"\n")
     replies.flush()
     _, cpu_hard = resource.getrlimit(resource.RLIMIT_CPU)
     for line in sys.stdin.buffer:  # ends when the parent closes the pipe or exits
         try:
-            kind, payloads, gold, timeout_s = json.loads(line)
+            kind, payloads, gold, timeout_s, fields = json.loads(line)
             # Backstop if the parent dies mid-job: the kernel kills a job past its CPU budget.
             used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
             soft = int(used + timeout_s) + 2
             if cpu_hard == resource.RLIM_INFINITY or soft < cpu_hard:
                 resource.setrlimit(resource.RLIMIT_CPU, (soft, cpu_hard))
-            ok = equivalent(kind, payloads, gold)
-        except Exception:  # unparsable or pathological text: not equivalent
-            ok = False
-        replies.write(b"1\n" if ok else b"0\n")
+            reply = judge(kind, payloads, gold, fields)
+        except Exception:  # a malformed job line: no verdict
+            reply = ERROR if spec else b"0"
+        replies.write(reply + b"\n")
         replies.flush()

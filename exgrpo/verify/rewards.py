@@ -1,0 +1,106 @@
+"""The reward of a run: the math verifier (`reward.fn: math`, the default) or a user's function.
+
+Both score prompts' completions through `score_prompts(prompts, completions)`, the one call the samplers,
+their held-out evaluation and `python -m exgrpo.evaluate` make (`make_scorer` builds the right one).
+
+A user's function (`reward.fn: package.module:function` or `path/to/file.py:function`, see
+`exgrpo.verify.plugin`) runs in the verifier's worker processes, with the same deadline and isolation as a
+math verification: a call that takes longer than `samplers.verify_timeout_s` is killed with its worker and
+scores 0 (counted in `timeouts`); one that raises or returns no finite number scores 0 (counted in
+`errors`). Nothing a reward function does can crash a sampler. It receives the question text, the
+completion and the row's fields (`answer`, `qid`, `data_source` and the dataset row's other columns).
+
+A trajectory counts as correct (for the k-of-K buckets, the delayed start's solve ratio and the stored
+trajectories) when its reward is above 0.5, so a function should return values in [0, 1].
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from exgrpo.core.config import TemplateName
+from exgrpo.core.records import Prompt
+from exgrpo.data.templates import reward_mode
+from exgrpo.verify.plugin import resolve
+from exgrpo.verify.pool import Job, Pool
+from exgrpo.verify.verifier import Verifier
+
+MATH = "math"  # the built-in verifier's name in reward.fn
+
+
+class RewardScorer(Protocol):
+    """What samplers and evaluations need from a reward (`Verifier` and `FunctionReward` are ones)."""
+
+    def score_prompts(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> list[float]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RewardStats:
+    """Counters since the reward was made (for `rollout/` metrics)."""
+
+    scored: int  # completions scored
+    timeouts: int  # calls killed at the deadline (each scored 0)
+    errors: int  # calls that raised or returned no finite number (each scored 0)
+
+
+def row_fields(prompt: Prompt) -> dict[str, Any]:
+    """What a reward function sees of a row: its extra columns, then `answer`, `qid` and `data_source`."""
+    return {**prompt.fields, "answer": prompt.answer, "qid": prompt.qid, "data_source": prompt.data_source}
+
+
+class FunctionReward:
+    """A user's reward function run in `workers` isolated processes under a per-call deadline."""
+
+    mode = None  # reads no answer region: any template goes
+
+    def __init__(self, spec: str, *, timeout_s: float = 5.0, workers: int = 1) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        resolved = resolve(spec)  # fail here, in the caller, with a clear message, not in a worker
+        self.spec = spec
+        self.timeout_s = timeout_s
+        self._pool = Pool(size=workers, max_memory_mb=4096, reward_fn=spec, import_root=resolved.import_root)
+        self._lock = threading.Lock()
+        self._scored = 0
+
+    def score_prompts(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> list[float]:
+        if len(prompts) != len(completions):
+            raise ValueError(f"{len(completions)} completions but {len(prompts)} prompts; they must pair up")
+        jobs = [
+            Job("reward", [p.question, c if isinstance(c, str) else ""], p.answer, row_fields(p))
+            for p, c in zip(prompts, completions, strict=True)
+        ]
+        values = self._pool.run(jobs, timeout_s=self.timeout_s)
+        with self._lock:
+            self._scored += len(values)
+        return values
+
+    def start(self) -> None:
+        """Start the workers and wait until each has imported the function."""
+        self._pool.start()
+
+    def stats(self) -> RewardStats:
+        return RewardStats(scored=self._scored, timeouts=self._pool.timeouts, errors=self._pool.errors)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> FunctionReward:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def make_scorer(
+    fn: str, *, template: TemplateName, timeout_s: float, workers: int = 1
+) -> Verifier | FunctionReward:
+    """The reward `reward.fn` names: the math verifier in the template's answer mode, or a user's function."""
+    if fn == MATH:
+        return Verifier(mode=reward_mode(template), timeout_s=timeout_s, workers=workers)
+    return FunctionReward(fn, timeout_s=timeout_s, workers=workers)
