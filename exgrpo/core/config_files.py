@@ -77,13 +77,23 @@ def resolve_config_path(path: str | os.PathLike[str]) -> Path:
 def load_config(
     path: str | os.PathLike[str] | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> Config:
-    """Packaged default <- YAML file <- dotted overrides, validated."""
+    """Packaged default <- YAML file <- dotted overrides, validated.
+
+    The default's held-out set belongs to its training task: a file or override that sets `data.train`
+    without `data.eval` evaluates on the new task's own held-out split (`data.eval: ""`), never on the
+    default's questions.
+    """
     data = yaml.safe_load((PACKAGED_CONFIGS / "default.yaml").read_text()) or {}
+    layers = []
     if path is not None:
         user = _read_config_file(path) or {}
         if not isinstance(user, dict):
             raise ConfigError(f"{path}: a config file must be a mapping of sections")
-        data = _merge(data, user)
-    for text in overrides:
-        data = _merge(data, parse_override(text))
+        layers.append(user)
+    layers += [parse_override(text) for text in overrides]
+    touched = [layer.get("data") for layer in layers if isinstance(layer.get("data"), dict)]
+    if any("train" in d for d in touched) and not any("eval" in d for d in touched):
+        layers.insert(0, {"data": {"eval": ""}})
+    for layer in layers:
+        data = _merge(data, layer)
     return from_dict(data)

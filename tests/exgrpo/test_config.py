@@ -162,3 +162,16 @@ def test_literal_types_are_defined_once():
         if p.name != "config.py" and spelt.search(p.read_text())
     ]
     assert copies == []
+
+
+def test_a_new_training_task_brings_its_own_held_out_set(tmp_path):
+    from exgrpo.core.config_files import load_config
+
+    assert load_config(None).data.eval == "builtin:scratchpad-heldout"  # the default task's own
+    assert load_config("configs/tiny-cpu.yaml").data.eval == ""  # builtin:arith's held-out split
+    assert load_config(None, ["data.train=builtin:gsm"]).data.eval == ""
+    kept = ["data.train=builtin:gsm", "data.eval=builtin:arith"]
+    assert load_config(None, kept).data.eval == "builtin:arith"
+    user = tmp_path / "my.yaml"
+    user.write_text("data:\n  train: builtin:gsm\n  eval: builtin:scratchpad-heldout\n")
+    assert load_config(user, ["data.train=builtin:arith"]).data.eval == "builtin:scratchpad-heldout"
