@@ -230,7 +230,7 @@ class HFEngine(TokenizedEngine):
             do_sample=not greedy,
             temperature=None if greedy else temperature,
             top_p=None if greedy else top_p,
-            top_k=0,
+            top_k=None if greedy else 0,  # 0: no top-k cut when sampling; greedy takes none (else a warning)
             max_new_tokens=max_tokens,
             num_return_sequences=1,
             output_scores=True,

@@ -20,6 +20,7 @@ business (``exgrpo.transport.broadcast``).
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -108,11 +109,14 @@ class Learner:
         model.eval()  # dropout off: old_logp equals the first micro-batch's logp (ratio 1 at the start)
         self._num_parameters = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
         self.optimizer = make_optimizer(model, self.cfg)
-        self.engine, *_ = deepspeed.initialize(
-            model=model,
-            optimizer=self.optimizer,
-            config=deepspeed_config(self.cfg, world_size=self.world_size, dtype=self.dtype),
-        )
+        # DeepSpeed prints its op-build line on every start ("... built successfully"); quiet runs drop its stdout
+        quiet = os.environ.get("EXGRPO_QUIET") == "1"
+        with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
+            self.engine, *_ = deepspeed.initialize(
+                model=model,
+                optimizer=self.optimizer,
+                config=deepspeed_config(self.cfg, world_size=self.world_size, dtype=self.dtype),
+            )
 
     def version(self) -> int:
         """Policy version of the current weights (the version of the last update + 1): the tag of weights

@@ -34,6 +34,7 @@ fi
 # (exgrpo/models/shipped.py; `python -m exgrpo.models.shipped --rebuild scratchpad-base --out DIR` rebuilds it).
 [[ "${EXGRPO_SKIP_PREBUILD:-0}" == 1 ]] && exit 0
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/exgrpo/torch_extensions}"
+export PATH="$(cd "$VENV" && pwd)/bin:$PATH"  # the virtualenv's ninja, the one the actors use (exgrpo/runtime/env.py)
 if ! ls "$TORCH_EXTENSIONS_DIR"/deepspeed_shm_comm/*.so >/dev/null 2>&1; then
   echo "[setup] compiling DeepSpeed's shared-memory comm op into $TORCH_EXTENSIONS_DIR (once, ~1.5 min)" >&2
   OMP_NUM_THREADS=1 "$VENV/bin/python" - <<'PY'

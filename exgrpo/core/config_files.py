@@ -91,7 +91,7 @@ def load_config(
             raise ConfigError(f"{path}: a config file must be a mapping of sections")
         layers.append(user)
     layers += [parse_override(text) for text in overrides]
-    touched = [layer.get("data") for layer in layers if isinstance(layer.get("data"), dict)]
+    touched: list[dict[str, Any]] = [d for layer in layers if isinstance(d := layer.get("data"), dict)]
     if any("train" in d for d in touched) and not any("eval" in d for d in touched):
         layers.insert(0, {"data": {"eval": ""}})
     for layer in layers:

@@ -27,6 +27,11 @@ ACTOR_ENV = {
     "TORCH_EXTENSIONS_DIR": os.environ.get(
         "TORCH_EXTENSIONS_DIR", str(Path("~/.cache/exgrpo/torch_extensions").expanduser())
     ),
+    # This interpreter's bin first: DeepSpeed's op is built with the virtualenv's ninja however the run was
+    # launched (a system ninja of another version makes the next start rebuild the op, ~23 s).
+    "PATH": os.pathsep.join(
+        p for p in (os.path.dirname(sys.executable), os.environ.get("PATH", os.defpath)) if p
+    ),
 }
 
 
