@@ -98,7 +98,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bins", type=int, default=5)
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args(argv)
-    rows = read_candidates(args.runs)
+    try:
+        rows = read_candidates(args.runs)
+    except (FileNotFoundError, ValueError) as err:  # no candidates file, or one that is not JSON lines
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if not rows:
+        print(
+            f"error: no candidates in {', '.join(map(str, args.runs))}: replay never chose among stored "
+            "trajectories (did replay start? see replay/started in metrics.jsonl)",
+            file=sys.stderr,
+        )
+        return 2
     result = {
         "candidates": len(rows),
         "valid_share": float(np.mean([r["valid"] for r in rows])) if rows else None,
