@@ -28,7 +28,7 @@ from actors.sampling import sample_rewards
 from exgrpo.core.config import Dtype, EngineKind, TemplateName
 from exgrpo.core.names import sampler_name
 from exgrpo.core.records import GenerationRequest, Group, Prompt, RolloutResult, Trajectory
-from exgrpo.data.templates import render_prompt
+from exgrpo.data.templates import render_prompt, reward_mode
 from exgrpo.transport.packed import PackedWeights, unpack_weights
 from exgrpo.verify.rewards import MATH, make_scorer
 
@@ -69,7 +69,7 @@ class Sampler:
         self.template = template
         self.max_response_len = max_response_len
         self.temperature, self.top_p = temperature, top_p
-        self.verifier = make_scorer(reward_fn, template=template, timeout_s=verify_timeout_s)
+        self.verifier = make_scorer(reward_fn, mode=reward_mode(template), timeout_s=verify_timeout_s)
         self.replay = replay
         self._seed = seed
         self._update_start = time.perf_counter()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, get_args
 
 from exgrpo.core.config import Dtype, EngineKind
 from exgrpo.core.fileio import atomic_write_text
-from exgrpo.data.templates import TEMPLATES, render_prompt
+from exgrpo.data.templates import TEMPLATES, render_prompt, reward_mode
 from exgrpo.evaluation.scores import evaluate, format_table, load_data
 
 if TYPE_CHECKING:  # the engines import torch; evaluate itself only calls `generate`
@@ -79,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         scorer = make_scorer(
-            args.reward_fn, template=args.template, timeout_s=args.verify_timeout, workers=args.verify_workers
+            args.reward_fn,
+            mode=reward_mode(args.template),
+            timeout_s=args.verify_timeout,
+            workers=args.verify_workers,
         )
     except (RewardError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

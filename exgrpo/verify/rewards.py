@@ -21,9 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from exgrpo.core.config import TemplateName
+from exgrpo.core.config import RewardMode
 from exgrpo.core.records import Prompt
-from exgrpo.data.templates import reward_mode
 from exgrpo.verify.plugin import resolve
 from exgrpo.verify.pool import Job, Pool
 from exgrpo.verify.verifier import Verifier
@@ -98,9 +97,10 @@ class FunctionReward:
 
 
 def make_scorer(
-    fn: str, *, template: TemplateName, timeout_s: float, workers: int = 1
+    fn: str, *, mode: RewardMode, timeout_s: float, workers: int = 1
 ) -> Verifier | FunctionReward:
-    """The reward `reward.fn` names: the math verifier in the template's answer mode, or a user's function."""
+    """The reward `reward.fn` names: the math verifier reading answers in `mode` (the template's
+    `exgrpo.data.templates.reward_mode`), or a user's function."""
     if fn == MATH:
-        return Verifier(mode=reward_mode(template), timeout_s=timeout_s, workers=workers)
+        return Verifier(mode=mode, timeout_s=timeout_s, workers=workers)
     return FunctionReward(fn, timeout_s=timeout_s, workers=workers)

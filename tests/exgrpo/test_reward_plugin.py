@@ -115,7 +115,7 @@ def test_config_checks_the_form_and_math_stays_the_default():
     assert load_config(None, ["reward.fn=my_rewards:length"]).reward.fn == "my_rewards:length"
     with pytest.raises(ConfigError, match="reward.fn='length' must be 'math'"):
         load_config(None, ["reward.fn=length"])
-    assert isinstance(make_scorer("math", template="think", timeout_s=1.0), Verifier)
+    assert isinstance(make_scorer("math", mode="think", timeout_s=1.0), Verifier)
 
 
 def test_rows_keep_their_columns_for_a_reward_function(tmp_path):
