@@ -29,7 +29,6 @@ naming the first few rows (`on_bad_row="error"`). Nothing is dropped silently.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,9 +39,8 @@ import pyarrow.parquet as pq
 
 from exgrpo.core.fileio import atomic_write, atomic_write_text
 from exgrpo.core.records import Prompt
-from exgrpo.verify.answers import last_boxed
+from exgrpo.data.rows import Layout, RowError, to_prompt
 
-Layout = Literal["plain", "verl", "openr1"]
 LayoutArg = Literal["auto", "plain", "verl", "openr1"]
 BadRowPolicy = Literal["skip", "error"]
 
@@ -70,10 +68,6 @@ class ReadResult:
     prompts: tuple[Prompt, ...]
     skipped: tuple[BadRow, ...]
     layout: Layout = "plain"  # the layout the rows were read with (after auto-detection)
-
-
-class _RowError(Exception):
-    """Internal: this row is malformed; the message is the reason."""
 
 
 # --------------------------------------------------------------------------- reading
@@ -130,7 +124,7 @@ def read_prompts(
     for row, record in rows:
         n_rows += 1
         try:
-            prompt = _to_prompt(
+            prompt = to_prompt(
                 record,
                 row=row,
                 layout=chosen,
@@ -139,7 +133,7 @@ def read_prompts(
                 answer_key=answer_key,
                 for_reward_fn=for_reward_fn,
             )
-        except _RowError as err:
+        except RowError as err:
             bad.append(BadRow(row, str(err)))
             continue
         if prompt.qid in seen:
@@ -196,19 +190,29 @@ def _choose_layout(layout: LayoutArg, columns: Sequence[str], *, question_key: s
 
 
 _LAYOUT_COLUMNS: dict[Layout, tuple[str, ...]] = {
-    "openr1": ("problem", "answer", "prompt", "reward_model", "data_source", "extra_info", "qid", "id"),
+    # openr1 keeps `target` (the long reference solutions): a row whose gold is null falls back to it, in
+    # parquet as in JSON lines
+    "openr1": (
+        "problem",
+        "answer",
+        "prompt",
+        "reward_model",
+        "target",
+        "data_source",
+        "extra_info",
+        "qid",
+        "id",
+    ),
     "verl": ("prompt", "reward_model", "data_source", "extra_info", "qid", "id"),
     "plain": ("data_source", "extra_info", "qid", "id"),
 }
 
 
 def _needed_columns(layout: Layout, columns: Sequence[str]) -> list[str] | None:
-    """Parquet columns to load; openr1's long `target` solutions only when there is no gold column."""
+    """Parquet columns to load: those the layout reads (all of them for plain files)."""
     if layout == "plain":
         return None  # question_key/answer_key are user-chosen; plain files are small
     wanted = set(_LAYOUT_COLUMNS[layout])
-    if layout == "openr1" and "answer" not in columns and "reward_model" not in columns:
-        wanted.add("target")
     return [c for c in columns if c in wanted]
 
 
@@ -273,143 +277,6 @@ def _read_jsonl(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[BadR
             continue
         good.append((row, item))
     return good, bad
-
-
-# --------------------------------------------------------------------------- one row
-
-
-def _to_prompt(
-    record: dict[str, Any],
-    *,
-    row: int,
-    layout: Layout,
-    source: str,
-    question_key: str,
-    answer_key: str,
-    for_reward_fn: bool = False,
-) -> Prompt:
-    if layout == "plain":
-        question = _question_text(record.get(question_key), f"column {question_key!r}")
-    elif layout == "verl" or record.get("problem") is None:
-        question = _last_user_message(record.get("prompt"))
-    else:
-        question = _question_text(record["problem"], "column 'problem'")
-    try:
-        answer = _layout_answer(record, layout, answer_key)
-    except _RowError:
-        if not for_reward_fn:
-            raise
-        answer = ""  # a reward function may need no gold answer
-    fields: dict[str, Any] = {}
-    if for_reward_fn:
-        used = _READ_COLUMNS[layout] | ({question_key, answer_key} if layout == "plain" else set())
-        fields = {k: v for k, v in record.items() if k not in used}
-        try:
-            json.dumps(fields)
-        except (TypeError, ValueError) as err:
-            raise _RowError(
-                f"a column holds a value a reward function cannot receive as JSON ({err})"
-            ) from err
-    data_source = record.get("data_source")
-    return Prompt(
-        qid=_qid(record, row=row, source=source),
-        question=question,
-        answer=answer,
-        data_source=data_source if isinstance(data_source, str) and data_source else source,
-        fields=fields,
-    )
-
-
-_READ_COLUMNS: dict[Layout, set[str]] = {  # columns a layout reads itself (the rest become Prompt.fields)
-    "plain": {"qid", "id", "data_source"},
-    "verl": {"qid", "id", "data_source", "prompt", "reward_model"},
-    "openr1": {"qid", "id", "data_source", "problem", "prompt", "answer", "reward_model", "target"},
-}
-
-
-def _layout_answer(record: dict[str, Any], layout: Layout, answer_key: str) -> str:
-    if layout == "plain":
-        return _answer_text(record.get(answer_key), f"column {answer_key!r}")
-    if layout == "verl":
-        return _answer_text(_ground_truth(record), "reward_model.ground_truth")
-    return _openr1_answer(record)
-
-
-def _qid(record: dict[str, Any], *, row: int, source: str) -> str:
-    for key in ("qid", "id"):
-        value = record.get(key)
-        if value is not None and value != "":
-            return str(value)
-    extra = record.get("extra_info")
-    if isinstance(extra, dict) and extra.get("index") is not None:
-        return f"{source}:{extra['index']}"
-    return f"{source}:{row}"
-
-
-def _question_text(value: Any, where: str) -> str:
-    if value is None:
-        raise _RowError(f"missing question ({where} is null or absent)")
-    if not isinstance(value, str):
-        raise _RowError(f"question must be a string, got {type(value).__name__} in {where}")
-    if not value.strip():
-        raise _RowError(f"empty question in {where}")
-    return value
-
-
-def _answer_text(value: Any, where: str) -> str:
-    """Gold answers are strings; JSON numbers are accepted and written as text (42 -> "42")."""
-    if value is None:
-        raise _RowError(f"missing answer ({where} is null or absent)")
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise _RowError(f"answer must be a string or a number, got {type(value).__name__} in {where}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise _RowError(f"answer must be a finite number, got {value} in {where}")
-    text = str(value).strip()
-    if not text:
-        raise _RowError(f"empty answer in {where}")
-    return text
-
-
-def _messages(value: Any, where: str) -> list[dict[str, Any]]:
-    if value is None:
-        raise _RowError(f"missing {where}")
-    if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
-        raise _RowError(f"{where} must be a list of {{role, content}} messages, got {type(value).__name__}")
-    return value
-
-
-def _last_user_message(value: Any) -> str:
-    users = [m for m in _messages(value, "column 'prompt'") if m.get("role") == "user"]
-    if not users:
-        raise _RowError("column 'prompt' has no user message")
-    return _question_text(users[-1].get("content"), "the last user message of 'prompt'")
-
-
-def _ground_truth(record: dict[str, Any]) -> Any:
-    reward_model = record.get("reward_model")
-    if reward_model is None:
-        return None
-    if not isinstance(reward_model, dict):
-        raise _RowError(
-            f"column 'reward_model' must be a struct with ground_truth, got {type(reward_model).__name__}"
-        )
-    return reward_model.get("ground_truth")
-
-
-def _openr1_answer(record: dict[str, Any]) -> str:
-    if record.get("answer") is not None:
-        return _answer_text(record["answer"], "column 'answer'")
-    truth = _ground_truth(record)
-    if truth is not None:
-        return _answer_text(truth, "reward_model.ground_truth")
-    if record.get("target") is None:
-        raise _RowError("missing answer (no 'answer', reward_model.ground_truth or 'target')")
-    messages = _messages(record["target"], "column 'target'")
-    if not messages:
-        raise _RowError("missing answer (column 'target' is empty)")
-    content = _answer_text(messages[-1].get("content"), "the last message of 'target'")
-    boxed = last_boxed(content)
-    return boxed if boxed is not None else content
 
 
 # --------------------------------------------------------------------------- writing

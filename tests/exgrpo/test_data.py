@@ -407,3 +407,21 @@ def test_reward_mode_and_unknown_template() -> None:
         render_prompt("q", template="fancy")  # type: ignore[arg-type]
     with pytest.raises(TemplateError, match="unknown template"):
         reward_mode("fancy")  # type: ignore[arg-type]
+
+
+def test_openr1_parquet_falls_back_to_target_like_jsonl(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": "1+1?"}],
+            "target": [{"role": "assistant", "content": "so \\boxed{2}"}],
+            "reward_model": {"ground_truth": None},
+        }
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "r1.parquet")
+    (tmp_path / "r1.jsonl").write_text(__import__("json").dumps(rows[0]) + "\n")
+    for name in ("r1.parquet", "r1.jsonl"):
+        result = read_prompts(tmp_path / name, layout="openr1")
+        assert [p.answer for p in result.prompts] == ["2"], name
