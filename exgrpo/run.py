@@ -3,6 +3,7 @@
     python -m exgrpo.run                                  # embedded default (configs/default.yaml)
     python -m exgrpo.run --config configs/tiny-cpu.yaml trainer.steps=5
     python -m exgrpo.run --print-config | --dry-run
+    python -m exgrpo.run --help-config [section]          # every setting: type, default, range, meaning
     python -m exgrpo.run --dashboard                      # the Ray dashboard on 127.0.0.1 (its URL is printed)
     python -m exgrpo.run --verbose                        # the actors' own progress bars and warnings too
     python -m exgrpo.run logging.backends=[tensorboard,wandb]   # + TensorBoard and (offline) W&B
@@ -33,6 +34,13 @@ def main(argv: list[str] | None = None) -> int:
         "--dry-run", action="store_true", help="validate and print the placement plan, start nothing"
     )
     parser.add_argument(
+        "--help-config",
+        nargs="?",
+        const="",
+        metavar="SECTION",
+        help="print the settings reference (every section, or one) and exit (docs/config.md)",
+    )
+    parser.add_argument(
         "--resume",
         metavar="RUN_DIR",
         help="continue a run from its latest checkpoint "
@@ -55,6 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_intermixed_args(argv)  # overrides may come before or after the options
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.help_config is not None:
+        from exgrpo.core.config_reference import plain_text
+
+        try:
+            print(plain_text(args.help_config or None), end="")
+        except KeyError as e:
+            print(f"error: {e.args[0]}", file=sys.stderr)
+            return 2
+        return 0
     if args.resume:
         if args.config:
             parser.error(
