@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -322,7 +323,17 @@ def local_resources(cfg: Config) -> dict[str, float]:
 
 def cluster_totals(address: str) -> tuple[dict[str, float], list[dict[str, float]]]:
     """The total resources and alive nodes of the running cluster at `address` (connects as a driver,
-    starts no actor, disconnects)."""
+    starts no actor, disconnects).
+
+    A `host:port` address is first probed with a plain TCP connection (5 s): `ray.init` retries an
+    address where nothing answers for minutes. Raises ConnectionError when nothing answers.
+    """
+    host, _, port = address.split("://")[-1].rpartition(":")
+    if host and port.isdigit():
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError as err:
+            raise ConnectionError(f"nothing answers at {host}:{port}: {err}") from err
     import ray
 
     ray.init(address=address, namespace="exgrpo", configure_logging=False, log_to_driver=False)

@@ -4,6 +4,7 @@ checks of a real start, with no Ray actor started."""
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
@@ -117,3 +118,11 @@ def test_fresh_dry_run_refuses_another_runs_checkpoints(tmp_path, capsys):
     run_dir = _run_dir(tmp_path, 4, "trainer.steps=4")
     assert run.main(["--dry-run", "--config", "tiny-cpu", f"logging.run_dir={run_dir}"]) == 2
     assert "already holds the checkpoint step-000004 of an earlier run" in capsys.readouterr().err
+
+
+def test_an_address_where_nothing_listens_fails_at_once():
+    with socket.socket() as s:  # a port bound and released: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConnectionError, match=f"nothing answers at 127.0.0.1:{port}"):
+        resources.cluster_totals(f"127.0.0.1:{port}")
