@@ -42,31 +42,75 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m exgrpo.evaluate", description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="HF model directory, or builtin:<name>")
     p.add_argument("--data", required=True, help="parquet/jsonl file, or builtin:<task> (its held-out split)")
-    p.add_argument("--num", type=int, default=200, help="questions of a builtin task's held-out split")
-    p.add_argument("--engine", choices=get_args(EngineKind), default="hf", help="generation engine")
-    p.add_argument("--n", type=int, default=32, help="samples per question for Avg@n and Pass@n")
-    p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature of the n samples")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling of the n samples")
+    p.add_argument(
+        "--num",
+        type=int,
+        default=200,
+        help="questions of a builtin task's held-out split (default: %(default)s)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=get_args(EngineKind),
+        default="hf",
+        help="generation engine (default: %(default)s)",
+    )
+    p.add_argument(
+        "--n", type=int, default=32, help="samples per question for Avg@n and Pass@n (default: %(default)s)"
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.6,
+        help="sampling temperature of the n samples (default: %(default)s)",
+    )
+    p.add_argument(
+        "--top-p", type=float, default=1.0, help="nucleus sampling of the n samples (default: %(default)s)"
+    )
     p.add_argument(
         "--max-tokens",
         type=int,
         default=None,
-        help=f"response tokens (default {DEFAULT_MAX_TOKENS}, capped by the model's context minus the longest prompt)",
+        help=f"response tokens (default: {DEFAULT_MAX_TOKENS}, capped by the model's context minus the longest prompt)",
     )
-    p.add_argument("--template", choices=TEMPLATES, default="plain", help="prompt template")
-    p.add_argument("--out", help="JSON output (default <model dir>/eval-<data stem>.json)")
-    p.add_argument("--question-key", default="question", help="question column of a plain-layout file")
-    p.add_argument("--answer-key", default="answer", help="answer column of a plain-layout file")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (and builtin task seed)")
-    p.add_argument("--dtype", choices=get_args(Dtype), default="float32")
+    p.add_argument(
+        "--template", choices=TEMPLATES, default="plain", help="prompt template (default: %(default)s)"
+    )
+    p.add_argument("--out", help="JSON output (default: <model dir>/eval-<data stem>.json)")
+    p.add_argument(
+        "--question-key",
+        default="question",
+        help="question column of a plain-layout file (default: %(default)s)",
+    )
+    p.add_argument(
+        "--answer-key", default="answer", help="answer column of a plain-layout file (default: %(default)s)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="sampling seed, also the builtin task's (default: %(default)s)"
+    )
+    p.add_argument(
+        "--dtype",
+        choices=get_args(Dtype),
+        default="float32",
+        help="parameter dtype of the engine (default: %(default)s)",
+    )
+    p.add_argument(
+        "--verify-timeout",
+        type=float,
+        default=5.0,
+        help="seconds per answer verification (default: %(default)s)",
+    )
+    p.add_argument(
+        "--verify-workers", type=int, default=1, help="math-verify worker processes (default: %(default)s)"
+    )
+    p.add_argument(
+        "--cache-dir", default="~/.cache/exgrpo", help="where builtin models are built (default: %(default)s)"
+    )
     p.add_argument(
         "--reward-fn",
         default="math",
-        help="the reward: math (the answer verifier) or package.module:function / file.py:function",
+        help="the reward: math (the answer verifier) or package.module:function / file.py:function "
+        "(default: %(default)s)",
     )
-    p.add_argument("--verify-timeout", type=float, default=5.0, help="seconds per answer verification")
-    p.add_argument("--verify-workers", type=int, default=1, help="math-verify worker processes")
-    p.add_argument("--cache-dir", default="~/.cache/exgrpo", help="where builtin models are built")
     return p
 
 

@@ -2,7 +2,8 @@
 
     python -m exgrpo.run                                  # embedded default (configs/default.yaml)
     python -m exgrpo.run --config configs/tiny-cpu.yaml trainer.steps=5
-    python -m exgrpo.run --print-config | --dry-run
+    python -m exgrpo.run --print-config | --dry-run [--resume runs/<id>]
+    python -m exgrpo.run --help-config [section]          # every setting: type, default, range, meaning
     python -m exgrpo.run --dashboard                      # the Ray dashboard on 127.0.0.1 (its URL is printed)
     python -m exgrpo.run --verbose                        # the actors' own progress bars and warnings too
     python -m exgrpo.run logging.backends=[tensorboard,wandb]   # + TensorBoard and (offline) W&B
@@ -30,7 +31,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="YAML file or packaged config name (default: the embedded default)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument(
-        "--dry-run", action="store_true", help="validate and print the placement plan, start nothing"
+        "--dry-run",
+        action="store_true",
+        help="validate, print the placement plan and whether it fits the cluster "
+        "(with --resume: check the resume), start nothing",
+    )
+    parser.add_argument(
+        "--help-config",
+        nargs="?",
+        const="",
+        metavar="SECTION",
+        help="print the settings reference (every section, or one) and exit (docs/config.md)",
     )
     parser.add_argument(
         "--resume",
@@ -55,6 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_intermixed_args(argv)  # overrides may come before or after the options
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.help_config is not None:
+        from exgrpo.core.config_reference import plain_text
+
+        try:
+            print(plain_text(args.help_config or None), end="")
+        except KeyError as e:
+            print(f"error: {e.args[0]}", file=sys.stderr)
+            return 2
+        return 0
     if args.resume:
         if args.config:
             parser.error(
@@ -86,9 +106,19 @@ def main(argv: list[str] | None = None) -> int:
     from exgrpo.runtime import recipe as launch
 
     if args.dry_run:
-        from exgrpo.runtime.resources import placement_plan
+        from exgrpo.loop.checkpoint import ResumeError, fresh_run_dir_check, resume_report
+        from exgrpo.runtime.resources import dry_run_fit, placement_plan
 
         print(placement_plan(cfg))
+        try:  # the checks a real start makes before its first actor
+            print(dry_run_fit(cfg))
+            if args.resume:
+                print(resume_report(Path(args.resume), cfg))
+            else:
+                fresh_run_dir_check(cfg)  # a fresh run must not write over another run's checkpoints
+        except (ConfigError, ResumeError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         return 0
     from exgrpo.data.readers import DataError
     from exgrpo.loop.checkpoint import ResumeError, RunInterrupted, latest_checkpoint

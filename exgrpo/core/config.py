@@ -1,7 +1,9 @@
 """Typed configuration tree: one small section per role, YAML files plus dotted overrides.
 
-Every field has a one-line doc. Invalid values and combinations fail at load time with a
-`ConfigError` that names the field and says what to change. Load order: the packaged default
+Every field has a one-line doc: its trailing comment, which the settings reference (docs/config.md,
+`exgrpo.core.config_reference`) reads from this file. Numeric ranges are declared once, in `BOUNDS`.
+Invalid values and combinations fail at load time with a `ConfigError` that names the field and says
+what to change. Load order: the packaged default
 (`exgrpo/configs/default.yaml`), then the user's YAML file, then `key.sub=value` overrides (`config_files.py`).
 """
 
@@ -10,10 +12,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import functools
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
+
+from exgrpo.core.bounds import Bound
 
 # The project's literal types, defined here once and imported everywhere else.
 EngineKind = Literal["hf", "vllm"]  # generation engine: transformers or vLLM
@@ -84,7 +89,7 @@ class SamplerConfig:
     top_p: float = 1.0  # nucleus sampling (1.0: off, keeps behaviour log-probs exact)
     requests_per_call: int = 4  # generation requests batched into one engine call
     verify_timeout_s: float = 5.0  # hard wall-clock limit of one answer verification
-    gpu_memory_utilization: float = 0.85  # vLLM only
+    gpu_memory_utilization: float = 0.85  # share of the GPU's memory one vLLM engine may take (vLLM only)
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,9 @@ class ReplayConfig:
     mu: float | None = None  # centre of the Gaussian bucket weight over k (None = K/2)
     sigma: float = 1.0  # width of the Gaussian bucket weight, in units of k
     question_selection: Literal["gaussian", "uniform"] = "gaussian"  # bucket weighting (ablation: uniform)
-    trajectory_selection: Literal["lowest_entropy", "highest_entropy", "random"] = "lowest_entropy"
+    trajectory_selection: Literal["lowest_entropy", "highest_entropy", "random"] = (
+        "lowest_entropy"  # stored trajectory trained on for a replayed question
+    )
     max_trajectories_per_question: int = 8  # stored correct trajectories per question (oldest evicted)
     replay_trajectories: bool = (
         True  # False: a replayed question gets K fresh rollouts, no stored one (the curriculum alone)
@@ -168,6 +175,9 @@ class TrainerConfig:
     keep_checkpoints: int = 2  # checkpoints kept
 
 
+LOGGING_BACKENDS = ("jsonl", "tensorboard", "wandb")  # the choices of logging.backends
+
+
 @dataclass(frozen=True)
 class LoggingConfig:
     run_dir: str = ""  # run directory ("" = runs/<timestamp>)
@@ -191,7 +201,7 @@ class LoggingConfig:
             raw = [b for b in raw.replace(" ", "").split(",") if b]
         if not isinstance(raw, list | tuple) or not all(isinstance(b, str) for b in raw):
             raise ConfigError(f"logging.backends must be a list such as [tensorboard, wandb], got {raw!r}")
-        allowed = ("jsonl", "tensorboard", "wandb")
+        allowed = LOGGING_BACKENDS
         bad = [b for b in raw if b not in allowed]
         if bad:
             raise ConfigError(
@@ -199,8 +209,6 @@ class LoggingConfig:
                 f"(jsonl is always on)"
             )
         object.__setattr__(self, "backends", tuple(dict.fromkeys(["jsonl", *raw])))
-        if not 0 < self.dashboard_port < 65536:
-            raise ConfigError(f"logging.dashboard_port={self.dashboard_port} must be a TCP port (1-65535)")
 
 
 @dataclass(frozen=True)
@@ -279,8 +287,13 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
-def from_dict(data: dict[str, Any]) -> Config:
-    """Build and validate a Config from a nested dict (unknown keys are errors)."""
+def parse_sections(data: Any) -> dict[str, Any]:
+    """The sections of a nested dict, each built from known keys and values of the field's type.
+
+    Returns {Config field name: section}; unknown sections and keys, values of the wrong type and
+    invalid logging backends raise ConfigError. Checks one source (a file, an override) on its own,
+    so `exgrpo.core.config_files` can name the source of a typo; cross-field checks are `validate`'s.
+    """
     if not isinstance(data, dict):
         raise ConfigError(f"a config must be a mapping of sections, got {type(data).__name__}")
     sections: dict[str, Any] = {}
@@ -303,52 +316,91 @@ def from_dict(data: dict[str, Any]) -> Config:
                 raise ConfigError(f"unknown config key {key}.{sub}{_did_you_mean(sub, sub_keys)}")
             kwargs[sub] = _coerce(v, sub_hints[sub], f"{key}.{sub}")
         sections[name] = cls(**kwargs)
-    cfg = Config(**sections)
+    return sections
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Build and validate a Config from a nested dict (unknown keys are errors)."""
+    cfg = Config(**parse_sections(data))
     validate(cfg)
     return cfg
 
 
+def setting(cfg: Config, key: str) -> Any:
+    """The value of a YAML-named setting (`"replay.rho"`, `"async.max_staleness"`) in `cfg`."""
+    section, _, name = key.partition(".")
+    field_name = _field_name(Config, section)
+    if field_name is None or not hasattr(getattr(cfg, field_name), name):
+        raise KeyError(f"no config setting {key!r}")
+    return getattr(getattr(cfg, field_name), name)
+
+
+# The simple numeric ranges, one per setting (YAML names); cross-field rules are in `validate`.
+BOUNDS: dict[str, Bound] = {
+    "model.max_prompt_len": Bound(lo=1),
+    "model.max_response_len": Bound(lo=1),
+    "data.num_train": Bound(lo=1),
+    "data.num_eval": Bound(lo=0),
+    "data.fresh_per_step": Bound(
+        lo=1, hi="trainer.questions_per_step", note="or null: the batch's questions not drawn from replay"
+    ),
+    "samplers.num": Bound(lo=1, note="scale down to 1, not 0"),
+    "samplers.num_cpus": Bound(lo=0),
+    "samplers.num_gpus": Bound(lo=0),
+    "samplers.temperature": Bound(lo=0, open_lo=True),
+    "samplers.top_p": Bound(lo=0, hi=1, open_lo=True),
+    "samplers.requests_per_call": Bound(lo=1),
+    "samplers.verify_timeout_s": Bound(lo=0, open_lo=True),
+    "samplers.gpu_memory_utilization": Bound(lo=0, hi=1, open_lo=True),
+    "replay.rho": Bound(lo=0, hi=1, note="0.5 = half of each batch from replay"),
+    "replay.start_solve_ratio": Bound(lo=0, hi=1),
+    "replay.num_shards": Bound(lo=1),
+    "replay.mu": Bound(
+        lo=0, hi="trainer.rollouts_per_question", open_lo=True, open_hi=True, note="or null: K/2"
+    ),
+    "replay.sigma": Bound(lo=0, open_lo=True),
+    "replay.max_trajectories_per_question": Bound(lo=1),
+    "replay.max_age": Bound(lo=0, note="policy versions, or null for any age"),
+    "replay.shard_max_restarts": Bound(lo=0),
+    "replay.wal_compact_mb": Bound(lo=0, open_lo=True),
+    "learners.num": Bound(lo=1),
+    "learners.num_cpus": Bound(lo=0),
+    "learners.num_gpus": Bound(lo=0),
+    "learners.zero_stage": Bound(lo=0, hi=3),
+    "learners.lr": Bound(lo=0, open_lo=True),
+    "learners.weight_decay": Bound(lo=0),
+    "learners.grad_clip": Bound(lo=0, open_lo=True),
+    "learners.skip_grad_norm": Bound(lo=0, open_lo=True),
+    "learners.minibatches": Bound(lo=1, note="1 = one optimiser step per training step"),
+    "learners.grad_share_every": Bound(lo=0, note="0 = off"),
+    "learners.micro_batch_size": Bound(lo=1),
+    "loss.clip_eps": Bound(lo=0, hi=1, open_lo=True, open_hi=True),
+    "loss.beta": Bound(lo=0, open_lo=True, note="policy shaping w / (w + beta)"),
+    "loss.tis_cap": Bound(lo=1, note="or null: off"),
+    "async.max_staleness": Bound(lo=0, note="0 = synchronous"),
+    "trainer.steps": Bound(lo=1),
+    "trainer.questions_per_step": Bound(lo=1),
+    "trainer.rollouts_per_question": Bound(lo=2, note="K: group advantages need two rollouts"),
+    "trainer.eval_every": Bound(lo=0, note="0 = only before and after"),
+    "trainer.eval_samples": Bound(lo=1),
+    "trainer.checkpoint_every": Bound(lo=0, note="0 = only at the end"),
+    "trainer.keep_checkpoints": Bound(lo=1),
+    "logging.dashboard_port": Bound(lo=1, hi=65535, note="a TCP port"),
+}
+
+
 def validate(cfg: Config) -> None:
-    """Invariants across fields; each error names the field and the fix."""
-    t, r, lr, s, m, lo = cfg.trainer, cfg.replay, cfg.learners, cfg.samplers, cfg.model, cfg.loss
+    """Every setting in its range (`BOUNDS`), then the rules across fields; each error names the field
+    and the fix, all of them at once."""
+    t, lr, s = cfg.trainer, cfg.learners, cfg.samplers
+    value_of = functools.partial(setting, cfg)
+    errors = [msg for key, bound in BOUNDS.items() if (msg := bound.error(key, value_of)) is not None]
     checks: list[tuple[bool, str]] = [
-        (
-            t.rollouts_per_question >= 2,
-            f"trainer.rollouts_per_question={t.rollouts_per_question}: K must be >= 2 (group advantages need two rollouts)",
-        ),
-        (t.questions_per_step >= 1, "trainer.questions_per_step must be >= 1"),
-        (t.steps >= 1, "trainer.steps must be >= 1"),
-        (
-            0.0 <= r.rho <= 1.0,
-            f"replay.rho={r.rho} must lie in [0, 1] (0.5 = half of each batch from replay)",
-        ),
-        (
-            cfg.data.fresh_per_step is None or 1 <= cfg.data.fresh_per_step <= t.questions_per_step,
-            f"data.fresh_per_step={cfg.data.fresh_per_step} must lie in [1, trainer.questions_per_step="
-            f"{t.questions_per_step}] (or null: the batch's questions not drawn from replay)",
-        ),
-        (
-            r.max_age is None or r.max_age >= 0,
-            f"replay.max_age={r.max_age} must be >= 0 policy versions (or null for any age)",
-        ),
-        (
-            lr.grad_share_every >= 0,
-            f"learners.grad_share_every={lr.grad_share_every} must be >= 0 (0 = off)",
-        ),
         (
             lr.grad_share_every == 0 or lr.zero_stage < 3,
             "learners.grad_share_every needs whole parameters on each rank: use learners.zero_stage <= 2 "
             "or set it to 0",
         ),
-        (
-            0.0 <= r.start_solve_ratio <= 1.0,
-            f"replay.start_solve_ratio={r.start_solve_ratio} must lie in [0, 1]",
-        ),
-        (r.sigma > 0, f"replay.sigma={r.sigma} must be > 0"),
-        (r.num_shards >= 1, "replay.num_shards must be >= 1"),
-        (r.max_trajectories_per_question >= 1, "replay.max_trajectories_per_question must be >= 1"),
-        (lr.num >= 1, "learners.num must be >= 1"),
-        (s.num >= 1, "samplers.num must be >= 1 (scale down to 1, not 0)"),
         (
             lr.num < 1 or t.questions_per_step % lr.num == 0,  # learners.num < 1 has its own message
             f"trainer.questions_per_step={t.questions_per_step} is not divisible across learners.num={lr.num}: "
@@ -359,7 +411,6 @@ def validate(cfg: Config) -> None:
             f"trainer.questions_per_step={t.questions_per_step} must split into learners.minibatches={lr.minibatches} "
             f"mini-batches on each of learners.num={lr.num} ranks; use a multiple of {lr.num * lr.minibatches}",
         ),
-        (lr.zero_stage in (0, 1, 2, 3), f"learners.zero_stage={lr.zero_stage} must be 0, 1, 2 or 3"),
         (
             cfg.async_.weight_sync != "collective" or s.engine == "vllm",
             "async.weight_sync=collective is vLLM's weight-transfer API and needs samplers.engine=vllm; "
@@ -370,35 +421,9 @@ def validate(cfg: Config) -> None:
             "async.weight_sync=collective needs learners and samplers on the same kind of device (NCCL between "
             f"GPUs, gloo between CPUs); got learners.num_gpus={lr.num_gpus}, samplers.num_gpus={s.num_gpus}",
         ),
-        (lr.lr > 0, "learners.lr must be > 0"),
-        (lr.grad_clip > 0, "learners.grad_clip must be > 0"),
-        (lr.micro_batch_size >= 1, "learners.micro_batch_size must be >= 1"),
-        (lr.minibatches >= 1, "learners.minibatches must be >= 1 (1 = one optimiser step per training step)"),
-        (0 < lo.clip_eps < 1, f"loss.clip_eps={lo.clip_eps} must lie in (0, 1)"),
-        (lo.beta > 0, f"loss.beta={lo.beta} must be > 0 (policy shaping w / (w + beta))"),
-        (lo.tis_cap is None or lo.tis_cap >= 1.0, "loss.tis_cap must be >= 1 or null"),
-        (cfg.async_.max_staleness >= 0, "async.max_staleness must be >= 0 (0 = synchronous)"),
         (
-            m.max_response_len >= 1 and m.max_prompt_len >= 1,
-            "model.max_prompt_len and model.max_response_len must be >= 1",
-        ),
-        (s.temperature > 0, "samplers.temperature must be > 0"),
-        (0 < s.top_p <= 1, "samplers.top_p must lie in (0, 1]"),
-        (s.requests_per_call >= 1, "samplers.requests_per_call must be >= 1"),
-        (s.verify_timeout_s > 0, "samplers.verify_timeout_s must be > 0"),
-        (
-            not (s.engine == "vllm" and m.dtype == "float16" and s.num_gpus == 0),
+            not (s.engine == "vllm" and cfg.model.dtype == "float16" and s.num_gpus == 0),
             "model.dtype=float16 is not supported by vLLM on CPU; use float32 or bfloat16",
-        ),
-        (t.eval_samples >= 1, "trainer.eval_samples must be >= 1"),
-        (t.keep_checkpoints >= 1, "trainer.keep_checkpoints must be >= 1"),
-        (
-            min(t.eval_every, t.checkpoint_every) >= 0,
-            "trainer.eval_every and trainer.checkpoint_every must be >= 0",
-        ),
-        (
-            min(s.num_cpus, s.num_gpus, lr.num_cpus, lr.num_gpus) >= 0,
-            "samplers.num_cpus/num_gpus and learners.num_cpus/num_gpus must be >= 0",
         ),
         (
             lr.num_cpus + lr.num_gpus > 0,
@@ -406,14 +431,7 @@ def validate(cfg: Config) -> None:
             "reserve something; set learners.num_cpus=1",
         ),
     ]
-    if r.mu is not None:
-        checks.append(
-            (
-                0 < r.mu < t.rollouts_per_question,
-                f"replay.mu={r.mu} must lie strictly between 0 and K={t.rollouts_per_question}",
-            )
-        )
-    errors = [msg for ok, msg in checks if not ok]
+    errors += [msg for ok, msg in checks if not ok]
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 

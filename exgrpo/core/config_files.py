@@ -1,7 +1,8 @@
 """Config files and overrides: the packaged default (`exgrpo/configs/default.yaml`), then a user's YAML file or
 packaged name, then `key.sub=value` overrides, merged and parsed into a validated `Config` (`load_config`).
 
-YAML is read with `yaml.safe_load` only; a typo names the closest key (`from_dict` in `config.py`).
+YAML is read with `yaml.safe_load` only; a typo names the closest key (`from_dict` in `config.py`) and
+the file or override it came from (each source's keys and types are checked on their own before the merge).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from exgrpo.core.config import Config, ConfigError, from_dict
+from exgrpo.core.config import Config, ConfigError, from_dict, parse_sections
 
 PACKAGED_CONFIGS = Path(__file__).parents[1] / "configs"  # exgrpo/configs
 
@@ -89,11 +90,21 @@ def load_config(
         user = _read_config_file(path) or {}
         if not isinstance(user, dict):
             raise ConfigError(f"{path}: a config file must be a mapping of sections")
-        layers.append(user)
-    layers += [parse_override(text) for text in overrides]
+        layers.append(_checked(user, f"config file {str(path)!r}"))
+    layers += [_checked(parse_override(text), f"override {text!r}") for text in overrides]
     touched: list[dict[str, Any]] = [d for layer in layers if isinstance(d := layer.get("data"), dict)]
     if any("train" in d for d in touched) and not any("eval" in d for d in touched):
         layers.insert(0, {"data": {"eval": ""}})
     for layer in layers:
         data = _merge(data, layer)
     return from_dict(data)
+
+
+def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """`data` after checking its keys and value types on their own; an error names `where` (the file or
+    the override), which the merged config would no longer know."""
+    try:
+        parse_sections(data)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    return data

@@ -86,6 +86,7 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
         "ExGRPO with grpo's 8 fresh questions per step plus up to 8 replayed (equal fresh data, 2x batch)",
     ),
 }
+SEEDS = [0, 1, 2]  # the default seeds of a sweep
 # every run also measures where its gradient comes from (learners.diagnostics.gradient_shares; no effect on training)
 DIAGNOSTICS = ["learners.grad_share_every=5"]
 
@@ -135,12 +136,32 @@ def run_one(name: str, seed: int, overrides: list[str], out: Path) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
+    width = max(len(name) for name in VARIANTS)
     parser = argparse.ArgumentParser(
-        prog="python -m exgrpo.experiments.compare", description=__doc__.split("\n")[0]
+        prog="python -m exgrpo.experiments.compare",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # keeps the variant list's lines
+        epilog="variants (--variants NAME ...):\n"
+        + "\n".join(f"  {name:<{width}}  {what}" for name, (_, what) in VARIANTS.items()),
     )
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--out", default="runs/compare")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=list(VARIANTS),
+        choices=list(VARIANTS),
+        metavar="NAME",
+        help="variants to run, listed below (default: all of them)",
+    )
+    parser.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=SEEDS,
+        help=f"seeds of every variant (default: {' '.join(map(str, SEEDS))})",
+    )
+    parser.add_argument(
+        "--out", default="runs/compare", help="directory of the runs and the tables (default: %(default)s)"
+    )
     parser.add_argument(
         "--report", metavar="DIR", help="only write table.md and curves.png from DIR/results.json"
     )

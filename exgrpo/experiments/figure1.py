@@ -95,8 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m exgrpo.experiments.figure1", description=__doc__.split("\n")[0]
     )
     parser.add_argument("runs", nargs="+", type=Path, help="run directories holding candidates.jsonl")
-    parser.add_argument("--bins", type=int, default=5)
-    parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    parser.add_argument(
+        "--bins", type=int, default=5, help="entropy bins (quantiles over all rows) (default: %(default)s)"
+    )
+    parser.add_argument("--out", type=Path, help="write the figures as JSON here (default: print only)")
     args = parser.parse_args(argv)
     try:
         rows = read_candidates(args.runs)

@@ -118,8 +118,9 @@ def config_fingerprint(cfg: Config | dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(meaning, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def config_differences(stored: dict[str, Any], cfg: Config) -> list[str]:
-    """'key: checkpoint value -> new value' for every meaningful key that differs.
+def config_differences(stored: dict[str, Any], cfg: Config, *, include_harmless: bool = False) -> list[str]:
+    """'key: checkpoint value -> new value' for every meaningful key that differs (and with
+    `include_harmless`, every key in HARMLESS_KEYS that differs too).
 
     Keys the checkpoint does not know (fields added to the code since it was written) are not compared.
     """
@@ -127,7 +128,7 @@ def config_differences(stored: dict[str, Any], cfg: Config) -> list[str]:
     return [
         f"{k}: {old[k]!r} -> {new[k]!r}"
         for k in sorted(new)
-        if k in old and not harmless(k) and old[k] != new[k]
+        if k in old and (include_harmless or not harmless(k)) and old[k] != new[k]
     ]
 
 
@@ -165,6 +166,25 @@ def resume_checkpoint(run_dir: Path, cfg: Config) -> Path:
             f"continue, e.g. python -m exgrpo.run --resume {run_dir} trainer.steps={2 * step}"
         )
     return ckpt
+
+
+def resume_report(run_dir: Path, cfg: Config) -> str:
+    """What `--resume run_dir` with `cfg` would do (`python -m exgrpo.run --dry-run --resume`), checked as
+    the resume itself checks (`resume_checkpoint`, then the checkpoint's model directory that the actors
+    load) without starting anything: the checkpoint, the steps, and every setting that changes."""
+    ckpt = resume_checkpoint(run_dir, cfg)
+    if not (ckpt / "model").is_dir():
+        raise ResumeError(
+            f"cannot resume {str(run_dir)!r} from {ckpt.name}: it has no model/ directory (an incomplete "
+            "checkpoint); start the run again in another logging.run_dir"
+        )
+    lines = [f"resume {run_dir} from {ckpt.name}: steps {checkpoint_step(ckpt)} -> {cfg.trainer.steps}"]
+    meta_file = ckpt / CONFIG_FILE
+    if not meta_file.is_file():
+        return "\n".join([*lines, f"  the config is not checked: {ckpt.name} has no {CONFIG_FILE}"])
+    changes = config_differences(json.loads(meta_file.read_text())["config"], cfg, include_harmless=True)
+    lines += [f"  changes (each allowed on resume): {len(changes)}" if changes else "  no setting changes"]
+    return "\n".join([*lines, *(f"  - {c}" for c in changes)])
 
 
 def rewind_metrics(run_dir: Path, step: int) -> int:

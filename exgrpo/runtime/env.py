@@ -16,6 +16,7 @@ from typing import Any
 import ray
 
 from exgrpo.core.config import Config
+from exgrpo.runtime.resources import local_cluster_cpus
 
 # Environment every actor starts with (one torch thread per process: two on two cores made generation 5-70x slower; vLLM CPU settings).
 ACTOR_ENV = {
@@ -107,8 +108,6 @@ def init_ray(cfg: Config) -> dict[str, Any]:
             env.pop(key, None)
         ctx = ray.init(runtime_env=runtime_env, namespace="exgrpo")
     else:
-        s, lr = cfg.samplers, cfg.learners
-        needed = s.num * s.num_cpus + lr.num * lr.num_cpus
         os.environ.setdefault(
             "RAY_AUTH_MODE", "disabled"
         )  # a private local cluster (see README on token auth)
@@ -123,7 +122,7 @@ def init_ray(cfg: Config) -> dict[str, Any]:
         )
         ctx = ray.init(
             address="local",
-            num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)),
+            num_cpus=local_cluster_cpus(cfg),
             runtime_env=runtime_env,
             namespace="exgrpo",
             configure_logging=False,

@@ -15,6 +15,9 @@ bundle or actor cannot span nodes) and as a first-fit packing onto the nodes. Re
 are held by someone else (`ray.available_resources()`) are waited for briefly (a previous run's actors
 are released asynchronously), then reported the same way. An autoscaling cluster that grows on demand
 can skip the check with `EXGRPO_SKIP_RESOURCE_CHECK=1`.
+
+`dry_run_fit(cfg)` (`python -m exgrpo.run --dry-run`) makes the same check before anything starts:
+against the cluster at RAY_ADDRESS, or against the resources Ray would give a local cluster here.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -291,6 +295,81 @@ def check_cluster(cfg: Config, *, model_path: str | Path | None = None, wait_s: 
             log.warning("waiting up to %.0f s for cluster resources: %s", wait_s, "; ".join(busy))
             logged = True
         time.sleep(0.25)
+
+
+def local_cluster_cpus(cfg: Config) -> int:
+    """The logical CPUs `init_ray` gives a local cluster: the machine's, or as many as the plan reserves
+    when that is more (the actors then share the cores)."""
+    s, lr = cfg.samplers, cfg.learners
+    needed = s.num * s.num_cpus + lr.num * lr.num_cpus
+    return max(os.cpu_count() or 1, int(needed + 0.999))
+
+
+def local_resources(cfg: Config) -> dict[str, float]:
+    """The resources a local cluster started by `init_ray` would have, resolved the way Ray resolves them
+    when it starts one (its GPU detection, memory and object store sizes), without starting it."""
+    from ray._private.resource_and_label_spec import ResourceAndLabelSpec
+
+    spec = ResourceAndLabelSpec(num_cpus=local_cluster_cpus(cfg)).resolve(
+        is_head=True, node_ip_address="127.0.0.1"
+    )
+    return {
+        "CPU": float(spec.num_cpus),
+        "GPU": float(spec.num_gpus),
+        "memory": float(spec.memory),
+        "object_store_memory": float(spec.object_store_memory),
+    }
+
+
+def cluster_totals(address: str) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """The total resources and alive nodes of the running cluster at `address` (connects as a driver,
+    starts no actor, disconnects).
+
+    A `host:port` address is first probed with a plain TCP connection (5 s): `ray.init` retries an
+    address where nothing answers for minutes. Raises ConnectionError when nothing answers.
+    """
+    host, _, port = address.split("://")[-1].rpartition(":")
+    if host and port.isdigit():
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError as err:
+            raise ConnectionError(f"nothing answers at {host}:{port}: {err}") from err
+    import ray
+
+    ray.init(address=address, namespace="exgrpo", configure_logging=False, log_to_driver=False)
+    try:
+        return dict(ray.cluster_resources()), _alive_nodes(ray)
+    finally:
+        ray.shutdown()
+
+
+def dry_run_fit(cfg: Config) -> str:
+    """Whether the plan fits the cluster a run would use (`python -m exgrpo.run --dry-run`), checked as at
+    start (`shortfalls`): the cluster at RAY_ADDRESS when it is set and reachable, else a local cluster on
+    this machine. One line when it fits; a `ResourceError` naming what is missing and the fix when not."""
+    if os.environ.get("EXGRPO_SKIP_RESOURCE_CHECK"):
+        return "resources not checked: EXGRPO_SKIP_RESOURCE_CHECK is set"
+    plan = plan_resources(cfg, model_bytes=model_weight_bytes(cfg.model.path))
+    address, note = os.environ.get("RAY_ADDRESS"), ""
+    nodes: list[dict[str, float]] = []
+    if address:
+        try:
+            total, nodes = cluster_totals(address)
+            where, have = f"the Ray cluster at {address}", "the cluster has {n}"
+        except (ConnectionError, TimeoutError, RuntimeError, ValueError) as err:
+            note = f"RAY_ADDRESS={address} is not reachable ({err}); a real run would fail to attach. "
+            address = None
+    if not address:
+        total = local_resources(cfg)
+        where = f"a local cluster on this machine ({local_cluster_cpus(cfg)} logical CPUs)"
+        have = "a local cluster here would have {n}"
+    problems = shortfalls(cfg, plan, total, nodes, have=have)
+    if problems:
+        raise ResourceError(f"{note}the run cannot be placed on {where}:\n  - " + "\n  - ".join(problems))
+    return (
+        f"{note}fits {where}: the plan needs {_num(plan.cpus)} of {_num(total.get('CPU', 0))} CPUs and "
+        f"{_num(plan.gpus)} of {_num(total.get('GPU', 0))} GPUs"
+    )
 
 
 def placement_plan(cfg: Config) -> str:

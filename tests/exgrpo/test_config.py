@@ -70,14 +70,14 @@ def test_override_parsing():
     [
         (["replay.rho=1.5"], r"replay.rho=1.5 must lie in \[0, 1\]"),
         (["replay.rho=-0.1"], r"replay.rho=-0.1 must lie in \[0, 1\]"),
-        (["trainer.rollouts_per_question=1"], "K must be >= 2"),
+        (["trainer.rollouts_per_question=1"], r"trainer.rollouts_per_question=1 must be >= 2 \(K: group"),
         (["learners.num=3", "trainer.questions_per_step=8"], "not divisible across learners.num=3"),
         (["learners.minibatches=3"], "mini-batches"),
         (["replay.rhoo=0.3"], "did you mean 'rho'"),
         (["replays.rho=0.3"], "did you mean 'replay'"),
         (["samplers.engine=tgi"], r"samplers.engine='tgi' is not allowed; choose one of \['hf', 'vllm'\]"),
         (["trainer.steps=abc"], "trainer.steps must be an integer"),
-        (["trainer.steps=0"], "trainer.steps must be >= 1"),
+        (["trainer.steps=0"], "trainer.steps=0 must be >= 1"),
         (["loss.beta=0"], "loss.beta=0.0 must be > 0"),
         (["loss.clip_eps=1.5"], r"loss.clip_eps=1.5 must lie in \(0, 1\)"),
         (["async.weight_sync=collective"], "needs samplers.engine=vllm"),
@@ -85,10 +85,16 @@ def test_override_parsing():
             ["async.weight_sync=collective", "samplers.engine=vllm", "learners.num_gpus=1"],
             "same kind of device",
         ),
-        (["learners.zero_stage=5"], "must be 0, 1, 2 or 3"),
-        (["async.max_staleness=-1"], "async.max_staleness must be >= 0"),
-        (["replay.mu=9"], "replay.mu=9.0 must lie strictly between 0 and K=8"),
-        (["samplers.num=0"], "samplers.num must be >= 1"),
+        (["learners.zero_stage=5"], r"learners.zero_stage=5 must lie in \[0, 3\]"),
+        (["async.max_staleness=-1"], r"async.max_staleness=-1 must be >= 0 \(0 = synchronous\)"),
+        (["replay.mu=9"], r"replay.mu=9.0 must lie in \(0, trainer.rollouts_per_question=8\)"),
+        (["samplers.num=0"], r"samplers.num=0 must be >= 1 \(scale down to 1, not 0\)"),
+        (["logging.dashboard_port=0"], r"logging.dashboard_port=0 must lie in \[1, 65535\] \(a TCP port\)"),
+        (
+            ["data.fresh_per_step=9"],
+            r"data.fresh_per_step=9 must lie in \[1, trainer.questions_per_step=8\] \(or null",
+        ),
+        (["samplers.top_p=0"], r"samplers.top_p=0.0 must lie in \(0, 1\]"),
         (["replay.enabled=maybe"], "replay.enabled must be true or false"),
     ],
 )
@@ -100,7 +106,7 @@ def test_invalid_configs_name_field_and_fix(overrides, message):
 def test_several_errors_are_reported_together():
     with pytest.raises(ConfigError) as err:
         load_config(None, ["replay.rho=2", "trainer.rollouts_per_question=1"])
-    assert "replay.rho" in str(err.value) and "K must be >= 2" in str(err.value)
+    assert "replay.rho" in str(err.value) and "trainer.rollouts_per_question=1 must be >= 2" in str(err.value)
 
 
 def test_missing_config_file_lists_packaged():
@@ -175,3 +181,20 @@ def test_a_new_training_task_brings_its_own_held_out_set(tmp_path):
     user = tmp_path / "my.yaml"
     user.write_text("data:\n  train: builtin:gsm\n  eval: builtin:scratchpad-heldout\n")
     assert load_config(user, ["data.train=builtin:arith"]).data.eval == "builtin:scratchpad-heldout"
+
+
+def test_a_typo_names_the_file_or_override_it_came_from(tmp_path):
+    path = tmp_path / "my.yaml"
+    path.write_text("trainer:\n  steps: 4\nreplay:\n  rhoo: 0.3\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"config file {str(path)!r}: unknown config key replay.rhoo; did you mean 'rho'?"
+    path.write_text("trainer:\n  steps: many\n")
+    with pytest.raises(ConfigError, match=r"config file '.*my.yaml': trainer.steps must be an integer"):
+        load_config(path)
+    path.write_text("trainer:\n  steps: 4\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["trainer.steps=5", "replay.rhoo=0.3"])
+    assert str(err.value) == "override 'replay.rhoo=0.3': unknown config key replay.rhoo; did you mean 'rho'?"
+    with pytest.raises(ConfigError, match=r"^override 'replays.rho=0.3': unknown config section 'replays'"):
+        load_config(None, ["replays.rho=0.3"])
