@@ -350,24 +350,26 @@ def dry_run_fit(cfg: Config) -> str:
     if os.environ.get("EXGRPO_SKIP_RESOURCE_CHECK"):
         return "resources not checked: EXGRPO_SKIP_RESOURCE_CHECK is set"
     plan = plan_resources(cfg, model_bytes=model_weight_bytes(cfg.model.path))
-    address, note = os.environ.get("RAY_ADDRESS"), ""
+    address = os.environ.get("RAY_ADDRESS")
     nodes: list[dict[str, float]] = []
     if address:
         try:
             total, nodes = cluster_totals(address)
             where, have = f"the Ray cluster at {address}", "the cluster has {n}"
         except (ConnectionError, TimeoutError, RuntimeError, ValueError) as err:
-            note = f"RAY_ADDRESS={address} is not reachable ({err}); a real run would fail to attach. "
-            address = None
-    if not address:
+            raise ResourceError(
+                f"RAY_ADDRESS={address} is not reachable ({err}): a run would fail to attach; start the "
+                "cluster (ray start --head) or unset RAY_ADDRESS to run on a local cluster"
+            ) from err
+    else:
         total = local_resources(cfg)
         where = f"a local cluster on this machine ({local_cluster_cpus(cfg)} logical CPUs)"
         have = "a local cluster here would have {n}"
     problems = shortfalls(cfg, plan, total, nodes, have=have)
     if problems:
-        raise ResourceError(f"{note}the run cannot be placed on {where}:\n  - " + "\n  - ".join(problems))
+        raise ResourceError(f"the run cannot be placed on {where}:\n  - " + "\n  - ".join(problems))
     return (
-        f"{note}fits {where}: the plan needs {_num(plan.cpus)} of {_num(total.get('CPU', 0))} CPUs and "
+        f"fits {where}: the plan needs {_num(plan.cpus)} of {_num(total.get('CPU', 0))} CPUs and "
         f"{_num(plan.gpus)} of {_num(total.get('GPU', 0))} GPUs"
     )
 

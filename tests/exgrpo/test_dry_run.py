@@ -62,10 +62,10 @@ def test_an_unreachable_cluster_is_named(monkeypatch, capsys):
 
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     monkeypatch.setattr(resources, "cluster_totals", unreachable)
-    assert run.main(["--dry-run"]) == 0
-    out = capsys.readouterr().out
-    assert "RAY_ADDRESS=10.0.0.1:6379 is not reachable (could not connect to 10.0.0.1:6379)" in out
-    assert "fits a local cluster on this machine" in out
+    assert run.main(["--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "RAY_ADDRESS=10.0.0.1:6379 is not reachable (could not connect to 10.0.0.1:6379)" in err
+    assert "unset RAY_ADDRESS" in err
 
 
 def _run_dir(tmp_path, step, *overrides, model=True):
