@@ -169,6 +169,10 @@ class LoggingConfig:
     dashboard_host: str = "127.0.0.1"  # where the local dashboard listens (0.0.0.0 exposes it to the network)
     dashboard_port: int = 8265  # the local dashboard's port (the next free one if taken)
     verbose: bool = False  # actors' own progress bars, library warnings and info logs (quiet by default)
+    samples_every: int = (
+        10  # every this many steps, a few of the batch's completions to samples.jsonl (0 = off)
+    )
+    samples_per_step: int = 4  # completions written per sampled step (both origins when the batch has both)
 
     def __post_init__(self) -> None:
         raw = self.backends
@@ -186,6 +190,9 @@ class LoggingConfig:
         object.__setattr__(self, "backends", tuple(dict.fromkeys(["jsonl", *raw])))
         if not 0 < self.dashboard_port < 65536:
             raise ConfigError(f"logging.dashboard_port={self.dashboard_port} must be a TCP port (1-65535)")
+        for name in ("samples_every", "samples_per_step"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"logging.{name}={getattr(self, name)} must be >= 0 (0 = no samples)")
 
 
 @dataclass(frozen=True)

@@ -162,3 +162,12 @@ def test_literal_types_are_defined_once():
         if p.name != "config.py" and spelt.search(p.read_text())
     ]
     assert copies == []
+
+
+def test_samples_settings_default_on_and_refuse_negatives():
+    lc = load_config(None, []).logging
+    assert lc.samples_every > 0 and lc.samples_per_step > 0
+    assert load_config(None, ["logging.samples_every=0"]).logging.samples_every == 0  # off
+    for field in ("samples_every", "samples_per_step"):
+        with pytest.raises(ConfigError, match=rf"logging.{field}=-1 must be >= 0"):
+            load_config(None, [f"logging.{field}=-1"])
