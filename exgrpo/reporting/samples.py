@@ -114,8 +114,9 @@ class SampleLog(Observer):
         self._pending: TrainBatch | None = None
 
     def on_train_start(self, *, system: Any, driver: Any) -> None:
-        kept = [r for r in read_samples(self.path) if r["step"] < driver.step]
-        if self.path.is_file():
+        written = read_samples(self.path)
+        kept = [r for r in written if r["step"] < driver.step]
+        if len(kept) < len(written):
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def on_batch(self, *, batch: TrainBatch) -> None:
