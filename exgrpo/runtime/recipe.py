@@ -186,7 +186,10 @@ class TrainingRecipe:
         self.logger = MetricsLogger.from_config(run_dir, cfg)  # metrics.jsonl + logging.backends + Ray gauges
         phases.start(Phase.TRAIN_LOOP, announce=False)  # evaluations, steps, final save: the bar shows them
         self.progress = Progress(
-            total=cfg.trainer.steps, enabled=cfg.logging.progress, evaluating=bool(self.eval_set)
+            total=cfg.trainer.steps,
+            enabled=cfg.logging.progress,
+            evaluating=bool(self.eval_set),
+            eval_key=f"eval(T {cfg.samplers.temperature}, n {cfg.trainer.eval_samples})",
         )
         self.checkpointer = (
             Checkpointer(run_dir, model_path=model_path, keep=cfg.trainer.keep_checkpoints)

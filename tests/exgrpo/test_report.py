@@ -245,3 +245,12 @@ def test_samples_table_renders_in_chromium(tmp_path):
         dark[1600:2000].mean(),
         dark[2000:].mean(),
     )
+
+
+def test_progress_bar_names_the_heldout_figure_with_t_and_n(capsys):
+    from exgrpo.reporting.console import Progress
+
+    bar = Progress(total=2, eval_key="eval(T 0.6, n 4)")
+    bar.on_step(record={M.STEP: 0, M.EVAL_ACCURACY: 0.25})
+    bar.close()
+    assert "eval(T 0.6, n 4)=0.250" in capsys.readouterr().err
