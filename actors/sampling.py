@@ -1,4 +1,5 @@
-""" "Generate n, verify": the project's one loop from prompts to rewards (`sample_rewards`).
+""" "Generate n, verify": the project's one loop from prompts to rewards (`sample_rewards`), or to the
+completions with their rewards (`sample_completions`, for `python -m exgrpo.evaluate --save-completions`).
 
 Used by the samplers' held-out evaluation, `python -m exgrpo.evaluate` and the base-model measurements.
 Engine-agnostic (anything implementing `GenerationEngine.generate`); imports no Ray, vLLM or DeepSpeed.
@@ -7,6 +8,7 @@ Engine-agnostic (anything implementing `GenerationEngine.generate`); imports no 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from exgrpo.core.config import TemplateName
@@ -23,6 +25,14 @@ class Scorer(Protocol):
     def score_prompts(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> list[float]: ...
 
 
+@dataclass(frozen=True)
+class Samples:
+    """One prompt's n sampled completions and their rewards, in sample order."""
+
+    texts: tuple[str, ...]
+    rewards: tuple[float, ...]
+
+
 def sample_rewards(
     engine: GenerationEngine,
     verifier: Scorer,
@@ -36,13 +46,44 @@ def sample_rewards(
     seed: int | None = None,
     tokenizer: Any = None,
 ) -> list[tuple[float, ...]]:
-    """Per prompt, the rewards of its n sampled responses: one engine call, one verifier call.
+    """Per prompt, the rewards of its n sampled responses (`sample_completions` without the texts)."""
+    return [
+        s.rewards
+        for s in sample_completions(
+            engine,
+            verifier,
+            prompts,
+            n=n,
+            template=template,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            tokenizer=tokenizer,
+        )
+    ]
+
+
+def sample_completions(
+    engine: GenerationEngine,
+    verifier: Scorer,
+    prompts: Sequence[Prompt],
+    *,
+    n: int,
+    template: TemplateName,
+    max_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    tokenizer: Any = None,
+) -> list[Samples]:
+    """Per prompt, its n sampled responses and their rewards: one engine call, one verifier call.
 
     Prompts are rendered with `render_prompt(question, template=..., tokenizer=...)`; `tokenizer`
     defaults to the engine's own `tokenizer` attribute when it has one. The engine call is
     `generate(texts, n=n, max_tokens=, temperature=, top_p=, seed=)` (vLLM seeds prompt i's sample
     j with seed + i * n + j). At temperature 0 all n samples would be the greedy decode: one is
-    generated and its reward repeated n times. The verifier's extraction mode must be
+    generated and it (with its reward) repeated n times. The verifier's extraction mode must be
     `reward_mode(template)` (checked when the verifier has a `mode`).
     """
     check_scoring(verifier, n=n, temperature=temperature, template=template)
@@ -62,7 +103,13 @@ def sample_rewards(
         )
     asked = [p for p in prompts for _ in range(drawn)]
     rewards = verifier.score_prompts(asked, [c.text for comps in outs for c in comps])
-    return [tuple(rewards[i * drawn : (i + 1) * drawn]) * (n // drawn) for i in range(len(prompts))]
+    return [
+        Samples(
+            texts=tuple(c.text for c in comps) * (n // drawn),
+            rewards=tuple(rewards[i * drawn : (i + 1) * drawn]) * (n // drawn),
+        )
+        for i, comps in enumerate(outs)
+    ]
 
 
 def check_scoring(verifier: Scorer, *, n: int, temperature: float, template: TemplateName) -> None:

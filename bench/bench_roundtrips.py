@@ -57,7 +57,7 @@ def count_run(config: str, steps: int, overrides: list[str]) -> dict:
     finally:
         ray.get = original
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    times = [r["system/step_time_s"] for r in records]
+    times = [r["system/step_time_s"] for r in records if r["step"] >= 0]  # step -1: the first evaluation
     return {
         "steps": steps,
         "ray_get_calls": calls["get"],

@@ -2,21 +2,27 @@
 
     python -m exgrpo.evaluate --model runs/X/final --data aime24.parquet --template think --n 32
     python -m exgrpo.evaluate --model builtin:tiny --data builtin:arith --num 200 --max-tokens 32
+    python -m exgrpo.evaluate --model runs/X/final --data builtin:arith --save-completions completions.jsonl
 
-The scores are defined in `exgrpo/evaluation/scores.py`.
+The scores are defined in `exgrpo/evaluation/scores.py`. `--save-completions` also writes every sampled
+completion (the n per question behind Avg@n; not the greedy decode) as one JSON line, so the figures can
+be read back to the text that earned them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, get_args
+from typing import IO, TYPE_CHECKING, get_args
 
+from actors.sampling import Samples
 from exgrpo.core.config import Dtype, EngineKind
 from exgrpo.core.fileio import atomic_write_text
+from exgrpo.core.records import Prompt
 from exgrpo.data.templates import TEMPLATES, render_prompt, reward_mode
 from exgrpo.evaluation.scores import evaluate, format_table, load_data
 
@@ -111,7 +117,40 @@ def _parser() -> argparse.ArgumentParser:
         help="the reward: math (the answer verifier) or package.module:function / file.py:function "
         "(default: %(default)s)",
     )
+    p.add_argument(
+        "--save-completions",
+        metavar="PATH",
+        help="also write every sampled completion to this JSONL file "
+        "(qid, data_source, prompt, completion, reward, sample) (default: not written)",
+    )
     return p
+
+
+class CompletionWriter:
+    """`--save-completions`: one JSON line per sampled completion, written to `<path>.tmp` as the
+    evaluation goes and moved to `path` when it ends, so a failed evaluation leaves no partial file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp = path.with_name(path.name + ".tmp")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] = self.tmp.open("w")
+
+    def __call__(self, prompt: Prompt, samples: Samples) -> None:
+        for j, (text, reward) in enumerate(zip(samples.texts, samples.rewards, strict=True)):
+            row = {
+                "qid": prompt.qid,
+                "data_source": prompt.data_source,
+                "prompt": prompt.question,
+                "completion": text,
+                "reward": reward,
+                "sample": j,
+            }
+            self._file.write(json.dumps(row) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+        os.replace(self.tmp, self.path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     t0 = time.perf_counter()
+    completions = CompletionWriter(Path(args.save_completions)) if args.save_completions else None
     with scorer as v:
         report = evaluate(
             engine,
@@ -182,7 +222,10 @@ def main(argv: list[str] | None = None) -> int:
             verifier=v,
             seed=args.seed,
             progress=lambda done, total: print(f"  {done}/{total} questions", file=sys.stderr),
+            on_samples=completions,
         )
+    if completions is not None:
+        completions.close()
     wall_s = time.perf_counter() - t0
     print(format_table(report))
     out = Path(args.out) if args.out else model_dir / f"eval-{data.name}.json"
@@ -204,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     atomic_write_text(out, json.dumps(payload, indent=2) + "\n")
     print(f"wrote {out}", file=sys.stderr)
+    if completions is not None:
+        print(f"wrote {completions.path} ({len(data.prompts) * args.n} completions)", file=sys.stderr)
     return 0
 
 

@@ -194,6 +194,10 @@ class LoggingConfig:
     dashboard_host: str = "127.0.0.1"  # where the local dashboard listens (0.0.0.0 exposes it to the network)
     dashboard_port: int = 8265  # the local dashboard's port (the next free one if taken)
     verbose: bool = False  # actors' own progress bars, library warnings and info logs (quiet by default)
+    samples_every: int = (
+        10  # every this many steps, a few of the batch's completions to samples.jsonl (0 = off)
+    )
+    samples_per_step: int = 4  # completions written per sampled step (both origins when the batch has both)
 
     def __post_init__(self) -> None:
         raw = self.backends
@@ -386,6 +390,8 @@ BOUNDS: dict[str, Bound] = {
     "trainer.checkpoint_every": Bound(lo=0, note="0 = only at the end"),
     "trainer.keep_checkpoints": Bound(lo=1),
     "logging.dashboard_port": Bound(lo=1, hi=65535, note="a TCP port"),
+    "logging.samples_every": Bound(lo=0, note="0 = no samples"),
+    "logging.samples_per_step": Bound(lo=0, note="0 = no samples"),
 }
 
 

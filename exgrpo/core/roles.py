@@ -115,7 +115,7 @@ class Scaling(Protocol):
 
 class RunObserver(Protocol):
     """What a run reports as it goes; an observer only watches (what it returns is ignored, what it raises
-    ends the run). The driver calls `on_batch`, `on_step` and `on_candidates`; the training recipe
+    ends the run). The driver calls `on_batch`, `on_step`, `on_eval` and `on_candidates`; the training recipe
     (`exgrpo/runtime/recipe.py`) calls `on_train_start` and `on_train_end` with the system it built.
     `exgrpo/loop/observer.py` has a no-op base to subclass and `Observers`, several as one."""
 
@@ -127,6 +127,9 @@ class RunObserver(Protocol):
 
     def on_step(self, *, record: dict[str, Any]) -> None:
         """Every step's metrics record (docs/metrics.md), after its evaluation, before its checkpoint."""
+
+    def on_eval(self, *, record: dict[str, Any]) -> None:
+        """The held-out evaluation before the first step, as a record of its own: step -1, eval/ keys only."""
 
     def on_candidates(self, *, step: int, rows: list[dict[str, Any]]) -> None:
         """One row per replay candidate scored at `step` (entropy, trace validity); only with a trace check."""

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from actors.sampling import Scorer, check_scoring, sample_rewards
+from actors.sampling import Samples, Scorer, check_scoring, sample_completions
 from exgrpo.core.config import TemplateName
 from exgrpo.core.records import Prompt
 from exgrpo.data.sources import SourceData, read_source
@@ -82,6 +82,7 @@ def evaluate(
     seed: int | None = 0,
     chunk_size: int = 512,
     progress: Callable[[int, int], None] | None = None,
+    on_samples: Callable[[Prompt, Samples], None] | None = None,
 ) -> EvalReport:
     """Avg@n, Pass@1 and Pass@n of `engine` on `prompts` (see the module docstring).
 
@@ -89,7 +90,8 @@ def evaluate(
     pass (n, T) per chunk (at T = 0 the greedy rewards stand in for the samples); the chunk
     starting at prompt index s samples with seed `seed + s * n`, so prompt i's samples get the
     seeds a single call would give them (vLLM: seed + i * n + j). `progress(done, total)` is
-    called after each chunk.
+    called after each chunk; `on_samples(prompt, samples)` with each prompt's n samples (texts and
+    rewards; at T = 0 the greedy decode n times), in prompt order.
     """
     if not prompts:
         raise ValueError("no prompts to evaluate")
@@ -100,18 +102,22 @@ def evaluate(
     results: list[QuestionResult] = []
     for start in range(0, len(prompts), chunk_size):
         chunk = prompts[start : start + chunk_size]
-        greedy = sample_rewards(engine, verifier, chunk, n=1, temperature=0.0, seed=seed, **common)
+        greedy = sample_completions(engine, verifier, chunk, n=1, temperature=0.0, seed=seed, **common)
         if temperature == 0:
-            samples = [g * n for g in greedy]
+            samples = [Samples(texts=g.texts * n, rewards=g.rewards * n) for g in greedy]
         else:
             sample_seed = None if seed is None else seed + start * n
-            samples = sample_rewards(
+            samples = sample_completions(
                 engine, verifier, chunk, n=n, temperature=temperature, top_p=top_p, seed=sample_seed, **common
             )
         for p, g, drawn in zip(chunk, greedy, samples, strict=True):
             results.append(
-                QuestionResult(p.qid, p.data_source, sum(1 for r in drawn if r > 0.5), float(g[0] > 0.5))
+                QuestionResult(
+                    p.qid, p.data_source, sum(1 for r in drawn.rewards if r > 0.5), float(g.rewards[0] > 0.5)
+                )
             )
+            if on_samples is not None:
+                on_samples(p, drawn)
         if progress is not None:
             progress(len(results), len(prompts))
     return summarize(results, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
@@ -172,7 +178,17 @@ def format_table(report: EvalReport) -> str:
             f"{name:<{width}}  {s.questions:>9}  {100 * s.avg_at_n:>8.1f}  "
             f"{100 * s.pass_at_1:>8.1f}  {100 * s.pass_at_n:>8.1f}"
         )
+    lines.append(measured_at(report))
     return "\n".join(lines)
+
+
+def measured_at(report: EvalReport) -> str:
+    """One line saying how the table's figures were measured (T and n), printed under it."""
+    n = report.n
+    return (
+        f"Avg@{n}, Pass@{n}: n {n} samples per question at T {report.temperature:g} (top-p {report.top_p:g}); "
+        f"Pass@1: one greedy decode (T 0)"
+    )
 
 
 def load_data(

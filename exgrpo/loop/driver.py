@@ -117,8 +117,8 @@ class Driver:
         """Run (or, after `load_state_dict`, continue) until `trainer.steps`; returns this call's records."""
         steps = self.cfg.trainer.steps
         records: list[dict[str, Any]] = []
-        if self.step == 0 and not self.eval_history:
-            self.evaluate()
+        if self.step == 0 and not self.eval_history and (before := self.evaluate()):
+            self.observer.on_eval(record={M.STEP: -1, **before})  # eval/version = step + 1, as in every row
         while self.step < steps:
             step, t0 = self.step, time.perf_counter()
             self.apply_scaling()

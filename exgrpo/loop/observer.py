@@ -34,6 +34,9 @@ class Observer:
     def on_step(self, *, record: dict[str, Any]) -> None:
         pass
 
+    def on_eval(self, *, record: dict[str, Any]) -> None:
+        pass
+
     def on_candidates(self, *, step: int, rows: list[dict[str, Any]]) -> None:
         pass
 
@@ -58,6 +61,10 @@ class Observers(Observer):
     def on_step(self, *, record: dict[str, Any]) -> None:
         for o in self.observers:
             o.on_step(record=record)
+
+    def on_eval(self, *, record: dict[str, Any]) -> None:
+        for o in self.observers:
+            o.on_eval(record=record)
 
     def on_candidates(self, *, step: int, rows: list[dict[str, Any]]) -> None:
         for o in self.observers:

@@ -114,8 +114,12 @@ def quiet_libraries(*, verbose: bool) -> None:
 class Progress(Observer):
     """A tqdm bar showing reward, solve ratio, replay size and held-out accuracy (`on_step` moves it)."""
 
-    def __init__(self, *, total: int, enabled: bool = True, evaluating: bool = False) -> None:
-        """`evaluating`: the loop starts with a held-out evaluation; the bar says so until the first step."""
+    def __init__(
+        self, *, total: int, enabled: bool = True, evaluating: bool = False, eval_key: str = "eval"
+    ) -> None:
+        """`evaluating`: the loop starts with a held-out evaluation; the bar says so until the first step.
+        `eval_key`: the held-out accuracy's name on the bar, saying how it was measured (`eval(T 1.0, n 4)`)."""
+        self.eval_key = eval_key
         self._bar = None
         if enabled:
             from tqdm import tqdm
@@ -134,7 +138,7 @@ class Progress(Observer):
             "v": record.get(M.VERSION, 0),
         }
         if M.EVAL_ACCURACY in record:
-            post["eval"] = f"{record[M.EVAL_ACCURACY]:.3f}"
+            post[self.eval_key] = f"{record[M.EVAL_ACCURACY]:.3f}"
         self._bar.set_postfix(post, refresh=False)
         self._bar.update(1)
 

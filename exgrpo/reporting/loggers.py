@@ -37,6 +37,8 @@ class Backend(Protocol):
 
     def summary(self, values: Mapping[str, Any]) -> None: ...
 
+    def samples(self, rows: Sequence[Mapping[str, Any]], step: int) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -100,6 +102,9 @@ class JsonlBackend:
     def summary(self, values: Mapping[str, Any]) -> None:
         pass  # the report writes summary.json
 
+    def samples(self, rows: Sequence[Mapping[str, Any]], step: int) -> None:
+        pass  # `exgrpo.reporting.samples.SampleLog` writes samples.jsonl
+
     def close(self) -> None:
         self._file.close()
 
@@ -129,6 +134,12 @@ class TensorBoardBackend:
     def log(self, record: Mapping[str, Any], step: int) -> None:
         for key, value in numeric(record).items():
             self._writer.add_scalar(key, value, step)
+
+    def samples(self, rows: Sequence[Mapping[str, Any]], step: int) -> None:
+        """The step's sampled completions as one text entry, tag `samples` (TensorBoard's Text tab)."""
+        from exgrpo.reporting.samples import as_markdown
+
+        self._writer.add_text("samples", as_markdown(rows), step)
 
     def summary(self, values: Mapping[str, Any]) -> None:
         flat = {k: v for k, v in values.items() if isinstance(v, int | float | str | bool)}
@@ -195,6 +206,15 @@ class WandbBackend:
     def log(self, record: Mapping[str, Any], step: int) -> None:
         self._run.log({**numeric(record), STEP_KEY: step})
 
+    def samples(self, rows: Sequence[Mapping[str, Any]], step: int) -> None:
+        """The step's sampled completions as a `wandb.Table` under the key `samples`."""
+        import wandb
+
+        from exgrpo.reporting.samples import FIELDS
+
+        table = wandb.Table(columns=list(FIELDS), data=[[r[f] for f in FIELDS] for r in rows])
+        self._run.log({"samples": table, STEP_KEY: step})
+
     def summary(self, values: Mapping[str, Any]) -> None:
         for k, v in values.items():
             if isinstance(v, int | float | str | bool):
@@ -224,6 +244,9 @@ class RayGaugeBackend:
 
     def summary(self, values: Mapping[str, Any]) -> None:
         pass
+
+    def samples(self, rows: Sequence[Mapping[str, Any]], step: int) -> None:
+        pass  # text has no gauge
 
     def close(self) -> None:
         pass
@@ -311,6 +334,14 @@ class MetricsLogger(Observer):
 
     def on_step(self, *, record: dict[str, Any]) -> None:
         self.log(record)
+
+    def on_eval(self, *, record: dict[str, Any]) -> None:
+        self.log(record)  # the evaluation before the first step: a row of its own (step -1)
+
+    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
+        """A step's sampled completions (`exgrpo.reporting.samples`) to the backends that show text."""
+        for backend in self.backends.values():
+            backend.samples(rows, step)
 
     def summary(self, values: dict[str, Any]) -> None:
         """End-of-run figures (`exgrpo.reporting.report.summary`) to the backends that keep a run summary."""

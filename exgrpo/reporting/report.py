@@ -1,8 +1,11 @@
 """The end of a run: the summary table, the plots and report.html (the terminal during a run: `console.py`).
 
 - `write_report`: `summary.json`, `summary.txt` (also printed), `plots/*.png` (`logging.plots`) and
-  one self-contained `report.html` (`logging.report`: the plots inlined as base64 PNG, no
-  external file or network access).
+  one self-contained `report.html` (`logging.report`: the plots inlined as base64 PNG and the last
+  sampled completions of `samples.jsonl`, no external file or network access).
+
+Every held-out figure says how it was measured (`measured`): Avg@n at the evaluation's temperature T
+with n samples per question, so a reader never compares figures measured differently.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 from exgrpo.core import metric_names as M
 from exgrpo.core.fileio import atomic_write_text
 from exgrpo.reporting.console import Phase
+from exgrpo.reporting.samples import last_steps, read_samples
 
 # Start-up and tear-down phases of the training recipe: the fixed overhead of a run (all but the loop).
 FIXED_PHASES = tuple(p for p in Phase if p is not Phase.TRAIN_LOOP)
@@ -28,6 +32,12 @@ TIME_SPLIT = (
     ("sync", M.SYNC_TIME),
     ("idle", M.IDLE_TIME),
 )
+SAMPLE_STEPS = 3  # report.html shows the completions of the last this many sampled steps
+
+
+def measured(temperature: float | None, n: int | None) -> str:
+    """How a held-out figure was measured, `Avg@4, T 1.0, n 4` ("" when the caller did not say)."""
+    return "" if temperature is None or n is None else f"Avg@{n}, T {temperature}, n {n}"
 
 
 def summary(
@@ -35,7 +45,11 @@ def summary(
     evals: Sequence[dict[str, float]],
     wall_s: float,
     phases: dict[str, float] | None = None,
+    *,
+    eval_temperature: float | None = None,
+    eval_samples: int | None = None,
 ) -> dict[str, Any]:
+    """The run's figures; `eval_temperature` / `eval_samples`: how its held-out evaluations sampled."""
     last = records[-1] if records else {}
     buckets = {k: v for k, v in last.items() if k.startswith("replay/bucket_")}
 
@@ -46,6 +60,8 @@ def summary(
         "steps": len(records),
         "eval_accuracy_before": evals[0][M.EVAL_ACCURACY] if evals else None,
         "eval_accuracy_after": evals[-1][M.EVAL_ACCURACY] if evals else None,
+        "eval_temperature": eval_temperature,
+        "eval_samples": eval_samples,
         "tokens": int(total(M.TOKENS)),
         "tokens_per_s": total(M.TOKENS) / max(total(M.STEP_TIME), 1e-9),
         "retired": last.get(M.RETIRED, 0),
@@ -101,17 +117,20 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     def f(x: Any) -> str:
         return f"{x:.3f}" if isinstance(x, float) else str(x)
 
+    how = measured(s.get("eval_temperature"), s.get("eval_samples"))
+    at = f" ({how})" if how else ""  # after an accuracy's name
+    se = f"(± s.e.; {how})" if how else "(± s.e.)"  # after a gain's name
     rows = [
         ("steps", s["steps"]),
-        ("held-out accuracy before", f(s["eval_accuracy_before"])),
-        ("held-out accuracy after", f(s["eval_accuracy_after"])),
+        (f"held-out accuracy before{at}", f(s["eval_accuracy_before"])),
+        (f"held-out accuracy after{at}", f(s["eval_accuracy_after"])),
         *(
-            [("held-out gain (± s.e.)", f"{s['eval_gain']:+.3f} ± {s['eval_gain_se']:.3f}")]
+            [(f"held-out gain {se}", f"{s['eval_gain']:+.3f} ± {s['eval_gain_se']:.3f}")]
             if "eval_gain" in s
             else []
         ),
         *[
-            (f"  gain {src} (± s.e.)", f"{g:+.3f} ± {e:.3f}")
+            (f"  gain {src} {se}", f"{g:+.3f} ± {e:.3f}")
             for src, (g, e) in s.get("gain_by_source", {}).items()
         ],
         ("generated tokens", s["tokens"]),
@@ -148,10 +167,17 @@ def write_report(
     phases: dict[str, float] | None = None,
     run_id: str = "",
     config_yaml: str = "",
+    eval_temperature: float | None = None,
+    eval_samples: int | None = None,
 ) -> dict[str, Any]:
-    """summary.json / summary.txt (printed), `plots/*.png` if `plots`, `report.html` if `html_report`."""
+    """summary.json / summary.txt (printed), `plots/*.png` if `plots`, `report.html` if `html_report`.
+
+    `records` are metrics.jsonl's rows; the evaluation before the first step (step -1) is in `evals`, so
+    only the steps' rows (step >= 0) are summed and plotted.
+    """
     run_dir = Path(run_dir)
-    s = summary(records, evals, wall_s, phases)
+    records = [r for r in records if r.get(M.STEP, 0) >= 0]
+    s = summary(records, evals, wall_s, phases, eval_temperature=eval_temperature, eval_samples=eval_samples)
     atomic_write_text(run_dir / "summary.json", json.dumps(s, indent=2))
     text = format_summary(s)
     atomic_write_text(run_dir / "summary.txt", text + "\n")
@@ -164,7 +190,10 @@ def write_report(
             for name, png in figures.items():
                 (out / f"{name}.png").write_bytes(png)
         if html_report:
-            page = report_html(s, figures, run_id=run_id or run_dir.name, config_yaml=config_yaml)
+            samples = last_steps(read_samples(run_dir / "samples.jsonl"), SAMPLE_STEPS)
+            page = report_html(
+                s, figures, run_id=run_id or run_dir.name, config_yaml=config_yaml, samples=samples
+            )
             atomic_write_text(run_dir / "report.html", page)
     return s
 
@@ -256,11 +285,39 @@ h1{font-size:1.4em}h2{font-size:1.1em;margin:0 0 .3em}table{border-collapse:coll
 td{padding:2px 12px 2px 0;border-bottom:1px solid #eee}td:first-child{white-space:pre}
 .grid{display:flex;flex-wrap:wrap;gap:16px}.fig{flex:0 0 600px}.fig p{margin:0;color:#666;font-size:.85em}
 img{width:600px;height:350px;display:block}img[data-failed]{outline:2px solid red}
-pre{background:#f6f6f6;padding:8px;font-size:.8em;overflow:auto}"""
+pre{background:#f6f6f6;padding:8px;font-size:.8em;overflow:auto}
+#samples td{vertical-align:top;font-size:.85em}#samples td.prompt,#samples td.completion{white-space:pre-wrap;
+font-family:monospace;max-width:420px}th{text-align:left;padding-right:12px}"""
 
 
-def report_html(s: dict[str, Any], figures: dict[str, bytes], *, run_id: str, config_yaml: str = "") -> str:
-    """One self-contained page: the summary table, every figure as a base64 PNG, the config."""
+def samples_html(samples: Sequence[dict[str, Any]]) -> str:
+    """The sampled completions as a table (`id="samples"`); every cell escaped, since prompts and
+    completions are model input and output, not markup."""
+    if not samples:
+        return ""
+    esc = html.escape
+    cols = ("step", "origin", "qid", "reward", "bucket", "policy_version", "prompt", "completion")
+    head = "".join(f"<th>{esc(c)}</th>" for c in cols)
+    body = "\n".join(
+        "<tr>" + "".join(f'<td class="{c}">{esc(str(r[c]))}</td>' for c in cols) + "</tr>" for r in samples
+    )
+    return (
+        f"<h2>Sampled completions</h2><p>the last {SAMPLE_STEPS} sampled steps of samples.jsonl "
+        f"(logging.samples_every), newest first; bucket = correct rollouts of the group k/K</p>\n"
+        f'<table id="samples"><tr>{head}</tr>\n{body}</table>\n'
+    )
+
+
+def report_html(
+    s: dict[str, Any],
+    figures: dict[str, bytes],
+    *,
+    run_id: str,
+    config_yaml: str = "",
+    samples: Sequence[dict[str, Any]] = (),
+) -> str:
+    """One self-contained page: the summary table, every figure as a base64 PNG, the sampled
+    completions, the config."""
     esc = html.escape
     rows = "\n".join(f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>" for k, v in _rows(s))
     figs = []
@@ -276,6 +333,7 @@ def report_html(s: dict[str, Any], figures: dict[str, bytes], *, run_id: str, co
     return (
         f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>exgrpo run {esc(run_id)}</title>'
         f"<style>{_CSS}</style></head><body>\n<h1>exgrpo run {esc(run_id)}</h1>\n"
-        f'<table id="summary">{rows}</table>\n<div class="grid">{"".join(figs)}</div>\n{config}\n'
+        f'<table id="summary">{rows}</table>\n<div class="grid">{"".join(figs)}</div>\n'
+        f"{samples_html(samples)}{config}\n"
         f"</body></html>\n"
     )

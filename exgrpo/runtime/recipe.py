@@ -5,8 +5,9 @@
 `TrainingRecipe(cfg, resume=...).run()` runs its stages in order: `setup`, `train`, `save`, `cleanup`
 and `report`. `train(cfg, resume=...)` is that in one call, and what every caller runs: the CLI
 (`exgrpo.run`), the sweep (`exgrpo.experiments.compare`), the integration tests and the benchmarks. What
-the run reports as it goes reaches the metrics logger, the progress bar, the candidate log and the
-caller's own `observer` (`exgrpo.loop.observer.Observer`).
+the run reports as it goes reaches the metrics logger, the progress bar, the sample log (a few
+completions every `logging.samples_every` steps), the candidate log and the caller's own `observer`
+(`exgrpo.loop.observer.Observer`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from exgrpo.core.roles import RunObserver
 from exgrpo.loop.observer import Observers
 from exgrpo.reporting.console import PREFIX, Phase, Phases, Progress, quiet_libraries
 from exgrpo.reporting.loggers import CandidateLog, MetricsLogger
+from exgrpo.reporting.samples import SampleLog
 from exgrpo.runtime.assembly import System, build_system
 from exgrpo.runtime.env import init_ray
 from exgrpo.runtime.resources import check_cluster
@@ -103,7 +105,7 @@ class TrainingRecipe:
         self.progress: Progress | None = None
         self.checkpointer: Checkpointer | None = None
         self.driver: Driver | None = None
-        # logger, progress bar, candidate log (tasks with a trace check), the caller's observer
+        # logger, progress bar, sample log, candidate log (tasks with a trace check), the caller's observer
         self.observers = Observers()
         self.caller_observer = observer
         self.records: list[dict[str, Any]] = []  # what `train` trained (a resumed run: from its checkpoint)
@@ -180,7 +182,7 @@ class TrainingRecipe:
         self.train_set, self.eval_set = load_prompts(cfg)
         log.info(
             "run dir %s; model %s; %d train / %d eval questions",
-            run_dir,
+            run_dir.resolve(),  # absolute: a submitted job (RAY_ADDRESS) runs in Ray's copy of the working dir
             model_path,
             len(self.train_set),
             len(self.eval_set),
@@ -197,7 +199,10 @@ class TrainingRecipe:
         self.logger = MetricsLogger.from_config(run_dir, cfg)  # metrics.jsonl + logging.backends + Ray gauges
         phases.start(Phase.TRAIN_LOOP, announce=False)  # evaluations, steps, final save: the bar shows them
         self.progress = Progress(
-            total=cfg.trainer.steps, enabled=cfg.logging.progress, evaluating=bool(self.eval_set)
+            total=cfg.trainer.steps,
+            enabled=cfg.logging.progress,
+            evaluating=bool(self.eval_set),
+            eval_key=f"eval(T {cfg.samplers.temperature}, n {cfg.trainer.eval_samples})",
         )
         self.checkpointer = (
             Checkpointer(run_dir, model_path=model_path, keep=cfg.trainer.keep_checkpoints)
@@ -206,7 +211,19 @@ class TrainingRecipe:
         )
         trace_check = trace_checker(cfg.data.train)
         candidates = CandidateLog(run_dir / "candidates.jsonl") if trace_check is not None else None
-        self.observers = Observers(self.logger, self.progress, candidates, self.caller_observer)
+        lc = cfg.logging
+        samples = (
+            SampleLog(
+                run_dir / "samples.jsonl",
+                questions={p.qid: p.question for p in self.train_set},
+                every=lc.samples_every,
+                per_step=lc.samples_per_step,
+                sink=self.logger.log_samples,
+            )
+            if lc.samples_every and lc.samples_per_step
+            else None
+        )
+        self.observers = Observers(self.logger, self.progress, samples, candidates, self.caller_observer)
         self.driver = Driver(
             cfg=cfg,
             rollouts=system.samplers,
@@ -280,10 +297,16 @@ class TrainingRecipe:
             phases=self.phases.times,
             run_id=logger.run_id,
             config_yaml=cfg.to_yaml(),
+            eval_temperature=cfg.samplers.temperature,
+            eval_samples=cfg.trainer.eval_samples,
         )
         logger.summary(summary)
         logger.close()
         self.phases.end()
+        where = f"{PREFIX} run directory {self.run_dir.resolve()}"
+        if (self.run_dir / "report.html").is_file():
+            where += f"\n{PREFIX} report {(self.run_dir / 'report.html').resolve()}"
+        print(where, flush=True)
         return RunResult(
             run_dir=self.run_dir,
             records=self.records,

@@ -187,11 +187,12 @@ class FakeRollouts:
 
 
 class Recorder(Observer):
-    """Keeps every batch, step record and candidate row the driver reports, in order."""
+    """Keeps every batch, step record, evaluation record and candidate row the driver reports, in order."""
 
     def __init__(self) -> None:
         self.batches: list[TrainBatch] = []
         self.records: list[dict[str, Any]] = []
+        self.evals: list[dict[str, Any]] = []
         self.candidates: list[tuple[int, list[dict[str, Any]]]] = []
 
     def on_batch(self, *, batch: TrainBatch) -> None:
@@ -199,6 +200,9 @@ class Recorder(Observer):
 
     def on_step(self, *, record: dict[str, Any]) -> None:
         self.records.append(record)
+
+    def on_eval(self, *, record: dict[str, Any]) -> None:
+        self.evals.append(record)
 
     def on_candidates(self, *, step: int, rows: list[dict[str, Any]]) -> None:
         self.candidates.append((step, rows))

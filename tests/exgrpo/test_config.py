@@ -198,3 +198,12 @@ def test_a_typo_names_the_file_or_override_it_came_from(tmp_path):
     assert str(err.value) == "override 'replay.rhoo=0.3': unknown config key replay.rhoo; did you mean 'rho'?"
     with pytest.raises(ConfigError, match=r"^override 'replays.rho=0.3': unknown config section 'replays'"):
         load_config(None, ["replays.rho=0.3"])
+
+
+def test_samples_settings_default_on_and_refuse_negatives():
+    lc = load_config(None, []).logging
+    assert lc.samples_every > 0 and lc.samples_per_step > 0
+    assert load_config(None, ["logging.samples_every=0"]).logging.samples_every == 0  # off
+    for field in ("samples_every", "samples_per_step"):
+        with pytest.raises(ConfigError, match=rf"logging.{field}=-1 must be >= 0"):
+            load_config(None, [f"logging.{field}=-1"])

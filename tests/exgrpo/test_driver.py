@@ -572,3 +572,26 @@ def test_fresh_per_step_caps_the_fresh_questions_and_the_stream_draw():
     assert [r[M.N_FRESH] for r in records] == [3] * len(records)
     assert records[0][M.N_REPLAY] == 0 and any(r[M.N_REPLAY] == B // 2 for r in records)
     assert _stream_drawn(driver.stream.state_dict()) == 3 * len(records)
+
+
+def test_the_evaluation_before_the_first_step_is_a_record_of_its_own():
+    cfg = config("trainer.steps=2", "trainer.eval_samples=2")
+    replay, shards = make_replay(K)
+    weights, learners, seen = FakeWeights(), FakeLearners(), Recorder()
+    driver = Driver(
+        cfg=cfg,
+        rollouts=FakeRollouts(replay=replay, shards=shards, weights=weights, reward=lambda r, i, v: 1.0),
+        replay=replay,
+        learners=learners,
+        weights=weights,
+        train=prompts(16),
+        evaluation=prompts(3),
+        observer=seen,
+        stall_timeout_s=10.0,
+    )
+    records = driver.train()
+    assert seen.evals == [{M.STEP: -1, M.EVAL_ACCURACY: 0.0, M.EVAL_PASS: 0.0, M.EVAL_VERSION: 0}]
+    assert [r[M.STEP] for r in seen.records] == [0, 1] and records[-1][M.EVAL_VERSION] == 2
+    assert len(driver.eval_history) == 2
+    driver.train()  # nothing left to train: no second evaluation before a first step
+    assert len(seen.evals) == 1

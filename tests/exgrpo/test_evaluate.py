@@ -291,3 +291,40 @@ def test_cli_all_rows_bad_is_an_error(
     bad.write_text('{"question": "1+1"}\n{oops\n')
     assert main(["--model", "builtin:tiny", "--cache-dir", cache_dir, "--data", str(bad)]) == 2
     assert "no valid prompt" in capsys.readouterr().err
+
+
+def test_on_samples_gets_every_prompts_n_completions_and_rewards(data_file: Path, verifier: Verifier) -> None:
+    prompts = read_prompts(data_file).prompts
+    seen: list[tuple[str, tuple[str, ...], tuple[float, ...]]] = []
+    report = evaluate(CannedEngine(), prompts, template="plain", n=4, temperature=0.6, max_tokens=16,
+                      verifier=verifier, chunk_size=2,
+                      on_samples=lambda p, s: seen.append((p.qid, s.texts, s.rewards)))  # fmt: skip
+    assert [q for q, _, _ in seen] == [p.qid for p in prompts]
+    b0 = seen[3]
+    assert b0 == ("b0", ("\\boxed{7}", "\\boxed{1}", "no answer", "\\boxed{77}"), (1.0, 0.0, 0.0, 0.0))
+    assert [int(sum(r)) for _, _, r in seen] == [q.correct for q in report.questions]
+    greedy_only: list[tuple[str, ...]] = []
+    evaluate(CannedEngine(), prompts[:1], template="plain", n=3, temperature=0.0, max_tokens=16,
+             verifier=verifier, on_samples=lambda p, s: greedy_only.append(s.texts))  # fmt: skip
+    assert greedy_only == [("\\boxed{2}",) * 3]  # T = 0: the greedy decode stands for every sample
+    assert format_table(report).splitlines()[-1] == (
+        "Avg@4, Pass@4: n 4 samples per question at T 0.6 (top-p 1); Pass@1: one greedy decode (T 0)"
+    )
+
+
+def test_cli_saves_every_sampled_completion(cache_dir: str, tmp_path: Path) -> None:
+    out, saved = tmp_path / "res.json", tmp_path / "sub" / "completions.jsonl"
+    argv = ["--model", "builtin:tiny", "--cache-dir", cache_dir, "--data", "builtin:arith", "--num", "3",
+            "--n", "2", "--max-tokens", "8", "--out", str(out), "--save-completions", str(saved)]  # fmt: skip
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in saved.read_text().splitlines()]
+    assert [(r["qid"], r["sample"]) for r in rows] == [
+        (f"arith-eval-0000{i}", j) for i in range(3) for j in range(2)
+    ]
+    assert all(set(r) == {"qid", "data_source", "prompt", "completion", "reward", "sample"} for r in rows)
+    assert all(r["data_source"] == "arith" and r["prompt"] and r["reward"] in (0.0, 1.0) for r in rows)
+    payload = json.loads(out.read_text())  # the eval JSON is unchanged by it
+    assert [q["correct"] for q in payload["questions"]] == [
+        int(sum(r["reward"] for r in rows if r["qid"] == q["qid"])) for q in payload["questions"]
+    ]
+    assert not list(saved.parent.glob("*.tmp"))

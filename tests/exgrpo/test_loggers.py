@@ -195,3 +195,36 @@ def test_attached_job_keeps_its_own_runtime_env_vars(monkeypatch):
     launch.init_ray(load_config(None, []))
     env = seen["runtime_env"]["env_vars"]
     assert "OMP_NUM_THREADS" not in env and env["TQDM_DISABLE"] == "1"
+
+
+def test_sampled_completions_reach_tensorboard_text_and_a_wandb_table(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard", reason="pip install -e '.[logging]' (scripts/setup.sh installs it)")
+    pytest.importorskip("wandb", reason="pip install -e '.[logging]' (scripts/setup.sh installs it)")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from exgrpo.reporting.samples import FIELDS
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "")
+    cfg = load_config(None, ["logging.backends=[tensorboard,wandb]"])
+    logger = MetricsLogger.from_config(tmp_path, cfg)
+    row = {"step": 2, "qid": "q7", "prompt": "What is 3+4?", "completion": "so \\boxed{7}", "reward": 1.0,
+           "bucket": "3/4", "origin": "replayed", "policy_version": 1}  # fmt: skip
+    logger.log({M.STEP: 2, M.MEAN_REWARD: 0.5})
+    logger.log_samples([row, {**row, "origin": "fresh", "completion": "no idea", "reward": 0.0}], 2)
+    logger.close()
+
+    acc = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
+    acc.Reload()
+    (event,) = acc.Tensors("samples/text_summary")
+    text = event.tensor_proto.string_val[0].decode()
+    assert event.step == 2 and "**replayed** qid `q7`" in text and "    so \\boxed{7}" in text
+    assert "**fresh**" in text and "    no idea" in text
+
+    (run_dir,) = (tmp_path / "wandb").glob(f"offline-run-*-{logger.run_id}")
+    history, _, _ = wandb_records(run_dir / f"run-{logger.run_id}.wandb")
+    (logged,) = [h for h in history if "samples/_type" in h]
+    assert logged[M.STEP] == 2 and logged["samples/_type"] == "table-file" and logged["samples/nrows"] == 2
+    table = json.loads((run_dir / "files" / logged["samples/path"]).read_text())
+    assert table["columns"] == list(FIELDS)
+    assert [r[FIELDS.index("completion")] for r in table["data"]] == ["so \\boxed{7}", "no idea"]

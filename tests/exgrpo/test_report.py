@@ -3,8 +3,10 @@ one self-contained report.html whose inlined plots load in headless Chromium."""
 
 from __future__ import annotations
 
+import html
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -166,3 +168,89 @@ def test_heldout_gain_is_the_paired_mean_with_its_standard_error():
         (0.25, 0.25)
     )  # d = [0.5, 0]: s.e. = 0.5 / sqrt(2) / sqrt(2)
     assert heldout_gain(evals[:1]) == {}  # one evaluation: no gain
+
+
+NASTY = '<script>document.title="pwned"</script> & <b>1</b> \\boxed{7}'
+
+
+def write_samples(run_dir, steps=(0, 5, 10, 15)) -> None:
+    rows = [
+        {"step": s, "qid": f"q{s}-{i}", "prompt": f"What is 3+{s}?", "completion": NASTY if i == 0 else f"fresh {s}",
+         "reward": float(i == 0), "bucket": "1/4", "origin": "replayed" if i == 0 else "fresh",
+         "policy_version": s}
+        for s in steps
+        for i in range(2)
+    ]  # fmt: skip
+    (run_dir / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_report_names_heldout_figures_and_shows_the_last_sampled_steps_escaped(tmp_path, capsys):
+    records, evals = fake_run()
+    write_samples(tmp_path)
+    before = {
+        M.STEP: -1,
+        M.EVAL_ACCURACY: 0.2,
+        M.EVAL_PASS: 0.4,
+        M.EVAL_VERSION: 0,
+    }  # metrics.jsonl's own row
+    s = write_report(
+        tmp_path, records=[before, *records], evals=evals, wall_s=20.0, plots=False, html_report=True,
+        eval_temperature=0.6, eval_samples=4,
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert s["steps"] == 12 and s["tokens"] == 12 * 500  # the evaluation's row is not a step
+    assert re.search(r"held-out accuracy before \(Avg@4, T 0\.6, n 4\) +0\.200\n", out)
+    assert re.search(r"held-out accuracy after \(Avg@4, T 0\.6, n 4\) +0\.350\n", out)
+    assert (s["eval_temperature"], s["eval_samples"]) == (0.6, 4)
+    page = (tmp_path / "report.html").read_text()
+    table = page[page.index('<table id="samples">') :]
+    assert re.findall(r'<td class="step">(\d+)</td>', table) == ["15", "15", "10", "10", "5", "5"]  # last 3
+    assert "<script>" not in page and "&lt;script&gt;document.title=&quot;pwned&quot;&lt;/script&gt;" in table
+    assert "held-out accuracy after (Avg@4, T 0.6, n 4)" in page
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="chromium is not installed (apt-get install chromium; scripts/setup-system.sh does it)",
+)
+def test_samples_table_renders_in_chromium(tmp_path):
+    records, evals = fake_run()
+    write_samples(tmp_path)
+    write_report(
+        tmp_path, records=records, evals=evals, wall_s=20.0, plots=False, html_report=True, run_id="r1",
+        eval_temperature=1.0, eval_samples=2,
+    )  # fmt: skip
+    url = (tmp_path / "report.html").as_uri()
+    with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
+        base = [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1300,2400"]
+        dom = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+        shot = tmp_path / "samples.png"
+        subprocess.run([*base, f"--screenshot={shot}", url], capture_output=True, timeout=120)
+    # the browser parsed the table and the completion is text in its cell, not a script that ran
+    assert "<title>exgrpo run r1</title>" in dom, dom[:2000]
+    cells = re.findall(r'<td class="completion">(.*?)</td>', dom, flags=re.S)
+    assert len(cells) == 6 and cells[0] == html.escape(NASTY, quote=False), cells[:2]
+    assert re.findall(r'<td class="origin">(\w+)</td>', dom)[:2] == ["replayed", "fresh"]
+    keep = os.environ.get("EXGRPO_KEEP_SCREENSHOT")  # to look at it: EXGRPO_KEEP_SCREENSHOT=/tmp/x.png
+    if keep:
+        shutil.copy(shot, keep)
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(shot)[..., :3]
+    assert pixels.shape[:2] == (2400, 1300)
+    # the table sits below the figures (y ~1650-1880 px here): its text is drawn, and nothing after it
+    dark = pixels.min(axis=-1) < 0.3
+    assert dark[1600:2000].mean() > 0.002 and dark[2000:].mean() < 1e-4, (
+        dark[1600:2000].mean(),
+        dark[2000:].mean(),
+    )
+
+
+def test_progress_bar_names_the_heldout_figure_with_t_and_n(capsys):
+    from exgrpo.reporting.console import Progress
+
+    bar = Progress(total=2, eval_key="eval(T 0.6, n 4)")
+    bar.on_step(record={M.STEP: 0, M.EVAL_ACCURACY: 0.25})
+    bar.close()
+    assert "eval(T 0.6, n 4)=0.250" in capsys.readouterr().err

@@ -32,7 +32,8 @@ def test_default_run_smoke(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     run = tmp_path / "run"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [0, 1, 2]
+    assert [r["step"] for r in records] == [-1, 0, 1, 2]  # -1: the held-out evaluation before the first step
+    assert records[0]["eval/version"] == 0 and "eval/accuracy" in records[0]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["eval_accuracy_before"] is not None
     assert "held-out accuracy after" in out.stdout

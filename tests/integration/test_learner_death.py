@@ -53,6 +53,7 @@ def test_killed_learner_names_the_checkpoint_and_resume_continues(ray_cluster, t
     result = train(load_config("tiny-cpu", overrides), resume=True)
     assert [r["step"] for r in result.records] == [1, 2, 3]
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [0, 1, 2, 3]  # the record of step 1 written before the kill was rewound, not duplicated
+    # the record of step 1 written before the kill was rewound, not duplicated (-1: the first evaluation)
+    assert steps == [-1, 0, 1, 2, 3]
     assert (run_dir / "checkpoints" / "step-000004" / "driver.json").exists()
     assert (run_dir / "final" / "model.safetensors").exists()

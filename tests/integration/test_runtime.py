@@ -136,7 +136,8 @@ def test_hf_eta1_object_store_with_scaling(ray_cluster, tmp_path, model_path, si
     assert len(sampler_sums) == 1 and versions == [5]
     assert sampler_sums[0] == pytest.approx(learner_sums[0], rel=1e-6)
     # the JSONL log is complete: every documented key in every record
-    logged = read_jsonl(tmp_path / "metrics.jsonl")
+    before, *logged = read_jsonl(tmp_path / "metrics.jsonl")
+    assert before[M.STEP] == -1 and before[M.EVAL_VERSION] == 0  # the evaluation before the first step
     assert len(logged) == 5
     documented = {
         v for k, v in vars(M).items() if k.isupper() and isinstance(v, str) and "/" in v and "{" not in v
