@@ -29,6 +29,10 @@ class ConfigError(ValueError):
     """An invalid configuration; the message names the field and the fix."""
 
 
+# LoRA's default targets: every attention and MLP projection of a Qwen2 / Llama decoder layer.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     path: str = "builtin:tiny"  # HF model directory, or builtin:<name> (made locally and cached)
@@ -115,6 +119,21 @@ class LearnerConfig:
         0  # every N steps, measure the gradient of stored, replay-fresh and fresh rows apart (0 = off)
     )
     micro_batch_size: int = 16  # sequences per forward/backward pass
+    lora_rank: int = 0  # LoRA rank r through PEFT: only the adapters train (0 = off: full fine-tuning)
+    lora_alpha: float = 16.0  # LoRA scale numerator: an adapter adds (lora_alpha / lora_rank) * B @ A to W
+    lora_target_modules: tuple = (
+        LORA_TARGETS  # Linear layer names that get adapters (Qwen2/Llama attention and MLP)
+    )
+
+    def __post_init__(self) -> None:
+        raw = self.lora_target_modules
+        if isinstance(raw, str):  # learners.lora_target_modules=q_proj,v_proj
+            raw = [m for m in raw.replace(" ", "").split(",") if m]
+        if not isinstance(raw, list | tuple) or not all(isinstance(m, str) and m for m in raw):
+            raise ConfigError(
+                f"learners.lora_target_modules must be a list of layer names such as [q_proj, v_proj], got {raw!r}"
+            )
+        object.__setattr__(self, "lora_target_modules", tuple(raw))
 
 
 @dataclass(frozen=True)
@@ -129,6 +148,9 @@ class LossConfig:
     )
     std_normalize: bool = False  # divide advantages by the group std (GRPO) instead of Dr.GRPO
     tis_cap: float | None = None  # truncated importance weight cap for sampler staleness (None = off)
+    kl_coef: float = (
+        0.0  # weight of a k3 KL penalty to the initial policy, normalised like the policy loss (0 = off)
+    )
 
 
 @dataclass(frozen=True)
@@ -344,6 +366,20 @@ def validate(cfg: Config) -> None:
             f"mini-batches on each of learners.num={lr.num} ranks; use a multiple of {lr.num * lr.minibatches}",
         ),
         (lr.zero_stage in (0, 1, 2, 3), f"learners.zero_stage={lr.zero_stage} must be 0, 1, 2 or 3"),
+        (lr.lora_rank >= 0, f"learners.lora_rank={lr.lora_rank} must be >= 0 (0 = off)"),
+        (lr.lora_rank == 0 or lr.lora_alpha > 0, f"learners.lora_alpha={lr.lora_alpha} must be > 0"),
+        (lr.lora_rank == 0 or bool(lr.lora_target_modules), "learners.lora_target_modules is empty"),
+        (
+            lr.lora_rank == 0 or lr.zero_stage < 3,
+            "learners.lora_rank > 0 needs whole base weights on each rank to merge the adapters for the "
+            "samplers: use learners.zero_stage <= 2 (the adapters' optimiser state is small) or lora_rank=0",
+        ),
+        (lo.kl_coef >= 0, f"loss.kl_coef={lo.kl_coef} must be >= 0 (0 = off)"),
+        (
+            lo.kl_coef == 0 or lr.zero_stage < 3,
+            "loss.kl_coef > 0 keeps the reference policy unpartitioned on every learner rank: use "
+            "learners.zero_stage <= 2 or loss.kl_coef=0",
+        ),
         (
             cfg.async_.weight_sync != "collective" or s.engine == "vllm",
             "async.weight_sync=collective is vLLM's weight-transfer API and needs samplers.engine=vllm; "
