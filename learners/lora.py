@@ -109,13 +109,6 @@ def trainable_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def analytic_count(model: torch.nn.Module) -> int:
-    """r (d_in + d_out) summed over the targeted Linear layers (A is r x d_in, B is d_out x r)."""
-    return sum(
-        layer.r[ADAPTER] * (layer.in_features + layer.out_features) for layer in lora_layers(model).values()
-    )
-
-
 class MergedView:
     """Merged weights under base HF names as persistent tensors, for vLLM's weight-transfer source.
 
