@@ -116,14 +116,18 @@ def test_merged_weights_are_w_plus_scaled_ba_under_base_names(model_path):
     assert all(torch.equal(t, fresh[n]) for n, t in view.named_parameters())
 
 
-def test_lora_checkpoint_round_trip_and_resume_from_merged_weights(model_path, tmp_path):
-    a = _learner(model_path, kl_coef=0.1)
+@pytest.mark.parametrize("rank", [RANK, 0])
+def test_checkpoint_round_trip_and_resume_from_merged_weights(model_path, tmp_path, rank):
+    """LoRA (adapters on the recorded base), and full fine-tuning's KL reference (the recorded initial model)."""
+    lr = 1e-2 if rank else 1e-3
+    a = _learner(model_path, kl_coef=0.1, rank=rank, lr=lr)
     for v in range(2):
         a.update(groups=_groups(6 + v), clip=True, version=v)
     a.save(path=str(tmp_path / "ckpt"))
-    assert (tmp_path / "ckpt" / "adapter" / "adapter_config.json").is_file()
-    # b: a learner on the base (a plain load); c: on the checkpoint's merged weights (a resumed run)
-    b, c = _learner(model_path, kl_coef=0.1), _learner(str(tmp_path / "ckpt"), kl_coef=0.1)
+    assert (tmp_path / "ckpt" / "adapter" / "adapter_config.json").is_file() == bool(rank)
+    # b: a learner on the base (a plain load); c: on the checkpoint's trained weights (a resumed run)
+    b = _learner(model_path, kl_coef=0.1, rank=rank, lr=lr)
+    c = _learner(str(tmp_path / "ckpt"), kl_coef=0.1, rank=rank, lr=lr)
     for learner in (b, c):
         learner.load(path=str(tmp_path / "ckpt"))
         assert learner.version() == 2
@@ -131,9 +135,9 @@ def test_lora_checkpoint_round_trip_and_resume_from_merged_weights(model_path, t
             torch.equal(x, y) for x, y in zip(learner._state().values(), a._state().values(), strict=True)
         )
     assert c._initial_path == model_path  # the base came back from where the run started
-    for learner in (a, b, c):  # equal next steps need equal moments, bases and KL references
-        out = learner.update(groups=_groups(9), clip=True, version=2)
-        assert out[M.KL] > 0
+    # equal next steps need equal moments, bases and KL references
+    kls = [learner.update(groups=_groups(9), clip=True, version=2)[M.KL] for learner in (a, b, c)]
+    assert kls[0] > 0 and kls == [kls[0]] * 3
     want = unpack_weights(a.get_weights())
     for learner in (b, c):
         got = unpack_weights(learner.get_weights())
