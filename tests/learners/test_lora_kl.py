@@ -7,6 +7,7 @@ The tiny Qwen2 of ``tiny_qwen2`` (hidden 64, MLP 128, 2 layers); the groups and 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/exgrpo/torch_extensions"))
 
@@ -233,3 +234,41 @@ def test_gradient_shares_under_lora(model_path):
     )
     shares = out[M.GRAD_SHARE_STORED] + out[M.GRAD_SHARE_REPLAY_FRESH] + out[M.GRAD_SHARE_FRESH]
     assert out[M.GRAD_NORM_PG] > 0 and shares == pytest.approx(1.0, abs=1e-9)
+
+
+@pytest.mark.integration
+def test_two_lora_learners_under_zero2_match_one_learner(ray_cluster, model_path):
+    """ZeRO-2 partitions only the adapters' fp32 copies and moments; the frozen base stays whole on each rank."""
+    import ray
+
+    from exgrpo.core.records import TrainBatch
+    from exgrpo.runtime.env import remote_actor
+    from learners.group import LearnerGroup
+
+    cfg = LearnerConfig(num=2, zero_stage=2, lr=1e-2, micro_batch_size=3, lora_rank=RANK, lora_alpha=ALPHA)
+    loss = LossConfig(norm="token_mean", kl_coef=0.1)
+    group = LearnerGroup(
+        num=2,
+        make_actor=remote_actor,
+        model_path=model_path,
+        learner_cfg=cfg,
+        loss_cfg=loss,
+        max_response_len=MAX_LEN,
+    )
+    single = Learner(
+        model_path=model_path, learner=replace(cfg, num=1, zero_stage=0), loss=loss, max_response_len=MAX_LEN
+    )
+    single.setup()
+    try:
+        for step in range(3):
+            batch = TrainBatch(groups=_groups(10 + step), version=step, clip=True)
+            got, want = group.update(batch=batch), single.update(groups=batch.groups, clip=True, version=step)
+            assert got[M.GRAD_NORM] == pytest.approx(want[M.GRAD_NORM], rel=1e-5)
+            assert (got[M.KL] > 0) == (want[M.KL] > 0) == (step > 0)  # a mean of the ranks' own KL means
+        sums = group.checksums()
+        assert sums[0] == sums[1] == pytest.approx(single.checksum(), rel=1e-6)
+        got_w, want_w = unpack_weights(ray.get(group.get_weights_ref())), unpack_weights(single.get_weights())
+        for name in want_w:
+            torch.testing.assert_close(got_w[name], want_w[name], rtol=0, atol=1e-4)  # 1% of one Adam step
+    finally:
+        group.shutdown()
