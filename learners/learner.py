@@ -15,6 +15,10 @@ The grad-norm rule is applied by the client optimiser (``learners.optim.GuardedA
 Weights leave through ``get_weights`` (one packed buffer for the object store) or ``push_weights``
 (vLLM's weight-transfer API, ``exgrpo.transport.vllm_api``); when they are called is the transport's
 business (``exgrpo.transport.broadcast``).
+
+Optional, both off by default: LoRA through PEFT (``learners.lora_rank``, ``learners.lora``: only the
+adapters train; samplers get merged full weights under the base's names) and a KL penalty to the initial
+policy (``loss.kl_coef``, ``learners.reference``).
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ from torch import Tensor
 from exgrpo.core.config import LearnerConfig, LossConfig
 from exgrpo.core.records import Group, ReplayCandidate
 from exgrpo.transport.packed import PackedWeights, Packer
+from learners import lora
 from learners import update as U
 from learners.diagnostics import gradient_shares
 from learners.optim import deepspeed_config, make_optimizer
+from learners.reference import Reference, checksum, restore_initial
 
 DEFAULT_TORCH_EXTENSIONS_DIR = "~/.cache/exgrpo/torch_extensions"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -68,7 +74,11 @@ class Learner:
         self.reuse_proximal = True
         self._packer = Packer()
         self._pusher: Any = None  # exgrpo.transport.vllm_api.WeightPusher, built at the first push
+        self._merged_view: lora.MergedView | None = None  # what the pusher sends under LoRA
         self.engine: Any = None
+        self.lora = learner.lora_rank > 0
+        self._reference: Reference | None = None  # the KL penalty's reference policy (loss.kl_coef > 0)
+        self._initial_path = model_path  # where the initial policy's weights came from (see ``load``)
 
     # ---------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -108,7 +118,11 @@ class Learner:
         model.config.use_cache = False
         model.eval()  # dropout off: old_logp equals the first micro-batch's logp (ratio 1 at the start)
         self._num_parameters = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
-        self.optimizer = make_optimizer(model, self.cfg)
+        if self.lora:
+            model = lora.wrap(model, self.cfg)
+        if self.loss_cfg.kl_coef > 0:
+            self._reference = Reference(model, lora=self.lora)
+        self.optimizer = make_optimizer(model, self.cfg)  # the parameters that require grad: the adapters
         # DeepSpeed prints its op-build line on every start ("... built successfully"); quiet runs drop its stdout
         quiet = os.environ.get("EXGRPO_QUIET") == "1"
         with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
@@ -188,11 +202,21 @@ class Learner:
             world_size=self.world_size,
             reuse_proximal=self.reuse_proximal,
             grad_clip=self.cfg.grad_clip,
+            reference=self._reference_logprobs if self._reference is not None else None,
         )
         self._version = version + 1
         return {**out, **shares}
 
+    def _reference_logprobs(self, enc: U.Encoded) -> Tensor:
+        assert self._reference is not None
+        return self._reference.logprobs(self.engine.module, enc)
+
     # ---------------------------------------------------------------- weights
+    def _state(self) -> dict[str, Tensor]:
+        """The HF-named state dict samplers serve: merged W + s B A under LoRA (``lora.merged_state``)."""
+        module = self.engine.module
+        return lora.merged_state(module) if self.lora else module.state_dict()
+
     @contextlib.contextmanager
     def _full_params(self) -> Iterator[None]:
         """Full parameters inside the block (a collective gather on every rank under ZeRO-3)."""
@@ -205,18 +229,25 @@ class Learner:
             yield
 
     def checksum(self) -> float:
-        """float64 sum of all (full) parameters; equal across ranks after every step."""
+        """float64 sum of all (full) parameters, merged under LoRA (what samplers serve); equal across ranks."""
         with self._full_params():
+            if self.lora:
+                return checksum(lora.merged_parameters(self.engine.module))
             return float(sum(p.detach().double().sum() for p in self.engine.module.parameters()))
 
     def get_weights(self) -> PackedWeights | None:
-        """The full HF-named state dict packed in one byte buffer (rank 0; None elsewhere; collective under ZeRO-3)."""
+        """The full HF-named state dict packed in one byte buffer (rank 0; None elsewhere; collective under
+        ZeRO-3). Under LoRA the merged weights: every tensor, since the samplers' loads replace whole models."""
         with self._full_params():
-            return self._packer.pack(self.engine.module.state_dict()) if self.rank == 0 else None
+            return self._packer.pack(self._state()) if self.rank == 0 else None
 
     def num_parameters(self) -> int:
         """Distinct parameters of the full model (a tied embedding counts once)."""
         return self._num_parameters
+
+    def num_trainable(self) -> int:
+        """Parameters the optimiser updates: all of them, or the adapters' under LoRA."""
+        return lora.trainable_count(self.engine.module) if self.lora else self._num_parameters
 
     def push_weights(self, *, version: int, members: Mapping[str, Any] | None) -> dict[str, Any]:
         """Send the current weights to the vLLM samplers ``members`` through vLLM's weight-transfer API.
@@ -227,13 +258,17 @@ class Learner:
         from exgrpo.transport.vllm_api import WeightPusher, backend_for
 
         if self._pusher is None:
+            if self.lora:
+                self._merged_view = lora.MergedView(self.engine.module)
             self._pusher = WeightPusher(
-                module=self.engine.module,
+                module=self._merged_view or self.engine.module,
                 backend=backend_for(self.device.type),
                 host=self.master_addr,
                 zero3=self.cfg.zero_stage == 3,
                 is_sender=self.rank == 0,
             )
+        if self._merged_view is not None:
+            self._merged_view.refresh()
         try:
             return self._pusher.push(version=version, members=members)
         except BaseException:
@@ -241,21 +276,56 @@ class Learner:
             raise
 
     # ---------------------------------------------------------------- checkpoints
+    def _initial(self) -> dict[str, Tensor] | None:
+        """The frozen tensors of the initial policy, HF-named: LoRA's base or the KL reference's copy (None:
+        neither, the initial weights are gone after the first step)."""
+        if self.lora:
+            return lora.base_parameters(self.engine.module)
+        if self._reference is not None and self._reference.frozen is not None:
+            return dict(self._reference.frozen.named_parameters())
+        return None
+
     def save(self, *, path: str) -> None:
-        """HF safetensors in ``path`` (rank 0) + DeepSpeed state in ``path/deepspeed`` (all ranks call)."""
+        """HF safetensors in ``path`` (rank 0; under LoRA the merged model, and the adapter alone in
+        ``path/adapter`` for PEFT) + DeepSpeed state in ``path/deepspeed`` (all ranks call; under LoRA only
+        the adapters and their moments), with where the initial policy's weights came from."""
         out = Path(path)
         with self._full_params():
             if self.rank == 0:
-                self.engine.module.save_pretrained(out, state_dict=self.engine.module.state_dict())
+                hf = self.engine.module.get_base_model() if self.lora else self.engine.module
+                hf.save_pretrained(out, state_dict=self._state())
+                if self.lora:
+                    self.engine.module.save_pretrained(out / "adapter")
+        client: dict[str, Any] = {"version": self._version}
+        if (initial := self._initial()) is not None:
+            client["initial"] = {"path": self._initial_path, "checksum": checksum(initial)}
+        if self.lora:
+            client["adapters"] = checksum(self._adapters())
         self.engine.save_checkpoint(
-            str(out / "deepspeed"), tag="state", client_state={"version": self._version}
+            str(out / "deepspeed"), tag="state", client_state=client, exclude_frozen_parameters=self.lora
         )
 
     def load(self, *, path: str) -> None:
-        """Restore weights, optimiser moments and the version saved by ``save`` (all ranks call)."""
+        """Restore weights, optimiser moments and the version saved by ``save`` (all ranks call).
+
+        Under LoRA the adapters load onto the base they were trained on: a resumed run's learner starts
+        from the checkpoint's merged weights, so its base (and a KL reference copy) are reloaded from the
+        recorded initial model (``learners.reference.restore_initial``)."""
         _, client = self.engine.load_checkpoint(
-            str(Path(path) / "deepspeed"), tag="state", load_lr_scheduler_states=False
+            str(Path(path) / "deepspeed"),
+            tag="state",
+            load_lr_scheduler_states=False,
+            load_module_strict=not self.lora,  # a LoRA checkpoint holds the adapters only
         )
         if client is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {path}/deepspeed")
+        if self.lora and client.get("adapters") != checksum(self._adapters()):
+            raise ValueError(f"{path} holds no adapters of learners.lora_rank={self.cfg.lora_rank}")
+        if (initial := self._initial()) is not None:
+            if "initial" not in client:
+                raise ValueError(f"{path} does not record its initial model (written without LoRA or KL)")
+            self._initial_path = restore_initial(initial, client["initial"], dtype=DTYPES[self.dtype])
         self._version = int(client["version"])
+
+    def _adapters(self) -> dict[str, Tensor]:
+        return {n: p for n, p in self.engine.module.named_parameters() if p.requires_grad}

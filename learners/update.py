@@ -22,7 +22,8 @@ division by the number of micro-batches). Micro-batch j of a mini-batch of N row
                                      w_H = W t_j / T,
 so the accumulated, rank-averaged gradient equals the gradient of exgrpo_loss over the whole
 mini-batch of all ranks (the entropy bonus is always a token mean). exgrpo_loss returns
-pg_j - c_H H_j; the difference of the two weights is added back as c_H (w_pg - w_H) H_j.
+pg_j - c_H H_j; the difference of the two weights is added back as c_H (w_pg - w_H) H_j. The optional KL
+penalty (``loss.kl_coef``, ``learners/reference.py``) adds c_KL w_pg KL_j: it is normalised like pg_j.
 """
 
 from __future__ import annotations
@@ -36,7 +37,14 @@ import torch
 from torch import Tensor
 
 from exgrpo.core import metric_names as M
-from exgrpo.core.algorithm import exgrpo_loss, group_advantages, masked_mean, token_entropy, token_logprobs
+from exgrpo.core.algorithm import (
+    exgrpo_loss,
+    group_advantages,
+    kl_k3,
+    masked_mean,
+    token_entropy,
+    token_logprobs,
+)
 from exgrpo.core.config import LossConfig
 from exgrpo.core.records import Group
 
@@ -205,6 +213,7 @@ def minibatch_backward(
     boundary: Callable[[bool], object] | None = None,
     world_size: int = 1,
     proximal_is_current: bool = False,
+    reference: Callable[[Encoded], Tensor] | None = None,
     device: torch.device,
 ) -> list[Part]:
     """Forward every micro-batch of one mini-batch and hand its weighted objective to ``backward``.
@@ -212,7 +221,9 @@ def minibatch_backward(
     ``old_logp`` / ``tis``: (n, R) rows of this mini-batch; ``totals``: ``minibatch_totals``; ``boundary``
     (is this the last micro-batch) runs before each forward. ``proximal_is_current``: ``old_logp`` holds
     only the replayed rows' log-probs; fresh rows take this forward's detached log-probs (the weights have
-    not moved since the update began). Returns the non-empty micro-batches' metrics, rows and tokens."""
+    not moved since the update began). ``reference(enc)``: (n, R) no-grad log-probs of the reference policy,
+    for the KL penalty ``loss.kl_coef * kl_k3`` (weighted like the policy loss; metric ``kl``). Returns the
+    non-empty micro-batches' metrics, rows and tokens."""
     n_all, t_all = totals
     norm_len = max_response_len if loss.norm == "constant" else None
     lengths = [len(r.response_ids) for r in rows]
@@ -250,6 +261,10 @@ def minibatch_backward(
         w_pg = world_size * (n_j / n_all if norm_len is not None else t_j / t_all)
         w_h = world_size * t_j / t_all
         objective = w_pg * value + loss.entropy_coef * (w_pg - w_h) * masked_mean(ent, enc.mask)  # ()
+        if reference is not None:
+            kl = kl_k3(logp, reference(enc), enc.mask, norm_len=norm_len)  # ()
+            objective = objective + loss.kl_coef * w_pg * kl
+            metrics = {**metrics, "kl": float(kl.detach())}
         backward(objective)
         if n_j:
             parts.append((metrics, n_j, t_j))
@@ -264,14 +279,19 @@ def minibatch_metrics(
     grad_norm: float,
     skipped: bool,
     grad_clip: float | None = None,
+    kl_coef: float = 0.0,
 ) -> dict[str, float]:
     """``learner/*`` metrics of one optimiser step from its micro-batches' (``constant``: the constant
-    normaliser, so the policy loss is a row mean; else a token mean)."""
+    normaliser, so the policy loss and the KL are row means; else token means)."""
     pg = weighted([(m["pg_loss"], n if constant else t) for m, n, t in parts])
     ent = weighted([(m["entropy"], t) for m, _, t in parts])
     fresh = [(m, m["num_fresh_tokens"]) for m, _, _ in parts]
+    kl = {}
+    if any("kl" in m for m, _, _ in parts):
+        kl = {M.KL: weighted([(m["kl"], n if constant else t) for m, n, t in parts])}
     return {
-        M.LOSS: pg - entropy_coef * ent,
+        **kl,
+        M.LOSS: pg - entropy_coef * ent + kl_coef * kl.get(M.KL, 0.0),
         M.PG_LOSS: pg,
         M.ENTROPY: ent,
         M.CLIP_FRAC: weighted([(m["clip_frac"], f) for m, f in fresh]),
@@ -312,6 +332,7 @@ def update(
     world_size: int = 1,
     reuse_proximal: bool = True,
     grad_clip: float | None = None,
+    reference: Callable[[Encoded], Tensor] | None = None,
 ) -> dict[str, float]:
     """One ExGRPO update of this process's whole groups; returns ``learner/*`` metrics.
 
@@ -321,8 +342,11 @@ def update(
     ``all_reduce`` (sums a tensor over ranks, when ``world_size`` > 1) and ``proximal_pass(rows, r_max)``
     ((N, R) no-grad log-probs; default ``per_token`` over ``micro_slices``). ``reuse_proximal=False``
     always runs the no-grad pass (tests compare the two paths). ``grad_clip``: the caller's clip threshold,
-    to count the optimiser steps it scaled down (``learner/clipped_steps``)."""
+    to count the optimiser steps it scaled down (``learner/clipped_steps``). ``reference``: exactly when
+    ``loss.kl_coef`` > 0, the reference's log-probs for the KL penalty (``minibatch_backward``)."""
     start = time.perf_counter()
+    if (reference is not None) != (loss.kl_coef > 0):
+        raise ValueError(f"loss.kl_coef={loss.kl_coef} needs a reference policy exactly when it is > 0")
     if not groups or len(groups) % minibatches:
         raise ValueError(
             f"{len(groups)} groups cannot be split into learners.minibatches={minibatches} "
@@ -357,6 +381,7 @@ def update(
             boundary=boundary,
             world_size=world_size,
             proximal_is_current=current,
+            reference=reference,
             device=device,
         )
         grad_norm, skipped = step()
@@ -368,6 +393,7 @@ def update(
                 grad_norm=grad_norm,
                 skipped=skipped,
                 grad_clip=grad_clip,
+                kl_coef=loss.kl_coef,
             )
         )
     out = update_metrics(history)

@@ -43,7 +43,8 @@ Deviations from the paper (arXiv 2510.02245) and its official code
       official code's entropy has a masking bug (its issue #57); we do not reproduce it.
     * Clipping is removed on all tokens once replay starts (the official ``loss_remove_clip``); the
       caller passes ``clip=False`` then. Before replay starts fresh tokens use the PPO clip (eps 0.2).
-    * No KL term and no reference model, as in the official recipe.
+    * No KL term and no reference model, as in the official recipe. ``kl_k3`` is the optional penalty
+      of ``loss.kl_coef`` (off by default; ``learners/reference.py``).
     * ``std_normalize`` (off by default) restores the GRPO std division.
     * ``tis_weight``: with asynchronous sampling, fresh tokens may be multiplied by a truncated importance
       weight min(exp(old_logp - sampler_logp), C) computed by the caller. It is detached here (a weight,
@@ -65,6 +66,7 @@ __all__ = [
     "DelayedStart",
     "exgrpo_loss",
     "group_advantages",
+    "kl_k3",
     "masked_mean",
     "policy_shape",
     "token_entropy",
@@ -252,6 +254,20 @@ def exgrpo_loss(
             num_replay_tokens=float(rep.sum()),
         )
     return loss, metrics
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor, mask: Tensor, *, norm_len: int | None) -> Tensor:
+    """() the k3 estimate of KL(current || reference) from (n, R) log-probs of the sampled tokens.
+
+    Per response token k3 = exp(ref - logp) - (ref - logp) - 1: never negative, exactly 0 where the two
+    policies agree, with gradient 1 - exp(ref - logp) in logp. Normalised like ``exgrpo_loss``'s policy loss
+    (per sequence over ``norm_len``, then the mean over sequences; or the token mean when None), so a
+    caller's micro-batch weights for the policy loss apply to it unchanged. Padding contributes 0."""
+    d = torch.where(mask, ref_logp.float() - logp.float(), 0.0)  # (n, R) 0 at padding: k3 = 0 there
+    k3 = torch.exp(d) - d - 1.0  # (n, R)
+    if norm_len is not None:
+        return (k3.sum(dim=1) / norm_len).mean()
+    return k3.sum() / mask.sum().clamp(min=1)
 
 
 class DelayedStart:

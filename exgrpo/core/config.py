@@ -34,6 +34,10 @@ class ConfigError(ValueError):
     """An invalid configuration; the message names the field and the fix."""
 
 
+# LoRA's default targets: every attention and MLP projection of a Qwen2 / Llama decoder layer.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     path: str = "builtin:tiny"  # HF model directory, or builtin:<name> (made locally and cached)
@@ -137,6 +141,21 @@ class LearnerConfig:
         0  # every N steps, measure the gradient of stored, replay-fresh and fresh rows apart (0 = off)
     )
     micro_batch_size: int = 16  # sequences per forward/backward pass
+    lora_rank: int = 0  # LoRA rank r through PEFT: only the adapters train (0 = off: full fine-tuning)
+    lora_alpha: float = 16.0  # LoRA scale numerator: an adapter adds (lora_alpha / lora_rank) * B @ A to W
+    lora_target_modules: tuple = (
+        LORA_TARGETS  # Linear layer names that get adapters (Qwen2/Llama attention and MLP)
+    )
+
+    def __post_init__(self) -> None:
+        raw = self.lora_target_modules
+        if isinstance(raw, str):  # learners.lora_target_modules=q_proj,v_proj
+            raw = [m for m in raw.replace(" ", "").split(",") if m]
+        if not isinstance(raw, list | tuple) or not all(isinstance(m, str) and m for m in raw):
+            raise ConfigError(
+                f"learners.lora_target_modules must be a list of layer names such as [q_proj, v_proj], got {raw!r}"
+            )
+        object.__setattr__(self, "lora_target_modules", tuple(raw))
 
 
 @dataclass(frozen=True)
@@ -151,6 +170,9 @@ class LossConfig:
     )
     std_normalize: bool = False  # divide advantages by the group std (GRPO) instead of Dr.GRPO
     tis_cap: float | None = None  # truncated importance weight cap for sampler staleness (None = off)
+    kl_coef: float = (
+        0.0  # weight of a k3 KL penalty to the initial policy, normalised like the policy loss (0 = off)
+    )
 
 
 @dataclass(frozen=True)
@@ -390,6 +412,8 @@ BOUNDS: dict[str, Bound] = {
     "trainer.checkpoint_every": Bound(lo=0, note="0 = only at the end"),
     "trainer.keep_checkpoints": Bound(lo=1),
     "logging.dashboard_port": Bound(lo=1, hi=65535, note="a TCP port"),
+    "learners.lora_rank": Bound(lo=0, note="0 = off"),
+    "loss.kl_coef": Bound(lo=0, note="0 = off"),
     "logging.samples_every": Bound(lo=0, note="0 = no samples"),
     "logging.samples_per_step": Bound(lo=0, note="0 = no samples"),
 }
@@ -416,6 +440,21 @@ def validate(cfg: Config) -> None:
             lr.num * lr.minibatches < 1 or t.questions_per_step % (lr.num * lr.minibatches) == 0,
             f"trainer.questions_per_step={t.questions_per_step} must split into learners.minibatches={lr.minibatches} "
             f"mini-batches on each of learners.num={lr.num} ranks; use a multiple of {lr.num * lr.minibatches}",
+        ),
+        (
+            lr.lora_rank == 0 or lr.lora_alpha > 0,
+            f"learners.lora_alpha={lr.lora_alpha} must be > 0 (with learners.lora_rank > 0)",
+        ),
+        (lr.lora_rank == 0 or bool(lr.lora_target_modules), "learners.lora_target_modules is empty"),
+        (
+            lr.lora_rank == 0 or lr.zero_stage < 3,
+            "learners.lora_rank > 0 needs whole base weights on each rank to merge the adapters for the "
+            "samplers: use learners.zero_stage <= 2 (the adapters' optimiser state is small) or lora_rank=0",
+        ),
+        (
+            cfg.loss.kl_coef == 0 or lr.zero_stage < 3,
+            "loss.kl_coef > 0 keeps the reference policy unpartitioned on every learner rank: use "
+            "learners.zero_stage <= 2 or loss.kl_coef=0",
         ),
         (
             cfg.async_.weight_sync != "collective" or s.engine == "vllm",

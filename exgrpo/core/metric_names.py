@@ -62,6 +62,7 @@ GRAD_SHARE_REPLAY_FRESH = (
     "learner/grad_share_replay_fresh"  # the same for the fresh rollouts of replay groups
 )
 GRAD_SHARE_FRESH = "learner/grad_share_fresh"  # the same for fresh groups (the three shares sum to 1)
+KL = "learner/kl"  # k3 KL(current || initial policy) of the trained tokens (only with loss.kl_coef > 0)
 LEARNER_TOKENS = "learner/tokens"  # trained response tokens (summed over ranks)
 LEARNER_UPDATE_TIME = "learner/update_time_s"  # a rank's time inside update
 # system/
@@ -95,9 +96,10 @@ GRAD_SHARE_KEYS = frozenset(
         GRAD_SHARE_FRESH,
     }
 )
-# keys only some records carry: evaluations, process checks, the gradient split (learners.grad_share_every)
+# keys only some records carry: evaluations, process checks, the gradient split (learners.grad_share_every),
+# the KL penalty (loss.kl_coef > 0)
 OPTIONAL_KEYS = (
-    frozenset({EVAL_ACCURACY, EVAL_PASS, EVAL_VERSION, CHOSEN_VALID, CANDIDATES_VALID}) | GRAD_SHARE_KEYS
+    frozenset({EVAL_ACCURACY, EVAL_PASS, EVAL_VERSION, CHOSEN_VALID, CANDIDATES_VALID, KL}) | GRAD_SHARE_KEYS
 )
 
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_]")

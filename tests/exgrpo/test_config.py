@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -207,3 +208,27 @@ def test_samples_settings_default_on_and_refuse_negatives():
     for field in ("samples_every", "samples_per_step"):
         with pytest.raises(ConfigError, match=rf"logging.{field}=-1 must be >= 0"):
             load_config(None, [f"logging.{field}=-1"])
+
+
+def test_lora_and_kl_are_off_by_default_and_checked_at_load_time():
+    cfg = load_config(None)
+    assert (cfg.learners.lora_rank, cfg.loss.kl_coef) == (0, 0.0)
+    on = load_config(
+        None, ["learners.lora_rank=8", "learners.lora_target_modules=q_proj,v_proj", "loss.kl_coef=0.01"]
+    )
+    assert on.learners.lora_target_modules == ("q_proj", "v_proj")
+    assert load_config(None, ["learners.lora_rank=8"]).learners.lora_target_modules[-1] == "down_proj"
+    for bad, says in [
+        (
+            ["learners.lora_rank=8", "learners.zero_stage=3"],
+            "learners.lora_rank > 0 needs whole base weights",
+        ),
+        (["loss.kl_coef=0.1", "learners.zero_stage=3"], "loss.kl_coef > 0 keeps the reference policy"),
+        (["learners.lora_rank=-1"], "learners.lora_rank=-1 must be >= 0"),
+        (["learners.lora_rank=4", "learners.lora_alpha=0"], "learners.lora_alpha=0.0 must be > 0"),
+        (["loss.kl_coef=-0.1"], "loss.kl_coef=-0.1 must be >= 0"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            load_config(None, bad)
+    # the ZeRO-3 refusals name the stage only when the feature is on
+    assert load_config(None, ["learners.zero_stage=3"]).learners.zero_stage == 3
