@@ -13,7 +13,9 @@ completions every `logging.samples_every` steps), the candidate log and the call
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -60,6 +62,12 @@ def check_reward(cfg: Config) -> None:
             resolve(cfg.reward.fn)
         except RewardError as err:
             raise ConfigError(str(err)) from err
+
+
+def submitted_with_working_dir() -> bool:
+    """Whether this driver is a `ray job submit --working-dir ...` entrypoint (it runs in Ray's copy of it)."""
+    job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
+    return bool((job.get("runtime_env") or {}).get("working_dir"))
 
 
 def make_run_dir(cfg: Config) -> Path:
@@ -187,6 +195,12 @@ class TrainingRecipe:
             len(self.train_set),
             len(self.eval_set),
         )
+        if submitted_with_working_dir() and not Path(cfg.logging.run_dir or "runs").is_absolute():
+            log.warning(
+                "run dir %s is inside this job's copy of its working directory, which Ray may delete after "
+                "the job; set logging.run_dir to an absolute path on a disk every node shares to keep the run",
+                run_dir.resolve(),
+            )
         phases.start(Phase.RAY)
         init_ray(cfg)
         check_cluster(cfg, model_path=model_path)

@@ -64,3 +64,17 @@ def test_a_setup_that_fails_before_anything_started_raises_its_own_error(tmp_pat
     monkeypatch.setattr(recipe, "setup", lambda: (_ for _ in ()).throw(FileNotFoundError("no such model")))
     with pytest.raises(FileNotFoundError, match="no such model"):  # not "call setup() first"
         recipe.run()
+
+
+def test_a_submitted_job_with_a_working_dir_is_recognised(monkeypatch):
+    import json
+
+    from exgrpo.runtime.recipe import submitted_with_working_dir
+
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert not submitted_with_working_dir()
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"env_vars": {"A": "1"}}}))
+    assert not submitted_with_working_dir()
+    job = {"runtime_env": {"working_dir": "gcs://_ray_pkg_abc.zip"}, "metadata": {}}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
+    assert submitted_with_working_dir()
