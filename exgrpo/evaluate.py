@@ -153,8 +153,26 @@ class CompletionWriter:
         os.replace(self.tmp, self.path)
 
 
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Ranges of the numeric options, checked before any model loads (argparse's exit 2 and message)."""
+    rules = [
+        (args.num >= 1, "--num must be >= 1"),
+        (args.n >= 1, "--n must be >= 1 sample per question"),
+        (args.temperature >= 0, "--temperature must be >= 0 (0 = greedy)"),
+        (0 < args.top_p <= 1, "--top-p must lie in (0, 1]"),
+        (args.max_tokens is None or args.max_tokens >= 1, "--max-tokens must be >= 1"),
+        (args.verify_timeout > 0, "--verify-timeout must be > 0 seconds"),
+        (args.verify_workers >= 1, "--verify-workers must be >= 1"),
+    ]
+    for ok, message in rules:
+        if not ok:
+            parser.error(message)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check(parser, args)
     from exgrpo.data.readers import DataError
     from exgrpo.models.resolve import ModelResolveError, resolve_model
     from exgrpo.verify.plugin import RewardError

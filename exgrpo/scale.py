@@ -15,7 +15,7 @@ import os
 import sys
 
 from exgrpo.core.names import CONTROLLER, NAMESPACE
-from exgrpo.runtime.resources import samplers_that_fit
+from exgrpo.runtime.resources import probe_address, samplers_that_fit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +27,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--samplers must be >= 1")
     import ray
 
-    ray.init(address=args.address, namespace="exgrpo", logging_level="ERROR")
+    try:
+        probe_address(args.address)
+        ray.init(address=args.address, namespace="exgrpo", logging_level="ERROR")
+    except (
+        ConnectionError,
+        ValueError,
+        RuntimeError,
+    ) as err:  # nothing listens there, or a malformed address
+        where = "RAY_ADDRESS / a running local cluster" if args.address == "auto" else args.address
+        print(
+            f"error: cannot reach a Ray cluster at {where} ({err}); start the job's cluster first "
+            "(ray start --head) or pass its --address",
+            file=sys.stderr,
+        )
+        return 2
     try:
         controller = ray.get_actor(CONTROLLER, namespace=NAMESPACE)
     except ValueError:

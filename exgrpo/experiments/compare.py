@@ -91,21 +91,26 @@ SEEDS = [0, 1, 2]  # the default seeds of a sweep
 DIAGNOSTICS = ["learners.grad_share_every=5"]
 
 
-def run_one(name: str, seed: int, overrides: list[str], out: Path) -> dict[str, Any]:
-    from exgrpo.core.config_files import load_config
-    from exgrpo.runtime.recipe import train
-
-    run_dir = out / f"{name}-seed{seed}"
-    every = [
+def run_overrides(name: str, seed: int, overrides: list[str], out: Path) -> list[str]:
+    """Every override of one run of the sweep: the diagnostics, the user's, the variant's, its seed and dir."""
+    return [
         *DIAGNOSTICS,
         *overrides,
         *VARIANTS[name][0],
         f"trainer.seed={seed}",
-        f"logging.run_dir={run_dir}",
+        f"logging.run_dir={out / f'{name}-seed{seed}'}",
         "logging.progress=false",
         "logging.plots=false",
         "logging.ray_metrics=false",
     ]
+
+
+def run_one(name: str, seed: int, overrides: list[str], out: Path) -> dict[str, Any]:
+    from exgrpo.core.config_files import load_config
+    from exgrpo.runtime.recipe import train
+
+    every = run_overrides(name, seed, overrides, out)
+    run_dir = out / f"{name}-seed{seed}"
     result = train(load_config(None, every), checkpoints=False)
     records = result.records
     tokens = np.cumsum([0] + [r["rollout/tokens"] for r in records])  # tokens[v]: generated before version v
@@ -133,6 +138,29 @@ def run_one(name: str, seed: int, overrides: list[str], out: Path) -> dict[str, 
         "series": series_of(records),
         "retired": records[-1].get("replay/retired"),
     }
+
+
+def _checked_inputs(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    """The sweep's earlier results (`out/results.json`, resumable), after checking that every run's config
+    loads; raises ValueError (a ConfigError, or a results file that is not a sweep's) naming the problem."""
+    from exgrpo.core.config_files import load_config
+
+    path = out / "results.json"
+    if args.report and not path.is_file():
+        raise ValueError(f"--report {args.report}: no results.json there (run a sweep with --out first)")
+    if not args.report:
+        for seed in args.seeds:
+            for name in args.variants:
+                load_config(None, run_overrides(name, seed, list(args.overrides), out))
+    if not path.exists():
+        return []
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not a sweep's results file: {err}") from err
+    if not isinstance(results, list) or not all(isinstance(r, dict) and "variant" in r for r in results):
+        raise ValueError(f"{path} is not a sweep's results file (a list of runs with a 'variant' each)")
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,9 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     out = Path(args.report or args.out)
+    try:  # bad input fails here, before any directory, run or Ray cluster exists
+        results = _checked_inputs(args, out)
+    except ValueError as err:  # ConfigError; a results.json that is not a sweep's
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.json"
-    results: list[dict[str, Any]] = json.loads(results_path.read_text()) if results_path.exists() else []
     backfill_series(results)
     t0 = time.perf_counter()
     if not args.report:

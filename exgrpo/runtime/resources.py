@@ -321,19 +321,24 @@ def local_resources(cfg: Config) -> dict[str, float]:
     }
 
 
+def probe_address(address: str, timeout_s: float = 5.0) -> None:
+    """A plain TCP connection to a `host:port` Ray address (other forms, such as `auto`, pass): `ray.init`
+    retries an address where nothing answers for minutes. Raises ConnectionError when nothing answers."""
+    host, _, port = address.split("://")[-1].rpartition(":")
+    if host and port.isdigit():
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        except OSError as err:
+            raise ConnectionError(f"nothing answers at {host}:{port}: {err}") from err
+
+
 def cluster_totals(address: str) -> tuple[dict[str, float], list[dict[str, float]]]:
     """The total resources and alive nodes of the running cluster at `address` (connects as a driver,
     starts no actor, disconnects).
 
-    A `host:port` address is first probed with a plain TCP connection (5 s): `ray.init` retries an
-    address where nothing answers for minutes. Raises ConnectionError when nothing answers.
+    A `host:port` address is first probed (`probe_address`). Raises ConnectionError when nothing answers.
     """
-    host, _, port = address.split("://")[-1].rpartition(":")
-    if host and port.isdigit():
-        try:
-            socket.create_connection((host, int(port)), timeout=5).close()
-        except OSError as err:
-            raise ConnectionError(f"nothing answers at {host}:{port}: {err}") from err
+    probe_address(address)
     import ray
 
     ray.init(address=address, namespace="exgrpo", configure_logging=False, log_to_driver=False)
