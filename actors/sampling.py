@@ -34,34 +34,11 @@ class Samples:
 
 
 def sample_rewards(
-    engine: GenerationEngine,
-    verifier: Scorer,
-    prompts: Sequence[Prompt],
-    *,
-    n: int,
-    template: TemplateName,
-    max_tokens: int,
-    temperature: float,
-    top_p: float = 1.0,
-    seed: int | None = None,
-    tokenizer: Any = None,
+    engine: GenerationEngine, verifier: Scorer, prompts: Sequence[Prompt], **options: Any
 ) -> list[tuple[float, ...]]:
-    """Per prompt, the rewards of its n sampled responses (`sample_completions` without the texts)."""
-    return [
-        s.rewards
-        for s in sample_completions(
-            engine,
-            verifier,
-            prompts,
-            n=n,
-            template=template,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            tokenizer=tokenizer,
-        )
-    ]
+    """Per prompt, the rewards of its n sampled responses: `sample_completions` (same options) without
+    the texts."""
+    return [s.rewards for s in sample_completions(engine, verifier, prompts, **options)]
 
 
 def sample_completions(
