@@ -105,4 +105,5 @@ def test_the_page_shows_every_example_and_every_builtin_task():
         assert (DOCS / name).read_text(encoding="utf-8").strip() in text, name
     table = text.split("## Builtin tasks", 1)[1]
     assert set(re.findall(r"^\| `builtin:([a-z0-9-]+)` \|", table, flags=re.M)) == set(BUILTIN_TASKS)
-    assert text.endswith("## Extra columns and custom rewards\n\n(see docs/rewards.md)\n")
+    extra = text.split("## Extra columns and custom rewards", 1)[1]
+    assert "reward.fn" in extra and "docs/rewards.md" in extra and "fields" in extra
