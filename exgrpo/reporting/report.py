@@ -298,8 +298,12 @@ def samples_html(samples: Sequence[dict[str, Any]]) -> str:
     esc = html.escape
     cols = ("step", "origin", "qid", "reward", "bucket", "policy_version", "prompt", "completion")
     head = "".join(f"<th>{esc(c)}</th>" for c in cols)
+
+    def cell(value: Any) -> str:
+        return f"{value:.3f}" if isinstance(value, float) else str(value)  # rewards to 3 decimals
+
     body = "\n".join(
-        "<tr>" + "".join(f'<td class="{c}">{esc(str(r[c]))}</td>' for c in cols) + "</tr>" for r in samples
+        "<tr>" + "".join(f'<td class="{c}">{esc(cell(r[c]))}</td>' for c in cols) + "</tr>" for r in samples
     )
     return (
         f"<h2>Sampled completions</h2><p>the last {SAMPLE_STEPS} sampled steps of samples.jsonl "
