@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from exgrpo.core.config import RewardMode
 from exgrpo.core.records import Prompt
@@ -28,14 +28,6 @@ from exgrpo.verify.pool import Job, Pool
 from exgrpo.verify.verifier import Verifier
 
 MATH = "math"  # the built-in verifier's name in reward.fn
-
-
-class RewardScorer(Protocol):
-    """What samplers and evaluations need from a reward (`Verifier` and `FunctionReward` are ones)."""
-
-    def score_prompts(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> list[float]: ...
-
-    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
