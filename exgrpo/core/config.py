@@ -47,6 +47,10 @@ class ModelConfig:
     )
     max_response_len: int = 32  # generated tokens per rollout (also the Dr.GRPO loss normaliser)
     template: TemplateName = "plain"  # prompt template
+    max_position_embeddings: int | None = (
+        None  # raise the model's position limit (with rope_theta), as the official 7B recipe does; null = the model's own
+    )
+    rope_theta: float | None = None  # RoPE base to use with a raised position limit (official 7B recipe: 40000); null = the model's own
     cache_dir: str = "~/.cache/exgrpo"  # where builtin models are built and reused
 
 
@@ -94,6 +98,8 @@ class SamplerConfig:
     requests_per_call: int = 4  # generation requests batched into one engine call
     verify_timeout_s: float = 5.0  # hard wall-clock limit of one answer verification
     gpu_memory_utilization: float = 0.85  # share of the GPU's memory one vLLM engine may take (vLLM only)
+    tensor_parallel_size: int = 1  # GPUs per vLLM sampler (tensor parallel); each of them reserves samplers.num_gpus
+    enforce_eager: bool | None = None  # vLLM without CUDA graphs; null = eager on CPU, CUDA graphs on GPU
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,13 @@ class LearnerConfig:
         0  # every N steps, measure the gradient of stored, replay-fresh and fresh rows apart (0 = off)
     )
     micro_batch_size: int = 16  # sequences per forward/backward pass
+    max_tokens_per_micro_batch: int | None = (
+        None  # token budget of one forward/backward pass (padded prompt + response); null = micro_batch_size only
+    )
+    gradient_checkpointing: Literal["auto", "on", "off"] = (
+        "auto"  # recompute each layer's activations in the backward pass; auto = on for GPU learners
+    )
+    logits_chunk_tokens: int = 4096  # response positions per lm_head + log-softmax chunk (bounds the logits memory)
     lora_rank: int = 0  # LoRA rank r through PEFT: only the adapters train (0 = off: full fine-tuning)
     lora_alpha: float = 16.0  # LoRA scale numerator: an adapter adds (lora_alpha / lora_rank) * B @ A to W
     lora_target_modules: tuple = (
@@ -181,6 +194,7 @@ class AsyncConfig:
     weight_sync: Literal["object_store", "collective"] = (
         "object_store"  # object store, or vLLM's weight-transfer API
     )
+    weight_timeout_s: float = 300.0  # bound on one collective weight update; past it the sampler world is rebuilt
 
 
 @dataclass(frozen=True)
@@ -378,6 +392,12 @@ BOUNDS: dict[str, Bound] = {
     "samplers.requests_per_call": Bound(lo=1),
     "samplers.verify_timeout_s": Bound(lo=0, open_lo=True),
     "samplers.gpu_memory_utilization": Bound(lo=0, hi=1, open_lo=True),
+    "samplers.tensor_parallel_size": Bound(lo=1, note="1 = one GPU per sampler"),
+    "model.max_position_embeddings": Bound(lo=1, note="or null: the model's own"),
+    "model.rope_theta": Bound(lo=0, open_lo=True, note="or null: the model's own"),
+    "async.weight_timeout_s": Bound(lo=0, open_lo=True),
+    "learners.max_tokens_per_micro_batch": Bound(lo=1, note="or null: micro_batch_size sequences"),
+    "learners.logits_chunk_tokens": Bound(lo=1),
     "replay.rho": Bound(lo=0, hi=1, note="0.5 = half of each batch from replay"),
     "replay.start_solve_ratio": Bound(lo=0, hi=1),
     "replay.num_shards": Bound(lo=1),
