@@ -14,10 +14,10 @@ import torch
 from torch import Tensor
 
 from exgrpo.core import metric_names as M
-from exgrpo.core.algorithm import exgrpo_loss, token_logprobs
+from exgrpo.core.algorithm import exgrpo_loss
 from exgrpo.core.config import LossConfig
 from exgrpo.core.records import Group
-from learners.update import build_rows, encode, pad, response_logits
+from learners.update import build_rows, encode, pad, response_stats
 
 GRAD_PARTS = (
     ("stored", M.GRAD_NORM_STORED, M.GRAD_SHARE_STORED),
@@ -34,6 +34,7 @@ def gradient_shares(
     max_response_len: int,
     clip: bool,
     device: torch.device,
+    chunk_tokens: int | None = None,
 ) -> dict[str, float]:
     """Where the update's policy gradient comes from (a diagnostic; no optimiser state or ``.grad`` touched).
 
@@ -51,7 +52,7 @@ def gradient_shares(
     r_max = max(max(len(r.response_ids) for r in rows), 1)
     params = [p for p in model.parameters() if p.requires_grad]
     enc = encode(rows, r_max, device)
-    logp = token_logprobs(response_logits(model, enc), enc.tokens)  # (N, R)
+    logp = response_stats(model, enc, chunk_tokens=chunk_tokens)[0]  # (N, R), 0 at padding
     replayed = torch.tensor([r.replayed for r in rows], device=device)  # (N,)
     behaviour = pad([r.behaviour for r in rows], r_max).to(device)  # (N, R)
     old = torch.where(replayed.unsqueeze(1), behaviour, logp.detach())  # (N, R)

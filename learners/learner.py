@@ -47,6 +47,38 @@ DEFAULT_TORCH_EXTENSIONS_DIR = "~/.cache/exgrpo/torch_extensions"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout",
+                  "hidden_dropout_prob", "attention_probs_dropout_prob", "activation_dropout")
+
+
+def checkpointing_on(setting: str, device: torch.device) -> bool:
+    """``learners.gradient_checkpointing``: "on", "off", or "auto" = on exactly for a CUDA learner."""
+    return setting == "on" or (setting == "auto" and device.type == "cuda")
+
+
+def set_checkpointing(model: Any, on: bool) -> None:
+    """Gradient checkpointing on or off, keeping old_logp == logp at the first micro-batch.
+
+    Off: ``model.eval()`` (dropout off). On: transformers recomputes only in train mode, so the model is
+    put in ``train()`` with non-reentrant checkpointing; the rule is that train mode must be
+    deterministic, so every dropout probability of the model's config (``DROPOUT_FIELDS``) and every
+    ``torch.nn.Dropout`` module are forced to 0 (Qwen2/Llama have none; a model with dropout > 0 trains
+    without it, as it does in eval mode without checkpointing)."""
+    if not on:
+        model.eval()
+        return
+    for field in DROPOUT_FIELDS:
+        if getattr(model.config, field, None):
+            setattr(model.config, field, 0.0)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if hasattr(module, "attention_dropout") and isinstance(module.attention_dropout, float):
+            module.attention_dropout = 0.0
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+
+
 class Learner:
     """One DeepSpeed rank: ``setup``, then ``entropies`` / ``update`` / weight export and sync."""
 
@@ -116,12 +148,14 @@ class Learner:
         deepspeed.utils.logger.setLevel("WARNING")
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=DTYPES[self.dtype])
         model.config.use_cache = False
-        model.eval()  # dropout off: old_logp equals the first micro-batch's logp (ratio 1 at the start)
+        model.eval()
         self._num_parameters = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
         if self.lora:
             model = lora.wrap(model, self.cfg)
         if self.loss_cfg.kl_coef > 0:
             self._reference = Reference(model, lora=self.lora)
+        # after the LoRA wrap (which sets eval mode) and the reference's frozen copy (kept in eval mode)
+        set_checkpointing(model, checkpointing_on(self.cfg.gradient_checkpointing, self.device))
         self.optimizer = make_optimizer(model, self.cfg)  # the parameters that require grad: the adapters
         # DeepSpeed prints its op-build line on every start ("... built successfully"); quiet runs drop its stdout
         quiet = os.environ.get("EXGRPO_QUIET") == "1"
@@ -151,7 +185,13 @@ class Learner:
     def _per_token(self, rows: Sequence[U.Row], r_max: int, what: str) -> Tensor:
         """(N, R) no-grad log-probs (``what="logp"``) or entropies of the response tokens."""
         return U.per_token(
-            self.engine, rows, r_max, what, slices=self._micro_slices(len(rows)), device=self.device
+            self.engine,
+            rows,
+            r_max,
+            what,
+            slices=self._micro_slices(len(rows)),
+            device=self.device,
+            chunk_tokens=self.cfg.logits_chunk_tokens,
         )
 
     def _step(self) -> tuple[float, bool]:
@@ -184,6 +224,7 @@ class Learner:
                 max_response_len=self.max_response_len,
                 clip=clip,
                 device=self.device,
+                chunk_tokens=self.cfg.logits_chunk_tokens,
             )
         out = U.update(
             self.engine,
@@ -203,13 +244,14 @@ class Learner:
             reuse_proximal=self.reuse_proximal,
             grad_clip=self.cfg.grad_clip,
             reference=self._reference_logprobs if self._reference is not None else None,
+            chunk_tokens=self.cfg.logits_chunk_tokens,
         )
         self._version = version + 1
         return {**out, **shares}
 
     def _reference_logprobs(self, enc: U.Encoded) -> Tensor:
         assert self._reference is not None
-        return self._reference.logprobs(self.engine.module, enc)
+        return self._reference.logprobs(self.engine.module, enc, chunk_tokens=self.cfg.logits_chunk_tokens)
 
     # ---------------------------------------------------------------- weights
     def _state(self) -> dict[str, Tensor]:

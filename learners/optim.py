@@ -13,8 +13,24 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 from exgrpo.core.config import LearnerConfig
+
+
+NORM_CHUNK = 1 << 24  # elements per float32 chunk of the squared sum (64 MiB of float32)
+
+
+def squared_sum(grad: Tensor, chunk: int = NORM_CHUNK) -> Tensor:
+    """() float64: sum of grad**2, each chunk of ``chunk`` elements squared and summed in float32 and the
+    chunks' sums added in float64, so no full-size copy (float64 or float32) of a large partition exists.
+    A non-finite element gives a non-finite sum (the skip rule sees it)."""
+    flat = grad.reshape(-1)  # (P,) a view for the contiguous grads DeepSpeed hands over
+    total = torch.zeros((), dtype=torch.float64, device=grad.device)
+    for start in range(0, flat.numel(), chunk):
+        part = flat[start : start + chunk].float()  # (<= chunk,)
+        total += torch.dot(part, part).double()
+    return total
 
 
 class GuardedAdamW(torch.optim.AdamW):
@@ -54,7 +70,7 @@ class GuardedAdamW(torch.optim.AdamW):
         device = params[0].grad.device if params else torch.device("cpu")
         sq = torch.zeros((), dtype=torch.float64, device=device)
         for p in params:
-            sq += p.grad.double().pow(2).sum()
+            sq += squared_sum(p.grad)
         if self.partitioned and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(sq)
         norm = float(sq.sqrt())

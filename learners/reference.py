@@ -23,8 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from exgrpo.core.algorithm import token_logprobs
-from learners.update import Encoded, response_logits
+from learners.update import Encoded, response_stats
 
 
 class Reference:
@@ -36,12 +35,13 @@ class Reference:
         self.frozen = None if lora else copy.deepcopy(model).eval().requires_grad_(False)
 
     @torch.no_grad()
-    def logprobs(self, model: torch.nn.Module, enc: Encoded) -> Tensor:
-        """(n, R) the reference's log-probs of ``enc``'s response tokens; ``model`` is the trained PEFT model."""
+    def logprobs(self, model: torch.nn.Module, enc: Encoded, *, chunk_tokens: int | None = None) -> Tensor:
+        """(n, R) the reference's log-probs of ``enc``'s response tokens (0 at padding; ``chunk_tokens``:
+        ``learners.update.response_stats``); ``model`` is the trained PEFT model."""
         if self.frozen is not None:
-            return token_logprobs(response_logits(self.frozen, enc), enc.tokens)
+            return response_stats(self.frozen, enc, chunk_tokens=chunk_tokens)[0]
         with model.disable_adapter():
-            return token_logprobs(response_logits(model, enc), enc.tokens)
+            return response_stats(model, enc, chunk_tokens=chunk_tokens)[0]
 
 
 def checksum(tensors: Mapping[str, Tensor]) -> float:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from exgrpo.core import metric_names as M
 from exgrpo.core.algorithm import (
@@ -127,10 +128,92 @@ def weighted(pairs: Sequence[tuple[float, float]]) -> float:
 
 
 def response_logits(model: torch.nn.Module, enc: Encoded) -> Tensor:
-    """(n, R, V) the logits predicting each response token."""
+    """(n, R, V) the logits predicting each response token (the full-logits path: tests and fallbacks)."""
     logits = model(input_ids=enc.input_ids, attention_mask=enc.attention_mask, use_cache=False).logits
     index = enc.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])  # (n, R, V)
     return logits.gather(1, index)  # (n, R, V)
+
+
+def _backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """(decoder, lm_head) of an HF causal LM, unwrapping a DeepSpeed engine (``.module``) and PEFT
+    (``get_base_model``: the adapters live inside the base's layers); None when the logits are not
+    ``lm_head(decoder(...))`` (no such accessors, or softcapped / scaled logits)."""
+    inner = getattr(model, "module", model)
+    if hasattr(inner, "get_base_model"):
+        inner = inner.get_base_model()
+    config = getattr(inner, "config", None)
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+        return None
+    if not (hasattr(inner, "get_decoder") and hasattr(inner, "get_output_embeddings")):
+        return None
+    decoder, head = inner.get_decoder(), inner.get_output_embeddings()
+    if decoder is None or head is None:
+        return None
+    return decoder, head
+
+
+def _chunk_stats(head: torch.nn.Module, hidden: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """(T,) log-probs and (T,) entropies of T response positions' hidden states (T, D): lm_head, then the
+    float32 math of ``token_logprobs`` / ``token_entropy`` (same stability rules)."""
+    logits = head(hidden).float()  # (T, V)
+    return token_logprobs(logits.unsqueeze(0), tokens.unsqueeze(0))[0], token_entropy(logits)  # (T,), (T,)
+
+
+def response_stats(
+    model: torch.nn.Module, enc: Encoded, *, chunk_tokens: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """((n, R) log-probs, (n, R) entropies) of the response tokens, float32, 0 at padding.
+
+    ``chunk_tokens=None``: the full-logits path (``response_logits``). Otherwise the backbone runs to its
+    final hidden states, the response positions' states are gathered (padding dropped) and each chunk of
+    ``chunk_tokens`` positions goes through lm_head -> float32 log-softmax on its own; with grad enabled
+    each chunk runs under ``torch.utils.checkpoint``, so the backward recomputes its logits instead of
+    keeping them: no (n, S, V) or (n, R, V) tensor exists, only (chunk_tokens, V). Models whose logits
+    are not ``lm_head(backbone)`` (``_backbone_and_head`` is None) take the full-logits path."""
+    parts = None if chunk_tokens is None else _backbone_and_head(model)
+    if parts is None:
+        logits = response_logits(model, enc)  # (n, R, V)
+        logp, ent = token_logprobs(logits, enc.tokens), token_entropy(logits)  # (n, R) each
+        zero = torch.zeros((), device=logp.device)
+        return torch.where(enc.mask, logp, zero), torch.where(enc.mask, ent, zero)
+    assert chunk_tokens is not None
+    decoder, head = parts
+    hidden = decoder(input_ids=enc.input_ids, attention_mask=enc.attention_mask, use_cache=False)[0]  # (n, S, D)
+    rows, cols = enc.mask.nonzero(as_tuple=True)  # (T,) each: the response tokens
+    picked = hidden[rows, enc.positions[rows, cols]]  # (T, D)
+    tokens = enc.tokens[rows, cols]  # (T,)
+    logp_parts, ent_parts = [], []
+    for sl in chunks(tokens.shape[0], chunk_tokens):
+        if torch.is_grad_enabled():
+            lp, h = checkpoint(_chunk_stats, head, picked[sl], tokens[sl], use_reentrant=False)
+        else:
+            lp, h = _chunk_stats(head, picked[sl], tokens[sl])
+        logp_parts.append(lp)
+        ent_parts.append(h)
+    logp = torch.zeros(enc.mask.shape, dtype=torch.float32, device=hidden.device)  # (n, R)
+    ent = torch.zeros(enc.mask.shape, dtype=torch.float32, device=hidden.device)  # (n, R)
+    if logp_parts:
+        logp = logp.index_put((rows, cols), torch.cat(logp_parts))
+        ent = ent.index_put((rows, cols), torch.cat(ent_parts))
+    else:  # no response token: keep the graph connected to the parameters (a zero gradient)
+        logp = logp + 0.0 * hidden.sum()
+    return logp, ent
+
+
+def budget_slices(seq_lens: Sequence[int], max_tokens: int, max_rows: int) -> list[slice]:
+    """Consecutive micro-batches of at most ``max_rows`` rows and ``max_tokens`` padded tokens (rows x the
+    micro-batch's longest prompt + response). A row longer than the budget gets a micro-batch of its own
+    (it cannot be split). The rows keep their order, so the accumulation weights are unchanged."""
+    out, start, longest = [], 0, 0
+    for i, n in enumerate(seq_lens):
+        grown = max(longest, n)
+        if i > start and (grown * (i - start + 1) > max_tokens or i - start >= max_rows):
+            out.append(slice(start, i))
+            start, grown = i, n
+        longest = grown
+    if start < len(seq_lens):
+        out.append(slice(start, len(seq_lens)))
+    return out
 
 
 @torch.no_grad()
@@ -142,15 +225,17 @@ def per_token(
     *,
     slices: Sequence[slice],
     device: torch.device,
+    chunk_tokens: int | None = None,
 ) -> Tensor:
     """(N, R) float32 on the CPU: no-grad log-probs (``what="logp"``) or entropies of the response tokens,
-    one forward per slice (an empty slice runs a padding forward, as ZeRO-3 needs; 0 at padding)."""
+    one forward per slice (an empty slice runs a padding forward, as ZeRO-3 needs; 0 at padding), the
+    logits ``chunk_tokens`` positions at a time (``response_stats``)."""
     out = torch.zeros(len(rows), r_max)  # (N, R)
     for sl in slices:
         chunk = rows[sl] or [PADDING_ROW]
         enc = encode(chunk, r_max, device)
-        logits = response_logits(model, enc)  # (n, R, V)
-        vals = token_logprobs(logits, enc.tokens) if what == "logp" else token_entropy(logits)  # (n, R)
+        logp, ent = response_stats(model, enc, chunk_tokens=chunk_tokens)  # (n, R) each
+        vals = logp if what == "logp" else ent  # (n, R)
         if rows[sl]:
             out[sl] = torch.where(enc.mask, vals, 0.0).float().cpu()
     return out
@@ -215,6 +300,7 @@ def minibatch_backward(
     proximal_is_current: bool = False,
     reference: Callable[[Encoded], Tensor] | None = None,
     device: torch.device,
+    chunk_tokens: int | None = None,
 ) -> list[Part]:
     """Forward every micro-batch of one mini-batch and hand its weighted objective to ``backward``.
 
@@ -234,9 +320,7 @@ def minibatch_backward(
         chunk = rows[sl]
         n_j, t_j = len(chunk), sum(lengths[sl])
         enc = encode(chunk or [PADDING_ROW], r_max, device)
-        logits = response_logits(model, enc)  # (n, R, V)
-        logp = token_logprobs(logits, enc.tokens)  # (n, R)
-        ent = token_entropy(logits)  # (n, R)
+        logp, ent = response_stats(model, enc, chunk_tokens=chunk_tokens)  # (n, R) each, 0 at padding
         replayed = torch.tensor([r.replayed for r in chunk] or [False], device=device)  # (n,)
         old = logp.detach()  # (n, R) the proximal log-probs when they are the current ones
         if n_j and proximal_is_current:
@@ -333,6 +417,7 @@ def update(
     reuse_proximal: bool = True,
     grad_clip: float | None = None,
     reference: Callable[[Encoded], Tensor] | None = None,
+    chunk_tokens: int | None = None,
 ) -> dict[str, float]:
     """One ExGRPO update of this process's whole groups; returns ``learner/*`` metrics.
 
@@ -343,7 +428,8 @@ def update(
     ((N, R) no-grad log-probs; default ``per_token`` over ``micro_slices``). ``reuse_proximal=False``
     always runs the no-grad pass (tests compare the two paths). ``grad_clip``: the caller's clip threshold,
     to count the optimiser steps it scaled down (``learner/clipped_steps``). ``reference``: exactly when
-    ``loss.kl_coef`` > 0, the reference's log-probs for the KL penalty (``minibatch_backward``)."""
+    ``loss.kl_coef`` > 0, the reference's log-probs for the KL penalty (``minibatch_backward``).
+    ``chunk_tokens``: response positions per lm_head + log-softmax chunk (``response_stats``; None = full logits)."""
     start = time.perf_counter()
     if (reference is not None) != (loss.kl_coef > 0):
         raise ValueError(f"loss.kl_coef={loss.kl_coef} needs a reference policy exactly when it is > 0")
@@ -358,7 +444,9 @@ def update(
     proximal = None
     if not current:
         if proximal_pass is None:
-            proximal = per_token(model, rows, r_max, "logp", slices=micro_slices(len(rows)), device=device)
+            proximal = per_token(
+                model, rows, r_max, "logp", slices=micro_slices(len(rows)), device=device, chunk_tokens=chunk_tokens
+            )
         else:
             proximal = proximal_pass(rows, r_max)  # (N, R) current weights, no grad
     old_logp, tis = old_logprobs(rows, r_max, proximal, tis_cap=loss.tis_cap)  # (N, R) each
@@ -383,6 +471,7 @@ def update(
             proximal_is_current=current,
             reference=reference,
             device=device,
+            chunk_tokens=chunk_tokens,
         )
         grad_norm, skipped = step()
         history.append(
