@@ -175,12 +175,28 @@ class Learner:
     def _micro_slices(self, n: int) -> list[slice]:
         """Micro-batches of ``n`` rows; under ZeRO-3 padded with empty slices to the max over ranks
         (its forward all-gathers parameters, so every rank must run the same number of forwards)."""
-        slices = U.chunks(n, self.cfg.micro_batch_size)
+        return self._same_count(U.chunks(n, self.cfg.micro_batch_size))
+
+    def _token_slices(self, rows: Sequence[U.Row]) -> list[slice]:
+        """Micro-batches of at most ``micro_batch_size`` rows and ``max_tokens_per_micro_batch`` padded
+        tokens (``learners.update.budget_slices``: a row longer than the budget goes alone), padded like
+        ``_micro_slices`` under ZeRO-3."""
+        assert self.cfg.max_tokens_per_micro_batch is not None
+        seq = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
+        budget = U.budget_slices(seq, self.cfg.max_tokens_per_micro_batch, max_rows=self.cfg.micro_batch_size)
+        return self._same_count(budget)
+
+    def _same_count(self, slices: list[slice]) -> list[slice]:
         if self.cfg.zero_stage == 3 and self.world_size > 1:
             count = torch.tensor(len(slices), device=self.device)
             dist.all_reduce(count, op=dist.ReduceOp.MAX)
             slices += [slice(0, 0)] * (int(count) - len(slices))
         return slices
+
+    def _slices(self, rows: Sequence[U.Row]) -> list[slice]:
+        if self.cfg.max_tokens_per_micro_batch is None:
+            return self._micro_slices(len(rows))
+        return self._token_slices(rows)
 
     def _per_token(self, rows: Sequence[U.Row], r_max: int, what: str) -> Tensor:
         """(N, R) no-grad log-probs (``what="logp"``) or entropies of the response tokens."""
@@ -189,7 +205,7 @@ class Learner:
             rows,
             r_max,
             what,
-            slices=self._micro_slices(len(rows)),
+            slices=self._slices(rows),
             device=self.device,
             chunk_tokens=self.cfg.logits_chunk_tokens,
         )
@@ -245,6 +261,7 @@ class Learner:
             grad_clip=self.cfg.grad_clip,
             reference=self._reference_logprobs if self._reference is not None else None,
             chunk_tokens=self.cfg.logits_chunk_tokens,
+            token_slices=self._token_slices if self.cfg.max_tokens_per_micro_batch is not None else None,
         )
         self._version = version + 1
         return {**out, **shares}

@@ -418,6 +418,7 @@ def update(
     grad_clip: float | None = None,
     reference: Callable[[Encoded], Tensor] | None = None,
     chunk_tokens: int | None = None,
+    token_slices: Callable[[Sequence[Row]], list[slice]] | None = None,
 ) -> dict[str, float]:
     """One ExGRPO update of this process's whole groups; returns ``learner/*`` metrics.
 
@@ -429,8 +430,15 @@ def update(
     always runs the no-grad pass (tests compare the two paths). ``grad_clip``: the caller's clip threshold,
     to count the optimiser steps it scaled down (``learner/clipped_steps``). ``reference``: exactly when
     ``loss.kl_coef`` > 0, the reference's log-probs for the KL penalty (``minibatch_backward``).
-    ``chunk_tokens``: response positions per lm_head + log-softmax chunk (``response_stats``; None = full logits)."""
+    ``chunk_tokens``: response positions per lm_head + log-softmax chunk (``response_stats``; None = full logits).
+    ``token_slices(rows)``: when given, the micro-batches of ``rows`` in place of ``micro_slices(len(rows))``
+    (token-budget micro-batches, ``budget_slices``; the accumulation weights stay exact: they are per
+    micro-batch rows and tokens over the mini-batch's totals, whatever the split)."""
     start = time.perf_counter()
+
+    def slices_of(rs: Sequence[Row]) -> list[slice]:
+        return token_slices(rs) if token_slices is not None else micro_slices(len(rs))
+
     if (reference is not None) != (loss.kl_coef > 0):
         raise ValueError(f"loss.kl_coef={loss.kl_coef} needs a reference policy exactly when it is > 0")
     if not groups or len(groups) % minibatches:
@@ -445,7 +453,7 @@ def update(
     if not current:
         if proximal_pass is None:
             proximal = per_token(
-                model, rows, r_max, "logp", slices=micro_slices(len(rows)), device=device, chunk_tokens=chunk_tokens
+                model, rows, r_max, "logp", slices=slices_of(rows), device=device, chunk_tokens=chunk_tokens
             )
         else:
             proximal = proximal_pass(rows, r_max)  # (N, R) current weights, no grad
@@ -464,7 +472,7 @@ def update(
             loss=loss,
             max_response_len=max_response_len,
             totals=totals,
-            slices=micro_slices(len(mb)),
+            slices=slices_of(mb),
             backward=backward,
             boundary=boundary,
             world_size=world_size,

@@ -156,3 +156,58 @@ def test_squared_sum_is_chunked_float32_with_the_same_semantics():
     assert not torch.isfinite(squared_sum(g, 7))
     bf = torch.randn(33, 3, dtype=torch.bfloat16)
     assert abs(float(squared_sum(bf, 10)) - float(bf.double().pow(2).sum())) <= 1e-5 * float(bf.double().pow(2).sum())
+
+
+def test_update_with_token_budget_equals_plain_micro_batches():
+    from exgrpo.core.records import Group, Trajectory
+
+    rng = random.Random(5)
+    groups = []
+    for q in range(3):
+        prompt = tuple(rng.randrange(64) for _ in range(rng.randint(1, 4)))
+        trajs = []
+        for _ in range(4):
+            k = rng.randint(1, MAX_LEN)
+            trajs.append(
+                Trajectory(
+                    response_ids=tuple(rng.randrange(64) for _ in range(k)),
+                    logprobs=tuple(-rng.uniform(0.5, 3.0) for _ in range(k)),
+                    reward=float(rng.random() < 0.5),
+                    qid=f"q{q}",
+                    policy_version=0,
+                )
+            )
+        groups.append(Group(qid=f"q{q}", prompt_ids=prompt, trajectories=tuple(trajs)))
+    results, grads = [], []
+    for token_slices, chunk in ((None, None), (lambda rs: U.budget_slices(
+        [len(r.prompt_ids) + len(r.response_ids) for r in rs], 25, max_rows=16), 3)):
+        model = _model()
+        model.eval()
+        seen = []
+
+        def step() -> tuple[float, bool]:
+            seen.append([p.grad.detach().clone() for p in model.parameters()])
+            model.zero_grad(set_to_none=True)
+            return 0.0, False
+
+        results.append(
+            U.update(
+                model,
+                groups,
+                loss=LossConfig(entropy_coef=0.01),
+                minibatches=1,
+                max_response_len=MAX_LEN,
+                clip=True,
+                device=torch.device("cpu"),
+                micro_slices=lambda n: U.chunks(n, 4),
+                backward=lambda o: o.backward(),
+                step=step,
+                reuse_proximal=False,
+                chunk_tokens=chunk,
+                token_slices=token_slices,
+            )
+        )
+        grads.append(seen[0])
+    for key in ("learner/loss", "learner/pg_loss", "learner/entropy"):
+        assert abs(results[0][key] - results[1][key]) <= TOL, key
+    assert _max_diff(grads[0], grads[1]) <= TOL
