@@ -1,0 +1,116 @@
+"""Peak memory of one learner update, full logits + no checkpointing ("before") vs chunked logits +
+gradient checkpointing ("after"), each configuration in a fresh subprocess (ru_maxrss, CPU), and the max
+abs diff of the loss and the gradients between them.
+
+    python bench/bench_learner_memory.py [--vocab 32000 --hidden 256 --layers 2 --rows 4 --response 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CONFIGS = {"before": (None, False), "after": (1024, True)}  # (logits_chunk_tokens, checkpointing)
+
+
+def one(args: argparse.Namespace, name: str, out: str) -> None:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    import learners.update as U
+    from exgrpo.core.config import LossConfig
+    from learners.learner import set_checkpointing
+
+    torch.set_num_threads(2)
+    chunk, ckpt = CONFIGS[name]
+    cfg = Qwen2Config(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=2 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=args.hidden // 4,
+        max_position_embeddings=args.response + 64,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg).float()
+    set_checkpointing(model, ckpt)
+    g = torch.Generator().manual_seed(1)
+    rows = [
+        U.Row(
+            prompt_ids=tuple(torch.randint(args.vocab, (16,), generator=g).tolist()),
+            response_ids=tuple(torch.randint(args.vocab, (args.response,), generator=g).tolist()),
+            behaviour=tuple((-torch.rand(args.response, generator=g) * 5).tolist()),
+            advantage=(-1.0) ** i,
+        )
+        for i in range(args.rows)
+    ]
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    old_logp, _ = U.old_logprobs(rows, args.response, None, tis_cap=None)
+    total = []
+    U.minibatch_backward(
+        model,
+        rows,
+        old_logp,
+        None,
+        r_max=args.response,
+        clip=True,
+        loss=LossConfig(entropy_coef=0.01),
+        max_response_len=args.response,
+        totals=U.minibatch_totals(rows, device=torch.device("cpu")),
+        slices=U.chunks(len(rows), args.rows),
+        backward=lambda o: (total.append(float(o.detach())), o.backward()),
+        proximal_is_current=True,
+        device=torch.device("cpu"),
+        chunk_tokens=chunk,
+    )
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    torch.save({"loss": sum(total), "grads": grads, "base_mb": base / 1024, "peak_mb": peak / 1024}, out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--rows", type=int, default=4)
+    ap.add_argument("--response", type=int, default=1024)
+    ap.add_argument("--one", choices=sorted(CONFIGS))
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.one:
+        one(args, args.one, args.out)
+        return
+    import torch
+
+    root = Path(__file__).resolve().parents[1]
+    res = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in CONFIGS:
+            out = f"{tmp}/{name}.pt"
+            cmd = [sys.executable, __file__, "--one", name, "--out", out] + sys.argv[1:]
+            subprocess.run(cmd, check=True, cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+            res[name] = torch.load(out)
+    shape = f"vocab {args.vocab}, hidden {args.hidden}, {args.layers} layers, {args.rows} rows x {args.response} tokens"
+    print(f"one update ({shape}), peak RSS in a fresh process (MB):")
+    for name, (chunk, ckpt) in CONFIGS.items():
+        r = res[name]
+        print(
+            f"  {name:6s} logits_chunk_tokens={chunk} checkpointing={ckpt}: peak {r['peak_mb']:.0f} MB "
+            f"(model + inputs {r['base_mb']:.0f} MB; update +{r['peak_mb'] - r['base_mb']:.0f} MB)"
+        )
+    print(json.dumps({
+        "loss_max_abs_diff": abs(res["before"]["loss"] - res["after"]["loss"]),
+        "grad_max_abs_diff": float((res["before"]["grads"] - res["after"]["grads"]).abs().max()),
+    }))
+
+
+if __name__ == "__main__":
+    main()
