@@ -42,6 +42,7 @@ class SamplerPool:
         requests_per_call: int,
         max_in_flight_per_sampler: int = 2,
         on_new: Callable[[Any], None] | None = None,
+        on_removed: Callable[[Any], None] | None = None,
     ) -> None:
         if num < 0 or requests_per_call < 1 or max_in_flight_per_sampler < 1:
             raise ValueError(
@@ -49,6 +50,7 @@ class SamplerPool:
             )
         self._spawn = spawn  # index -> actor handle (named exgrpo-sampler-<index>)
         self.on_new = on_new  # called with every new sampler's handle before its first request
+        self.on_removed = on_removed  # called with every removed sampler's handle after it is killed
         self.requests_per_call = requests_per_call
         self.max_in_flight = max_in_flight_per_sampler
         self.manager = FaultTolerantActorManager(
@@ -124,6 +126,8 @@ class SamplerPool:
         with contextlib.suppress(Exception):  # a dead actor cannot close
             ray.get(handle.close.remote(), timeout=10)
         ray.kill(handle)
+        if self.on_removed is not None:  # e.g. release a tensor-parallel sampler's placement group
+            self.on_removed(handle)
 
     # -- requests ------------------------------------------------------------------------------------
     def submit(self, *, requests: Sequence[GenerationRequest]) -> None:

@@ -491,6 +491,17 @@ def validate(cfg: Config) -> None:
             "model.dtype=float16 is not supported by vLLM on CPU; use float32 or bfloat16",
         ),
         (
+            s.tensor_parallel_size == 1 or s.engine == "vllm",
+            f"samplers.tensor_parallel_size={s.tensor_parallel_size} is vLLM's tensor parallelism and needs "
+            "samplers.engine=vllm; transformers samplers run on one device (tensor_parallel_size=1)",
+        ),
+        (
+            s.tensor_parallel_size == 1 or 0 < s.num_gpus <= 1,
+            f"samplers.tensor_parallel_size={s.tensor_parallel_size} needs GPU samplers with one GPU (or a share "
+            f"of one) per tensor-parallel rank: 0 < samplers.num_gpus <= 1, got {s.num_gpus} (vLLM on CPU has no "
+            "tensor parallelism here; use tensor_parallel_size=1)",
+        ),
+        (
             lr.num_cpus + lr.num_gpus > 0,
             "learners.num_cpus and learners.num_gpus are both 0: a learner's placement-group bundle must "
             "reserve something; set learners.num_cpus=1",
