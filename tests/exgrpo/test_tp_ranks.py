@@ -77,3 +77,53 @@ def test_sampler_bundles():
         {"GPU": 1.0},
     ]
     assert sampler_bundles(num_cpus=0.0, num_gpus=0.5, tensor_parallel_size=2) == [{"GPU": 0.5}, {"GPU": 0.5}]
+
+
+class _Probe:
+    """Stands in for a sampler: reports the placement group it runs in (no vLLM, no TP run)."""
+
+    def __init__(self, **_: object) -> None:
+        pass
+
+    def group(self) -> list[dict[str, float]]:
+        import ray
+
+        pg = ray.util.get_current_placement_group()
+        return [] if pg is None else list(pg.bundle_specs)
+
+
+def test_a_tp_sampler_is_placed_in_a_group_of_tp_gpu_bundles_and_released(tmp_path):
+    """On a local cluster with 4 declared (fake) GPUs: placement only; nothing runs on a GPU."""
+    import ray
+
+    from exgrpo.runtime.assembly import place_sampler
+
+    import os
+    from pathlib import Path
+
+    here = Path(__file__).resolve()
+    path = os.pathsep.join([str(here.parent), str(here.parents[2]), os.environ.get("PYTHONPATH", "")])
+    ray.init(
+        address="local",
+        num_cpus=2,
+        num_gpus=4,
+        include_dashboard=False,
+        configure_logging=False,
+        runtime_env={"env_vars": {"PYTHONPATH": path}},  # the workers import this module's probe
+    )
+    try:
+        handle, group = place_sampler(
+            _Probe, name="tp-probe", num_cpus=1.0, num_gpus=1.0, tensor_parallel_size=3
+        )
+        assert ray.get(handle.group.remote(), timeout=60) == [
+            {"GPU": 1.0, "CPU": 1.0},
+            {"GPU": 1.0},
+            {"GPU": 1.0},
+        ]
+        assert ray.available_resources().get("GPU", 0) == pytest.approx(1.0)  # 3 of 4 held by the group
+        ray.kill(handle)
+        ray.util.remove_placement_group(group)
+        plain, none = place_sampler(_Probe, name="tp1-probe", num_cpus=0.5, num_gpus=0.0)
+        assert none is None and ray.get(plain.group.remote(), timeout=60) == []
+    finally:
+        ray.shutdown()
