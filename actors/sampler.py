@@ -57,7 +57,9 @@ class EngineSpec:
     weight_transfer: str | None = (
         None  # vLLM weight-transfer backend ("nccl", "gloo") for the collective transport
     )
-    max_model_len: int | None = None  # prompt + response tokens (vLLM's max_model_len); None = the model's own
+    max_model_len: int | None = (
+        None  # prompt + response tokens (vLLM's max_model_len); None = the model's own
+    )
     tensor_parallel_size: int = 1  # vLLM workers (GPUs) of this engine
     enforce_eager: bool | None = None  # vLLM without CUDA graphs; None = eager on CPU, CUDA graphs on GPU
     gpus_per_worker: float = 1.0  # GPU share of each vLLM worker when tensor_parallel_size > 1
@@ -261,7 +263,9 @@ def request_seed(run_seed: int, request_id: int, stride: int, *, n: int | None =
             "(trainer.rollouts_per_question): its seeds would overlap the next request's"
         )
     if request_id < 0 or (request_id + 1) * stride > SEED_SPAN:
-        raise ValueError(f"request id {request_id} is outside the seed range of a run (0 <= id < 2**40 / {stride})")
+        raise ValueError(
+            f"request id {request_id} is outside the seed range of a run (0 <= id < 2**40 / {stride})"
+        )
     return run_seed * SEED_SPAN + request_id * stride
 
 

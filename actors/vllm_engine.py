@@ -151,7 +151,9 @@ class VLLMEngine(TokenizedEngine):
         else:
             seeds = [int(s) for s in seed]
             if len(seeds) != len(prompts):
-                raise ValueError(f"seed has {len(seeds)} values for {len(prompts)} prompts; give one per prompt")
+                raise ValueError(
+                    f"seed has {len(seeds)} values for {len(prompts)} prompts; give one per prompt"
+                )
         asked = [i for i, k in enumerate(counts) if k > 0]
         requests = [TokensPrompt(prompt_token_ids=list(self.tokenize(prompts[i]))) for i in asked]
         params = [

@@ -52,7 +52,13 @@ def transfer_backend(cfg: Config) -> str | None:
 
 
 def place_sampler(
-    cls: type, *, name: str, num_cpus: float, num_gpus: float, tensor_parallel_size: int = 1, **init_kwargs: Any
+    cls: type,
+    *,
+    name: str,
+    num_cpus: float,
+    num_gpus: float,
+    tensor_parallel_size: int = 1,
+    **init_kwargs: Any,
 ) -> tuple[Any, Any]:
     """Start a sampler actor; returns (handle, its placement group or None).
 
@@ -105,7 +111,9 @@ def build_system(
     check_context(cfg.model, model_path)  # prompt + response must fit the model's positions (or the override)
     # the position override lives in the config.json of the directory both learners and samplers load
     model_path = positioned_model(
-        cfg.model, model_path, out_root=Path(run_dir) if run_dir is not None else Path(cfg.model.cache_dir) / "models"
+        cfg.model,
+        model_path,
+        out_root=Path(run_dir) if run_dir is not None else Path(cfg.model.cache_dir) / "models",
     )
     check_cluster(cfg, model_path=model_path)  # fail now, not in a placement group that waits forever
     K, r, s = cfg.trainer.rollouts_per_question, cfg.replay, cfg.samplers

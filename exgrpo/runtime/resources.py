@@ -237,7 +237,11 @@ def shortfalls(
         s, lr = cfg.samplers, cfg.learners
         tp = f", tensor parallel {s.tensor_parallel_size}" if s.tensor_parallel_size > 1 else ""
         items = [
-            (f"sampler {i} ({_num(s.num_cpus)} CPU, {_num(sampler_gpus(cfg))} GPU{tp})", s.num_cpus, sampler_gpus(cfg))
+            (
+                f"sampler {i} ({_num(s.num_cpus)} CPU, {_num(sampler_gpus(cfg))} GPU{tp})",
+                s.num_cpus,
+                sampler_gpus(cfg),
+            )
             for i in range(s.num)
         ]
         items += [

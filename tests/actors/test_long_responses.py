@@ -33,22 +33,32 @@ def test_a_context_past_the_position_limit_is_refused_naming_the_override(short_
     with pytest.raises(ConfigError, match=r"model.max_position_embeddings.*model.rope_theta"):
         check_context(model, short_model)
     with pytest.raises(ValueError, match="exceeds max_position_embeddings=32"):
-        check_positions(EngineSpec(kind="vllm", model_path=str(short_model), max_model_len=context_len(model)))
+        check_positions(
+            EngineSpec(kind="vllm", model_path=str(short_model), max_model_len=context_len(model))
+        )
     check_context(ModelConfig(max_prompt_len=16, max_response_len=16), short_model)  # 32 fits
-    check_context(ModelConfig(max_prompt_len=16, max_response_len=32, max_position_embeddings=64), short_model)
+    check_context(
+        ModelConfig(max_prompt_len=16, max_response_len=32, max_position_embeddings=64), short_model
+    )
     with pytest.raises(ConfigError, match="model.max_position_embeddings=40"):  # an override too small
-        check_context(ModelConfig(max_prompt_len=16, max_response_len=32, max_position_embeddings=40), short_model)
+        check_context(
+            ModelConfig(max_prompt_len=16, max_response_len=32, max_position_embeddings=40), short_model
+        )
 
 
 def test_the_override_is_one_config_for_learner_and_samplers(short_model, tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    model = ModelConfig(max_prompt_len=16, max_response_len=32, max_position_embeddings=64, rope_theta=40000.0)
+    model = ModelConfig(
+        max_prompt_len=16, max_response_len=32, max_position_embeddings=64, rope_theta=40000.0
+    )
     assert positioned_model(ModelConfig(), short_model, out_root=tmp_path) == str(short_model)  # no override
     path = positioned_model(model, short_model, out_root=tmp_path)
     assert path != str(short_model) and positioned_model(model, short_model, out_root=tmp_path) == path
     assert positioned_model(model, path, out_root=tmp_path) == path  # already applied (a resumed run)
-    assert json.loads((short_model / "config.json").read_text())["max_position_embeddings"] == SHORT  # untouched
+    assert (
+        json.loads((short_model / "config.json").read_text())["max_position_embeddings"] == SHORT
+    )  # untouched
     check_positions(EngineSpec(kind="vllm", model_path=path, max_model_len=context_len(model)))
     cfg = AutoConfig.from_pretrained(path)
     assert cfg.max_position_embeddings == 64 and cfg.rope_parameters["rope_theta"] == 40000.0
@@ -56,14 +66,18 @@ def test_the_override_is_one_config_for_learner_and_samplers(short_model, tmp_pa
     assert learner.config.max_position_embeddings == 64
     assert learner.config.rope_parameters["rope_theta"] == 40000.0
     base = AutoModelForCausalLM.from_pretrained(str(short_model))
-    assert sum(p.sum() for p in base.parameters()) == sum(p.sum() for p in learner.parameters())  # same weights
+    assert sum(p.sum() for p in base.parameters()) == sum(
+        p.sum() for p in learner.parameters()
+    )  # same weights
 
 
 def test_vllm_cpu_generates_past_the_old_limit_with_the_override(short_model, tmp_path):
     pytest.importorskip("vllm")
     from actors.vllm_engine import VLLMEngine
 
-    model = ModelConfig(max_prompt_len=16, max_response_len=32, max_position_embeddings=64, rope_theta=40000.0)
+    model = ModelConfig(
+        max_prompt_len=16, max_response_len=32, max_position_embeddings=64, rope_theta=40000.0
+    )
     path = positioned_model(model, short_model, out_root=tmp_path)
     engine = VLLMEngine(path, max_model_len=context_len(model), seed=0)
     assert engine.llm.llm_engine.model_config.max_model_len == 48

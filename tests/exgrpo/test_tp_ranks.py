@@ -94,12 +94,12 @@ class _Probe:
 
 def test_a_tp_sampler_is_placed_in_a_group_of_tp_gpu_bundles_and_released(tmp_path):
     """On a local cluster with 4 declared (fake) GPUs: placement only; nothing runs on a GPU."""
+    import os
+    from pathlib import Path
+
     import ray
 
     from exgrpo.runtime.assembly import place_sampler
-
-    import os
-    from pathlib import Path
 
     here = Path(__file__).resolve()
     path = os.pathsep.join([str(here.parent), str(here.parents[2]), os.environ.get("PYTHONPATH", "")])
