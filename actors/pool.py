@@ -9,7 +9,8 @@ The pool knows nothing about weights. Every sampler it adds (initial, scale-up, 
 first handed to `on_new` (the wiring sets it to the weight transport's `catch_up`), before the pool
 sends it any request; Ray runs one caller's calls on an actor in submission order, so whatever
 `on_new` submits is applied before the first generate. `members()` is what the transport
-broadcasts to.
+broadcasts to. Every sampler it removes (drained, failed, shut down) is handed to `on_removed` after
+it is killed (the wiring releases a tensor-parallel sampler's placement group there).
 """
 
 from __future__ import annotations
