@@ -168,7 +168,7 @@ def build_system(
         enforce_eager=s.enforce_eager,
         gpus_per_worker=s.num_gpus,
     )
-    groups: dict[str, Any] = {}  # sampler actor id -> its placement group (tensor-parallel samplers)
+    groups: dict[int, Any] = {}  # id(sampler handle) -> its placement group (tensor-parallel samplers)
 
     def spawn(index: int) -> Any:
         if make_sampler is not None:
@@ -192,11 +192,11 @@ def build_system(
             rollouts_per_question=K,
         )
         if group is not None:
-            groups[handle._actor_id.hex()] = group
+            groups[id(handle)] = group
         return handle
 
     def release(handle: Any) -> None:
-        group = groups.pop(handle._actor_id.hex(), None)
+        group = groups.pop(id(handle), None)
         if group is not None:
             ray.util.remove_placement_group(group)
 
