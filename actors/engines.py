@@ -5,6 +5,9 @@ weights, tagged with the learner version that produced them.
 
 Contract of `generate(prompts, n=..., max_tokens=..., temperature=T, top_p=p, seed=...)`:
 
+- `seed`: None (unseeded), one int for the call, or one int per prompt (the sampler's per-request seeds,
+  `actors.sampler.request_seed`); the same seeds, prompts and counts give the same completions;
+
 - per prompt, its n completions (n an int, or one count per prompt), in prompt order;
 - prompt ids are `tokenize(text)`: the text's tokens with no special tokens added (a template
   that needs BOS writes it into the text);
@@ -64,7 +67,7 @@ class GenerationEngine(Protocol):
         max_tokens: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> list[list[Completion]]: ...
 
     def tokenize(self, text: str) -> tuple[int, ...]: ...
@@ -114,6 +117,16 @@ def normalize_counts(prompts: Sequence[str], n: int | Sequence[int]) -> list[int
     if any(k < 0 for k in counts):
         raise ValueError(f"completion counts must be >= 0, got {counts}")
     return counts
+
+
+def call_seed(prompts: Sequence[str], seed: int | Sequence[int] | None) -> int | None:
+    """One seed for a whole call: the int itself, or the first prompt's of a per-prompt list."""
+    if seed is None or isinstance(seed, int):
+        return seed
+    seeds = [int(s) for s in seed]
+    if len(seeds) != len(prompts):
+        raise ValueError(f"seed has {len(seeds)} values for {len(prompts)} prompts; give one per prompt")
+    return seeds[0] if seeds else None
 
 
 def check_sampling(*, max_tokens: int, temperature: float, top_p: float) -> None:
@@ -187,10 +200,13 @@ class HFEngine(TokenizedEngine):
         max_tokens: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> list[list[Completion]]:
+        """All rows of a call are drawn from one generator seeded with `call_seed` (an int, or the first
+        prompt's seed of a per-prompt list), so a call is reproducible given its seed, prompts and counts."""
         check_sampling(max_tokens=max_tokens, temperature=temperature, top_p=top_p)
         counts = normalize_counts(prompts, n)
+        seed = call_seed(prompts, seed)
         rows = [self.tokenize(p) for p, k in zip(prompts, counts, strict=True) for _ in range(k)]
         if any(not r for r in rows):
             raise ValueError("empty prompt: every prompt must have at least one token")

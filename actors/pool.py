@@ -9,7 +9,8 @@ The pool knows nothing about weights. Every sampler it adds (initial, scale-up, 
 first handed to `on_new` (the wiring sets it to the weight transport's `catch_up`), before the pool
 sends it any request; Ray runs one caller's calls on an actor in submission order, so whatever
 `on_new` submits is applied before the first generate. `members()` is what the transport
-broadcasts to.
+broadcasts to. Every sampler it removes (drained, failed, shut down) is handed to `on_removed` after
+it is killed (the wiring releases a tensor-parallel sampler's placement group there).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class SamplerPool:
         requests_per_call: int,
         max_in_flight_per_sampler: int = 2,
         on_new: Callable[[Any], None] | None = None,
+        on_removed: Callable[[Any], None] | None = None,
     ) -> None:
         if num < 0 or requests_per_call < 1 or max_in_flight_per_sampler < 1:
             raise ValueError(
@@ -49,6 +51,7 @@ class SamplerPool:
             )
         self._spawn = spawn  # index -> actor handle (named exgrpo-sampler-<index>)
         self.on_new = on_new  # called with every new sampler's handle before its first request
+        self.on_removed = on_removed  # called with every removed sampler's handle after it is killed
         self.requests_per_call = requests_per_call
         self.max_in_flight = max_in_flight_per_sampler
         self.manager = FaultTolerantActorManager(
@@ -124,6 +127,8 @@ class SamplerPool:
         with contextlib.suppress(Exception):  # a dead actor cannot close
             ray.get(handle.close.remote(), timeout=10)
         ray.kill(handle)
+        if self.on_removed is not None:  # e.g. release a tensor-parallel sampler's placement group
+            self.on_removed(handle)
 
     # -- requests ------------------------------------------------------------------------------------
     def submit(self, *, requests: Sequence[GenerationRequest]) -> None:

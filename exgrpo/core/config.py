@@ -50,7 +50,9 @@ class ModelConfig:
     max_position_embeddings: int | None = (
         None  # raise the model's position limit (with rope_theta), as the official 7B recipe does; null = the model's own
     )
-    rope_theta: float | None = None  # RoPE base to use with a raised position limit (official 7B recipe: 40000); null = the model's own
+    rope_theta: float | None = (
+        None  # RoPE base to use with a raised position limit (official 7B recipe: 40000); null = the model's own
+    )
     cache_dir: str = "~/.cache/exgrpo"  # where builtin models are built and reused
 
 
@@ -98,7 +100,9 @@ class SamplerConfig:
     requests_per_call: int = 4  # generation requests batched into one engine call
     verify_timeout_s: float = 5.0  # hard wall-clock limit of one answer verification
     gpu_memory_utilization: float = 0.85  # share of the GPU's memory one vLLM engine may take (vLLM only)
-    tensor_parallel_size: int = 1  # GPUs per vLLM sampler (tensor parallel); each of them reserves samplers.num_gpus
+    tensor_parallel_size: int = (
+        1  # GPUs per vLLM sampler (tensor parallel); each of them reserves samplers.num_gpus
+    )
     enforce_eager: bool | None = None  # vLLM without CUDA graphs; null = eager on CPU, CUDA graphs on GPU
 
 
@@ -153,7 +157,9 @@ class LearnerConfig:
     gradient_checkpointing: Literal["auto", "on", "off"] = (
         "auto"  # recompute each layer's activations in the backward pass; auto = on for GPU learners
     )
-    logits_chunk_tokens: int = 4096  # response positions per lm_head + log-softmax chunk (bounds the logits memory)
+    logits_chunk_tokens: int = (
+        4096  # response positions per lm_head + log-softmax chunk (bounds the logits memory)
+    )
     lora_rank: int = 0  # LoRA rank r through PEFT: only the adapters train (0 = off: full fine-tuning)
     lora_alpha: float = 16.0  # LoRA scale numerator: an adapter adds (lora_alpha / lora_rank) * B @ A to W
     lora_target_modules: tuple = (
@@ -194,7 +200,9 @@ class AsyncConfig:
     weight_sync: Literal["object_store", "collective"] = (
         "object_store"  # object store, or vLLM's weight-transfer API
     )
-    weight_timeout_s: float = 300.0  # bound on one collective weight update; past it the sampler world is rebuilt
+    weight_timeout_s: float = (
+        300.0  # bound on one collective weight update; past it the sampler world is rebuilt
+    )
 
 
 @dataclass(frozen=True)
@@ -489,6 +497,17 @@ def validate(cfg: Config) -> None:
         (
             not (s.engine == "vllm" and cfg.model.dtype == "float16" and s.num_gpus == 0),
             "model.dtype=float16 is not supported by vLLM on CPU; use float32 or bfloat16",
+        ),
+        (
+            s.tensor_parallel_size == 1 or s.engine == "vllm",
+            f"samplers.tensor_parallel_size={s.tensor_parallel_size} is vLLM's tensor parallelism and needs "
+            "samplers.engine=vllm; transformers samplers run on one device (tensor_parallel_size=1)",
+        ),
+        (
+            s.tensor_parallel_size == 1 or 0 < s.num_gpus <= 1,
+            f"samplers.tensor_parallel_size={s.tensor_parallel_size} needs GPU samplers with one GPU (or a share "
+            f"of one) per tensor-parallel rank: 0 < samplers.num_gpus <= 1, got {s.num_gpus} (vLLM on CPU has no "
+            "tensor parallelism here; use tensor_parallel_size=1)",
         ),
         (
             lr.num_cpus + lr.num_gpus > 0,

@@ -17,9 +17,10 @@ import ray
 
 from exgrpo.core.config import Config
 from exgrpo.core.names import CONTROLLER, replay_name, sampler_name
+from exgrpo.core.positions import check_context, context_len, positioned_model
 from exgrpo.runtime.controller import Controller, ControllerClient
 from exgrpo.runtime.env import remote_actor
-from exgrpo.runtime.resources import check_cluster
+from exgrpo.runtime.resources import check_cluster, sampler_bundles
 
 
 @dataclass
@@ -50,6 +51,41 @@ def transfer_backend(cfg: Config) -> str | None:
     return backend_for("cuda" if cfg.samplers.num_gpus > 0 else "cpu")
 
 
+def place_sampler(
+    cls: type,
+    *,
+    name: str,
+    num_cpus: float,
+    num_gpus: float,
+    tensor_parallel_size: int = 1,
+    **init_kwargs: Any,
+) -> tuple[Any, Any]:
+    """Start a sampler actor; returns (handle, its placement group or None).
+
+    One GPU per sampler (tensor_parallel_size 1): a plain actor reserving (num_cpus, num_gpus), as always.
+    Tensor-parallel (tp > 1): a STRICT_PACK placement group of `sampler_bundles` (tp bundles of
+    {GPU: num_gpus}, the first also holding the actor's CPUs); the actor takes bundle 0's CPUs and no GPU
+    and captures child tasks, so vLLM's Ray executor finds the group and puts one worker on each GPU
+    bundle. The caller removes the group when the sampler goes (`SamplerPool(on_removed=...)`)."""
+    if tensor_parallel_size == 1:
+        handle = remote_actor(cls, name=name, num_cpus=num_cpus, num_gpus=num_gpus, **init_kwargs)
+        return handle, None
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    group = ray.util.placement_group(
+        sampler_bundles(num_cpus=num_cpus, num_gpus=num_gpus, tensor_parallel_size=tensor_parallel_size),
+        strategy="STRICT_PACK",  # one node: tensor-parallel ranks talk over NVLink/PCIe
+        name=f"{name}-tp",
+    )
+    strategy = PlacementGroupSchedulingStrategy(
+        placement_group=group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
+    )
+    handle = remote_actor(
+        cls, name=name, num_cpus=num_cpus, num_gpus=0, scheduling_strategy=strategy, **init_kwargs
+    )
+    return handle, group
+
+
 def build_system(
     cfg: Config,
     *,
@@ -72,6 +108,13 @@ def build_system(
     from exgrpo.transport.broadcast import make_transport
     from learners.group import LearnerGroup
 
+    check_context(cfg.model, model_path)  # prompt + response must fit the model's positions (or the override)
+    # the position override lives in the config.json of the directory both learners and samplers load
+    model_path = positioned_model(
+        cfg.model,
+        model_path,
+        out_root=Path(run_dir) if run_dir is not None else Path(cfg.model.cache_dir) / "models",
+    )
     check_cluster(cfg, model_path=model_path)  # fail now, not in a placement group that waits forever
     K, r, s = cfg.trainer.rollouts_per_question, cfg.replay, cfg.samplers
     wal = Path(run_dir) / "replay-wal" if run_dir is not None and r.wal else None
@@ -120,16 +163,22 @@ def build_system(
         dtype=cfg.model.dtype,
         gpu_memory_utilization=s.gpu_memory_utilization,
         weight_transfer=transfer_backend(cfg),
+        max_model_len=context_len(cfg.model),
+        tensor_parallel_size=s.tensor_parallel_size,
+        enforce_eager=s.enforce_eager,
+        gpus_per_worker=s.num_gpus,
     )
+    groups: dict[int, Any] = {}  # id(sampler handle) -> its placement group (tensor-parallel samplers)
 
     def spawn(index: int) -> Any:
         if make_sampler is not None:
             return make_sampler(index, replay)
-        return remote_actor(
+        handle, group = place_sampler(
             Sampler,
             name=sampler_name(index),
             num_cpus=s.num_cpus,
             num_gpus=s.num_gpus,
+            tensor_parallel_size=s.tensor_parallel_size,
             index=index,
             engine=spec,
             template=cfg.model.template,
@@ -140,7 +189,16 @@ def build_system(
             reward_fn=cfg.reward.fn,
             replay=replay,
             seed=cfg.trainer.seed,
+            rollouts_per_question=K,
         )
+        if group is not None:
+            groups[id(handle)] = group
+        return handle
+
+    def release(handle: Any) -> None:
+        group = groups.pop(id(handle), None)
+        if group is not None:
+            ray.util.remove_placement_group(group)
 
     # every admitted request can be on its way at once: the pool dispatches only inside submit/poll, so a
     # sampler limited to fewer chunks than it is given per step runs dry while the driver waits in
@@ -153,6 +211,7 @@ def build_system(
         num=s.num,
         requests_per_call=s.requests_per_call,
         max_in_flight_per_sampler=max(2, in_flight),
+        on_removed=release,
     )
     weights = make_transport(cfg.async_.weight_sync, learners=learners, samplers=samplers)
     samplers.on_new = weights.catch_up
@@ -162,7 +221,7 @@ def build_system(
         num_cpus=0,
         samplers=s.num,
         sampler_cpus=s.num_cpus,
-        sampler_gpus=s.num_gpus,
+        sampler_gpus=s.num_gpus * s.tensor_parallel_size,
     )
     return System(
         replay=replay,

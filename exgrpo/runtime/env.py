@@ -18,7 +18,8 @@ import ray
 from exgrpo.core.config import Config
 from exgrpo.runtime.resources import local_cluster_cpus
 
-# Environment every actor starts with (one torch thread per process: two on two cores made generation 5-70x slower; vLLM CPU settings).
+# Environment every actor starts with (one torch thread per process: two on two cores made generation 5-70x slower; vLLM CPU
+# settings: the in-process engine core, dropped by `init_ray` for GPU samplers).
 ACTOR_ENV = {
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
@@ -94,6 +95,8 @@ def init_ray(cfg: Config) -> dict[str, Any]:
     if lc.verbose:
         for key in QUIET_ENV:
             env.pop(key, None)
+    if cfg.samplers.num_gpus > 0:  # GPU vLLM samplers keep vLLM's engine-core process (CPU: in-process)
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     if cfg.learners.num_gpus == 0 and cfg.samplers.num_gpus == 0:
         env.setdefault(
             "DS_ACCELERATOR", "cpu"

@@ -5,7 +5,8 @@ A Ray placement group or actor that asks for more than the cluster has waits for
 again before the first actor starts, and fails at once with a `ResourceError` that names what is
 missing and the settings that would make the plan fit.
 
-The plan (`plan_resources`, pure): samplers x (samplers.num_cpus, samplers.num_gpus), learners x
+The plan (`plan_resources`, pure): samplers x (samplers.num_cpus, tensor_parallel_size x samplers.num_gpus;
+a tensor-parallel sampler is one placement group of `sampler_bundles`, on one node), learners x
 (learners.num_cpus, learners.num_gpus) in one placement-group bundle each, replay shards and the
 controller at 0 CPU. When the model directory is known, memory and object store are estimated from
 the size of its weight files (a rough floor, not a bound: see `plan_resources`).
@@ -34,6 +35,7 @@ from typing import Any
 
 from exgrpo.core.config import Config, ConfigError
 from exgrpo.core.names import CONTROLLER, learner_name, replay_name, sampler_name
+from exgrpo.core.positions import check_context
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,20 @@ def model_weight_bytes(model_path: str | Path | None) -> int:
     return sum(f.stat().st_size for f in p.iterdir() if f.is_file() and f.suffix in WEIGHT_SUFFIXES)
 
 
+def sampler_bundles(*, num_cpus: float, num_gpus: float, tensor_parallel_size: int) -> list[dict[str, float]]:
+    """The placement-group bundles of one tensor-parallel sampler: one {GPU: num_gpus} per rank (vLLM puts a
+    worker on each bundle with a GPU and refuses bundles of more than one GPU), the actor's CPUs in the first."""
+    bundles: list[dict[str, float]] = [{"GPU": float(num_gpus)} for _ in range(tensor_parallel_size)]
+    if num_cpus > 0:
+        bundles[0]["CPU"] = float(num_cpus)
+    return bundles
+
+
+def sampler_gpus(cfg: Config) -> float:
+    """GPUs one sampler reserves: samplers.num_gpus for each of its tensor-parallel ranks."""
+    return float(cfg.samplers.num_gpus) * cfg.samplers.tensor_parallel_size
+
+
 def plan_resources(cfg: Config, *, model_bytes: int = 0) -> ResourcePlan:
     """The resources the run asks Ray for, and rough memory / object store needs.
 
@@ -104,7 +120,7 @@ def plan_resources(cfg: Config, *, model_bytes: int = 0) -> ResourcePlan:
     learner_mem = 4.0 * fp32 if lr.num_gpus == 0 else 0.0
     sampler_mem = float(model_bytes) if s.num_gpus == 0 else 0.0
     demands = (
-        Demand("sampler", s.num, float(s.num_cpus), float(s.num_gpus), sampler_mem),
+        Demand("sampler", s.num, float(s.num_cpus), sampler_gpus(cfg), sampler_mem),
         Demand("learner", lr.num, float(lr.num_cpus), float(lr.num_gpus), learner_mem),
     )
     store = (
@@ -154,10 +170,10 @@ def _gpu_fixes(cfg: Config, have: float, need: float) -> list[str]:
     else:
         free_for_samplers = have - lr.num * lr.num_gpus
         if free_for_samplers > 0 and s.num_gpus > 0:
-            n = math.floor(free_for_samplers / s.num_gpus + 1e-9)
+            n = math.floor(free_for_samplers / sampler_gpus(cfg) + 1e-9)
             if 1 <= n < s.num:
                 fixes.append(f"set samplers.num={n}")
-            per = _floor2(free_for_samplers / s.num)
+            per = _floor2(free_for_samplers / (s.num * s.tensor_parallel_size))
             if 0 < per < s.num_gpus:
                 fixes.append(
                     f"set samplers.num_gpus={_num(per)} (vLLM: lower samplers.gpu_memory_utilization too)"
@@ -219,8 +235,13 @@ def shortfalls(
         )
     if not out and nodes:
         s, lr = cfg.samplers, cfg.learners
+        tp = f", tensor parallel {s.tensor_parallel_size}" if s.tensor_parallel_size > 1 else ""
         items = [
-            (f"sampler {i} ({_num(s.num_cpus)} CPU, {_num(s.num_gpus)} GPU)", s.num_cpus, s.num_gpus)
+            (
+                f"sampler {i} ({_num(s.num_cpus)} CPU, {_num(sampler_gpus(cfg))} GPU{tp})",
+                s.num_cpus,
+                sampler_gpus(cfg),
+            )
             for i in range(s.num)
         ]
         items += [
@@ -354,6 +375,8 @@ def dry_run_fit(cfg: Config) -> str:
     this machine. One line when it fits; a `ResourceError` naming what is missing and the fix when not."""
     if os.environ.get("EXGRPO_SKIP_RESOURCE_CHECK"):
         return "resources not checked: EXGRPO_SKIP_RESOURCE_CHECK is set"
+    if Path(cfg.model.path).is_dir():  # a builtin model is checked when it is built (`build_system`)
+        check_context(cfg.model, cfg.model.path)
     plan = plan_resources(cfg, model_bytes=model_weight_bytes(cfg.model.path))
     address = os.environ.get("RAY_ADDRESS")
     nodes: list[dict[str, float]] = []
@@ -386,7 +409,13 @@ def placement_plan(cfg: Config) -> str:
         (learner_name(i), lr.num_cpus, lr.num_gpus, "placement group 'learners' (PACK)")
         for i in range(lr.num)
     ]
-    rows += [(sampler_name(i), s.num_cpus, s.num_gpus, f"engine={s.engine}") for i in range(s.num)]
+    note = f"engine={s.engine}"
+    if s.tensor_parallel_size > 1:
+        note += (
+            f", tensor parallel {s.tensor_parallel_size}: placement group of {s.tensor_parallel_size} x "
+            f"{_num(s.num_gpus)} GPU (STRICT_PACK)"
+        )
+    rows += [(sampler_name(i), s.num_cpus, sampler_gpus(cfg), note) for i in range(s.num)]
     rows += [(replay_name(i), 0, 0, "replay shard") for i in range(r.num_shards)]
     rows += [(CONTROLLER, 0, 0, "scaling controller")]
     width = max(len(n) for n, *_ in rows)

@@ -15,8 +15,10 @@ run makes and only the wire differs.
 Pieces:
 
 * ``SamplerClient``: vLLM's ``VLLMWeightSyncClient`` protocol over our sampler actors. Each sampler is
-  its own one-worker vLLM engine, so each gets its own ``rank_offset`` (1 + its index); the policy
-  version rides ``finish_weight_update(weight_version=...)``.
+  its own vLLM engine of ``tp`` workers (its tensor-parallel size), so sampler i gets its own
+  ``rank_offset`` = 1 + the sizes of the samplers before it, and the world has 1 + their sum ranks
+  (``exgrpo.transport.ranks.transfer_ranks``); the policy version rides
+  ``finish_weight_update(weight_version=...)``.
 * ``LearnerSource``: vLLM's ``WeightSource`` over the learner's module. Under ZeRO-3 it gathers one
   decoder layer at a time (``deepspeed.zero.GatheredParameters``) and yields copies on the device,
   so the broadcast never holds a full copy of the model; every learner rank iterates it in lockstep.
@@ -46,6 +48,7 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
 from exgrpo.transport.gloo import DEFAULT_BUFFER_BYTES, GLOO, GlooTrainerInitInfo, register_engines
+from exgrpo.transport.ranks import transfer_ranks
 
 
 def backend_for(device: str) -> str:
@@ -61,8 +64,12 @@ class SamplerClient:
     tag what they generate next with it. `apply_s` holds each sampler's seconds from start to finish.
     """
 
-    def __init__(self, handles: Sequence[Any], *, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, handles: Sequence[Any], *, timeout_s: float = 300.0, sizes: Sequence[int] | None = None
+    ) -> None:
         self.handles = list(handles)
+        self.sizes = [1] * len(self.handles) if sizes is None else list(sizes)  # tensor-parallel sizes
+        self.world_size, self.offsets = transfer_ranks(self.sizes)
         self.timeout_s = timeout_s
         self.version = 0
         self.apply_s: list[float] = []
@@ -73,11 +80,11 @@ class SamplerClient:
         return ray.get(refs, timeout=self.timeout_s)
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        base = int(init_info["rank_offset"])  # separate one-worker engines: one rank each
+        base = int(init_info["rank_offset"]) - 1  # separate engines of tp workers each (`transfer_ranks`)
         self._all(
             [
-                h.init_weight_transfer_engine.remote(init_info={**init_info, "rank_offset": base + i})
-                for i, h in enumerate(self.handles)
+                h.init_weight_transfer_engine.remote(init_info={**init_info, "rank_offset": base + off})
+                for off, h in zip(self.offsets, self.handles, strict=True)
             ]
         )
 
@@ -220,9 +227,10 @@ class WeightPusher:
         self.worlds += 1
         # a dead member fails here at once instead of leaving the others waiting in the rendezvous
         ray.get([h.ping.remote() for h in members.values()], timeout=self.timeout_s)
-        client = SamplerClient(list(members.values()), timeout_s=self.timeout_s)
+        sizes = ray.get([h.tensor_parallel_size.remote() for h in members.values()], timeout=self.timeout_s)
+        client = SamplerClient(list(members.values()), timeout_s=self.timeout_s, sizes=sizes)
         self._engine = WeightTransferTrainerFactory.trainer_init(
-            self._init_info(1 + len(members)), client=client, source=self.source
+            self._init_info(client.world_size), client=client, source=self.source
         )
         self._world = _world(members)
 
