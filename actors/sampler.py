@@ -86,6 +86,7 @@ class Sampler:
         self._update_open = False  # a vLLM weight update started and not finished (layers may be on meta)
         self._update_deadline = math.inf
         self._busy = False  # an engine call is running (either concurrency group)
+        self._control_waiting = 0  # control calls waiting for the engine (they go first)
         self._cv = threading.Condition()
         self.transfer_inits = self.transfer_shutdowns = self.aborted_updates = self.refused_calls = 0
 
@@ -202,7 +203,7 @@ class Sampler:
     def load_weights(self, *, weights: PackedWeights, version: int) -> float:
         """Object-store transport: apply rank 0's packed weights (views of the shared object); returns seconds."""
         t0 = time.perf_counter()
-        with self._engine_turn():  # the fallback after a failed broadcast ends its session first
+        with self._engine_turn(wait_session=False):  # a failed broadcast's fallback: ends its session first
             self.engine.load_weights(unpack_weights(weights), version=version)
         self.weight_load_s = time.perf_counter() - t0
         return self.weight_load_s
@@ -255,11 +256,16 @@ class Sampler:
     def _control_turn(self, what: str, deadline: float | None, *, session: bool = False) -> Iterator[None]:
         """The engine for a control call: after the engine call in flight (if any), refused past `deadline`."""
         with self._cv:
-            while self._busy:
-                left = None if deadline is None else deadline - time.time()
-                if left is not None and left <= 0:
-                    break
-                self._cv.wait(timeout=left)
+            self._control_waiting += 1  # the next engine turn is ours, not the next queued generate's
+            try:
+                while self._busy:
+                    left = None if deadline is None else deadline - time.time()
+                    if left is not None and left <= 0:
+                        break
+                    self._cv.wait(timeout=left)
+            finally:
+                self._control_waiting -= 1
+                self._cv.notify_all()  # a generate waiting for our turn re-checks (we may be refused)
             try:
                 _refuse_late(self.name, what, deadline)
                 if session and not self._update_open:
@@ -276,11 +282,14 @@ class Sampler:
                 self._cv.notify_all()
 
     @contextlib.contextmanager
-    def _engine_turn(self) -> Iterator[None]:
+    def _engine_turn(self, *, wait_session: bool = True) -> Iterator[None]:
         """The engine for a default-group call: after any control call, and after an open session (until
-        its deadline; an abandoned one is then ended here)."""
+        its deadline; an abandoned one is then ended here). `wait_session=False` (the fallback load, sent
+        only once the learner gave up on the session) ends an open session at once."""
         with self._cv:
-            while self._busy or (self._update_open and time.time() < self._update_deadline):
+            while self._busy or self._control_waiting or (
+                wait_session and self._update_open and time.time() < self._update_deadline
+            ):
                 wait = None if math.isinf(self._update_deadline) or not self._update_open else (
                     self._update_deadline - time.time()
                 )

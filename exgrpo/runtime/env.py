@@ -91,9 +91,10 @@ def remote_actor(
     }
     if scheduling_strategy is not None:
         options["scheduling_strategy"] = scheduling_strategy
-    if groups := getattr(cls, "CONCURRENCY_GROUPS", None):  # e.g. the sampler's weight-transfer calls
-        options["concurrency_groups"] = dict(groups)
-    return ray.remote(cls).options(**options).remote(**init_kwargs)
+    # e.g. the sampler's weight-transfer calls (Ray takes concurrency groups at decoration, not in options)
+    groups = getattr(cls, "CONCURRENCY_GROUPS", None)
+    actor_cls = ray.remote(concurrency_groups=dict(groups))(cls) if groups else ray.remote(cls)
+    return actor_cls.options(**options).remote(**init_kwargs)
 
 
 def init_ray(cfg: Config) -> dict[str, Any]:
