@@ -172,3 +172,31 @@ def test_two_nodes_placement_env_and_gloo_rendezvous(two_nodes, monkeypatch):
         for a in [learner, *samplers]:
             ray.kill(a)
     print(f"two-node test body: {time.perf_counter() - t0:.1f} s")
+
+
+def test_network_variables_are_picked_from_the_driver_environment():
+    from exgrpo.runtime.env import network_env
+
+    env = {"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0", "NCCL_IB_HCA": "mlx5", "HOME": "/x",
+           "TP_SOCKET_IFNAME": "eth0", "PATH": "/bin"}
+    assert network_env(env) == {k: v for k, v in env.items() if k not in ("HOME", "PATH")}
+
+
+def test_a_relative_run_dir_is_refused_on_a_cluster(monkeypatch):
+    from exgrpo.core.config import Config, ConfigError
+    from exgrpo.runtime.recipe import check_run_dir
+
+    import dataclasses
+
+    cfg = Config()
+    cfg = dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, run_dir="runs/x"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    check_run_dir(cfg)  # a private local cluster: fine
+    with pytest.raises(ConfigError, match="2 nodes"):
+        check_run_dir(cfg, nodes=2)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    with pytest.raises(ConfigError, match="RAY_ADDRESS"):
+        check_run_dir(cfg)
+    cfg = dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, run_dir="/shared/runs/x"))
+    check_run_dir(cfg, nodes=2)
