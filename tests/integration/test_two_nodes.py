@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration]  # the two-node test itself is also slow (about 85 s with its cluster)
 
 RAY = str(Path(sys.executable).with_name("ray"))
 
@@ -128,6 +128,7 @@ class Probe:
         return float(t.sum())
 
 
+@pytest.mark.slow
 def test_two_nodes_placement_env_and_gloo_rendezvous(two_nodes, monkeypatch):
     import ray
 
