@@ -27,11 +27,15 @@ A plain class: `run.py` makes it the Ray actor `exgrpo-sampler-<i>`; tests run i
 
 from __future__ import annotations
 
+import contextlib
+import math
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import ray
 import torch
 
 from actors.engines import GenerationEngine
@@ -44,6 +48,9 @@ from exgrpo.core.records import GenerationRequest, Group, Prompt, RolloutResult,
 from exgrpo.data.templates import render_prompt, reward_mode
 from exgrpo.transport.packed import PackedWeights, unpack_weights
 from exgrpo.verify.rewards import MATH, make_scorer
+
+
+WEIGHTS = "weights"  # the concurrency group of the weight-transfer control calls (see below)
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,8 @@ class EngineSpec:
 
 
 class Sampler:
+    CONCURRENCY_GROUPS = {WEIGHTS: 1}  # `exgrpo.runtime.env.remote_actor` passes it to Ray
+
     def __init__(
         self,
         *,
@@ -97,6 +106,12 @@ class Sampler:
         self.rollouts_per_question = rollouts_per_question  # K: the seed stride of a request
         self._update_start = time.perf_counter()
         self.weight_load_s = 0.0  # time spent applying the last weights
+        self._update_open = False  # a vLLM weight update started and not finished (layers may be on meta)
+        self._update_deadline = math.inf
+        self._busy = False  # an engine call is running (either concurrency group)
+        self._control_waiting = 0  # control calls waiting for the engine (they go first)
+        self._cv = threading.Condition()
+        self.transfer_inits = self.transfer_shutdowns = self.aborted_updates = self.refused_calls = 0
 
     # -- hooks of ray.rllib's FaultTolerantActorManager (it sends every call, even by method name, through
     # `apply`, and probes health with `ping`) --------------------------------------------------------------
@@ -109,6 +124,10 @@ class Sampler:
     # -- the verb ----------------------------------------------------------------------------------
     def generate(self, *, requests: Sequence[GenerationRequest]) -> RolloutResult:
         """Sample, verify and push one batch of requests; returns a small summary."""
+        with self._engine_turn():
+            return self._generate(requests)
+
+    def _generate(self, requests: Sequence[GenerationRequest]) -> RolloutResult:
         texts = [self.render(r.prompt) for r in requests]
         version = self.engine.version
         seeds = [request_seed(self._seed, r.request_id, self.rollouts_per_question, n=r.n) for r in requests]
@@ -181,6 +200,12 @@ class Sampler:
         max_tokens: int | None = None,
     ) -> list[tuple[float, ...]]:
         """Rewards of n samples per prompt (for Avg@n / Pass@n); nothing is pushed to replay."""
+        with self._engine_turn():
+            return self._evaluate(prompts, n=n, temperature=temperature, max_tokens=max_tokens)
+
+    def _evaluate(
+        self, prompts: Sequence[Prompt], *, n: int, temperature: float | None, max_tokens: int | None
+    ) -> list[tuple[float, ...]]:
         return sample_rewards(
             self.engine,
             self.verifier,
@@ -202,26 +227,123 @@ class Sampler:
     def load_weights(self, *, weights: PackedWeights, version: int) -> float:
         """Object-store transport: apply rank 0's packed weights (views of the shared object); returns seconds."""
         t0 = time.perf_counter()
-        self.engine.load_weights(unpack_weights(weights), version=version)
+        with self._engine_turn(wait_session=False):  # a failed broadcast's fallback: ends its session first
+            self.engine.load_weights(unpack_weights(weights), version=version)
         self.weight_load_s = time.perf_counter() - t0
         return self.weight_load_s
 
-    # vLLM's weight-transfer control plane (`exgrpo.transport.vllm_api.SamplerClient` calls these in this order)
-    def init_weight_transfer_engine(self, *, init_info: dict[str, Any]) -> None:
-        self._vllm().init_weight_transfer(init_info)
+    # vLLM's weight-transfer control plane (`exgrpo.transport.vllm_api.SamplerClient` calls these in this order).
+    #
+    # They run in the actor's own concurrency group (`WEIGHTS`), so they do not queue behind the generate
+    # calls waiting in the default group: `_control_turn` waits for at most the one engine call in flight.
+    # While a session is open (start .. finish) the default group's engine calls wait for it (`_engine_turn`).
+    # Each call carries the caller's `deadline` (wall clock, `time.time()`): one that gets its turn after it
+    # is refused instead of run, so a late `start_weight_update` never moves the layers to the meta device
+    # after the learner gave up. A session that was started and not finished (the broadcast failed, or its
+    # deadline passed) is ended by the next engine call (`_close_update`: vLLM puts the unloaded layers' old
+    # tensors back); the transport's fallback `load_weights` of that version (object store) then overwrites
+    # every weight. Generate calls between the two sample with that mix, tagged with the previous version;
+    # their recorded logprobs are the ones the mix gave, which is what the loss's importance ratio needs.
+    @ray.method(concurrency_group=WEIGHTS)
+    def init_weight_transfer_engine(self, *, init_info: dict[str, Any], deadline: float | None = None) -> None:
+        with self._control_turn("init_weight_transfer_engine", deadline):
+            self._close_update()
+            if self.transfer_inits > 0:  # vLLM's release of the previous world before this one (no leak)
+                self._vllm().shutdown_weight_transfer()
+                self.transfer_shutdowns += 1
+            self._vllm().init_weight_transfer(init_info)
+            self.transfer_inits += 1
 
-    def start_weight_update(self) -> None:
-        self._update_start = time.perf_counter()
-        self._vllm().start_weight_update()
+    @ray.method(concurrency_group=WEIGHTS)
+    def start_weight_update(self, *, deadline: float | None = None) -> None:
+        with self._control_turn("start_weight_update", deadline):
+            self._close_update()
+            self._update_start = time.perf_counter()
+            self._update_open, self._update_deadline = True, math.inf if deadline is None else deadline
+            self._vllm().start_weight_update()
 
-    def update_weights(self, *, update_info: dict[str, Any]) -> None:
-        self._vllm().update_weights(update_info)
+    @ray.method(concurrency_group=WEIGHTS)
+    def update_weights(self, *, update_info: dict[str, Any], deadline: float | None = None) -> None:
+        with self._control_turn("update_weights", deadline, session=True):
+            self._vllm().update_weights(update_info)
 
-    def finish_weight_update(self, *, version: int) -> float:
+    @ray.method(concurrency_group=WEIGHTS)
+    def finish_weight_update(self, *, version: int, deadline: float | None = None) -> float:
         """Finish the update, tag later trajectories with `version`; returns seconds since the start."""
-        self._vllm().finish_weight_update(version=version)
+        with self._control_turn("finish_weight_update", deadline, session=True):
+            self._vllm().finish_weight_update(version=version)
+            self._update_open = False
         self.weight_load_s = time.perf_counter() - self._update_start
         return self.weight_load_s
+
+    @contextlib.contextmanager
+    def _control_turn(self, what: str, deadline: float | None, *, session: bool = False) -> Iterator[None]:
+        """The engine for a control call: after the engine call in flight (if any), refused past `deadline`."""
+        with self._cv:
+            self._control_waiting += 1  # the next engine turn is ours, not the next queued generate's
+            try:
+                while self._busy:
+                    left = None if deadline is None else deadline - time.time()
+                    if left is not None and left <= 0:
+                        break
+                    self._cv.wait(timeout=left)
+            finally:
+                self._control_waiting -= 1
+                self._cv.notify_all()  # a generate waiting for our turn re-checks (we may be refused)
+            try:
+                _refuse_late(self.name, what, deadline)
+                if session and not self._update_open:
+                    raise LateWeightUpdate(f"{self.name}: {what} for a weight update that was abandoned; refused")
+            except LateWeightUpdate:
+                self.refused_calls += 1
+                raise
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
+
+    @contextlib.contextmanager
+    def _engine_turn(self, *, wait_session: bool = True) -> Iterator[None]:
+        """The engine for a default-group call: after any control call, and after an open session (until
+        its deadline; an abandoned one is then ended here). `wait_session=False` (the fallback load, sent
+        only once the learner gave up on the session) ends an open session at once."""
+        with self._cv:
+            while self._busy or self._control_waiting or (
+                wait_session and self._update_open and time.time() < self._update_deadline
+            ):
+                wait = None if math.isinf(self._update_deadline) or not self._update_open else (
+                    self._update_deadline - time.time()
+                )
+                self._cv.wait(timeout=None if self._busy or wait is None else max(wait, 0.0) + 0.01)
+            self._busy = True
+        try:
+            self._close_update()
+            yield
+        finally:
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
+
+    def _close_update(self) -> None:
+        """End a weight update that was started and never finished (keeping the served version's tag)."""
+        if self._update_open:
+            self._update_open = False
+            self.aborted_updates += 1
+            self._vllm().finish_weight_update(version=self.engine.version)
+
+    @ray.method(concurrency_group=WEIGHTS)
+    def transfer_stats(self) -> dict[str, int]:
+        """Weight-transfer engines built and released, and updates abandoned half-way (for tests/metrics)."""
+        return {
+            "inits": self.transfer_inits,
+            "shutdowns": self.transfer_shutdowns,
+            "aborted_updates": self.aborted_updates,
+            "refused": self.refused_calls,
+            "open": int(self._update_open),
+        }
 
     def _vllm(self) -> Any:
         if not hasattr(self.engine, "init_weight_transfer"):
@@ -231,15 +353,29 @@ class Sampler:
     def version(self) -> int:
         return self.engine.version
 
+    @ray.method(concurrency_group=WEIGHTS)
     def tensor_parallel_size(self) -> int:
         """Workers of this sampler's engine: its ranks in vLLM's weight-transfer world (`transfer_ranks`)."""
         return self.tp
 
     def checksum(self) -> float:
-        return self.engine.checksum()
+        with self._engine_turn():
+            return self.engine.checksum()
 
     def close(self) -> None:
         self.verifier.close()
+
+
+class LateWeightUpdate(RuntimeError):
+    """A weight-transfer control call that reached the sampler after its caller's deadline (refused, not run)."""
+
+
+def _refuse_late(name: str, what: str, deadline: float | None) -> None:
+    if deadline is not None and time.time() > deadline:
+        raise LateWeightUpdate(
+            f"{name}: {what} arrived {time.time() - deadline:.1f} s after its deadline; refused (the learner "
+            "has given up on this update)"
+        )
 
 
 def _failures(scorer: Any) -> int:

@@ -190,6 +190,11 @@ class VLLMEngine(TokenizedEngine):
     def init_weight_transfer(self, init_info: Mapping[str, Any]) -> None:
         self.llm.init_weight_transfer_engine({"init_info": dict(init_info)})
 
+    def shutdown_weight_transfer(self) -> None:
+        """vLLM's `shutdown_weight_transfer_engine`: release the trainer connection (the sampler calls it
+        before every re-init, so a rebuilt world leaves no communicator behind)."""
+        self.llm.shutdown_weight_transfer_engine()
+
     def start_weight_update(self) -> None:
         self.llm.start_weight_update()
 

@@ -167,12 +167,17 @@ class LearnerGroup:
             return [a.get_weights.remote() for a in self.actors][0]
         return self.rank0.get_weights.remote()
 
-    def push_weights(self, *, version: int, members: Mapping[str, Any]) -> dict[str, Any]:
+    def push_weights(
+        self, *, version: int, members: Mapping[str, Any], timeout_s: float | None = None
+    ) -> dict[str, Any]:
         """Rank 0 sends the weights to ``members`` through vLLM's weight-transfer API (every rank takes part
         under ZeRO-3); returns rank 0's report (``send_s``, each sampler's ``apply_s``)."""
-        refs = [self.rank0.push_weights.remote(version=version, members=dict(members))]
+        refs = [self.rank0.push_weights.remote(version=version, members=dict(members), timeout_s=timeout_s)]
         if self.cfg.zero_stage == 3:
-            refs += [a.push_weights.remote(version=version, members=None) for a in self.actors[1:]]
+            refs += [
+                a.push_weights.remote(version=version, members=None, timeout_s=timeout_s)
+                for a in self.actors[1:]
+            ]
         return ray.get(refs)[0]
 
     def num_parameters(self) -> int:

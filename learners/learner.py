@@ -308,7 +308,9 @@ class Learner:
         """Parameters the optimiser updates: all of them, or the adapters' under LoRA."""
         return lora.trainable_count(self.engine.module) if self.lora else self._num_parameters
 
-    def push_weights(self, *, version: int, members: Mapping[str, Any] | None) -> dict[str, Any]:
+    def push_weights(
+        self, *, version: int, members: Mapping[str, Any] | None, timeout_s: float | None = None
+    ) -> dict[str, Any]:
         """Send the current weights to the vLLM samplers ``members`` through vLLM's weight-transfer API.
 
         Rank 0 drives it (a new world whenever ``members`` changed); under ZeRO-3 the other ranks call it
@@ -326,6 +328,8 @@ class Learner:
                 zero3=self.cfg.zero_stage == 3,
                 is_sender=self.rank == 0,
             )
+        if timeout_s is not None:
+            self._pusher.timeout_s = timeout_s  # async.weight_timeout_s
         if self._merged_view is not None:
             self._merged_view.refresh()
         try:

@@ -12,6 +12,10 @@ Layout of `<run_dir>/checkpoints/step-000010/`:
 Everything goes through the role verbs (`Learners.save/load`, `Replay.snapshot/restore`,
 `Driver.state_dict/load_state_dict`). A checkpoint is written under a temporary name and renamed when
 complete, so a driver killed mid-write leaves the previous checkpoint as the latest loadable one.
+One process renames: the driver, after every learner rank wrote its part into the same temporary
+directory (`Learners.save(path=<tmp>/model)`). On a cluster that directory is on the run dir's shared
+storage (an absolute `logging.run_dir` every node mounts, which `check_run_dir` requires), so the driver's
+rename is the rename of the files every rank wrote; a driver that sees no weights there refuses to rename.
 The last `keep` are kept.
 
 Resuming (`resume_checkpoint`) refuses, with a message that says what to do: a run dir with no
@@ -304,6 +308,11 @@ class Checkpointer:
         final = self.root / f"{PREFIX}{driver.step:06d}"
         with atomic_path(final, directory=True) as tmp:
             driver.learners.save(path=str(tmp / "model"))
+            if not (tmp / "model").is_dir() or not any((tmp / "model").iterdir()):  # written on another disk
+                raise RuntimeError(
+                    f"the learners saved into {tmp / 'model'} but the driver sees no weights there: on a "
+                    "cluster logging.run_dir must be on storage every node shares (docs/operating.md, 'Two nodes')"
+                )
             copy_tokenizer(self.tokenizer, tmp / "model")
             driver.replay.snapshot(path=str(tmp / "replay"))
             (tmp / CONFIG_FILE).write_text(

@@ -213,7 +213,12 @@ def build_system(
         max_in_flight_per_sampler=max(2, in_flight),
         on_removed=release,
     )
-    weights = make_transport(cfg.async_.weight_sync, learners=learners, samplers=samplers)
+    weights = make_transport(
+        cfg.async_.weight_sync,
+        learners=learners,
+        samplers=samplers,
+        timeout_s=cfg.async_.weight_timeout_s,
+    )
     samplers.on_new = weights.catch_up
     controller = remote_actor(
         Controller,

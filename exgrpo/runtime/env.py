@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import ray
@@ -54,6 +55,18 @@ QUIET_ENV = {
 ACTOR_ENV.update(QUIET_ENV)
 
 
+# Network settings a multi-node run sets in the driver's environment (docs/operating.md, "Two nodes"): which
+# interface NCCL / gloo / torch's TCPStore bind to, InfiniBand and EFA choices. Ray does not forward the
+# driver's environment to actors, so `init_ray` copies every variable with one of these prefixes (or names).
+NETWORK_ENV_PREFIXES = ("NCCL_", "GLOO_", "TP_SOCKET_IFNAME", "UCX_", "FI_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_")
+
+
+def network_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The driver's network variables (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_IB_*, ...) for every actor."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k.startswith(NETWORK_ENV_PREFIXES)}
+
+
 def remote_actor(
     cls: type,
     *,
@@ -79,7 +92,10 @@ def remote_actor(
     }
     if scheduling_strategy is not None:
         options["scheduling_strategy"] = scheduling_strategy
-    return ray.remote(cls).options(**options).remote(**init_kwargs)
+    # e.g. the sampler's weight-transfer calls (Ray takes concurrency groups at decoration, not in options)
+    groups = getattr(cls, "CONCURRENCY_GROUPS", None)
+    actor_cls = ray.remote(concurrency_groups=dict(groups))(cls) if groups else ray.remote(cls)
+    return actor_cls.options(**options).remote(**init_kwargs)
 
 
 def init_ray(cfg: Config) -> dict[str, Any]:
@@ -91,7 +107,7 @@ def init_ray(cfg: Config) -> dict[str, Any]:
     dashboard is on.
     """
     lc = cfg.logging
-    env = dict(ACTOR_ENV)
+    env = {**ACTOR_ENV, **network_env()}
     if lc.verbose:
         for key in QUIET_ENV:
             env.pop(key, None)

@@ -70,6 +70,31 @@ def submitted_with_working_dir() -> bool:
     return bool((job.get("runtime_env") or {}).get("working_dir"))
 
 
+def check_run_dir(cfg: Config, *, nodes: int = 1) -> None:
+    """Refuse a relative `logging.run_dir` on a cluster (RAY_ADDRESS, a submitted job, or more than one node).
+
+    On a cluster, learner ranks on other nodes write checkpoints and replay logs under the run dir: it must be
+    one absolute path on storage every node mounts (a relative one lands in Ray's per-job temporary copy of
+    the working directory, or in a different directory on every node). See docs/operating.md, "Two nodes".
+    """
+    if Path(cfg.logging.run_dir or "runs").expanduser().is_absolute():
+        return
+    why = (
+        "this is a job submitted with --working-dir (its copy is deleted after the job)"
+        if submitted_with_working_dir()
+        else "RAY_ADDRESS is set (an existing cluster)"
+        if os.environ.get("RAY_ADDRESS")
+        else f"the Ray cluster has {nodes} nodes"
+        if nodes > 1
+        else ""
+    )
+    if why:
+        raise ConfigError(
+            f"logging.run_dir={cfg.logging.run_dir or '(unset: runs/<time>)'} is relative but {why}; set "
+            "logging.run_dir to an absolute path on storage every node shares (docs/operating.md, 'Two nodes')"
+        )
+
+
 def make_run_dir(cfg: Config) -> Path:
     run_dir = Path(cfg.logging.run_dir or f"runs/{dt.datetime.now():%Y%m%d-%H%M%S}").expanduser()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -174,6 +199,7 @@ class TrainingRecipe:
             else fresh_run_dir_check(cfg)
         )
         check_reward(cfg)  # a reward.fn that cannot be imported fails before anything is written
+        check_run_dir(cfg)  # before anything is written there
         run_dir = self.run_dir = make_run_dir(cfg)
         if ckpt is not None and (dropped := rewind_metrics(run_dir, checkpoint_step(ckpt))):
             log.info(
@@ -195,14 +221,9 @@ class TrainingRecipe:
             len(self.train_set),
             len(self.eval_set),
         )
-        if submitted_with_working_dir() and not Path(cfg.logging.run_dir or "runs").is_absolute():
-            log.warning(
-                "run dir %s is inside this job's copy of its working directory, which Ray may delete after "
-                "the job; set logging.run_dir to an absolute path on a disk every node shares to keep the run",
-                run_dir.resolve(),
-            )
         phases.start(Phase.RAY)
         init_ray(cfg)
+        check_run_dir(cfg, nodes=len([n for n in ray.nodes() if n.get("Alive")]))
         check_cluster(cfg, model_path=model_path)
         phases.start(
             Phase.ACTORS,

@@ -16,7 +16,8 @@ submitted before any generate is applied before it). They ask the pool for its l
   engine on CPU, over a world of rank 0 + every sampler in ``members()`` order, rebuilt whenever the
   membership changed. A newcomer catches up through the object store (one export per version, only
   when someone needs it) and joins the world at the next broadcast. If a broadcast fails (a sampler
-  died mid-way), that version goes through the object store and the world is rebuilt next time.
+  died mid-way) or passes ``async.weight_timeout_s``, the learner drops the world, that version goes
+  through the object store and the world is rebuilt (without the dead sampler) next time.
 
 At version 0 (before any broadcast) a sampler's engine holds the initial model from disk, so
 ``catch_up`` has nothing to do.
@@ -55,7 +56,9 @@ class WeightProvider(Protocol):
 
     def get_weights_ref(self) -> Any: ...
 
-    def push_weights(self, *, version: int, members: Mapping[str, Any]) -> dict[str, Any]: ...
+    def push_weights(
+        self, *, version: int, members: Mapping[str, Any], timeout_s: float | None = None
+    ) -> dict[str, Any]: ...
 
     def version(self) -> int: ...
 
@@ -117,8 +120,11 @@ class ObjectStoreTransport:
 class VLLMTransport:
     """Learner rank 0 drives vLLM's weight-transfer API to every vLLM sampler; newcomers catch up by object store."""
 
-    def __init__(self, *, learners: WeightProvider, samplers: SamplerMembers) -> None:
+    def __init__(
+        self, *, learners: WeightProvider, samplers: SamplerMembers, timeout_s: float = 300.0
+    ) -> None:
         self._learners, self._samplers = learners, samplers
+        self.timeout_s = timeout_s  # async.weight_timeout_s: bound on one version's update, rendezvous included
         self._broadcast_once = False
         self._export: tuple[Any, int] | None = None  # catch-up weights exported since the last broadcast
         self._loads = _Loads()
@@ -136,7 +142,9 @@ class VLLMTransport:
             return _metrics(start, self._loads.take())
         applied: list[float] = []
         try:
-            self.last = self._learners.push_weights(version=version, members=members)
+            self.last = self._learners.push_weights(
+                version=version, members=members, timeout_s=self.timeout_s
+            )
             applied = list(self.last.get("apply_s", []))
         except ray.exceptions.RayError as e:
             log.warning(
@@ -158,11 +166,15 @@ class VLLMTransport:
 
 
 def make_transport(
-    kind: TransportKind, *, learners: WeightProvider, samplers: SamplerMembers
+    kind: TransportKind,
+    *,
+    learners: WeightProvider,
+    samplers: SamplerMembers,
+    timeout_s: float = 300.0,
 ) -> ObjectStoreTransport | VLLMTransport:
     """The transport named by the config value ``async.weight_sync``."""
     if kind == "object_store":
         return ObjectStoreTransport(learners=learners, samplers=samplers)
     if kind == "collective":
-        return VLLMTransport(learners=learners, samplers=samplers)
+        return VLLMTransport(learners=learners, samplers=samplers, timeout_s=timeout_s)
     raise ValueError(f"unknown weight transport {kind!r}; choose 'object_store' or 'collective'")

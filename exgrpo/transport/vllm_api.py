@@ -73,33 +73,42 @@ class SamplerClient:
         self.timeout_s = timeout_s
         self.version = 0
         self.apply_s: list[float] = []
+        self._deadline = time.time() + timeout_s  # this version's (set by start_weight_update)
 
-    def _all(self, refs: list[Any]) -> list[Any]:
+    def _all(self, refs: list[Any], deadline: float) -> list[Any]:
         import ray
 
-        return ray.get(refs, timeout=self.timeout_s)
+        return ray.get(refs, timeout=max(0.0, deadline - time.time()))
 
+    # Deadlines are wall-clock (`time.time()`, NTP-synced nodes): the sampler refuses a call that reaches it
+    # after its deadline, so a call this side gave up on never runs later. One deadline bounds a whole
+    # version (start .. finish); the init has its own.
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         base = int(init_info["rank_offset"]) - 1  # separate engines of tp workers each (`transfer_ranks`)
+        deadline = time.time() + self.timeout_s
         self._all(
             [
-                h.init_weight_transfer_engine.remote(init_info={**init_info, "rank_offset": base + off})
+                h.init_weight_transfer_engine.remote(
+                    init_info={**init_info, "rank_offset": base + off}, deadline=deadline
+                )
                 for off, h in zip(self.offsets, self.handles, strict=True)
-            ]
+            ],
+            deadline,
         )
 
     def start_weight_update(self) -> None:
-        self._all([h.start_weight_update.remote() for h in self.handles])
+        self._deadline = time.time() + self.timeout_s
+        self._all([h.start_weight_update.remote(deadline=self._deadline) for h in self.handles], self._deadline)
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
-        self._all([h.update_weights.remote(update_info=update_info) for h in self.handles])
+        d = self._deadline
+        self._all([h.update_weights.remote(update_info=update_info, deadline=d) for h in self.handles], d)
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         version = self.version if weight_version is None else int(weight_version)
-        self.apply_s = [
-            float(s)
-            for s in self._all([h.finish_weight_update.remote(version=version) for h in self.handles])
-        ]
+        d = self._deadline
+        refs = [h.finish_weight_update.remote(version=version, deadline=d) for h in self.handles]
+        self.apply_s = [float(s) for s in self._all(refs, d)]
 
 
 class LearnerSource(WeightSource):
@@ -191,7 +200,7 @@ class WeightPusher:
                 self._rebuild(members)
             assert self._engine is not None
             self._engine.client.version = version
-            self._engine.send_weights()
+            _bounded(self._engine.send_weights, self.timeout_s, what=f"weight update to version {version}")
         except BaseException:
             self.source.finish_round()  # keep the other ranks' gathers from waiting forever
             raise
@@ -215,7 +224,8 @@ class WeightPusher:
 
         return NCCLTrainerInitInfo(
             master_address=self.host,
-            master_port=_free_port(self.host),
+            # only the sender opens the world (non-senders never join it): the port is picked on its own host
+            master_port=_free_port(self.host) if self.is_sender else 0,
             world_size=world_size,
             rank=0 if self.is_sender else 1,
         )
@@ -226,7 +236,8 @@ class WeightPusher:
         self.close()
         self.worlds += 1
         # a dead member fails here at once instead of leaving the others waiting in the rendezvous
-        ray.get([h.ping.remote() for h in members.values()], timeout=self.timeout_s)
+        # (both run in the samplers' weight-transfer concurrency group: not behind their generates)
+        ray.get([h.transfer_stats.remote() for h in members.values()], timeout=self.timeout_s)
         sizes = ray.get([h.tensor_parallel_size.remote() for h in members.values()], timeout=self.timeout_s)
         client = SamplerClient(list(members.values()), timeout_s=self.timeout_s, sizes=sizes)
         self._engine = WeightTransferTrainerFactory.trainer_init(
@@ -239,6 +250,29 @@ class WeightPusher:
             with contextlib.suppress(Exception):
                 self._engine.shutdown()
         self._engine, self._world = None, ()
+
+
+def _bounded(fn: Any, timeout_s: float, *, what: str) -> None:
+    """Run `fn()` with a bound: past `timeout_s` raise TimeoutError and leave the thread behind (a collective
+    that never returns, e.g. an NCCL broadcast to a dead sampler, has no timeout of its own; the caller drops
+    the world, so the abandoned thread's communicator is never used again)."""
+    import threading
+
+    box: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="exgrpo-weight-send", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise TimeoutError(f"{what} took more than {timeout_s:.0f} s (async.weight_timeout_s); world dropped")
+    if "error" in box:
+        raise box["error"]
 
 
 def _world(members: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

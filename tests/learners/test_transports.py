@@ -187,6 +187,9 @@ def test_vllm_api_broadcast_rebuilds_its_world_on_membership_change(learners, mo
         assert transport.last["rebuilt"] == 3 and len(transport.last["apply_s"]) == 2
         _assert_in_sync(pool, learners, v, rel=VLLM_REL)
         assert transport.fallbacks == 0
+        # no engine leaks across rebuilds: every re-init released the previous world first (vLLM's shutdown)
+        stats = ray.get(pool.members()["exgrpo-sampler-0"].transfer_stats.remote())
+        assert stats["inits"] == 3 and stats["shutdowns"] == 2 and stats["open"] == 0
     finally:
         pool.shutdown()
 
