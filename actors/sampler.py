@@ -49,7 +49,6 @@ from exgrpo.data.templates import render_prompt, reward_mode
 from exgrpo.transport.packed import PackedWeights, unpack_weights
 from exgrpo.verify.rewards import MATH, make_scorer
 
-
 WEIGHTS = "weights"  # the concurrency group of the weight-transfer control calls (see below)
 
 
@@ -245,7 +244,9 @@ class Sampler:
     # every weight. Generate calls between the two sample with that mix, tagged with the previous version;
     # their recorded logprobs are the ones the mix gave, which is what the loss's importance ratio needs.
     @ray.method(concurrency_group=WEIGHTS)
-    def init_weight_transfer_engine(self, *, init_info: dict[str, Any], deadline: float | None = None) -> None:
+    def init_weight_transfer_engine(
+        self, *, init_info: dict[str, Any], deadline: float | None = None
+    ) -> None:
         with self._control_turn("init_weight_transfer_engine", deadline):
             self._close_update()
             if self.transfer_inits > 0:  # vLLM's release of the previous world before this one (no leak)
@@ -293,7 +294,9 @@ class Sampler:
             try:
                 _refuse_late(self.name, what, deadline)
                 if session and not self._update_open:
-                    raise LateWeightUpdate(f"{self.name}: {what} for a weight update that was abandoned; refused")
+                    raise LateWeightUpdate(
+                        f"{self.name}: {what} for a weight update that was abandoned; refused"
+                    )
             except LateWeightUpdate:
                 self.refused_calls += 1
                 raise
@@ -311,11 +314,15 @@ class Sampler:
         its deadline; an abandoned one is then ended here). `wait_session=False` (the fallback load, sent
         only once the learner gave up on the session) ends an open session at once."""
         with self._cv:
-            while self._busy or self._control_waiting or (
-                wait_session and self._update_open and time.time() < self._update_deadline
+            while (
+                self._busy
+                or self._control_waiting
+                or (wait_session and self._update_open and time.time() < self._update_deadline)
             ):
-                wait = None if math.isinf(self._update_deadline) or not self._update_open else (
-                    self._update_deadline - time.time()
+                wait = (
+                    None
+                    if math.isinf(self._update_deadline) or not self._update_open
+                    else (self._update_deadline - time.time())
                 )
                 self._cv.wait(timeout=None if self._busy or wait is None else max(wait, 0.0) + 0.01)
             self._busy = True

@@ -96,7 +96,9 @@ def main() -> None:
         for name in CONFIGS:
             out = f"{tmp}/{name}.pt"
             cmd = [sys.executable, __file__, "--one", name, "--out", out] + sys.argv[1:]
-            subprocess.run(cmd, check=True, cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+            subprocess.run(
+                cmd, check=True, cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)}
+            )
             res[name] = torch.load(out)
     shape = f"vocab {args.vocab}, hidden {args.hidden}, {args.layers} layers, {args.rows} rows x {args.response} tokens"
     print(f"one update ({shape}), peak RSS in a fresh process (MB):")
@@ -106,10 +108,14 @@ def main() -> None:
             f"  {name:6s} logits_chunk_tokens={chunk} checkpointing={ckpt}: peak {r['peak_mb']:.0f} MB "
             f"(model + inputs {r['base_mb']:.0f} MB; update +{r['peak_mb'] - r['base_mb']:.0f} MB)"
         )
-    print(json.dumps({
-        "loss_max_abs_diff": abs(res["before"]["loss"] - res["after"]["loss"]),
-        "grad_max_abs_diff": float((res["before"]["grads"] - res["after"]["grads"]).abs().max()),
-    }))
+    print(
+        json.dumps(
+            {
+                "loss_max_abs_diff": abs(res["before"]["loss"] - res["after"]["loss"]),
+                "grad_max_abs_diff": float((res["before"]["grads"] - res["after"]["grads"]).abs().max()),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -47,8 +47,17 @@ DEFAULT_TORCH_EXTENSIONS_DIR = "~/.cache/exgrpo/torch_extensions"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout",
-                  "hidden_dropout_prob", "attention_probs_dropout_prob", "activation_dropout")
+DROPOUT_FIELDS = (
+    "attention_dropout",
+    "hidden_dropout",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "dropout",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "activation_dropout",
+)
 
 
 def checkpointing_on(setting: str, device: torch.device) -> bool:

@@ -17,7 +17,6 @@ from torch import Tensor
 
 from exgrpo.core.config import LearnerConfig
 
-
 NORM_CHUNK = 1 << 24  # elements per float32 chunk of the squared sum (64 MiB of float32)
 
 

@@ -178,7 +178,9 @@ def response_stats(
         return torch.where(enc.mask, logp, zero), torch.where(enc.mask, ent, zero)
     assert chunk_tokens is not None
     decoder, head = parts
-    hidden = decoder(input_ids=enc.input_ids, attention_mask=enc.attention_mask, use_cache=False)[0]  # (n, S, D)
+    hidden = decoder(input_ids=enc.input_ids, attention_mask=enc.attention_mask, use_cache=False)[
+        0
+    ]  # (n, S, D)
     rows, cols = enc.mask.nonzero(as_tuple=True)  # (T,) each: the response tokens
     picked = hidden[rows, enc.positions[rows, cols]]  # (T, D)
     tokens = enc.tokens[rows, cols]  # (T,)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -58,7 +58,15 @@ ACTOR_ENV.update(QUIET_ENV)
 # Network settings a multi-node run sets in the driver's environment (docs/operating.md, "Two nodes"): which
 # interface NCCL / gloo / torch's TCPStore bind to, InfiniBand and EFA choices. Ray does not forward the
 # driver's environment to actors, so `init_ray` copies every variable with one of these prefixes (or names).
-NETWORK_ENV_PREFIXES = ("NCCL_", "GLOO_", "TP_SOCKET_IFNAME", "UCX_", "FI_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_")
+NETWORK_ENV_PREFIXES = (
+    "NCCL_",
+    "GLOO_",
+    "TP_SOCKET_IFNAME",
+    "UCX_",
+    "FI_",
+    "TORCH_NCCL_",
+    "TORCH_DISTRIBUTED_",
+)
 
 
 def network_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:

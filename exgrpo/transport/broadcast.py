@@ -124,7 +124,9 @@ class VLLMTransport:
         self, *, learners: WeightProvider, samplers: SamplerMembers, timeout_s: float = 300.0
     ) -> None:
         self._learners, self._samplers = learners, samplers
-        self.timeout_s = timeout_s  # async.weight_timeout_s: bound on one version's update, rendezvous included
+        self.timeout_s = (
+            timeout_s  # async.weight_timeout_s: bound on one version's update, rendezvous included
+        )
         self._broadcast_once = False
         self._export: tuple[Any, int] | None = None  # catch-up weights exported since the last broadcast
         self._loads = _Loads()

@@ -98,7 +98,9 @@ class SamplerClient:
 
     def start_weight_update(self) -> None:
         self._deadline = time.time() + self.timeout_s
-        self._all([h.start_weight_update.remote(deadline=self._deadline) for h in self.handles], self._deadline)
+        self._all(
+            [h.start_weight_update.remote(deadline=self._deadline) for h in self.handles], self._deadline
+        )
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         d = self._deadline

@@ -82,8 +82,12 @@ class FakeSampler(Sampler):
         assert not self.engine.on_meta, "generate on a half-updated engine"
         time.sleep(self.engine.gen_s)
         return RolloutResult(
-            sampler=self.name, request_ids=(), policy_version=self.engine.version, tokens=0,
-            gen_time_s=self.engine.gen_s, verify_time_s=0.0,
+            sampler=self.name,
+            request_ids=(),
+            policy_version=self.engine.version,
+            tokens=0,
+            gen_time_s=self.engine.gen_s,
+            verify_time_s=0.0,
         )
 
     def calls(self) -> list[str]:

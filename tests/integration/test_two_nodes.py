@@ -65,22 +65,54 @@ def two_nodes():
 
     def start(args: list[str], log: str) -> None:
         out = open(tmp / log, "wb")  # noqa: SIM115 - closed with the process
-        procs.append(subprocess.Popen([RAY, "start", *args, *common], env=env, stdout=out,
-                                      stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [RAY, "start", *args, *common],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
 
     try:
-        start([f"--head", f"--port={port}", "--resources", '{"node_a": 1}', f"--temp-dir={tmp / 'ray'}",
-               "--include-dashboard=false", f"--ray-client-server-port={_free_port()}",
-               f"--node-manager-port={_free_port()}", f"--object-manager-port={_free_port()}",
-               "--min-worker-port=20000", "--max-worker-port=20999"], "head.log")
+        start(
+            [
+                "--head",
+                f"--port={port}",
+                "--resources",
+                '{"node_a": 1}',
+                f"--temp-dir={tmp / 'ray'}",
+                "--include-dashboard=false",
+                f"--ray-client-server-port={_free_port()}",
+                f"--node-manager-port={_free_port()}",
+                f"--object-manager-port={_free_port()}",
+                "--min-worker-port=20000",
+                "--max-worker-port=20999",
+            ],
+            "head.log",
+        )
         deadline = time.time() + 90
-        while subprocess.run([RAY, "status", f"--address={address}"], env=env, capture_output=True,
-                             timeout=60).returncode != 0:
+        while (
+            subprocess.run(
+                [RAY, "status", f"--address={address}"], env=env, capture_output=True, timeout=60
+            ).returncode
+            != 0
+        ):
             assert time.time() < deadline, (tmp / "head.log").read_text()[-3000:]
             time.sleep(1)
-        start([f"--address={address}", "--resources", '{"node_b": 1}', f"--node-manager-port={_free_port()}",
-               f"--object-manager-port={_free_port()}", "--min-worker-port=21000", "--max-worker-port=21999"],
-              "worker.log")
+        start(
+            [
+                f"--address={address}",
+                "--resources",
+                '{"node_b": 1}',
+                f"--node-manager-port={_free_port()}",
+                f"--object-manager-port={_free_port()}",
+                "--min-worker-port=21000",
+                "--max-worker-port=21999",
+            ],
+            "worker.log",
+        )
         yield {"address": address, "tmp": tmp}
     finally:
         if ray.is_initialized():
@@ -98,7 +130,9 @@ class Probe:
 
         return {
             "node": ray.get_runtime_context().get_node_id(),
-            "env": {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA")},
+            "env": {
+                k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA")
+            },
         }
 
     def host(self, world: int) -> int:
@@ -107,8 +141,9 @@ class Probe:
 
         import torch.distributed as dist
 
-        self.store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=timedelta(seconds=60),
-                                   wait_for_workers=False)
+        self.store = dist.TCPStore(
+            "127.0.0.1", 0, world, is_master=True, timeout=timedelta(seconds=60), wait_for_workers=False
+        )
         return int(self.store.port)
 
     def broadcast(self, port: int, rank: int, world: int) -> float:
@@ -119,8 +154,10 @@ class Probe:
 
         from exgrpo.transport.gloo import _broadcast, _gloo_group
 
-        store = self.store if rank == 0 else dist.TCPStore(
-            "127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=60)
+        store = (
+            self.store
+            if rank == 0
+            else dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=60))
         )
         group = _gloo_group(store, name="exgrpo-weights-2n", rank=rank, world_size=world, timeout_s=60)
         t = torch.arange(1000, dtype=torch.float32) if rank == 0 else torch.zeros(1000)
@@ -160,7 +197,11 @@ def test_two_nodes_placement_env_and_gloo_rendezvous(two_nodes, monkeypatch):
         seen = ray.get([a.where.remote() for a in [learner, *samplers]], timeout=120)
         assert seen[0]["node"] == ids["a"] and all(s["node"] == ids["b"] for s in seen[1:])
         for s in seen:
-            assert s["env"] == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_HCA": "mlx5_0"}
+            assert s["env"] == {
+                "GLOO_SOCKET_IFNAME": "lo",
+                "NCCL_SOCKET_IFNAME": "lo",
+                "NCCL_IB_HCA": "mlx5_0",
+            }
         world = 3
         port = ray.get(learner.host.remote(world), timeout=60)  # picked on the sender only, handed over
         sums = ray.get(
@@ -178,16 +219,22 @@ def test_two_nodes_placement_env_and_gloo_rendezvous(two_nodes, monkeypatch):
 def test_network_variables_are_picked_from_the_driver_environment():
     from exgrpo.runtime.env import network_env
 
-    env = {"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0", "NCCL_IB_HCA": "mlx5", "HOME": "/x",
-           "TP_SOCKET_IFNAME": "eth0", "PATH": "/bin"}
+    env = {
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "GLOO_SOCKET_IFNAME": "eth0",
+        "NCCL_IB_HCA": "mlx5",
+        "HOME": "/x",
+        "TP_SOCKET_IFNAME": "eth0",
+        "PATH": "/bin",
+    }
     assert network_env(env) == {k: v for k, v in env.items() if k not in ("HOME", "PATH")}
 
 
 def test_a_relative_run_dir_is_refused_on_a_cluster(monkeypatch):
+    import dataclasses
+
     from exgrpo.core.config import Config, ConfigError
     from exgrpo.runtime.recipe import check_run_dir
-
-    import dataclasses
 
     cfg = Config()
     cfg = dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, run_dir="runs/x"))

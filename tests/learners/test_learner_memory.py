@@ -79,7 +79,9 @@ def _backward(model, rows, slices, chunk_tokens, *, norm: str = "constant"):
     ent = U.per_token(
         model, rows, r_max, "entropy", slices=slices, device=torch.device("cpu"), chunk_tokens=chunk_tokens
     )
-    logp = U.per_token(model, rows, r_max, "logp", slices=slices, device=torch.device("cpu"), chunk_tokens=chunk_tokens)
+    logp = U.per_token(
+        model, rows, r_max, "logp", slices=slices, device=torch.device("cpu"), chunk_tokens=chunk_tokens
+    )
     return sum(total), grads, ent, logp
 
 
@@ -131,7 +133,9 @@ def test_budget_slices_respect_the_budget_and_isolate_a_too_long_row():
 
 
 def test_checkpointing_setting_and_dropout_rule():
-    assert checkpointing_on("auto", torch.device("cuda", 0)) and not checkpointing_on("auto", torch.device("cpu"))
+    assert checkpointing_on("auto", torch.device("cuda", 0)) and not checkpointing_on(
+        "auto", torch.device("cpu")
+    )
     assert checkpointing_on("on", torch.device("cpu")) and not checkpointing_on("off", torch.device("cuda"))
     model = _model(attention_dropout=0.5)
     set_checkpointing(model, True)
@@ -155,7 +159,9 @@ def test_squared_sum_is_chunked_float32_with_the_same_semantics():
     g[500] = float("nan")
     assert not torch.isfinite(squared_sum(g, 7))
     bf = torch.randn(33, 3, dtype=torch.bfloat16)
-    assert abs(float(squared_sum(bf, 10)) - float(bf.double().pow(2).sum())) <= 1e-5 * float(bf.double().pow(2).sum())
+    assert abs(float(squared_sum(bf, 10)) - float(bf.double().pow(2).sum())) <= 1e-5 * float(
+        bf.double().pow(2).sum()
+    )
 
 
 def test_update_with_token_budget_equals_plain_micro_batches():
@@ -179,13 +185,20 @@ def test_update_with_token_budget_equals_plain_micro_batches():
             )
         groups.append(Group(qid=f"q{q}", prompt_ids=prompt, trajectories=tuple(trajs)))
     results, grads = [], []
-    for token_slices, chunk in ((None, None), (lambda rs: U.budget_slices(
-        [len(r.prompt_ids) + len(r.response_ids) for r in rs], 25, max_rows=16), 3)):
+    for token_slices, chunk in (
+        (None, None),
+        (
+            lambda rs: U.budget_slices(
+                [len(r.prompt_ids) + len(r.response_ids) for r in rs], 25, max_rows=16
+            ),
+            3,
+        ),
+    ):
         model = _model()
         model.eval()
         seen = []
 
-        def step() -> tuple[float, bool]:
+        def step(model: torch.nn.Module = model, seen: list = seen) -> tuple[float, bool]:
             seen.append([p.grad.detach().clone() for p in model.parameters()])
             model.zero_grad(set_to_none=True)
             return 0.0, False
