@@ -32,7 +32,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("exgrpo.evaluation", "exgrpo.reporting"),  # measuring models; showing runs
     ("exgrpo.runtime",),  # Ray environment, assembly, the training recipe
     ("exgrpo.sim",),  # simulated roles on the real runtime
-    ("exgrpo.run", "exgrpo.scale", "exgrpo.evaluate", "exgrpo.experiments"),  # the command lines
+    (
+        "exgrpo.run",
+        "exgrpo.scale",
+        "exgrpo.evaluate",
+        "exgrpo.plan",
+        "exgrpo.experiments",
+    ),  # the command lines
 )
 TOP_LEVEL = ("exgrpo",)  # `exgrpo/__init__.py`: imports nothing
 

@@ -1,0 +1,236 @@
+"""The memory plan: predicted peak memory per GPU learner rank and per GPU sampler, from the config's shapes.
+
+Pure arithmetic over a model shape (read from the model directory's ``config.json``, or one of ``KNOWN``
+by the basename of ``model.path``) and the config. All figures are bytes; the CLI is ``exgrpo/plan.py``.
+
+Learner rank (P parameters, b bytes per parameter of ``model.dtype``, N = learners.num ranks, ZeRO stage z):
+    weights      P b                      (/ N at z = 3)
+    gradients    P b                      (/ N at z >= 2), plus the fp32 gradient of a low-precision model,
+                 4 P                      (/ N at z >= 1)
+    optimiser    AdamW's two fp32 moments 8 P, plus fp32 master weights 4 P when b < 4 (/ N at z >= 1)
+    reference    P b when loss.kl_coef > 0 (the KL's frozen copy)
+    LoRA         with learners.lora_rank > 0 the base is frozen: no gradients and no optimiser state counted
+    activations  T tokens per micro-batch (learners.max_tokens_per_micro_batch, else micro_batch_size x
+                 (max_prompt_len + max_response_len)); per decoder layer and token, a Qwen2/Llama layer with
+                 fused (SDPA / flash) attention keeps b (6 h + 2 kv + 4 i) bytes for its backward (no S^2
+                 term): norms' inputs and outputs, q/k/v, the attention output, gate, up, the activation and
+                 its product. Without checkpointing: L layers of that. With checkpointing: one hidden state
+                 (b h) per layer and token, plus one layer's full set while it is recomputed.
+    logits       C positions at once (C = learners.logits_chunk_tokens, at most the micro-batch's tokens):
+                 the head's output in dtype, its float32 copy and the float32 probabilities: C V (b + 8);
+                 ``chunked=False`` models the path that computes all of them at once, which also keeps the
+                 entropy's float32 log-softmax and product for its backward: C V (b + 16) over every token.
+Sampler GPU (vLLM, tp = samplers.tensor_parallel_size): the engine may take gpu_memory_utilization x the
+device; weights P b / tp; the KV cache is what is left after the weights and ``SAMPLER_OVERHEAD`` (the
+CUDA graphs and sampling buffers); one token's KV is 2 L kv b / tp. The plan says how many tokens that holds
+against one call's need, requests_per_call x K x (max_prompt_len + max_response_len).
+
+What this leaves out: the allocator's fragmentation, NCCL buffers and DeepSpeed's bucket buffers (set apart
+by ``HEADROOM``), and the host memory of CPU runs (CPU runs are printed, never refused).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from exgrpo.core.config import Config
+
+GIB = 2**30
+HEADROOM = 0.9  # a plan fits when its peak is at most this share of the device (fragmentation, buffers)
+SAMPLER_OVERHEAD = 2 * GIB  # vLLM's CUDA graphs, sampler and activation buffers per GPU (an estimate)
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A Qwen2/Llama decoder's sizes (the fields of its config.json)."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    tied: bool
+    qkv_bias: bool = False
+    max_positions: int = 0
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * (self.hidden // self.heads)
+
+    @property
+    def params(self) -> int:
+        h, kv, i = self.hidden, self.kv_dim, self.intermediate
+        layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h + ((h + 2 * kv) if self.qkv_bias else 0)
+        return self.vocab * h * (1 if self.tied else 2) + self.layers * layer + h
+
+
+# Public config.json values of the GPU recipes' models (keyed by the basename of model.path, lower case).
+KNOWN: dict[str, Shape] = {
+    "qwen2.5-math-1.5b": Shape(1536, 8960, 28, 12, 2, 151936, True, True, 4096),
+    "qwen2.5-math-7b": Shape(3584, 18944, 28, 28, 4, 152064, False, True, 4096),
+    "llama-3.1-8b": Shape(4096, 14336, 32, 32, 8, 128256, False, False, 131072),
+}
+
+
+def read_shape(path: str, *, name: str | None = None) -> Shape:
+    """The shape of the model at ``path`` (its config.json), else ``KNOWN[name or basename(path)]``."""
+    cfg_file = Path(path).expanduser() / "config.json"
+    if name is None and cfg_file.is_file():
+        c = json.loads(cfg_file.read_text())
+        return Shape(
+            hidden=int(c["hidden_size"]),
+            intermediate=int(c["intermediate_size"]),
+            layers=int(c["num_hidden_layers"]),
+            heads=int(c["num_attention_heads"]),
+            kv_heads=int(c.get("num_key_value_heads") or c["num_attention_heads"]),
+            vocab=int(c["vocab_size"]),
+            tied=bool(c.get("tie_word_embeddings", False)),
+            qkv_bias=c.get("model_type") == "qwen2",
+            max_positions=int(c.get("max_position_embeddings") or 0),
+        )
+    key = (name or Path(path).name).lower()
+    if key not in KNOWN:
+        raise ValueError(
+            f"no config.json at {cfg_file} and no known shape named {key!r}; "
+            f"pass --shape with one of {sorted(KNOWN)}"
+        )
+    return KNOWN[key]
+
+
+@dataclass(frozen=True)
+class Plan:
+    learner: dict[str, int]  # term -> bytes per learner rank
+    sampler: dict[str, int]  # term -> bytes per sampler GPU
+    kv_tokens: int  # tokens the KV cache holds per sampler
+    kv_needed: int  # tokens one generation call asks for
+    seq_tokens: int  # one sequence (prompt + response): vLLM refuses to start below it
+    device_bytes: int
+    on_gpu: tuple[bool, bool]  # (learners, samplers)
+    knobs: tuple[str, ...]  # what to turn when the learner does not fit
+
+    @property
+    def learner_peak(self) -> int:
+        return sum(self.learner.values())
+
+    @property
+    def fits(self) -> bool:
+        learner_ok = not self.on_gpu[0] or self.learner_peak <= HEADROOM * self.device_bytes
+        sampler_ok = not self.on_gpu[1] or self.kv_tokens >= self.seq_tokens
+        return learner_ok and sampler_ok
+
+
+def micro_tokens(cfg: Config) -> int:
+    lr, m = cfg.learners, cfg.model
+    whole = lr.micro_batch_size * (m.max_prompt_len + m.max_response_len)
+    return whole if lr.max_tokens_per_micro_batch is None else min(whole, lr.max_tokens_per_micro_batch)
+
+
+def learner_terms(
+    cfg: Config, shape: Shape, *, on_gpu: bool, tokens: int | None = None, chunked: bool = True
+) -> dict[str, int]:
+    """Bytes per learner rank by term (see the module docstring)."""
+    lr = cfg.learners
+    b, p, n, z = DTYPE_BYTES[cfg.model.dtype], shape.params, lr.num, lr.zero_stage
+    checkpointing = lr.gradient_checkpointing == "on" or (lr.gradient_checkpointing == "auto" and on_gpu)
+    trains = lr.lora_rank == 0
+    t = micro_tokens(cfg) if tokens is None else tokens
+    h, kv, i = shape.hidden, shape.kv_dim, shape.intermediate
+    layer_token = b * (6 * h + 2 * kv + 4 * i)
+    acts = (shape.layers * b * h + layer_token) * t if checkpointing else shape.layers * layer_token * t
+    chunk = min(t, lr.logits_chunk_tokens) if chunked else t
+    return {
+        "weights": p * b // (n if z == 3 else 1),
+        "gradients": (p * b // (n if z >= 2 else 1) + (4 * p // (n if z >= 1 else 1) if b < 4 else 0))
+        if trains
+        else 0,
+        "optimizer": ((8 + (4 if b < 4 else 0)) * p // (n if z >= 1 else 1)) if trains else 0,
+        "reference": p * b if cfg.loss.kl_coef > 0 else 0,
+        "activations": acts,
+        "logits": chunk * shape.vocab * (b + (8 if chunked else 16)),
+    }
+
+
+def plan(cfg: Config, shape: Shape, *, device_gib: float = 80.0) -> Plan:
+    lr, s, m = cfg.learners, cfg.samplers, cfg.model
+    device = int(device_gib * GIB)
+    on_gpu = (lr.num_gpus > 0, s.num_gpus > 0)
+    terms = learner_terms(cfg, shape, on_gpu=on_gpu[0])
+    b, tp = DTYPE_BYTES[m.dtype], s.tensor_parallel_size
+    weights = shape.params * b // tp
+    budget = int(s.gpu_memory_utilization * device) - weights - SAMPLER_OVERHEAD
+    per_token = 2 * shape.layers * shape.kv_dim * b // tp
+    kv_tokens = max(0, budget) // per_token
+    seq = m.max_prompt_len + m.max_response_len
+    needed = s.requests_per_call * cfg.trainer.rollouts_per_question * seq
+    knobs = _knobs(cfg, shape, terms, device, on_gpu[0])
+    return Plan(
+        learner=terms,
+        sampler={"weights": weights, "overhead": SAMPLER_OVERHEAD, "kv_cache": max(0, budget)},
+        kv_tokens=kv_tokens,
+        kv_needed=needed,
+        seq_tokens=seq,
+        device_bytes=device,
+        on_gpu=on_gpu,
+        knobs=knobs,
+    )
+
+
+def _knobs(cfg: Config, shape: Shape, terms: dict[str, int], device: int, on_gpu: bool) -> tuple[str, ...]:
+    """What would make an unfitting learner fit, most direct first."""
+    lr = cfg.learners
+    limit = HEADROOM * device
+    if not on_gpu or sum(terms.values()) <= limit:
+        return ()
+    out = []
+    fixed = sum(v for k, v in terms.items() if k != "activations")  # logits shrink too: an upper bound
+    per_token = terms["activations"] / max(1, micro_tokens(cfg))
+    if lr.gradient_checkpointing == "off":
+        out.append("set learners.gradient_checkpointing=on")
+    if fixed < limit:
+        fit = int((limit - fixed) / per_token)
+        if fit >= cfg.model.max_prompt_len + cfg.model.max_response_len:
+            out.append(f"set learners.max_tokens_per_micro_batch={fit} or less")
+        elif fit >= 1:
+            out.append(
+                f"set learners.max_tokens_per_micro_batch={fit} or less (below one whole sequence: "
+                "also shorten model.max_response_len)"
+            )
+    if lr.zero_stage < 3:
+        out.append("set learners.zero_stage=3 (partitions the weights too)")
+    out.append(f"more learner ranks (learners.num > {lr.num}) to partition the optimiser state")
+    return tuple(out)
+
+
+def render(p: Plan, *, title: str) -> str:
+    """The plan as a small table (GiB), with the verdict and the knobs."""
+
+    def g(x: float) -> str:
+        return f"{x / GIB:7.2f}"
+
+    lines = [title, f"  learner rank ({'GPU' if p.on_gpu[0] else 'CPU, for information'}):"]
+    lines += [f"    {k:<12}{g(v)} GiB" for k, v in p.learner.items()]
+    lines.append(f"    {'peak':<12}{g(p.learner_peak)} GiB of {p.device_bytes / GIB:.0f} GiB")
+    if p.on_gpu[1]:
+        lines.append("  sampler GPU:")
+        lines += [f"    {k:<12}{g(v)} GiB" for k, v in p.sampler.items()]
+        lines.append(
+            f"    KV cache holds {p.kv_tokens} tokens; one call asks for {p.kv_needed} "
+            f"({p.kv_tokens / max(1, p.kv_needed):.2f}x; below 1x vLLM queues and preempts)"
+        )
+    if p.on_gpu[1] and p.kv_tokens < p.seq_tokens:
+        lines.append(
+            "  fix: the sampler's KV cache holds less than one sequence: raise samplers.gpu_memory_utilization "
+            "or samplers.tensor_parallel_size"
+        )
+    verdict = "fits" if p.fits else "DOES NOT FIT"
+    lines.append(f"  plan: {verdict} (a learner fits under {HEADROOM:.0%} of the device)")
+    lines += [f"  fix: {k}" for k in p.knobs]
+    return "\n".join(lines)
+
+
+def fits_or_error(p: Plan) -> str | None:
+    return None if p.fits else "the memory plan does not fit: " + "; ".join(p.knobs or ("see the plan",))
