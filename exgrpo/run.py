@@ -107,9 +107,16 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.dry_run:
         from exgrpo.loop.checkpoint import ResumeError, fresh_run_dir_check, resume_report
+        from exgrpo.runtime.memory_plan import dry_run_report
         from exgrpo.runtime.resources import dry_run_fit, placement_plan
 
         print(placement_plan(cfg))
+        memory, fits = dry_run_report(cfg)
+        if memory:
+            print(memory)
+        if not fits:
+            print("error: the memory plan does not fit (see its fix: lines)", file=sys.stderr)
+            return 2
         try:  # the checks a real start makes before its first actor
             print(dry_run_fit(cfg))
             if args.resume:

@@ -15,11 +15,12 @@ from typing import Any
 
 import ray
 
-from exgrpo.core.config import Config
+from exgrpo.core.config import Config, ConfigError
 from exgrpo.core.names import CONTROLLER, replay_name, sampler_name
 from exgrpo.core.positions import check_context, context_len, positioned_model
 from exgrpo.runtime.controller import Controller, ControllerClient
 from exgrpo.runtime.env import remote_actor
+from exgrpo.runtime.memory_plan import dry_run_report
 from exgrpo.runtime.resources import check_cluster, sampler_bundles
 
 
@@ -116,6 +117,9 @@ def build_system(
         out_root=Path(run_dir) if run_dir is not None else Path(cfg.model.cache_dir) / "models",
     )
     check_cluster(cfg, model_path=model_path)  # fail now, not in a placement group that waits forever
+    memory, fits = dry_run_report(cfg, model_path=str(model_path))  # GPU runs: the memory plan must fit
+    if not fits:
+        raise ConfigError(f"the memory plan does not fit:\n{memory}")
     K, r, s = cfg.trainer.rollouts_per_question, cfg.replay, cfg.samplers
     wal = Path(run_dir) / "replay-wal" if run_dir is not None and r.wal else None
     if wal is not None:  # new shards start empty (a resume restores them from its checkpoint)

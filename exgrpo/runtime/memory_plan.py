@@ -234,3 +234,22 @@ def render(p: Plan, *, title: str) -> str:
 
 def fits_or_error(p: Plan) -> str | None:
     return None if p.fits else "the memory plan does not fit: " + "; ".join(p.knobs or ("see the plan",))
+
+
+def dry_run_report(
+    cfg: Config, *, model_path: str | None = None, device_gib: float = 80.0
+) -> tuple[str, bool]:
+    """What `python -m exgrpo.run --dry-run` prints for a GPU run, and whether it fits (CPU runs: ("", True)).
+    A real GPU run checks the same at start (`exgrpo.runtime.assembly.build_system`)."""
+    if cfg.learners.num_gpus == 0 and cfg.samplers.num_gpus == 0:
+        return "", True
+    try:
+        shape = read_shape(model_path or cfg.model.path)
+    except (ValueError, OSError, KeyError) as err:
+        return f"memory plan: not computed ({err})", True
+    p = plan(cfg, shape, device_gib=device_gib)
+    title = (
+        f"memory plan ({device_gib:.0f} GiB per GPU; other sizes: python -m exgrpo.plan --gpu-memory-gib N): "
+        f"{shape.params / 1e9:.2f} B parameters, {cfg.model.dtype}"
+    )
+    return render(p, title=title), p.fits

@@ -124,3 +124,17 @@ def test_bad_input_exits_2(capsys):
     assert plan_cli.main(["--config", "configs/tiny-cpu.yaml", "--gpu-memory-gib", "-1"]) == 2
     assert plan_cli.main(["--config", "configs/tiny-cpu.yaml", "model.path=/nowhere/Mystery-3B"]) == 2
     assert "--shape" in capsys.readouterr().err
+
+
+def test_dry_run_prints_the_plan_and_refuses_an_unfitting_one(capsys):
+    from exgrpo import run
+
+    run.main(["--config", "configs/qwen2.5-math-7b.yaml", "--dry-run"])  # exit 2 here anyway: no GPUs
+    out = capsys.readouterr().out
+    assert "memory plan (80 GiB per GPU" in out and "plan: fits" in out
+    off = ["learners.gradient_checkpointing=off", "learners.zero_stage=2"]
+    assert run.main(["--config", "configs/qwen2.5-math-7b.yaml", "--dry-run", *off]) == 2
+    captured = capsys.readouterr()
+    assert "DOES NOT FIT" in captured.out and "memory plan does not fit" in captured.err
+    run.main(["--config", "configs/tiny-cpu.yaml", "--dry-run"])
+    assert "memory plan" not in capsys.readouterr().out  # CPU runs: not planned against a GPU
