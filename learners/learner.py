@@ -181,6 +181,12 @@ class Learner:
         return self._version
 
     # ---------------------------------------------------------------- forward helpers
+    @property
+    def _chunk_tokens(self) -> int | None:
+        """Positions per lm_head chunk; None (whole logits) under ZeRO-3, where the chunked path, which calls
+        the decoder and the head as submodules, gave another gradient than one rank in the two-rank test."""
+        return None if self.cfg.zero_stage == 3 else self.cfg.logits_chunk_tokens
+
     def _micro_slices(self, n: int) -> list[slice]:
         """Micro-batches of ``n`` rows; under ZeRO-3 padded with empty slices to the max over ranks
         (its forward all-gathers parameters, so every rank must run the same number of forwards)."""
@@ -216,7 +222,7 @@ class Learner:
             what,
             slices=self._slices(rows),
             device=self.device,
-            chunk_tokens=self.cfg.logits_chunk_tokens,
+            chunk_tokens=self._chunk_tokens,
         )
 
     def _step(self) -> tuple[float, bool]:
@@ -249,7 +255,7 @@ class Learner:
                 max_response_len=self.max_response_len,
                 clip=clip,
                 device=self.device,
-                chunk_tokens=self.cfg.logits_chunk_tokens,
+                chunk_tokens=self._chunk_tokens,
             )
         out = U.update(
             self.engine,
@@ -269,7 +275,7 @@ class Learner:
             reuse_proximal=self.reuse_proximal,
             grad_clip=self.cfg.grad_clip,
             reference=self._reference_logprobs if self._reference is not None else None,
-            chunk_tokens=self.cfg.logits_chunk_tokens,
+            chunk_tokens=self._chunk_tokens,
             token_slices=self._token_slices if self.cfg.max_tokens_per_micro_batch is not None else None,
         )
         self._version = version + 1
@@ -277,7 +283,7 @@ class Learner:
 
     def _reference_logprobs(self, enc: U.Encoded) -> Tensor:
         assert self._reference is not None
-        return self._reference.logprobs(self.engine.module, enc, chunk_tokens=self.cfg.logits_chunk_tokens)
+        return self._reference.logprobs(self.engine.module, enc, chunk_tokens=self._chunk_tokens)
 
     # ---------------------------------------------------------------- weights
     def _state(self) -> dict[str, Tensor]:
