@@ -52,7 +52,7 @@ def gradient_shares(
     r_max = max(max(len(r.response_ids) for r in rows), 1)
     params = [p for p in model.parameters() if p.requires_grad]
     enc = encode(rows, r_max, device)
-    logp = response_stats(model, enc, chunk_tokens=chunk_tokens)[0]  # (N, R), 0 at padding
+    logp = response_stats(model, enc, chunk_tokens=chunk_tokens, entropy=False)[0]  # (N, R), 0 at padding
     replayed = torch.tensor([r.replayed for r in rows], device=device)  # (N,)
     behaviour = pad([r.behaviour for r in rows], r_max).to(device)  # (N, R)
     old = torch.where(replayed.unsqueeze(1), behaviour, logp.detach())  # (N, R)

@@ -39,9 +39,9 @@ class Reference:
         """(n, R) the reference's log-probs of ``enc``'s response tokens (0 at padding; ``chunk_tokens``:
         ``learners.update.response_stats``); ``model`` is the trained PEFT model."""
         if self.frozen is not None:
-            return response_stats(self.frozen, enc, chunk_tokens=chunk_tokens)[0]
+            return response_stats(self.frozen, enc, chunk_tokens=chunk_tokens, entropy=False)[0]
         with model.disable_adapter():
-            return response_stats(model, enc, chunk_tokens=chunk_tokens)[0]
+            return response_stats(model, enc, chunk_tokens=chunk_tokens, entropy=False)[0]
 
 
 def checksum(tensors: Mapping[str, Tensor]) -> float:

@@ -152,17 +152,21 @@ def _backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.n
     return decoder, head
 
 
-def _chunk_stats(head: torch.nn.Module, hidden: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
-    """(T,) log-probs and (T,) entropies of T response positions' hidden states (T, D): lm_head, then the
-    float32 math of ``token_logprobs`` / ``token_entropy`` (same stability rules)."""
+def _chunk_stats(
+    head: torch.nn.Module, hidden: Tensor, tokens: Tensor, entropy: bool = True
+) -> tuple[Tensor, Tensor]:
+    """(T,) log-probs and (T,) entropies (zeros unless ``entropy``) of T response positions' hidden states
+    (T, D): lm_head, then the float32 math of ``token_logprobs`` / ``token_entropy`` (same stability rules)."""
     logits = head(hidden).float()  # (T, V)
-    return token_logprobs(logits.unsqueeze(0), tokens.unsqueeze(0))[0], token_entropy(logits)  # (T,), (T,)
+    logp = token_logprobs(logits.unsqueeze(0), tokens.unsqueeze(0))[0]  # (T,)
+    return logp, token_entropy(logits) if entropy else torch.zeros_like(logp)  # (T,), (T,)
 
 
 def response_stats(
-    model: torch.nn.Module, enc: Encoded, *, chunk_tokens: int | None = None
+    model: torch.nn.Module, enc: Encoded, *, chunk_tokens: int | None = None, entropy: bool = True
 ) -> tuple[Tensor, Tensor]:
-    """((n, R) log-probs, (n, R) entropies) of the response tokens, float32, 0 at padding.
+    """((n, R) log-probs, (n, R) entropies) of the response tokens, float32, 0 at padding; with
+    ``entropy=False`` the entropies are not computed (zeros): the log-prob-only passes skip that work.
 
     ``chunk_tokens=None``: the full-logits path (``response_logits``). Otherwise the backbone runs to its
     final hidden states, the response positions' states are gathered (padding dropped) and each chunk of
@@ -173,7 +177,8 @@ def response_stats(
     parts = None if chunk_tokens is None else _backbone_and_head(model)
     if parts is None:
         logits = response_logits(model, enc)  # (n, R, V)
-        logp, ent = token_logprobs(logits, enc.tokens), token_entropy(logits)  # (n, R) each
+        logp = token_logprobs(logits, enc.tokens)  # (n, R)
+        ent = token_entropy(logits) if entropy else torch.zeros_like(logp)  # (n, R)
         zero = torch.zeros((), device=logp.device)
         return torch.where(enc.mask, logp, zero), torch.where(enc.mask, ent, zero)
     assert chunk_tokens is not None
@@ -187,9 +192,9 @@ def response_stats(
     logp_parts, ent_parts = [], []
     for sl in chunks(tokens.shape[0], chunk_tokens):
         if torch.is_grad_enabled():
-            lp, h = checkpoint(_chunk_stats, head, picked[sl], tokens[sl], use_reentrant=False)
+            lp, h = checkpoint(_chunk_stats, head, picked[sl], tokens[sl], entropy, use_reentrant=False)
         else:
-            lp, h = _chunk_stats(head, picked[sl], tokens[sl])
+            lp, h = _chunk_stats(head, picked[sl], tokens[sl], entropy)
         logp_parts.append(lp)
         ent_parts.append(h)
     logp = torch.zeros(enc.mask.shape, dtype=torch.float32, device=hidden.device)  # (n, R)
@@ -236,7 +241,7 @@ def per_token(
     for sl in slices:
         chunk = rows[sl] or [PADDING_ROW]
         enc = encode(chunk, r_max, device)
-        logp, ent = response_stats(model, enc, chunk_tokens=chunk_tokens)  # (n, R) each
+        logp, ent = response_stats(model, enc, chunk_tokens=chunk_tokens, entropy=what != "logp")  # (n, R)
         vals = logp if what == "logp" else ent  # (n, R)
         if rows[sl]:
             out[sl] = torch.where(enc.mask, vals, 0.0).float().cpu()
