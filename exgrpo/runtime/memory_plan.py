@@ -234,10 +234,6 @@ def render(p: Plan, *, title: str) -> str:
     return "\n".join(lines)
 
 
-def fits_or_error(p: Plan) -> str | None:
-    return None if p.fits else "the memory plan does not fit: " + "; ".join(p.knobs or ("see the plan",))
-
-
 def dry_run_report(
     cfg: Config, *, model_path: str | None = None, device_gib: float = 80.0
 ) -> tuple[str, bool]:
