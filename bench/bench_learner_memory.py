@@ -1,6 +1,8 @@
 """Peak memory of one learner update, full logits + no checkpointing ("before") vs chunked logits +
-gradient checkpointing ("after"), each configuration in a fresh subprocess (ru_maxrss, CPU), and the max
-abs diff of the loss and the gradients between them.
+gradient checkpointing ("after"), each configuration in a fresh subprocess (ru_maxrss, CPU), the max
+abs diff of the loss and the gradients between them, and the memory plan's prediction of the same growth
+(``exgrpo.runtime.memory_plan.learner_terms``: gradients + activations + logits; the weights and inputs are
+in the baseline, and one backward makes no optimiser state).
 
     python bench/bench_learner_memory.py [--vocab 32000 --hidden 256 --layers 2 --rows 4 --response 1024]
 """
@@ -54,7 +56,7 @@ def one(args: argparse.Namespace, name: str, out: str) -> None:
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     old_logp, _ = U.old_logprobs(rows, args.response, None, tis_cap=None)
     total = []
-    U.minibatch_backward(
+    update = lambda: U.minibatch_backward(  # noqa: E731
         model,
         rows,
         old_logp,
@@ -70,9 +72,69 @@ def one(args: argparse.Namespace, name: str, out: str) -> None:
         device=torch.device("cpu"),
         chunk_tokens=chunk,
     )
+    tensor_peak = None
+    if args.tensors:
+        tensor_peak = tensor_peak_bytes(update)
+    else:
+        update()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-    torch.save({"loss": sum(total), "grads": grads, "base_mb": base / 1024, "peak_mb": peak / 1024}, out)
+    torch.save(
+        {
+            "loss": sum(total),
+            "grads": grads,
+            "base_mb": base / 1024,
+            "peak_mb": peak / 1024,
+            "tensor_peak_mb": None if tensor_peak is None else tensor_peak / 2**20,
+        },
+        out,
+    )
+
+
+def tensor_peak_bytes(fn) -> int:  # noqa: ANN001
+    """Peak bytes of the tensors ``fn`` allocates (what is alive before it is not counted), from torch's
+    profiler: every op's own allocations and frees in the order the ops started. Unlike the process's RSS it
+    holds no allocator caching or fragmentation, so it is what a GPU's ``max_memory_allocated`` reads."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    live = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        live += event.self_cpu_memory_usage
+        peak = max(peak, live)
+    return peak
+
+
+def predicted_mb(args: argparse.Namespace, name: str) -> float:
+    """The plan's gradients + activations + logits for this shape and configuration, MB (2^20 bytes)."""
+    from exgrpo.core.config import from_dict
+    from exgrpo.runtime.memory_plan import Shape, learner_terms
+
+    chunk, ckpt = CONFIGS[name]
+    cfg = from_dict(
+        {
+            "model": {"dtype": "float32", "max_prompt_len": 16, "max_response_len": args.response},
+            "learners": {
+                "micro_batch_size": args.rows,
+                "gradient_checkpointing": "on" if ckpt else "off",
+                "logits_chunk_tokens": chunk or args.rows * (16 + args.response),
+            },
+        }
+    )
+    h = args.hidden
+    shape = Shape(
+        hidden=h,
+        intermediate=2 * h,
+        layers=args.layers,
+        heads=4,
+        kv_heads=4,
+        vocab=args.vocab,
+        tied=False,
+        qkv_bias=True,
+    )
+    terms = learner_terms(cfg, shape, on_gpu=False, chunked=chunk is not None)
+    return (terms["gradients"] + terms["activations"] + terms["logits"]) / 2**20
 
 
 def main() -> None:
@@ -82,6 +144,11 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--response", type=int, default=1024)
+    ap.add_argument(
+        "--tensors",
+        action="store_true",
+        help="also the tensors' own peak (torch profiler; slower, and the RSS then includes the profiler)",
+    )
     ap.add_argument("--one", choices=sorted(CONFIGS))
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -106,7 +173,9 @@ def main() -> None:
         r = res[name]
         print(
             f"  {name:6s} logits_chunk_tokens={chunk} checkpointing={ckpt}: peak {r['peak_mb']:.0f} MB "
-            f"(model + inputs {r['base_mb']:.0f} MB; update +{r['peak_mb'] - r['base_mb']:.0f} MB)"
+            f"(model + inputs {r['base_mb']:.0f} MB; update +{r['peak_mb'] - r['base_mb']:.0f} MB, "
+            f"the memory plan predicts +{predicted_mb(args, name):.0f} MB)"
+            + ("" if r["tensor_peak_mb"] is None else f"; tensors' own peak +{r['tensor_peak_mb']:.0f} MB")
         )
     print(
         json.dumps(

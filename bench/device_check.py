@@ -1,26 +1,14 @@
-"""Device check (issue 11): one command for a GPU session, under 8 minutes, every figure into one JSON.
+"""Device check: one command for a GPU session, under 8 minutes, every figure into one JSON.
 
     python3 bench/device_check.py --out $OUT               # on the H200: 1.5B shape, bf16, CUDA
     .venv/bin/python bench/device_check.py --cpu-smoke --out /tmp/dc   # tiny shape on CPU (gloo): the logic
 
-Part ``learner``: the ExGRPO update on a Qwen2.5-1.5B-shaped random model (transformers ``Qwen2Config``
-    through ``bench.gpu_learner.build_model``: no download), bf16. The device has no Ray, DeepSpeed or
-    vLLM, so the update is ``learners.update.update``, the very update ``learners.learner.Learner`` runs
-    on its DeepSpeed engine (plain torch functions), here on the bare model at world size 1 with
-    ``learners.optim.make_optimizer`` (``GuardedAdamW``) as the optimiser (the test checks the two agree):
-    the no-grad proximal log-prob pass, 2 mini-batches of whole groups, micro-batches of 8 sequences;
-    fp32 master weights, gradients and AdamW moments (as DeepSpeed's bf16 mode keeps).
-    Gradient checkpointing is on (``--no-checkpointing``: off); the project's ``Learner`` does not turn
-    it on. Workload: 4 groups x 8 rollouts = 32 sequences of 256 prompt + 1024 response tokens per update.
-    Figures (T = prompt + response tokens per update, P = parameters, tied embedding counted once, which
-    equals the FLOPs of the lm_head matmul; the embedding lookup is free; t = mean wall time of an update):
-        tokens_per_s       = T / t
-        mfu                = 6 P T / t / peak            (peak = --peak-tflops, 790 TFLOP/s bf16 dense,
-                                                          an 8192^3 bf16 matmul measured on an H200)
-        mfu_with_attention = (6 P T + 6 L d sum_i S_i^2) / t / peak, the causal attention matmuls
-                             (QK^T and AV, half of the S x S square, d = heads * head_dim, L layers)
-        hfu                = (6 + 2 + 2c) P T / t / peak: adds the proximal no-grad forward (2PT) and the
-                             checkpoint recompute (2PT when c = 1); attention not counted in it.
+Part ``learner``: the project's own ``learners.learner.Learner`` (DeepSpeed ZeRO-2 at world size 1, the
+    1.5B recipe's learner section, gradient checkpointing on unless ``--no-checkpointing``) on a
+    Qwen2.5-1.5B-shaped random model (no download), bf16, 2 groups x 8 rollouts of 512 prompt + 7680
+    response tokens (8192 per sequence) per update: tokens/s, MFU against 790 TFLOP/s, and peak memory
+    against the memory plan's prediction (``bench/device_learner.py`` has the formulas). The device has
+    no DeepSpeed, hjson or pydantic: carry them as wheels (``scripts/device_wheels.sh``).
 Part ``broadcast``: the model's bf16 parameters (random values, tied embedding once) from rank 0 to
     rank 1, two processes on the one device, packed into uint8 chunks by vLLM's rule (a chunk closes
     once it exceeds ``--buffer-mb``, default 1 GiB as in vLLM), through torch.distributed over a
@@ -56,229 +44,11 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bench.gpu_learner import FULL, TINY, Shape, _peak_gib, _reset_peak, _sync, build_model, synthetic_groups  # noqa: E402
-from exgrpo.core import metric_names as M  # noqa: E402
-from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
-from exgrpo.core.records import Group  # noqa: E402
-from learners.optim import make_optimizer  # noqa: E402
-from learners.update import chunks, update  # noqa: E402
+from bench.device_learner import GPU_SHAPE, PEAK_TFLOPS, SMOKE_SHAPE, check_learner  # noqa: E402
+from bench.gpu_learner import Shape, _sync, build_model  # noqa: E402
 
-PEAK_TFLOPS = 790.0  # bf16 dense, 8192^3 matmul measured on an H200 (KINDS.md)
-GPU_SHAPE = dataclasses.replace(FULL, groups=4, rollouts=8, prompt_len=256, response_len=1024, micro_batch=8)
 GB = 1e9
 ERROR_GRACE_S = 15.0  # after one rank of a pair fails, how long the other may still report
-
-
-# ------------------------------------------------------------------------------------------ learner
-class MasterWeights:
-    """The optimiser side of the update, without DeepSpeed: ``GuardedAdamW`` (``learners.optim``).
-
-    A low-precision model gets fp32 master copies (as DeepSpeed's bf16 mode keeps): ``accumulate``
-    after each backward adds the parameters' gradients into the masters' fp32 gradients and frees them;
-    ``step`` applies the grad-norm rule and AdamW to the masters and copies them back. A float32 model
-    is its own master.
-    """
-
-    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig) -> None:
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.mixed = any(p.dtype != torch.float32 for p in self.params)
-        masters = [torch.nn.Parameter(p.detach().float()) if self.mixed else p for p in self.params]
-        self.masters = torch.nn.ParameterList(masters)  # a Module, which make_optimizer takes
-        self.optimizer = make_optimizer(self.masters, cfg)
-
-    def accumulate(self) -> None:
-        if not self.mixed:
-            return
-        for p, m in zip(self.params, self.masters, strict=True):
-            if p.grad is not None:
-                m.grad = p.grad.float() if m.grad is None else m.grad.add_(p.grad)
-                p.grad = None
-
-    def step(self) -> tuple[float, bool]:
-        """One optimiser step; returns (grad norm, skipped)."""
-        self.optimizer.begin()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.mixed:
-            with torch.no_grad():
-                torch._foreach_copy_(self.params, list(self.masters))
-        return self.optimizer.last_grad_norm, self.optimizer.overflow
-
-
-def exgrpo_update(
-    model: torch.nn.Module,
-    opt: MasterWeights,
-    groups: Sequence[Group],
-    *,
-    loss: LossConfig,
-    micro_batch: int,
-    minibatches: int,
-    max_response_len: int,
-    clip: bool,
-) -> dict[str, Any]:
-    """One ExGRPO update of whole groups: ``learners.update.update`` (``Learner.update``'s own steps) at
-    world size 1, each backward's gradients added into ``opt``'s fp32 masters, one ``opt.step`` per
-    mini-batch."""
-    norms: list[float] = []
-
-    def backward(objective: torch.Tensor) -> None:
-        objective.backward()
-        opt.accumulate()
-
-    def step() -> tuple[float, bool]:
-        norm, skipped = opt.step()
-        norms.append(norm)
-        return norm, skipped
-
-    m = update(
-        model,
-        groups,
-        loss=loss,
-        minibatches=minibatches,
-        max_response_len=max_response_len,
-        clip=clip,
-        device=next(model.parameters()).device,
-        micro_slices=lambda n: chunks(n, micro_batch),
-        backward=backward,
-        step=step,
-    )
-    return {
-        "loss": m[M.LOSS],
-        "grad_norm": m[M.GRAD_NORM],  # the mean over mini-batches, as Learner.update reports it
-        "grad_norms": norms,
-        "skipped_steps": int(m[M.SKIPPED_STEPS]),
-        "response_tokens": int(m[M.LEARNER_TOKENS]),
-    }
-
-
-def build_learner_model(
-    shape: Shape, *, dtype: str, device: torch.device, checkpointing: bool
-) -> torch.nn.Module:
-    """The random ``shape`` model (``bench.gpu_learner.build_model``), use_cache off, optionally checkpointed."""
-    model = build_model(shape, dtype=getattr(torch, dtype), device=device)
-    model.config.use_cache = False
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.train()  # HF recomputes only in training mode; Qwen2 has no dropout (attention_dropout 0)
-    return model
-
-
-def check_learner(
-    *,
-    shape: Shape,
-    device: str,
-    dtype: str,
-    warm: int,
-    timed: int,
-    checkpointing: bool,
-    peak_flops: float,
-    deadline: float,
-) -> dict[str, Any]:
-    """``warm`` + ``timed`` updates (no clipping: replay has started); stops timing early at ``deadline``."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    t0 = time.perf_counter()
-    minibatches = 2
-    torch.manual_seed(0)
-    model = build_learner_model(shape, dtype=dtype, device=dev, checkpointing=checkpointing)
-    opt = MasterWeights(
-        model, LearnerConfig(zero_stage=0, micro_batch_size=shape.micro_batch, minibatches=minibatches)
-    )
-    loss_cfg = LossConfig()
-    setup_s = time.perf_counter() - t0
-    params = sum(p.numel() for p in model.parameters())  # the tied embedding once
-    rows = shape.groups * shape.rollouts
-    seq = shape.prompt_len + shape.response_len
-    tokens, response_tokens = rows * seq, rows * shape.response_len
-    print(
-        f"[learner] {params / 1e9:.3f} B params, {rows} x {seq} tokens per update, setup {setup_s:.1f} s",
-        flush=True,
-    )
-    times: list[float] = []
-    norms: list[float] = []
-    losses: list[float] = []
-    skipped = 0
-    for step in range(warm + timed):
-        if step >= warm and times and time.monotonic() > deadline:
-            print(f"[learner] deadline: stopping after {len(times)} timed updates", flush=True)
-            break
-        groups = synthetic_groups(shape, step=step)
-        if step == warm:
-            _reset_peak(dev)
-        _sync(dev)
-        s0 = time.perf_counter()
-        m = exgrpo_update(
-            model,
-            opt,
-            groups,
-            loss=loss_cfg,
-            micro_batch=shape.micro_batch,
-            minibatches=minibatches,
-            max_response_len=shape.response_len,
-            clip=False,
-        )
-        _sync(dev)
-        seconds = time.perf_counter() - s0
-        if m["response_tokens"] != response_tokens:
-            raise RuntimeError(f"trained {m['response_tokens']} response tokens, expected {response_tokens}")
-        norms.append(m["grad_norm"])
-        losses.append(m["loss"])
-        skipped += m["skipped_steps"]
-        if step >= warm:
-            times.append(seconds)
-        print(
-            f"[learner] update {step}{'' if step >= warm else ' (warm-up)'}: {seconds:.3f} s, "
-            f"grad norm {norms[-1]:.4g}, loss {losses[-1]:.4g}",
-            flush=True,
-        )
-    if not times:
-        raise RuntimeError("no timed update finished")
-    t = sum(times) / len(times)
-    d_attn = shape.hidden  # heads * head_dim
-    model_flops = 6 * params * tokens
-    attn_flops = (
-        6 * shape.layers * d_attn * rows * seq * seq
-    )  # 3 (fwd+bwd) x 2 matmuls x 2 S^2 d / 2 (causal)
-    hw_flops = (8 + 2 * int(checkpointing)) * params * tokens
-    out = {
-        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        "dtype": dtype,
-        "params": params,
-        "shape": dataclasses.asdict(shape),
-        "rows_per_update": rows,
-        "tokens_per_update": tokens,
-        "response_tokens_per_update": response_tokens,
-        "minibatches": minibatches,
-        "gradient_checkpointing": checkpointing and model.is_gradient_checkpointing and model.training,
-        "update": "learners.update.update (Learner.update's steps) + learners.optim.GuardedAdamW, "
-        "no DeepSpeed, world size 1, fp32 master weights, gradients and AdamW moments",
-        "setup_s": setup_s,
-        "step_seconds": times,
-        "mean_step_s": t,
-        "tokens_per_s": tokens / t,
-        "response_tokens_per_s": response_tokens / t,
-        "peak_flops": peak_flops,
-        "model_flops_per_update": model_flops,
-        "attention_flops_per_update": attn_flops,
-        "mfu": model_flops / t / peak_flops,
-        "mfu_with_attention": (model_flops + attn_flops) / t / peak_flops,
-        "hfu": hw_flops / t / peak_flops,
-        "mfu_formula": "6 * params * (prompt+response tokens) / mean update seconds / peak_flops",
-        "grad_norms": norms,
-        "losses": losses,
-        "grad_norm_finite": all(math.isfinite(n) for n in norms),
-        "skipped_steps": skipped,
-        "peak_mem_gib": _peak_gib(dev),
-    }
-    print(
-        f"[learner] {out['tokens_per_s']:.0f} tokens/s, MFU {out['mfu']:.3f} "
-        f"(with attention {out['mfu_with_attention']:.3f}, HFU {out['hfu']:.3f}), "
-        f"{t:.3f} s per update, peak memory "
-        f"{'n/a' if out['peak_mem_gib'] is None else format(out['peak_mem_gib'], '.1f') + ' GiB'}",
-        flush=True,
-    )
-    return out
 
 
 # ------------------------------------------------------------------------------------------ broadcast
@@ -678,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timed", type=int, default=None, help="timed updates (GPU 4, smoke 2)")
     parser.add_argument("--no-checkpointing", action="store_true", help="gradient checkpointing off")
     parser.add_argument(
-        "--micro-batch", type=int, default=None, help="sequences per forward/backward (GPU 8)"
+        "--micro-batch", type=int, default=None, help="sequences per micro-batch (GPU 8, as the recipe)"
     )
     parser.add_argument(
         "--buffer-mb",
@@ -699,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     if not smoke and kind == "cpu":
         print("[device_check] no CUDA device: use --cpu-smoke for the CPU logic check", file=sys.stderr)
         return 2
-    shape = TINY if smoke else GPU_SHAPE
+    shape = SMOKE_SHAPE if smoke else GPU_SHAPE
     if args.micro_batch is not None:
         shape = dataclasses.replace(shape, micro_batch=args.micro_batch)
     dtype = args.dtype

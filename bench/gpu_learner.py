@@ -123,7 +123,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def build_model(shape: Shape, *, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+def build_model(
+    shape: Shape, *, dtype: torch.dtype, device: torch.device, max_positions: int = 4096
+) -> torch.nn.Module:
     """A randomly initialised Qwen2 causal LM of ``shape`` (tied embeddings), built on ``device``."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
@@ -135,7 +137,7 @@ def build_model(shape: Shape, *, dtype: torch.dtype, device: torch.device) -> to
         intermediate_size=shape.intermediate,
         vocab_size=shape.vocab,
         tie_word_embeddings=True,
-        max_position_embeddings=4096,
+        max_position_embeddings=max(4096, max_positions),
         rope_theta=1_000_000.0,
         bos_token_id=None,
         eos_token_id=None,

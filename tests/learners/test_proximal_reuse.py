@@ -16,11 +16,10 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/exgrp
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from tiny_qwen2 import save_tiny_qwen2  # noqa: E402
+from tiny_qwen2 import save_tiny_qwen2, tiny_groups  # noqa: E402
 
 from exgrpo.core import metric_names as M  # noqa: E402
 from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
-from exgrpo.core.records import Group, Trajectory  # noqa: E402
 from learners.learner import Learner  # noqa: E402
 
 torch.set_num_threads(1)
@@ -31,38 +30,6 @@ METRICS = (M.LOSS, M.PG_LOSS, M.ENTROPY, M.GRAD_NORM, M.CLIP_FRAC, M.RATIO_FRESH
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory) -> str:
     return save_tiny_qwen2(tmp_path_factory, seed=1, name="tiny-qwen2-proximal")
-
-
-def _groups(seed: int, *, stale: bool) -> tuple[Group, ...]:
-    """4 groups of K=4, lengths 1..7, mixed rewards; group 0 is a replay group whose slot 0 is replayed.
-    ``stale``: the fresh rows' sampler log-probs are far from the learner's (what eta >= 1 gives)."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(4):
-        trajs = []
-        for k in range(4):
-            n = 1 + (5 * i + 3 * k + seed) % 7
-            ids = tuple(torch.randint(1, 64, (n,), generator=g).tolist())
-            lp = -2.0 if stale else -4.2
-            trajs.append(
-                Trajectory(
-                    qid=f"q{i}",
-                    response_ids=ids,
-                    logprobs=tuple(lp + 0.05 * t for t in range(n)),
-                    reward=float((i + k) % 3 == 0),
-                    policy_version=0,
-                    replayed=i == 0 and k == 0,
-                )
-            )
-        out.append(
-            Group(
-                qid=f"q{i}",
-                prompt_ids=tuple(range(1, 2 + i)),
-                trajectories=tuple(trajs),
-                kind="replay" if i == 0 else "fresh",
-            )
-        )
-    return tuple(out)
 
 
 def _learner(path: str, *, reuse: bool, loss: LossConfig, **cfg) -> Learner:
@@ -98,7 +65,7 @@ def test_skipped_proximal_pass_trains_identically(model_path, clip, norm):
     fast, slow = (_learner(model_path, reuse=r, loss=loss) for r in (True, False))
     fast_calls, slow_calls = _count_proximal_passes(fast), _count_proximal_passes(slow)
     for step, stale in enumerate((False, True, True)):  # weights move after the first step
-        groups = _groups(step, stale=stale)
+        groups = tiny_groups(step, stale=stale)
         got = fast.update(groups=groups, clip=clip, version=step)
         want = slow.update(groups=groups, clip=clip, version=step)
         for key in METRICS:
@@ -116,5 +83,5 @@ def test_proximal_pass_still_runs_where_it_is_needed(model_path, case):
     loss = LossConfig(tis_cap=1.5) if case == "tis" else LossConfig()
     learner = _learner(model_path, reuse=True, loss=loss, minibatches=2 if case == "two_minibatches" else 1)
     calls = _count_proximal_passes(learner)
-    learner.update(groups=_groups(0, stale=True), clip=True, version=0)
+    learner.update(groups=tiny_groups(0, stale=True), clip=True, version=0)
     assert calls == [1]
