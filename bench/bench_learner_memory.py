@@ -26,6 +26,7 @@ def one(args: argparse.Namespace, name: str, out: str) -> None:
 
     import learners.update as U
     from exgrpo.core.config import LossConfig
+    from learners import batches
     from learners.learner import set_checkpointing
 
     torch.set_num_threads(2)
@@ -45,7 +46,7 @@ def one(args: argparse.Namespace, name: str, out: str) -> None:
     set_checkpointing(model, ckpt)
     g = torch.Generator().manual_seed(1)
     rows = [
-        U.Row(
+        batches.Row(
             prompt_ids=tuple(torch.randint(args.vocab, (16,), generator=g).tolist()),
             response_ids=tuple(torch.randint(args.vocab, (args.response,), generator=g).tolist()),
             behaviour=tuple((-torch.rand(args.response, generator=g) * 5).tolist()),
@@ -66,7 +67,7 @@ def one(args: argparse.Namespace, name: str, out: str) -> None:
         loss=LossConfig(entropy_coef=0.01),
         max_response_len=args.response,
         totals=U.minibatch_totals(rows, device=torch.device("cpu")),
-        slices=U.chunks(len(rows), args.rows),
+        slices=batches.chunks(len(rows), args.rows),
         backward=lambda o: (total.append(float(o.detach())), o.backward()),
         proximal_is_current=True,
         device=torch.device("cpu"),

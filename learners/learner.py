@@ -37,7 +37,7 @@ from torch import Tensor
 from exgrpo.core.config import LearnerConfig, LossConfig
 from exgrpo.core.records import Group, ReplayCandidate
 from exgrpo.transport.packed import PackedWeights, Packer
-from learners import lora
+from learners import batches, logits, lora
 from learners import update as U
 from learners.diagnostics import gradient_shares
 from learners.optim import deepspeed_config, make_optimizer
@@ -190,15 +190,17 @@ class Learner:
     def _micro_slices(self, n: int) -> list[slice]:
         """Micro-batches of ``n`` rows; under ZeRO-3 padded with empty slices to the max over ranks
         (its forward all-gathers parameters, so every rank must run the same number of forwards)."""
-        return self._same_count(U.chunks(n, self.cfg.micro_batch_size))
+        return self._same_count(batches.chunks(n, self.cfg.micro_batch_size))
 
-    def _token_slices(self, rows: Sequence[U.Row]) -> list[slice]:
+    def _token_slices(self, rows: Sequence[batches.Row]) -> list[slice]:
         """Micro-batches of at most ``micro_batch_size`` rows and ``max_tokens_per_micro_batch`` padded
         tokens (``learners.update.budget_slices``: a row longer than the budget goes alone), padded like
         ``_micro_slices`` under ZeRO-3."""
         assert self.cfg.max_tokens_per_micro_batch is not None
         seq = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
-        budget = U.budget_slices(seq, self.cfg.max_tokens_per_micro_batch, max_rows=self.cfg.micro_batch_size)
+        budget = batches.budget_slices(
+            seq, self.cfg.max_tokens_per_micro_batch, max_rows=self.cfg.micro_batch_size
+        )
         return self._same_count(budget)
 
     def _same_count(self, slices: list[slice]) -> list[slice]:
@@ -208,14 +210,14 @@ class Learner:
             slices += [slice(0, 0)] * (int(count) - len(slices))
         return slices
 
-    def _slices(self, rows: Sequence[U.Row]) -> list[slice]:
+    def _slices(self, rows: Sequence[batches.Row]) -> list[slice]:
         if self.cfg.max_tokens_per_micro_batch is None:
             return self._micro_slices(len(rows))
         return self._token_slices(rows)
 
-    def _per_token(self, rows: Sequence[U.Row], r_max: int, what: str) -> Tensor:
+    def _per_token(self, rows: Sequence[batches.Row], r_max: int, what: str) -> Tensor:
         """(N, R) no-grad log-probs (``what="logp"``) or entropies of the response tokens."""
-        return U.per_token(
+        return logits.per_token(
             self.engine,
             rows,
             r_max,
@@ -234,7 +236,9 @@ class Learner:
     # ---------------------------------------------------------------- public verbs
     def entropies(self, *, candidates: Sequence[ReplayCandidate]) -> list[float]:
         """Mean token entropy (T = 1) of each candidate's response under the current weights (0 if empty)."""
-        rows = [U.Row(c.prompt_ids, c.trajectory.response_ids, c.trajectory.logprobs) for c in candidates]
+        rows = [
+            batches.Row(c.prompt_ids, c.trajectory.response_ids, c.trajectory.logprobs) for c in candidates
+        ]
         if not rows and not (self.cfg.zero_stage == 3 and self.world_size > 1):
             return []
         r_max = max([len(r.response_ids) for r in rows] + [1])
@@ -281,7 +285,7 @@ class Learner:
         self._version = version + 1
         return {**out, **shares}
 
-    def _reference_logprobs(self, enc: U.Encoded) -> Tensor:
+    def _reference_logprobs(self, enc: batches.Encoded) -> Tensor:
         assert self._reference is not None
         return self._reference.logprobs(self.engine.module, enc, chunk_tokens=self._chunk_tokens)
 

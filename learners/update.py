@@ -31,93 +31,22 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from exgrpo.core import metric_names as M
 from exgrpo.core.algorithm import (
     exgrpo_loss,
-    group_advantages,
     kl_k3,
     masked_mean,
-    token_entropy,
-    token_logprobs,
 )
 from exgrpo.core.config import LossConfig
 from exgrpo.core.records import Group
+from learners.batches import PADDING_ROW, Encoded, Row, build_rows, encode, pad
+from learners.logits import per_token, response_stats
 
 Part = tuple[dict[str, float], int, int]  # one micro-batch: exgrpo_loss metrics, rows, response tokens
-
-
-@dataclass(frozen=True)
-class Row:
-    """One training sequence: prompt + response, its advantage and behaviour log-probs."""
-
-    prompt_ids: tuple[int, ...]
-    response_ids: tuple[int, ...]
-    behaviour: tuple[float, ...]  # sampler log-probs (fresh) or stored ones (replayed)
-    replayed: bool = False
-    advantage: float = 0.0
-
-
-PADDING_ROW = Row(prompt_ids=(0,), response_ids=(0,), behaviour=(0.0,))  # the forward of an empty slice
-
-
-@dataclass(frozen=True)
-class Encoded:
-    input_ids: Tensor  # (n, S) prompt + response, right-padded with 0
-    attention_mask: Tensor  # (n, S)
-    positions: Tensor  # (n, R) index of the logit predicting each response token
-    tokens: Tensor  # (n, R) response tokens (0 at padding)
-    mask: Tensor  # (n, R) bool, true on response tokens
-
-
-def build_rows(groups: Sequence[Group], *, std_normalize: bool) -> tuple[list[Row], list[int]]:
-    """The groups' trajectories as rows with their group's advantages, and the group bounds (G + 1)."""
-    rows, bounds = [], [0]
-    for g in groups:
-        rewards = torch.tensor([[t.reward for t in g.trajectories]])  # (1, K)
-        adv = group_advantages(rewards, std_normalize=std_normalize)[0]  # (K,)
-        for t, a in zip(g.trajectories, adv.tolist(), strict=True):
-            rows.append(Row(g.prompt_ids, t.response_ids, t.logprobs, t.replayed, a))
-        bounds.append(len(rows))
-    return rows, bounds
-
-
-def encode(rows: Sequence[Row], r_max: int, device: torch.device) -> Encoded:
-    """The rows as right-padded model inputs and the response tokens' positions and mask."""
-    n, s = len(rows), max(len(r.prompt_ids) + len(r.response_ids) for r in rows)
-    ids = torch.zeros(n, s, dtype=torch.long)  # (n, S)
-    attn = torch.zeros(n, s, dtype=torch.long)  # (n, S)
-    pos = torch.zeros(n, r_max, dtype=torch.long)  # (n, R)
-    tok = torch.zeros(n, r_max, dtype=torch.long)  # (n, R)
-    mask = torch.zeros(n, r_max, dtype=torch.bool)  # (n, R)
-    for i, r in enumerate(rows):
-        p, k = len(r.prompt_ids), len(r.response_ids)
-        if p == 0:
-            raise ValueError("a sequence needs at least one prompt token to score its first response token")
-        ids[i, : p + k] = torch.tensor(r.prompt_ids + r.response_ids)
-        attn[i, : p + k] = 1
-        pos[i, :k] = torch.arange(p - 1, p + k - 1)
-        tok[i, :k] = torch.tensor(r.response_ids)
-        mask[i, :k] = True
-    return Encoded(ids.to(device), attn.to(device), pos.to(device), tok.to(device), mask.to(device))
-
-
-def pad(values: Sequence[Sequence[float]], r_max: int) -> Tensor:
-    """(N, R) float32, zero-padded on the right."""
-    out = torch.zeros(len(values), r_max, dtype=torch.float32)  # (N, R)
-    for i, v in enumerate(values):
-        out[i, : len(v)] = torch.tensor(v, dtype=torch.float32)
-    return out
-
-
-def chunks(n: int, size: int) -> list[slice]:
-    """Consecutive slices of at most ``size`` of ``range(n)`` (the plain micro-batches)."""
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
 def weighted(pairs: Sequence[tuple[float, float]]) -> float:
@@ -125,127 +54,6 @@ def weighted(pairs: Sequence[tuple[float, float]]) -> float:
     kept = [(v, w) for v, w in pairs if w > 0 and not math.isnan(v)]
     total = sum(w for _, w in kept)
     return sum(v * w for v, w in kept) / total if total > 0 else math.nan
-
-
-def response_logits(model: torch.nn.Module, enc: Encoded) -> Tensor:
-    """(n, R, V) the logits predicting each response token (the full-logits path: tests and fallbacks)."""
-    logits = model(input_ids=enc.input_ids, attention_mask=enc.attention_mask, use_cache=False).logits
-    index = enc.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])  # (n, R, V)
-    return logits.gather(1, index)  # (n, R, V)
-
-
-def _backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
-    """(decoder, lm_head) of an HF causal LM, unwrapping a DeepSpeed engine (``.module``) and PEFT
-    (``get_base_model``: the adapters live inside the base's layers); None when the logits are not
-    ``lm_head(decoder(...))`` (no such accessors, or softcapped / scaled logits)."""
-    inner = getattr(model, "module", model)
-    if hasattr(inner, "get_base_model"):
-        inner = inner.get_base_model()
-    config = getattr(inner, "config", None)
-    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
-        return None
-    if not (hasattr(inner, "get_decoder") and hasattr(inner, "get_output_embeddings")):
-        return None
-    decoder, head = inner.get_decoder(), inner.get_output_embeddings()
-    if decoder is None or head is None:
-        return None
-    return decoder, head
-
-
-def _chunk_stats(
-    head: torch.nn.Module, hidden: Tensor, tokens: Tensor, entropy: bool = True
-) -> tuple[Tensor, Tensor]:
-    """(T,) log-probs and (T,) entropies (zeros unless ``entropy``) of T response positions' hidden states
-    (T, D): lm_head, then the float32 math of ``token_logprobs`` / ``token_entropy`` (same stability rules)."""
-    logits = head(hidden).float()  # (T, V)
-    logp = token_logprobs(logits.unsqueeze(0), tokens.unsqueeze(0))[0]  # (T,)
-    return logp, token_entropy(logits) if entropy else torch.zeros_like(logp)  # (T,), (T,)
-
-
-def response_stats(
-    model: torch.nn.Module, enc: Encoded, *, chunk_tokens: int | None = None, entropy: bool = True
-) -> tuple[Tensor, Tensor]:
-    """((n, R) log-probs, (n, R) entropies) of the response tokens, float32, 0 at padding; with
-    ``entropy=False`` the entropies are not computed (zeros): the log-prob-only passes skip that work.
-
-    ``chunk_tokens=None``: the full-logits path (``response_logits``). Otherwise the backbone runs to its
-    final hidden states, the response positions' states are gathered (padding dropped) and each chunk of
-    ``chunk_tokens`` positions goes through lm_head -> float32 log-softmax on its own; with grad enabled
-    each chunk runs under ``torch.utils.checkpoint``, so the backward recomputes its logits instead of
-    keeping them: no (n, S, V) or (n, R, V) tensor exists, only (chunk_tokens, V). Models whose logits
-    are not ``lm_head(backbone)`` (``_backbone_and_head`` is None) take the full-logits path."""
-    parts = None if chunk_tokens is None else _backbone_and_head(model)
-    if parts is None:
-        logits = response_logits(model, enc)  # (n, R, V)
-        logp = token_logprobs(logits, enc.tokens)  # (n, R)
-        ent = token_entropy(logits) if entropy else torch.zeros_like(logp)  # (n, R)
-        zero = torch.zeros((), device=logp.device)
-        return torch.where(enc.mask, logp, zero), torch.where(enc.mask, ent, zero)
-    assert chunk_tokens is not None
-    decoder, head = parts
-    hidden = decoder(input_ids=enc.input_ids, attention_mask=enc.attention_mask, use_cache=False)[
-        0
-    ]  # (n, S, D)
-    rows, cols = enc.mask.nonzero(as_tuple=True)  # (T,) each: the response tokens
-    picked = hidden[rows, enc.positions[rows, cols]]  # (T, D)
-    tokens = enc.tokens[rows, cols]  # (T,)
-    logp_parts, ent_parts = [], []
-    for sl in chunks(tokens.shape[0], chunk_tokens):
-        if torch.is_grad_enabled():
-            lp, h = checkpoint(_chunk_stats, head, picked[sl], tokens[sl], entropy, use_reentrant=False)
-        else:
-            lp, h = _chunk_stats(head, picked[sl], tokens[sl], entropy)
-        logp_parts.append(lp)
-        ent_parts.append(h)
-    logp = torch.zeros(enc.mask.shape, dtype=torch.float32, device=hidden.device)  # (n, R)
-    ent = torch.zeros(enc.mask.shape, dtype=torch.float32, device=hidden.device)  # (n, R)
-    if logp_parts:
-        logp = logp.index_put((rows, cols), torch.cat(logp_parts))
-        ent = ent.index_put((rows, cols), torch.cat(ent_parts))
-    else:  # no response token: keep the graph connected to the parameters (a zero gradient)
-        logp = logp + 0.0 * hidden.sum()
-    return logp, ent
-
-
-def budget_slices(seq_lens: Sequence[int], max_tokens: int, max_rows: int) -> list[slice]:
-    """Consecutive micro-batches of at most ``max_rows`` rows and ``max_tokens`` padded tokens (rows x the
-    micro-batch's longest prompt + response). A row longer than the budget gets a micro-batch of its own
-    (it cannot be split). The rows keep their order, so the accumulation weights are unchanged."""
-    out, start, longest = [], 0, 0
-    for i, n in enumerate(seq_lens):
-        grown = max(longest, n)
-        if i > start and (grown * (i - start + 1) > max_tokens or i - start >= max_rows):
-            out.append(slice(start, i))
-            start, grown = i, n
-        longest = grown
-    if start < len(seq_lens):
-        out.append(slice(start, len(seq_lens)))
-    return out
-
-
-@torch.no_grad()
-def per_token(
-    model: torch.nn.Module,
-    rows: Sequence[Row],
-    r_max: int,
-    what: str,
-    *,
-    slices: Sequence[slice],
-    device: torch.device,
-    chunk_tokens: int | None = None,
-) -> Tensor:
-    """(N, R) float32 on the CPU: no-grad log-probs (``what="logp"``) or entropies of the response tokens,
-    one forward per slice (an empty slice runs a padding forward, as ZeRO-3 needs; 0 at padding), the
-    logits ``chunk_tokens`` positions at a time (``response_stats``)."""
-    out = torch.zeros(len(rows), r_max)  # (N, R)
-    for sl in slices:
-        chunk = rows[sl] or [PADDING_ROW]
-        enc = encode(chunk, r_max, device)
-        logp, ent = response_stats(model, enc, chunk_tokens=chunk_tokens, entropy=what != "logp")  # (n, R)
-        vals = logp if what == "logp" else ent  # (n, R)
-        if rows[sl]:
-            out[sl] = torch.where(enc.mask, vals, 0.0).float().cpu()
-    return out
 
 
 def reuses_proximal(*, minibatches: int, tis_cap: float | None, reuse: bool = True) -> bool:

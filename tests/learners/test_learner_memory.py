@@ -12,6 +12,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import learners.update as U
 from exgrpo.core.config import LossConfig
+from learners import batches, logits
 from learners.learner import checkpointing_on, set_checkpointing
 from learners.optim import squared_sum
 
@@ -36,13 +37,13 @@ def _model(seed: int = 0, **extra) -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(cfg).float()
 
 
-def _rows(seed: int, n: int = 6) -> list[U.Row]:
+def _rows(seed: int, n: int = 6) -> list[batches.Row]:
     rng = random.Random(seed)
     rows = []
     for i in range(n):
         p, k = rng.randint(1, 5), rng.randint(1, MAX_LEN)
         rows.append(
-            U.Row(
+            batches.Row(
                 prompt_ids=tuple(rng.randrange(64) for _ in range(p)),
                 response_ids=tuple(rng.randrange(64) for _ in range(k)),
                 behaviour=tuple(-rng.uniform(0.5, 4.0) for _ in range(k)),
@@ -76,10 +77,10 @@ def _backward(model, rows, slices, chunk_tokens, *, norm: str = "constant"):
         chunk_tokens=chunk_tokens,
     )
     grads = [p.grad.detach().clone() for p in model.parameters()]
-    ent = U.per_token(
+    ent = logits.per_token(
         model, rows, r_max, "entropy", slices=slices, device=torch.device("cpu"), chunk_tokens=chunk_tokens
     )
-    logp = U.per_token(
+    logp = logits.per_token(
         model, rows, r_max, "logp", slices=slices, device=torch.device("cpu"), chunk_tokens=chunk_tokens
     )
     return sum(total), grads, ent, logp
@@ -96,12 +97,14 @@ def test_chunked_checkpointed_path_equals_the_full_logits_path(chunk, budget, no
     rows = _rows(seed=chunk + (budget or 0))
     base = _model()
     base.eval()
-    want = _backward(base, rows, U.chunks(len(rows), 2), None, norm=norm)
+    want = _backward(base, rows, batches.chunks(len(rows), 2), None, norm=norm)
     model = copy.deepcopy(base)
     set_checkpointing(model, True)
     assert model.is_gradient_checkpointing and model.training
     seq = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
-    slices = U.chunks(len(rows), 2) if budget is None else U.budget_slices(seq, budget, max_rows=16)
+    slices = (
+        batches.chunks(len(rows), 2) if budget is None else batches.budget_slices(seq, budget, max_rows=16)
+    )
     got = _backward(model, rows, slices, chunk, norm=norm)
     assert abs(got[0] - want[0]) <= TOL
     assert _max_diff(got[1], want[1]) <= TOL
@@ -111,25 +114,25 @@ def test_chunked_checkpointed_path_equals_the_full_logits_path(chunk, budget, no
 
 def test_reference_and_no_response_tokens_follow_the_chunked_path():
     model = _model().eval()
-    enc = U.encode(_rows(3), MAX_LEN, torch.device("cpu"))
+    enc = batches.encode(_rows(3), MAX_LEN, torch.device("cpu"))
     with torch.no_grad():
-        full = U.response_stats(model, enc)
+        full = logits.response_stats(model, enc)
         for chunk in (1, 5):
-            got = U.response_stats(model, enc, chunk_tokens=chunk)
+            got = logits.response_stats(model, enc, chunk_tokens=chunk)
             assert float((got[0] - full[0]).abs().max()) <= TOL
             assert float((got[1] - full[1]).abs().max()) <= TOL
 
 
 def test_budget_slices_respect_the_budget_and_isolate_a_too_long_row():
     seq = [3, 5, 2, 9, 4, 4, 1, 30, 2]
-    slices = U.budget_slices(seq, 12, max_rows=3)
+    slices = batches.budget_slices(seq, 12, max_rows=3)
     assert [i for sl in slices for i in range(len(seq))[sl]] == list(range(len(seq)))  # in order, each once
     for sl in slices:
         part = seq[sl]
         assert len(part) <= 3
         assert len(part) * max(part) <= 12 or len(part) == 1  # a too-long row travels alone
     assert slice(7, 8) in slices  # the 30-token row: its own micro-batch
-    assert U.budget_slices([], 10, max_rows=4) == []
+    assert batches.budget_slices([], 10, max_rows=4) == []
 
 
 def test_checkpointing_setting_and_dropout_rule():
@@ -140,9 +143,9 @@ def test_checkpointing_setting_and_dropout_rule():
     model = _model(attention_dropout=0.5)
     set_checkpointing(model, True)
     assert model.config.attention_dropout == 0.0
-    enc = U.encode(_rows(1), MAX_LEN, torch.device("cpu"))
-    a = U.response_stats(model, enc, chunk_tokens=4)[0]
-    b = U.response_stats(model, enc, chunk_tokens=4)[0]
+    enc = batches.encode(_rows(1), MAX_LEN, torch.device("cpu"))
+    a = logits.response_stats(model, enc, chunk_tokens=4)[0]
+    b = logits.response_stats(model, enc, chunk_tokens=4)[0]
     assert torch.equal(a, b)  # train mode is deterministic: old_logp == logp at the first micro-batch
     off = _model()
     set_checkpointing(off, False)
@@ -188,7 +191,7 @@ def test_update_with_token_budget_equals_plain_micro_batches():
     for token_slices, chunk in (
         (None, None),
         (
-            lambda rs: U.budget_slices(
+            lambda rs: batches.budget_slices(
                 [len(r.prompt_ids) + len(r.response_ids) for r in rs], 25, max_rows=16
             ),
             3,
@@ -212,7 +215,7 @@ def test_update_with_token_budget_equals_plain_micro_batches():
                 max_response_len=MAX_LEN,
                 clip=True,
                 device=torch.device("cpu"),
-                micro_slices=lambda n: U.chunks(n, 4),
+                micro_slices=lambda n: batches.chunks(n, 4),
                 backward=lambda o: o.backward(),
                 step=step,
                 reuse_proximal=False,

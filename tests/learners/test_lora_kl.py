@@ -21,7 +21,11 @@ from exgrpo.core import metric_names as M  # noqa: E402
 from exgrpo.core.algorithm import kl_k3, token_logprobs  # noqa: E402
 from exgrpo.core.config import LORA_TARGETS, LearnerConfig, LossConfig  # noqa: E402
 from exgrpo.transport.packed import unpack_weights  # noqa: E402
-from learners import lora  # noqa: E402
+from learners import (
+    batches,  # noqa: E402
+    logits,  # noqa: E402
+    lora,  # noqa: E402
+)
 from learners import update as U  # noqa: E402
 from learners.diagnostics import gradient_shares  # noqa: E402
 from learners.learner import Learner  # noqa: E402
@@ -183,8 +187,8 @@ def test_kl_term_is_in_the_accumulated_gradient(model_path):
     groups, c = _groups(3), 0.3
 
     @torch.no_grad()
-    def reference(enc: U.Encoded) -> torch.Tensor:
-        return token_logprobs(U.response_logits(ref, enc), enc.tokens)
+    def reference(enc: batches.Encoded) -> torch.Tensor:
+        return token_logprobs(logits.response_logits(ref, enc), enc.tokens)
 
     def grads(kl_coef: float) -> list[torch.Tensor]:
         model.zero_grad()
@@ -196,7 +200,7 @@ def test_kl_term_is_in_the_accumulated_gradient(model_path):
             max_response_len=MAX_LEN,
             clip=True,
             device=torch.device("cpu"),
-            micro_slices=lambda n: U.chunks(n, 3),
+            micro_slices=lambda n: batches.chunks(n, 3),
             backward=lambda objective: objective.backward(),
             step=lambda: (0.0, False),
             reference=reference if kl_coef else None,

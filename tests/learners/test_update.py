@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import math
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/exgrpo/torch_extensions"))
@@ -25,6 +24,7 @@ import learners.update as U  # noqa: E402
 from exgrpo.core import metric_names as M  # noqa: E402
 from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
 from exgrpo.core.records import Group, Trajectory  # noqa: E402
+from learners import batches  # noqa: E402
 from learners.diagnostics import gradient_shares  # noqa: E402
 from learners.learner import Learner  # noqa: E402
 from learners.optim import make_optimizer  # noqa: E402
@@ -145,7 +145,7 @@ def test_pure_update_matches_learner(model_path, case):
             max_response_len=MAX_LEN,
             clip=clip,
             device=torch.device("cpu"),
-            micro_slices=lambda n: U.chunks(n, cfg.micro_batch_size),
+            micro_slices=lambda n: batches.chunks(n, cfg.micro_batch_size),
             backward=lambda objective: objective.backward(),
             step=step,
             chunk_tokens=cfg.logits_chunk_tokens,  # the learner's logits path (bit-equal only on the same one)
@@ -168,8 +168,8 @@ def test_pure_update_matches_learner(model_path, case):
 
 def test_old_logprobs_follows_the_reuse_rule():
     rows = [
-        U.Row((1,), (2, 3), (-1.0, -2.0), replayed=True, advantage=0.5),
-        U.Row((1, 2), (4,), (-3.0,), replayed=False, advantage=-0.5),
+        batches.Row((1,), (2, 3), (-1.0, -2.0), replayed=True, advantage=0.5),
+        batches.Row((1, 2), (4,), (-3.0,), replayed=False, advantage=-0.5),
     ]
     assert U.reuses_proximal(minibatches=1, tis_cap=None)
     assert not U.reuses_proximal(minibatches=2, tis_cap=None)
@@ -182,34 +182,34 @@ def test_old_logprobs_follows_the_reuse_rule():
     assert torch.equal(old, torch.tensor([[-1.0, -2.0], [-2.5, 0.0]]))  # replayed: stored; fresh: proximal
     assert torch.allclose(tis[1], torch.tensor([min(math.exp(0.5), 1.5), 1.0]))
     assert U.minibatch_slices([0, 4, 8, 12, 16], 2) == [slice(0, 8), slice(8, 16)]
-    enc = U.encode(rows, 2, torch.device("cpu"))
+    enc = batches.encode(rows, 2, torch.device("cpu"))
     assert enc.positions.tolist() == [[0, 1], [1, 0]] and enc.mask.tolist() == [[True, True], [True, False]]
 
 
-def test_device_check_runs_the_shared_update():
-    """bench/device_check.py defines no loss of its own: it calls learners.update and nothing of the loss."""
-    sys.path.insert(0, str(ROOT))
-    from bench import device_check as dc
-
-    assert dc.update is U.update
-    tree = ast.parse((ROOT / "bench" / "device_check.py").read_text())
+def test_device_check_runs_the_projects_learner():
+    """bench/device_check.py's learner part (bench/device_learner.py) trains through learners.learner.Learner
+    and defines or calls no loss of its own."""
+    files = [ROOT / "bench" / "device_check.py", ROOT / "bench" / "device_learner.py"]
+    trees = [ast.parse(f.read_text()) for f in files]
     imported = {
         (node.module, a.name)
+        for tree in trees
         for node in ast.walk(tree)
         if isinstance(node, ast.ImportFrom)
         for a in node.names
     }
-    assert ("learners.update", "update") in imported
-    assert not any(m == "exgrpo.core.algorithm" for m, _ in imported)
+    assert ("learners.learner", "Learner") in imported
+    assert ("bench.device_learner", "check_learner") in imported
+    assert not any(m in ("exgrpo.core.algorithm", "learners.update") for m, _ in imported)
     called = {
         node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+        for tree in trees
         for node in ast.walk(tree)
         if isinstance(node, ast.Call)
     }
+    assert {"Learner", "setup", "update"} <= called
     loss_parts = {"exgrpo_loss", "token_logprobs", "token_entropy", "group_advantages", "masked_mean"}
     assert called & loss_parts == set()
-    defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
-    assert defined & {"_rows", "_response_logits", "_chunks"} == set()
 
 
 def test_gradient_shares_split_the_policy_gradient_exactly(model_path):
@@ -229,7 +229,7 @@ def test_gradient_shares_split_the_policy_gradient_exactly(model_path):
         max_response_len=8,
         clip=False,
         device=torch.device("cpu"),
-        micro_slices=lambda n: U.chunks(n, 5),
+        micro_slices=lambda n: batches.chunks(n, 5),
         backward=lambda objective: objective.backward(),
         step=lambda: (0.0, False),  # keep the accumulated gradient, take no step
     )

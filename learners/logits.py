@@ -1,0 +1,119 @@
+"""Log-probs and entropies of the response tokens from a model: the full-logits path, and the chunked one
+(the decoder's hidden states at the response positions through lm_head a chunk at a time, each chunk under
+``torch.utils.checkpoint``), so no (n, S, V) tensor exists."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from exgrpo.core.algorithm import token_entropy, token_logprobs
+from learners.batches import PADDING_ROW, Encoded, Row, chunks, encode
+
+
+def response_logits(model: torch.nn.Module, enc: Encoded) -> Tensor:
+    """(n, R, V) the logits predicting each response token (the full-logits path: tests and fallbacks)."""
+    logits = model(input_ids=enc.input_ids, attention_mask=enc.attention_mask, use_cache=False).logits
+    index = enc.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])  # (n, R, V)
+    return logits.gather(1, index)  # (n, R, V)
+
+
+def _backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """(decoder, lm_head) of an HF causal LM, unwrapping a DeepSpeed engine (``.module``) and PEFT
+    (``get_base_model``: the adapters live inside the base's layers); None when the logits are not
+    ``lm_head(decoder(...))`` (no such accessors, or softcapped / scaled logits)."""
+    inner = getattr(model, "module", model)
+    if hasattr(inner, "get_base_model"):
+        inner = inner.get_base_model()
+    config = getattr(inner, "config", None)
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+        return None
+    if not (hasattr(inner, "get_decoder") and hasattr(inner, "get_output_embeddings")):
+        return None
+    decoder, head = inner.get_decoder(), inner.get_output_embeddings()
+    if decoder is None or head is None:
+        return None
+    return decoder, head
+
+
+def _chunk_stats(
+    head: torch.nn.Module, hidden: Tensor, tokens: Tensor, entropy: bool = True
+) -> tuple[Tensor, Tensor]:
+    """(T,) log-probs and (T,) entropies (zeros unless ``entropy``) of T response positions' hidden states
+    (T, D): lm_head, then the float32 math of ``token_logprobs`` / ``token_entropy`` (same stability rules)."""
+    logits = head(hidden).float()  # (T, V)
+    logp = token_logprobs(logits.unsqueeze(0), tokens.unsqueeze(0))[0]  # (T,)
+    return logp, token_entropy(logits) if entropy else torch.zeros_like(logp)  # (T,), (T,)
+
+
+def response_stats(
+    model: torch.nn.Module, enc: Encoded, *, chunk_tokens: int | None = None, entropy: bool = True
+) -> tuple[Tensor, Tensor]:
+    """((n, R) log-probs, (n, R) entropies) of the response tokens, float32, 0 at padding; with
+    ``entropy=False`` the entropies are not computed (zeros): the log-prob-only passes skip that work.
+
+    ``chunk_tokens=None``: the full-logits path (``response_logits``). Otherwise the backbone runs to its
+    final hidden states, the response positions' states are gathered (padding dropped) and each chunk of
+    ``chunk_tokens`` positions goes through lm_head -> float32 log-softmax on its own; with grad enabled
+    each chunk runs under ``torch.utils.checkpoint``, so the backward recomputes its logits instead of
+    keeping them: no (n, S, V) or (n, R, V) tensor exists, only (chunk_tokens, V). Models whose logits
+    are not ``lm_head(backbone)`` (``_backbone_and_head`` is None) take the full-logits path."""
+    parts = None if chunk_tokens is None else _backbone_and_head(model)
+    if parts is None:
+        logits = response_logits(model, enc)  # (n, R, V)
+        logp = token_logprobs(logits, enc.tokens)  # (n, R)
+        ent = token_entropy(logits) if entropy else torch.zeros_like(logp)  # (n, R)
+        zero = torch.zeros((), device=logp.device)
+        return torch.where(enc.mask, logp, zero), torch.where(enc.mask, ent, zero)
+    assert chunk_tokens is not None
+    decoder, head = parts
+    hidden = decoder(input_ids=enc.input_ids, attention_mask=enc.attention_mask, use_cache=False)[
+        0
+    ]  # (n, S, D)
+    rows, cols = enc.mask.nonzero(as_tuple=True)  # (T,) each: the response tokens
+    picked = hidden[rows, enc.positions[rows, cols]]  # (T, D)
+    tokens = enc.tokens[rows, cols]  # (T,)
+    logp_parts, ent_parts = [], []
+    for sl in chunks(tokens.shape[0], chunk_tokens):
+        if torch.is_grad_enabled():
+            lp, h = checkpoint(_chunk_stats, head, picked[sl], tokens[sl], entropy, use_reentrant=False)
+        else:
+            lp, h = _chunk_stats(head, picked[sl], tokens[sl], entropy)
+        logp_parts.append(lp)
+        ent_parts.append(h)
+    logp = torch.zeros(enc.mask.shape, dtype=torch.float32, device=hidden.device)  # (n, R)
+    ent = torch.zeros(enc.mask.shape, dtype=torch.float32, device=hidden.device)  # (n, R)
+    if logp_parts:
+        logp = logp.index_put((rows, cols), torch.cat(logp_parts))
+        ent = ent.index_put((rows, cols), torch.cat(ent_parts))
+    else:  # no response token: keep the graph connected to the parameters (a zero gradient)
+        logp = logp + 0.0 * hidden.sum()
+    return logp, ent
+
+
+@torch.no_grad()
+def per_token(
+    model: torch.nn.Module,
+    rows: Sequence[Row],
+    r_max: int,
+    what: str,
+    *,
+    slices: Sequence[slice],
+    device: torch.device,
+    chunk_tokens: int | None = None,
+) -> Tensor:
+    """(N, R) float32 on the CPU: no-grad log-probs (``what="logp"``) or entropies of the response tokens,
+    one forward per slice (an empty slice runs a padding forward, as ZeRO-3 needs; 0 at padding), the
+    logits ``chunk_tokens`` positions at a time (``response_stats``)."""
+    out = torch.zeros(len(rows), r_max)  # (N, R)
+    for sl in slices:
+        chunk = rows[sl] or [PADDING_ROW]
+        enc = encode(chunk, r_max, device)
+        logp, ent = response_stats(model, enc, chunk_tokens=chunk_tokens, entropy=what != "logp")  # (n, R)
+        vals = logp if what == "logp" else ent  # (n, R)
+        if rows[sl]:
+            out[sl] = torch.where(enc.mask, vals, 0.0).float().cpu()
+    return out
