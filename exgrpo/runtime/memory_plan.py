@@ -17,9 +17,13 @@ Learner rank (P parameters, b bytes per parameter of ``model.dtype``, N = learne
                  its product. Without checkpointing: L layers of that. With checkpointing: one hidden state
                  (b h) per layer and token, plus one layer's full set while it is recomputed.
     logits       C positions at once (C = learners.logits_chunk_tokens, at most the micro-batch's tokens):
-                 the head's output in dtype, its float32 copy and the float32 probabilities: C V (b + 8);
-                 ``chunked=False`` models the path that computes all of them at once, which also keeps the
-                 entropy's float32 log-softmax and product for its backward: C V (b + 16) over every token.
+                 20 C V bytes (``CHUNK_BYTES``), the peak of one chunk's recompute and backward (the head's
+                 output, its float32 copy, the log-softmax and probabilities the entropy keeps, and their
+                 gradients), measured on CPU with torch's profiler as the slope of the tensors' peak over C:
+                 20.0 bytes per position and vocabulary entry for float32 and for bfloat16 models
+                 (``bench/bench_learner_memory.py --tensors`` prints plan and measurement side by side).
+                 ``chunked=False`` models the path that computes all of them at once: C V (b + 16) over every
+                 token (it matched the one H200 figure within 1%; on CPU an update's tensors peaked 16% above the plan's terms).
 Sampler GPU (vLLM, tp = samplers.tensor_parallel_size): the engine may take gpu_memory_utilization x the
 device; weights P b / tp; the KV cache is what is left after the weights and ``SAMPLER_OVERHEAD`` (the
 CUDA graphs and sampling buffers); one token's KV is 2 L kv b / tp. The plan says how many tokens that holds
@@ -41,6 +45,7 @@ GIB = 2**30
 HEADROOM = 0.9  # a plan fits when its peak is at most this share of the device (fragmentation, buffers)
 SAMPLER_OVERHEAD = 2 * GIB  # vLLM's CUDA graphs, sampler and activation buffers per GPU (an estimate)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+CHUNK_BYTES = 20  # per position and vocabulary entry of a logits chunk (measured; see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -152,7 +157,7 @@ def learner_terms(
         "optimizer": ((8 + (4 if b < 4 else 0)) * p // (n if z >= 1 else 1)) if trains else 0,
         "reference": p * b if cfg.loss.kl_coef > 0 else 0,
         "activations": acts,
-        "logits": chunk * shape.vocab * (b + (8 if chunked else 16)),
+        "logits": chunk * shape.vocab * (CHUNK_BYTES if chunked else b + 16),
     }
 
 
