@@ -4,7 +4,8 @@ abs diff of the loss and the gradients between them, and the memory plan's predi
 (``exgrpo.runtime.memory_plan.learner_terms``: gradients + activations + logits; the weights and inputs are
 in the baseline, and one backward makes no optimiser state).
 
-    python bench/bench_learner_memory.py [--vocab 32000 --hidden 256 --layers 2 --rows 4 --response 1024]
+    python bench/bench_learner_memory.py [--vocab 32000 --hidden 256 --layers 2 --rows 4 --response 1024] [--tensors]
+    python bench/bench_learner_memory.py --slope   # bytes per position x vocabulary entry of a logits chunk
 """
 
 from __future__ import annotations
@@ -138,6 +139,71 @@ def predicted_mb(args: argparse.Namespace, name: str) -> float:
     return (terms["gradients"] + terms["activations"] + terms["logits"]) / 2**20
 
 
+def chunk_slope(dtype_name: str, *, vocab: int = 32000, hidden: int = 256, response: int = 512) -> None:
+    """The tensors' peak of a checkpointed update of 2 rows at logits chunks of 128, 256 and 512 positions, and
+    its slope in bytes per position and vocabulary entry: what ``memory_plan.CHUNK_BYTES`` models."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    import learners.update as U
+    from exgrpo.core.config import LossConfig
+    from learners import batches
+    from learners.learner import set_checkpointing
+
+    torch.set_num_threads(1)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=hidden // 4,
+        max_position_embeddings=response + 64,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg).to(getattr(torch, dtype_name))
+    set_checkpointing(model, True)
+    g = torch.Generator().manual_seed(1)
+    rows = [
+        batches.Row(
+            prompt_ids=tuple(torch.randint(vocab, (16,), generator=g).tolist()),
+            response_ids=tuple(torch.randint(vocab, (response,), generator=g).tolist()),
+            behaviour=tuple((-torch.rand(response, generator=g) * 5).tolist()),
+            advantage=(-1.0) ** i,
+        )
+        for i in range(2)
+    ]
+    old_logp, _ = U.old_logprobs(rows, response, None, tis_cap=None)
+    cpu = torch.device("cpu")
+    peaks = {}
+    for chunk in (128, 256, 512):
+
+        def run(chunk: int = chunk) -> None:
+            U.minibatch_backward(
+                model,
+                rows,
+                old_logp,
+                None,
+                r_max=response,
+                clip=True,
+                loss=LossConfig(entropy_coef=0.01),
+                max_response_len=response,
+                totals=U.minibatch_totals(rows, device=cpu),
+                slices=batches.chunks(2, 2),
+                backward=lambda o: o.backward(),
+                proximal_is_current=True,
+                device=cpu,
+                chunk_tokens=chunk,
+            )
+
+        run()  # the gradients exist before the measured update, as in training
+        peaks[chunk] = tensor_peak_bytes(run)
+    slopes = [(peaks[b] - peaks[a]) / ((b - a) * vocab) for a, b in ((128, 256), (256, 512))]
+    mb = ", ".join(f"{c}: +{p / 2**20:.1f} MB" for c, p in peaks.items())
+    print(f"{dtype_name}: tensors' peak by chunk size {mb}; slope {slopes[0]:.1f}, {slopes[1]:.1f} bytes")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--vocab", type=int, default=32000)
@@ -150,11 +216,16 @@ def main() -> None:
         action="store_true",
         help="also the tensors' own peak (torch profiler; slower, and the RSS then includes the profiler)",
     )
+    ap.add_argument("--slope", action="store_true", help="only the logits chunk's bytes per element")
     ap.add_argument("--one", choices=sorted(CONFIGS))
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.one:
         one(args, args.one, args.out)
+        return
+    if args.slope:
+        for dtype_name in ("float32", "bfloat16"):
+            chunk_slope(dtype_name, vocab=args.vocab, hidden=args.hidden)
         return
     import torch
 
