@@ -137,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         # bad input (config, resources, data, model, resume): nothing was trained, nothing is lost
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except RunInterrupted as e:  # a learner or replay shard died; the message names the resume command
+    except (
+        RunInterrupted
+    ) as e:  # a learner, shard or the controller died past trainer.max_failures recoveries
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

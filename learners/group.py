@@ -45,6 +45,35 @@ class _Rendezvous:
         return ray.util.get_node_ip_address(), port
 
 
+# after the first rank's call failed with an error other than its death, how long the other ranks get to
+# report theirs (a rank whose peer was killed fails in the collective with a connection error, or blocks)
+DEATH_GRACE_S = 10.0
+
+
+def gather(refs: Sequence[Any], *, grace_s: float = DEATH_GRACE_S) -> list[Any]:
+    """`ray.get(refs)` of one call on every rank, except that a rank that died is reported as its death
+    (`ray.exceptions.RayActorError`, which the training recipe recovers from) as soon as Ray knows it.
+
+    A plain `ray.get` waits for the ranks in order: the peers of a killed rank block in their collective for
+    it (until torch's timeout) or fail first with a connection error that hides the death. Here the first
+    other error waits `grace_s` for a death among the remaining ranks, then is raised itself.
+    """
+    pending, error = list(refs), None
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1, timeout=grace_s if error is not None else None)
+        if not done:  # the grace ran out: no rank reported a death
+            break
+        try:
+            ray.get(done[0])
+        except ray.exceptions.RayActorError:
+            raise
+        except Exception as err:  # raised below unless a death comes in first
+            error = error if error is not None else err
+    if error is not None:
+        raise error
+    return ray.get(list(refs))
+
+
 def _mean_metrics(results: Sequence[dict[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for key in results[0]:
@@ -130,9 +159,7 @@ class LearnerGroup:
         """Mean response-token entropy of each candidate, computed in L contiguous chunks, in order."""
         n, size = len(candidates), math.ceil(len(candidates) / self.num) if candidates else 0
         chunks = [list(candidates[i * size : min((i + 1) * size, n)]) for i in range(self.num)]
-        results = ray.get(
-            [a.entropies.remote(candidates=c) for a, c in zip(self.actors, chunks, strict=True)]
-        )
+        results = gather([a.entropies.remote(candidates=c) for a, c in zip(self.actors, chunks, strict=True)])
         return [e for r in results for e in r]
 
     def update(self, *, batch: TrainBatch) -> dict[str, float]:
@@ -159,7 +186,7 @@ class LearnerGroup:
             a.update.remote(groups=s, clip=batch.clip, version=batch.version)
             for a, s in zip(self.actors, slices, strict=True)
         ]
-        return _mean_metrics(ray.get(refs))
+        return _mean_metrics(gather(refs))
 
     def get_weights_ref(self) -> ray.ObjectRef:
         """Rank 0's packed weights (``PackedWeights``), left in the object store (all ranks gather under ZeRO-3)."""
@@ -178,7 +205,7 @@ class LearnerGroup:
                 a.push_weights.remote(version=version, members=None, timeout_s=timeout_s)
                 for a in self.actors[1:]
             ]
-        return ray.get(refs)[0]
+        return gather(refs)[0]
 
     def num_parameters(self) -> int:
         return int(ray.get(self.rank0.num_parameters.remote()))
@@ -189,14 +216,14 @@ class LearnerGroup:
 
     def checksums(self) -> list[float]:
         """Each rank's float64 parameter sum (equal across ranks after every step)."""
-        return ray.get([a.checksum.remote() for a in self.actors])
+        return gather([a.checksum.remote() for a in self.actors])
 
     def save(self, *, path: str) -> None:
         """Checkpoint on all ranks (HF safetensors from rank 0, DeepSpeed state from every rank)."""
-        ray.get([a.save.remote(path=path) for a in self.actors])
+        gather([a.save.remote(path=path) for a in self.actors])
 
     def load(self, *, path: str) -> None:
-        ray.get([a.load.remote(path=path) for a in self.actors])
+        gather([a.load.remote(path=path) for a in self.actors])
 
     def shutdown(self) -> None:
         """Kill the learner actors and release the placement group."""

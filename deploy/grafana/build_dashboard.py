@@ -132,10 +132,11 @@ PANELS: list[tuple[str, str, str, bool, list[tuple[str, str]]]] = [
     ("Progress", "Steps done and the learner's policy version.", "short", False, [q(M.STEP), q(M.VERSION)]),
     (
         "Samplers",
-        "Live sampler actors (python -m exgrpo.scale) and restarts after failures.",
+        "Live sampler actors (python -m exgrpo.scale), samplers replaced after failures, and in-job recoveries "
+        "of the whole run from a checkpoint (trainer.max_failures).",
         "short",
         False,
-        [q(M.SAMPLERS), q(M.SAMPLER_RESTARTS)],
+        [q(M.SAMPLERS), q(M.SAMPLER_RESTARTS), q(M.RECOVERIES)],
     ),
 ]
 

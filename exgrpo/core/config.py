@@ -217,6 +217,9 @@ class TrainerConfig:
         10  # checkpoint every N steps and at the end (0 = only at the end); ~1% of run time
     )
     keep_checkpoints: int = 2  # checkpoints kept
+    max_failures: int | None = (
+        None  # in-job recoveries from the latest checkpoint when a learner, shard or the controller dies (null = 3 on an existing cluster, 0 locally)
+    )
 
 
 LOGGING_BACKENDS = ("jsonl", "tensorboard", "wandb")  # the choices of logging.backends
@@ -441,6 +444,9 @@ BOUNDS: dict[str, Bound] = {
     "trainer.eval_samples": Bound(lo=1),
     "trainer.checkpoint_every": Bound(lo=0, note="0 = only at the end"),
     "trainer.keep_checkpoints": Bound(lo=1),
+    "trainer.max_failures": Bound(
+        lo=0, note="or null: 3 when attached to a cluster (RAY_ADDRESS, ray job submit), 0 on a local one"
+    ),
     "logging.dashboard_port": Bound(lo=1, hi=65535, note="a TCP port"),
     "learners.lora_rank": Bound(lo=0, note="0 = off"),
     "loss.kl_coef": Bound(lo=0, note="0 = off"),

@@ -78,6 +78,7 @@ IDLE_TIME = "system/idle_s"  # everything else (scheduling, pulling, logging)
 WEIGHT_LOAD = "system/weight_load_s"  # mean time a sampler took to apply new weights (last finished loads)
 SAMPLERS = "system/samplers"  # live sampler actors
 SAMPLER_RESTARTS = "system/sampler_restarts"  # samplers replaced after a failure
+RECOVERIES = "system/recoveries"  # in-job recoveries of this job so far (trainer.max_failures)
 # eval/
 EVAL_ACCURACY = "eval/accuracy"  # held-out Avg@n (mean reward over samples and questions)
 EVAL_PASS = "eval/pass_at_n"  # held-out Pass@n

@@ -21,8 +21,9 @@ The last `keep` are kept.
 Resuming (`resume_checkpoint`) refuses, with a message that says what to do: a run dir with no
 checkpoint, a run that already finished its `trainer.steps`, and a config whose meaning differs from
 the checkpoint's (any key outside `HARMLESS_KEYS`: K, B, shards, model, data, algorithm). A run that
-stops because a learner or replay shard died raises `RunInterrupted`, naming the checkpoint and the
-exact `--resume` command (`interrupted_message`).
+stops because a learner, replay shard or the controller died raises `RunInterrupted`, naming the checkpoint
+and the exact `--resume` command (`interrupted_message`); `exgrpo.runtime.healing` recovers from it inside
+the job up to `trainer.max_failures` times first.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ HARMLESS_KEYS = frozenset(
         "trainer.eval_samples",
         "trainer.checkpoint_every",
         "trainer.keep_checkpoints",
+        "trainer.max_failures",
         "samplers.num",
         "samplers.num_cpus",
         "samplers.num_gpus",
@@ -80,11 +82,16 @@ class ResumeError(ValueError):
 
 
 class RunInterrupted(RuntimeError):
-    """A run stopped by the death of a learner or replay shard; the message names the resume command."""
+    """A run stopped by the death of a learner, replay shard or the controller; the message names the resume
+    command. `what` says what died ("learner exgrpo-learner-0 died"), `step` is the next step the run would
+    have trained (the number of steps trained)."""
 
-    def __init__(self, message: str, *, run_dir: Path, checkpoint: Path | None) -> None:
+    def __init__(
+        self, message: str, *, run_dir: Path, checkpoint: Path | None, what: str = "", step: int = -1
+    ) -> None:
         super().__init__(message)
         self.run_dir, self.checkpoint = run_dir, checkpoint
+        self.what, self.step = what, step
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -236,17 +243,19 @@ def dead_actor(error_text: str) -> str:
     return f"{role} {match.group(0)} died"
 
 
-def interrupted_message(run_dir: Path, *, what: str, step: int) -> str:
-    """The message of a run stopped by a dead learner or shard: which checkpoint, which command."""
+def interrupted_message(run_dir: Path, *, what: str, step: int, why: str = "") -> str:
+    """The message of a run stopped by a dead learner, shard or controller: which checkpoint, which command;
+    `why` (e.g. "trainer.max_failures=1 reached") says why it was not recovered inside the job."""
     ckpt = latest_checkpoint(run_dir)
+    because = f" ({why})" if why else ""
     if ckpt is None:
         return (
-            f"{what} at step {step}; no checkpoint was written yet, so nothing can be resumed: start the run "
-            f"again (lower trainer.checkpoint_every to checkpoint sooner)"
+            f"{what} at step {step}; the run stopped{because}; no checkpoint was written yet, so nothing "
+            f"can be resumed: start the run again (lower trainer.checkpoint_every to checkpoint sooner)"
         )
     return (
-        f"{what} at step {step}; the run stopped. Resume it from {ckpt} (step {checkpoint_step(ckpt)}) with:\n"
-        f"  python -m exgrpo.run --resume {run_dir}"
+        f"{what} at step {step}; the run stopped{because}. Resume it from {ckpt} (step "
+        f"{checkpoint_step(ckpt)}) with:\n  python -m exgrpo.run --resume {run_dir}"
     )
 
 

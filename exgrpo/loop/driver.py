@@ -79,6 +79,7 @@ class Driver:
         checkpointer: Callable[[Driver], None] | None = None,
         stall_timeout_s: float = 900.0,
         trace_check: Callable[[Prompt, str], bool] | None = None,
+        recoveries: int = 0,
     ) -> None:
         self.cfg = cfg
         self.rollouts, self.replay, self.learners, self.weights = rollouts, replay, learners, weights
@@ -89,6 +90,7 @@ class Driver:
         # With one, every replay candidate is scored and reported (`observer.on_candidates`).
         self.trace_check = trace_check
         self.stall_timeout_s = stall_timeout_s
+        self.recoveries = recoveries  # in-job recoveries before this driver started (reported, not used)
         self.K = cfg.trainer.rollouts_per_question
         self.B = cfg.trainer.questions_per_step
         self.eta = cfg.async_.max_staleness
@@ -176,6 +178,7 @@ class Driver:
                 M.IDLE_TIME: (t_end - t0) - (t_wait - t0) - t_entropy - t_update - t_sync,
                 M.SAMPLERS: self.rollouts.size(),
                 M.SAMPLER_RESTARTS: self.rollouts.restarts,
+                M.RECOVERIES: self.recoveries,
             }
             every = self.cfg.trainer.eval_every
             if (every and (step + 1) % every == 0) or step == steps - 1:

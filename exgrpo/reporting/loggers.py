@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from exgrpo.core.fileio import atomic_write_text
 from exgrpo.core.metric_names import STEP, prometheus_name
 from exgrpo.loop.observer import Observer
 
@@ -258,6 +259,22 @@ class CandidateLog(Observer):
 
     def __init__(self, path: Path) -> None:
         self.path = path
+
+    def on_train_start(self, *, system: Any, driver: Any) -> None:
+        """A resumed or recovered run trains the steps after its checkpoint again: drop their rows (and a
+        torn last line) first, so no step's candidates appear twice."""
+        if not self.path.is_file():
+            return
+        lines = [line for line in self.path.read_text().splitlines() if line.strip()]
+        kept = []
+        for line in lines:
+            try:
+                if json.loads(line)["step"] < driver.step:
+                    kept.append(line)
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+        if len(kept) < len(lines):
+            atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
 
     def on_candidates(self, *, step: int, rows: list[dict[str, Any]]) -> None:
         with self.path.open("a") as f:

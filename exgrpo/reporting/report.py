@@ -68,6 +68,9 @@ def summary(
         "replay_size": last.get(M.REPLAY_SIZE, 0),
         "buckets": buckets,
         "replay_started": bool(last.get(M.REPLAY_STARTED, 0)),
+        "recoveries": int(
+            last.get(M.RECOVERIES, 0)
+        ),  # in-job restarts from a checkpoint (trainer.max_failures)
         "wall_s": wall_s,
         "time_split_s": {k: total(key) for k, key in TIME_SPLIT},
     }
@@ -139,6 +142,7 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("replayable questions", s["replay_size"]),
         ("retired questions", s["retired"]),
         ("buffer per bucket", " ".join(f"{k.split('_')[-1]}:{v}" for k, v in s["buckets"].items()) or "-"),
+        *([("in-job recoveries", s["recoveries"])] if s.get("recoveries") else []),
         ("wall time (s)", f(s["wall_s"])),
     ]
     rows += [(f"  time in {k} (s)", f(v)) for k, v in s["time_split_s"].items()]

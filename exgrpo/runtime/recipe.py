@@ -3,10 +3,11 @@
     config -> model dir -> prompts -> Ray -> actors (`build_system`) -> Driver -> checkpoints -> report
 
 `TrainingRecipe(cfg, resume=...).run()` runs its stages in order: `setup`, `train`, `save`, `cleanup`
-and `report`. `train(cfg, resume=...)` is that in one call, and what every caller runs: the CLI
-(`exgrpo.run`), the sweep (`exgrpo.experiments.compare`), the integration tests and the benchmarks. What
-the run reports as it goes reaches the metrics logger, the progress bar, the sample log (a few
-completions every `logging.samples_every` steps), the candidate log and the caller's own `observer`
+and `report`. `train(cfg, resume=...)` is that in one call (restarted from the latest checkpoint after a
+death, `exgrpo.runtime.healing`), and what every caller runs: the CLI (`exgrpo.run`), the sweep
+(`exgrpo.experiments.compare`), the integration tests and the benchmarks. What the run reports as it goes
+reaches the metrics logger, the progress bar, the sample log (a few completions every
+`logging.samples_every` steps), the candidate log and the caller's own `observer`
 (`exgrpo.loop.observer.Observer`).
 """
 
@@ -32,6 +33,7 @@ from exgrpo.reporting.loggers import CandidateLog, MetricsLogger
 from exgrpo.reporting.samples import SampleLog
 from exgrpo.runtime.assembly import System, build_system
 from exgrpo.runtime.env import init_ray
+from exgrpo.runtime.healing import Attempt, Job, resolve_max_failures, supervise
 from exgrpo.runtime.resources import check_cluster
 
 if TYPE_CHECKING:
@@ -48,8 +50,10 @@ class RunResult:
     run_dir: Path
     records: list[dict[str, Any]]
     evals: list[dict[str, float]]
-    wall_s: float
-    checkpoint_s: list[float] = field(default_factory=list)  # seconds of every checkpoint write
+    wall_s: float  # the whole job, every attempt
+    # seconds of every checkpoint write (of the last attempt)
+    checkpoint_s: list[float] = field(default_factory=list)
+    recoveries: int = 0  # in-job restarts from a checkpoint (trainer.max_failures)
 
 
 def check_reward(cfg: Config) -> None:
@@ -110,7 +114,8 @@ class TrainingRecipe:
     `exgrpo.core.roles.RunObserver`, e.g. a subclass of `exgrpo.loop.observer.Observer`) sees every
     batch and step record, and gets the system and the driver before the first step and after the
     final save, before the actors stop (tests read the actors' state there). `stall_timeout_s`: how
-    long a step may wait without any generation finishing before the run fails.
+    long a step may wait without any generation finishing before the run fails. `attempt` and `job`: which
+    start of the job this is and what the job keeps across them (`exgrpo.runtime.healing`; `train` passes them).
     """
 
     def __init__(
@@ -121,12 +126,15 @@ class TrainingRecipe:
         checkpoints: bool = True,
         observer: RunObserver | None = None,
         stall_timeout_s: float = 900.0,
+        attempt: Attempt | None = None,
+        job: Job | None = None,
     ) -> None:
         self.cfg = cfg
+        self.attempt = attempt if attempt is not None else Attempt(resume=resume)
+        self.job = job if job is not None else Job()
         self.resume, self.checkpoints, self.stall_timeout_s = resume, checkpoints, stall_timeout_s
         self.phases = Phases(enabled=cfg.logging.progress)  # a line for every phase past ~2 s, all timed
         # built by `setup`
-        self.t_start = 0.0
         self.ckpt: Path | None = None  # the checkpoint a resumed run restores
         self.run_dir = Path()
         self.model_path = ""
@@ -147,9 +155,9 @@ class TrainingRecipe:
         """setup, train, save, the observers' `on_train_end`, cleanup (always, a failed setup too) and report
         (on success).
 
-        A learner or replay shard that dies (`ray.exceptions.RayActorError`) ends the run with
-        `RunInterrupted`, whose message names the checkpoint and the resume command. A failed run
-        flushes what was logged and writes no report.
+        A learner, replay shard or the controller that dies (`ray.exceptions.RayActorError`) ends the run
+        with `RunInterrupted`, whose message names the checkpoint and the resume command (`train` recovers
+        from it). A failed run flushes what was logged and writes no report.
         """
         try:
             self.setup()
@@ -191,7 +199,6 @@ class TrainingRecipe:
         from exgrpo.models.resolve import resolve_model
 
         cfg, phases = self.cfg, self.phases
-        self.t_start = time.perf_counter()
         quiet_libraries(verbose=cfg.logging.verbose)
         ckpt = self.ckpt = (
             resume_checkpoint(Path(cfg.logging.run_dir).expanduser(), cfg)
@@ -201,12 +208,14 @@ class TrainingRecipe:
         check_reward(cfg)  # a reward.fn that cannot be imported fails before anything is written
         check_run_dir(cfg)  # before anything is written there
         run_dir = self.run_dir = make_run_dir(cfg)
-        if ckpt is not None and (dropped := rewind_metrics(run_dir, checkpoint_step(ckpt))):
+        # the steps trained again: after the checkpoint, or all (the first evaluation too) when a recovery
+        # restarts at step 0 over this job's own run dir
+        again = checkpoint_step(ckpt) if ckpt is not None else -1 if self.attempt.recovery else None
+        if again is not None and (dropped := rewind_metrics(run_dir, again)):
             log.info(
-                "metrics.jsonl: dropped %d records of steps after %s (they are trained again)",
-                dropped,
-                ckpt.name,
+                "metrics.jsonl: dropped %d records of steps >= %d (they are trained again)", dropped, again
             )
+        self.job.rewind(max(again or 0, 0))
         phases.start(Phase.BASE_MODEL, cfg.model.path)
         # a resumed run starts from its checkpoint's weights, pinned in the run dir: rotation deletes the checkpoint
         start = str(pin_model(ckpt, run_dir)) if ckpt else cfg.model.path
@@ -258,7 +267,9 @@ class TrainingRecipe:
             if lc.samples_every and lc.samples_per_step
             else None
         )
-        self.observers = Observers(self.logger, self.progress, samples, candidates, self.caller_observer)
+        self.observers = Observers(
+            self.logger, self.progress, samples, candidates, self.job, self.caller_observer
+        )
         self.driver = Driver(
             cfg=cfg,
             rollouts=system.samplers,
@@ -272,6 +283,7 @@ class TrainingRecipe:
             checkpointer=self.checkpointer,
             stall_timeout_s=self.stall_timeout_s,
             trace_check=trace_check,
+            recoveries=self.attempt.recovery,
         )
 
     def train(self) -> list[dict[str, Any]]:
@@ -321,7 +333,7 @@ class TrainingRecipe:
 
         cfg, driver, logger = self.cfg, self._built(self.driver), self._built(self.logger)
         self.phases.start(Phase.REPORT)
-        wall = time.perf_counter() - self.t_start
+        wall = self.job.wall_s()
         summary = write_report(
             self.run_dir,
             records=read_jsonl(logger.path),
@@ -344,10 +356,11 @@ class TrainingRecipe:
         print(where, flush=True)
         return RunResult(
             run_dir=self.run_dir,
-            records=self.records,
+            records=list(self.job.records),
             evals=list(driver.eval_history),
             wall_s=wall,
             checkpoint_s=list(self.checkpointer.seconds) if self.checkpointer else [],
+            recoveries=self.attempt.recovery,
         )
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -355,9 +368,10 @@ class TrainingRecipe:
         """The `RunInterrupted` for an actor that died: what died, at which step, how to resume."""
         from exgrpo.loop.checkpoint import RunInterrupted, dead_actor, interrupted_message, latest_checkpoint
 
-        step = self._built(self.driver).step
-        message = interrupted_message(self.run_dir, what=dead_actor(str(err)), step=step)
-        return RunInterrupted(message, run_dir=self.run_dir, checkpoint=latest_checkpoint(self.run_dir))
+        step, what = self._built(self.driver).step, dead_actor(str(err))
+        message = interrupted_message(self.run_dir, what=what, step=step)
+        ckpt = latest_checkpoint(self.run_dir)
+        return RunInterrupted(message, run_dir=self.run_dir, checkpoint=ckpt, what=what, step=step)
 
     @staticmethod
     def _built(part: T | None) -> T:
@@ -376,7 +390,21 @@ def train(
     stall_timeout_s: float = 900.0,
 ) -> RunResult:
     """Run one training job end to end (or continue it from its latest checkpoint with `resume`):
-    `TrainingRecipe(cfg, ...).run()`."""
-    return TrainingRecipe(
-        cfg, resume=resume, checkpoints=checkpoints, observer=observer, stall_timeout_s=stall_timeout_s
-    ).run()
+    `TrainingRecipe(cfg, ...).run()`, and after a learner, shard or controller death up to
+    `trainer.max_failures` more, each a fresh recipe resuming this run dir (`exgrpo.runtime.healing`).
+    `observer` sees every attempt (`on_train_start` once per attempt)."""
+    job = Job()
+
+    def start(a: Attempt) -> RunResult:
+        return TrainingRecipe(
+            a.config(cfg),
+            resume=a.resume,
+            checkpoints=checkpoints,
+            observer=observer,
+            stall_timeout_s=stall_timeout_s,
+            attempt=a,
+            job=job,
+        ).run()
+
+    limit = resolve_max_failures(cfg)
+    return supervise(start, first=Attempt(resume=resume), max_failures=limit, steps=cfg.trainer.steps)

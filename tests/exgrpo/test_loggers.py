@@ -228,3 +228,20 @@ def test_sampled_completions_reach_tensorboard_text_and_a_wandb_table(tmp_path, 
     table = json.loads((run_dir / "files" / logged["samples/path"]).read_text())
     assert table["columns"] == list(FIELDS)
     assert [r[FIELDS.index("completion")] for r in table["data"]] == ["so \\boxed{7}", "no idea"]
+
+
+def test_candidate_log_drops_the_rows_of_steps_trained_again(tmp_path):
+    """A resumed or recovered run restarts at its checkpoint's step: the rows of later steps go, so none
+    appears twice; a torn last line goes too."""
+    from types import SimpleNamespace
+
+    from exgrpo.reporting.loggers import CandidateLog
+
+    log = CandidateLog(tmp_path / "candidates.jsonl")
+    log.on_train_start(system=None, driver=SimpleNamespace(step=0))  # no file yet: nothing to do
+    for step in range(4):
+        log.on_candidates(step=step, rows=[{"step": step, "candidate": 0}, {"step": step, "candidate": 1}])
+    with log.path.open("a") as f:
+        f.write('{"step": 4, "cand')  # a write cut by the death
+    log.on_train_start(system=None, driver=SimpleNamespace(step=2))
+    assert [json.loads(line)["step"] for line in log.path.read_text().splitlines()] == [0, 0, 1, 1]

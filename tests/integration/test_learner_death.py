@@ -1,5 +1,6 @@
-"""A learner killed mid-run ends the run with a message naming the checkpoint and the exact resume
-command; `--resume` (here `train(resume=True)`) then continues from that checkpoint to the last step."""
+"""A learner killed mid-run ends the run (on a local cluster `trainer.max_failures` defaults to 0) with a
+message naming the checkpoint and the exact resume command; `--resume` (here `train(resume=True)`) then
+continues from that checkpoint to the last step. In-job recovery: tests/integration/test_self_healing.py."""
 
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ def test_killed_learner_names_the_checkpoint_and_resume_continues(ray_cluster, t
         train(cfg, observer=KillLearner())
     text = str(err.value)
     assert "learner exgrpo-learner-0 died at step 2" in text, text
+    # trainer.max_failures is null: 0 recoveries on a local cluster, so the run stops as before
+    assert "the run stopped (trainer.max_failures=0: no recovery inside the job)" in text, text
     assert "checkpoints/step-000001" in text and f"python -m exgrpo.run --resume {run_dir}" in text
     assert err.value.checkpoint.name == "step-000001"
 

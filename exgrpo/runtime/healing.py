@@ -1,0 +1,145 @@
+"""Self-healing runs: restart the whole system from the latest checkpoint when an actor it cannot lose dies.
+
+A learner rank, a replay shard that Ray could not restart, or the scaling controller that dies makes the
+training recipe stop with `exgrpo.loop.checkpoint.RunInterrupted`. `supervise` catches it and starts the run
+again inside the same job, as `python -m exgrpo.run --resume RUN_DIR` would: the failed attempt has already
+torn down its actors, placement groups and DeepSpeed world (the recipe's cleanup), and the next attempt is a
+fresh `TrainingRecipe` with `resume=True` over the same run dir (or, before the first checkpoint, a fresh
+start at step 0 over it). `recover` is the policy, pure and tested with fakes:
+
+- at most `trainer.max_failures` recoveries per job (`resolve_max_failures`: null means 3 when the run is
+  attached to an existing cluster, RAY_ADDRESS or `ray job submit`, where nobody watches the terminal and a
+  lost node is the usual cause; 0 on a local throwaway cluster, where the operator is at the terminal and a
+  death is more likely a bug or an out-of-memory kill that would repeat);
+- no second recovery when the attempt before trained no step (it died at the step its recovery restored):
+  a failure that repeats before any progress is taken as deterministic, and each retry would cost a full
+  start-up for nothing;
+- no recovery when the latest checkpoint already holds the last step (the final save failed; the weights
+  are in that checkpoint's `model/`).
+
+Anything that is not a `RunInterrupted` (a ConfigError, a bug raised in an actor method as RayTaskError, a
+failure while the system starts) is never retried. Beyond the limit the run stops with the usual message and
+resume command, saying why it was not recovered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from exgrpo.core.config import Config
+from exgrpo.loop.checkpoint import RunInterrupted, checkpoint_step, interrupted_message, latest_checkpoint
+from exgrpo.loop.observer import Observer
+
+log = logging.getLogger("exgrpo")
+T = TypeVar("T")
+
+# the auto value of trainer.max_failures on an existing cluster
+CLUSTER_MAX_FAILURES = 3
+
+
+def attached_to_cluster(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the run attaches to an existing Ray cluster (RAY_ADDRESS set, as in a `ray job submit` entrypoint)
+    rather than starting a local throwaway one (`exgrpo.runtime.env.init_ray`)."""
+    environ = os.environ if environ is None else environ
+    return bool(environ.get("RAY_ADDRESS") or environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"))
+
+
+def resolve_max_failures(cfg: Config, environ: Mapping[str, str] | None = None) -> int:
+    """`trainer.max_failures`, or for null: 3 on an existing cluster, 0 on a local one."""
+    if cfg.trainer.max_failures is not None:
+        return cfg.trainer.max_failures
+    return CLUSTER_MAX_FAILURES if attached_to_cluster(environ) else 0
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One start of the system within a job: the first (`recovery` 0) or recovery `recovery`."""
+
+    recovery: int = 0
+    resume: bool = False  # restore the run dir's latest checkpoint (a --resume, or a recovery that has one)
+    run_dir: Path | None = None  # a recovery's run dir: the failed attempt's (None: the config's own)
+    from_step: int = 0  # the step a recovery restarts at (its checkpoint's, or 0)
+
+    def config(self, cfg: Config) -> Config:
+        """`cfg` pointed at the failed attempt's run dir (a run dir left to runs/<time> must not move)."""
+        if self.run_dir is None:
+            return cfg
+        return dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, run_dir=str(self.run_dir)))
+
+
+@dataclass
+class Job(Observer):
+    """What one `train()` call keeps across its attempts: its start time and, as an observer of every attempt's
+    driver, the step records it trained, each step once (an attempt that restarts at step s first drops the
+    records of steps >= s, which it trains again)."""
+
+    t_start: float = field(default_factory=time.perf_counter)
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def rewind(self, step: int) -> None:
+        self.records = [r for r in self.records if r["step"] < step]
+
+    def on_step(self, *, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+    def wall_s(self) -> float:
+        return time.perf_counter() - self.t_start
+
+
+def stop(err: RunInterrupted, why: str) -> RunInterrupted:
+    """`err` as the run's final RunInterrupted: the usual message and resume command, and why it stopped."""
+    message = interrupted_message(err.run_dir, what=err.what, step=err.step, why=why)
+    return RunInterrupted(
+        message, run_dir=err.run_dir, checkpoint=latest_checkpoint(err.run_dir), what=err.what, step=err.step
+    )
+
+
+def recover(current: Attempt, err: RunInterrupted, *, max_failures: int, steps: int) -> Attempt:
+    """The attempt that recovers from `err` (which ended `current`), or raises the run's final RunInterrupted
+    when the policy (module docstring) refuses; `steps` is `trainer.steps`."""
+    n = current.recovery + 1
+    if current.recovery >= max_failures:
+        raise stop(
+            err,
+            f"trainer.max_failures={max_failures} reached"
+            if max_failures
+            else "trainer.max_failures=0: no recovery inside the job",
+        ) from err
+    if current.recovery > 0 and err.step <= current.from_step:
+        raise stop(
+            err,
+            f"not recovered again: it died before training a step since recovery {current.recovery} restarted at "
+            f"step {current.from_step}, so a restart would most likely fail the same way",
+        ) from err
+    ckpt = latest_checkpoint(err.run_dir)
+    start = checkpoint_step(ckpt) if ckpt is not None else 0
+    if start >= steps:
+        raise stop(
+            err, f"its last checkpoint holds all {steps} steps; its model/ is the trained policy"
+        ) from err
+    log.warning(
+        "recovery %d of %d: %s at step %d; %s",
+        n,
+        max_failures,
+        err.what or "an actor of the run died",
+        err.step,
+        f"restoring {ckpt} (step {start})" if ckpt else "no checkpoint yet: restarting from step 0",
+    )
+    return Attempt(recovery=n, resume=ckpt is not None, run_dir=Path(err.run_dir), from_step=start)
+
+
+def supervise(start: Callable[[Attempt], T], *, first: Attempt, max_failures: int, steps: int) -> T:
+    """`start(first)`; while an attempt ends in RunInterrupted and `recover` allows it, `start` the next."""
+    attempt = first
+    while True:
+        try:
+            return start(attempt)
+        except RunInterrupted as err:
+            attempt = recover(attempt, err, max_failures=max_failures, steps=steps)

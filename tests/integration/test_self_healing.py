@@ -1,0 +1,97 @@
+"""Self-healing runs on a real local Ray cluster: an actor the run cannot lose is SIGKILLed mid-run and the same
+`train()` call restores the latest checkpoint (or restarts at step 0 before the first one) and finishes every
+step, each recorded once (`trainer.max_failures`, exgrpo/runtime/healing.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import ray
+
+from exgrpo.core import metric_names as M
+from exgrpo.core.config_files import load_config
+from exgrpo.core.names import CONTROLLER
+from exgrpo.loop.observer import Observer
+from exgrpo.runtime.recipe import train
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _pid(actor) -> int:
+    return int(ray.get(actor.__ray_call__.remote(lambda self: os.getpid())))
+
+
+def _overrides(run_dir, *more: str) -> list[str]:
+    return [
+        "trainer.steps=4",
+        "samplers.num=1",
+        "data.num_eval=8",
+        "logging.progress=false",
+        f"logging.run_dir={run_dir}",
+        *more,
+    ]
+
+
+def _metric_steps(run_dir) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+class KillOnce(Observer):
+    """SIGKILLs the actor `pick(system)` once in the whole job, after step `at` was trained; at the end, starts
+    one more sampler (as a scale-up would) and checks that it finds its weights."""
+
+    def __init__(self, *, at: int, pick) -> None:
+        self.at, self.pick, self.killed, self.starts, self.new_sampler_version = at, pick, False, 0, None
+
+    def on_train_start(self, *, system, driver):
+        self.system, self.starts = system, self.starts + 1
+
+    def on_step(self, *, record):
+        if record["step"] == self.at and not self.killed:
+            self.killed = True
+            os.kill(_pid(self.pick(self.system)), signal.SIGKILL)
+
+    def on_train_end(self, *, system, driver):
+        system.samplers.scale(num=system.samplers.size() + 1)
+        newest = list(system.samplers.members().values())[-1]
+        self.new_sampler_version = ray.get(newest.version.remote(), timeout=300)
+
+
+def test_a_killed_learner_is_recovered_from_its_checkpoint_in_the_same_call(ray_cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = load_config("tiny-cpu", _overrides(run_dir, "trainer.checkpoint_every=1", "trainer.max_failures=1"))
+    kill = KillOnce(
+        at=1, pick=lambda system: system.learners.actors[0]
+    )  # after step 1, whose checkpoint exists
+
+    result = train(cfg, observer=kill)
+    assert kill.killed and kill.starts == 2
+    assert result.recoveries == 1
+    assert [r["step"] for r in result.records] == [0, 1, 2, 3]  # the job's steps, each once
+    assert [r[M.RECOVERIES] for r in result.records] == [0, 1, 1, 1]  # step 1 was trained again after it
+    # the record of step 1 written before the kill was rewound, not duplicated (-1: the first evaluation)
+    assert _metric_steps(run_dir) == [-1, 0, 1, 2, 3]
+    assert json.loads((run_dir / "summary.json").read_text())["recoveries"] == 1
+    assert (run_dir / "final" / "model.safetensors").exists() and (run_dir / "report.html").exists()
+    # the recovery restored step-000001 and pinned its weights; rotation (keep 2) deleted that checkpoint since,
+    # and a sampler started after it (a scale-up) still loaded them and caught up to the final version
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert checkpoints == ["step-000003", "step-000004"], checkpoints
+    assert (run_dir / "resumed-model" / "model.safetensors").exists()
+    assert kill.new_sampler_version == 4
+
+
+def test_a_killed_controller_before_the_first_checkpoint_restarts_at_step_zero(ray_cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = load_config("tiny-cpu", _overrides(run_dir, "trainer.checkpoint_every=0", "trainer.max_failures=1"))
+    kill = KillOnce(at=0, pick=lambda system: ray.get_actor(CONTROLLER, namespace="exgrpo"))
+
+    result = train(cfg, observer=kill)
+    assert kill.killed and kill.starts == 2 and result.recoveries == 1
+    assert [r["step"] for r in result.records] == [0, 1, 2, 3]
+    assert all(r[M.RECOVERIES] == 1 for r in result.records)  # every step was trained after the restart
+    assert _metric_steps(run_dir) == [-1, 0, 1, 2, 3]  # the first evaluation and step 0 once each
+    assert (run_dir / "final" / "model.safetensors").exists()
