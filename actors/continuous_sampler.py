@@ -98,12 +98,19 @@ class ContinuousSampler:
 
     # -- the verb --------------------------------------------------------------------------------------
     async def generate(
-        self, *, requests: Sequence[GenerationRequest], max_tokens: int | None = None
+        self,
+        *,
+        requests: Sequence[GenerationRequest],
+        max_tokens: int | None = None,
+        ignore_eos: bool = False,
     ) -> RolloutResult:
         """Generate, verify and push `requests` (each pushed as soon as its own group is done); returns
-        when all are. `max_tokens` caps these responses (default `model.max_response_len`; tests, benches)."""
+        when all are. For tests and benchmarks (the pool passes neither): `max_tokens` caps these
+        responses (default `model.max_response_len`), `ignore_eos` makes them exactly that long (an
+        eos token is sampled and recorded like any other; log-probs are unchanged)."""
         t0 = time.perf_counter()
-        done = await asyncio.gather(*(self._one(r, max_tokens or self.max_response_len) for r in requests))
+        cap = max_tokens or self.max_response_len
+        done = await asyncio.gather(*(self._one(r, cap, ignore_eos) for r in requests))
         groups = [g for g, _, _ in done]
         return RolloutResult(
             sampler=self.name,
@@ -116,7 +123,9 @@ class ContinuousSampler:
             reward_failures=sum(f for _, _, f in done),
         )
 
-    async def _one(self, req: GenerationRequest, max_tokens: int) -> tuple[Group, float, int]:
+    async def _one(
+        self, req: GenerationRequest, max_tokens: int, ignore_eos: bool
+    ) -> tuple[Group, float, int]:
         """One request: wait for its admission version, generate, score, push. Returns (group, verify s,
         reward failures)."""
         await self._wait_version(req.admitted_version)
@@ -126,7 +135,7 @@ class ContinuousSampler:
         seed = request_seed(self._seed, req.request_id, self.rollouts_per_question, n=req.n)
         comps = await self.engine.generate(
             prompt_ids,
-            self._params(req.n, max_tokens, self.temperature, seed),
+            self._params(req.n, max_tokens, self.temperature, seed, ignore_eos=ignore_eos),
             request_id=f"r{req.request_id}",
         )
         t1 = time.perf_counter()
@@ -147,7 +156,9 @@ class ContinuousSampler:
         rewards = self.verifier.score_prompts(prompts, texts)
         return rewards, _failures(self.verifier) - before
 
-    def _params(self, n: int, max_tokens: int, temperature: float, seed: int | None) -> Any:
+    def _params(
+        self, n: int, max_tokens: int, temperature: float, seed: int | None, *, ignore_eos: bool = False
+    ) -> Any:
         from vllm import SamplingParams
 
         return SamplingParams(
@@ -159,6 +170,7 @@ class ContinuousSampler:
             logprobs=0,
             seed=seed,
             skip_special_tokens=True,
+            ignore_eos=ignore_eos,
         )
 
     async def _wait_version(self, version: int) -> None:
@@ -224,6 +236,10 @@ class ContinuousSampler:
     def in_flight(self) -> int:
         """Requests generating now (tests, metrics)."""
         return self.engine.in_flight()
+
+    def engine_steps(self) -> int:
+        """Engine steps run so far (tests: where a response is)."""
+        return self.engine.steps
 
     def tensor_parallel_size(self) -> int:
         return 1
