@@ -114,3 +114,18 @@ def test_replay_max_age_counts_the_oldest_token():
     assert d._replay_request(ReplayPick(qid=qid, candidates=(mixed,))).kind == "fresh"
     req = d._replay_request(ReplayPick(qid=qid, candidates=(mixed, young)))
     assert req.kind == "replay" and req.candidates == (young,)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["samplers.engine=hf"],
+        ["samplers.engine=vllm", "async.weight_sync=collective"],
+    ],
+)
+def test_continuous_samplers_need_vllm_fed_by_the_object_store(overrides):
+    from exgrpo.core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="samplers.continuous=true"):
+        load_config(None, ["samplers.continuous=true", *overrides])
+    load_config(None, ["samplers.continuous=true", "samplers.engine=vllm"])  # the supported combination
