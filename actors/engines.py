@@ -48,6 +48,9 @@ class Completion:
     logprobs: tuple[float, ...]  # log-prob of each sampled token under the sampling distribution
     text: str  # decoded response, special tokens skipped
     finish_reason: str  # "stop" (eos) or "length" (max_tokens reached)
+    # ((first token, policy version), ...) when the weights changed while it was sampled (the continuous
+    # sampler); empty when one version sampled it all
+    version_spans: tuple[tuple[int, int], ...] = ()
 
 
 @runtime_checkable

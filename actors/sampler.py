@@ -40,11 +40,11 @@ import torch
 
 from actors.engines import GenerationEngine
 from actors.factory import make_engine
-from actors.sampling import sample_rewards
+from actors.sampling import build_groups, sample_rewards
 from exgrpo.core.config import Dtype, EngineKind, TemplateName
 from exgrpo.core.names import sampler_name
 from exgrpo.core.positions import OVERRIDE_HINT, position_limit, read_config
-from exgrpo.core.records import GenerationRequest, Group, Prompt, RolloutResult, Trajectory
+from exgrpo.core.records import GenerationRequest, Prompt, RolloutResult
 from exgrpo.data.templates import render_prompt, reward_mode
 from exgrpo.transport.packed import PackedWeights, unpack_weights
 from exgrpo.verify.rewards import MATH, make_scorer
@@ -146,37 +146,8 @@ class Sampler:
         rewards = self.verifier.score_prompts(asked, [c.text for c in flat])
         failures = _failures(self.verifier) - failed_before
         t2 = time.perf_counter()
-        groups, i = [], 0
-        for req, text, comps in zip(requests, texts, outs, strict=True):
-            gid = f"r{req.request_id}"  # deterministic, so resumed runs store identical records
-            trajs = []
-            for c in comps:
-                trajs.append(
-                    Trajectory(
-                        qid=req.prompt.qid,
-                        response_ids=tuple(c.token_ids),
-                        logprobs=tuple(c.logprobs),
-                        reward=rewards[i],
-                        policy_version=version,
-                        text=c.text,
-                        group_id=gid,
-                    )
-                )
-                i += 1
-            groups.append(
-                Group(
-                    qid=req.prompt.qid,
-                    prompt_ids=self.engine.tokenize(text),
-                    trajectories=tuple(trajs),
-                    kind=req.kind,
-                    gold=req.prompt.answer,
-                    group_id=gid,
-                    request_id=req.request_id,
-                    policy_version=version,
-                    admitted_version=req.admitted_version,
-                    candidates=req.candidates,
-                )
-            )
+        prompt_ids = [self.engine.tokenize(text) for text in texts]
+        groups = build_groups(requests, prompt_ids, outs, rewards, versions=[version] * len(requests))
         if self.replay is not None:
             self.replay.push(groups=groups)
         return RolloutResult(

@@ -1,5 +1,7 @@
 """ "Generate n, verify": the project's one loop from prompts to rewards (`sample_rewards`), or to the
-completions with their rewards (`sample_completions`, for `python -m exgrpo.evaluate --save-completions`).
+completions with their rewards (`sample_completions`, for `python -m exgrpo.evaluate --save-completions`);
+and `build_groups`, the one place that turns a sampler's completions and rewards into `Group`s (both
+samplers, `actors/sampler.py` and `actors/continuous_sampler.py`).
 
 Used by the samplers' held-out evaluation, `python -m exgrpo.evaluate` and the base-model measurements.
 Engine-agnostic (anything implementing `GenerationEngine.generate`); imports no Ray, vLLM or DeepSpeed.
@@ -12,11 +14,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from exgrpo.core.config import TemplateName
-from exgrpo.core.records import Prompt
+from exgrpo.core.records import GenerationRequest, Group, Prompt, Trajectory
 from exgrpo.data.templates import render_prompt, reward_mode
 
 if TYPE_CHECKING:  # the engines import torch; evaluate itself only calls `generate`
-    from actors.engines import GenerationEngine
+    from actors.engines import Completion, GenerationEngine
 
 
 class Scorer(Protocol):
@@ -100,3 +102,53 @@ def check_scoring(verifier: Scorer, *, n: int, temperature: float, template: Tem
             f"template {template!r} puts the final answer in {mode!r} mode but the verifier extracts "
             f"in {verifier.mode!r} mode; make it with Verifier(mode=reward_mode(template))"
         )
+
+
+def build_groups(
+    requests: Sequence[GenerationRequest],
+    prompt_ids: Sequence[Sequence[int]],
+    outs: Sequence[Sequence[Completion]],
+    rewards: Sequence[float],
+    *,
+    versions: Sequence[int],
+) -> list[Group]:
+    """One `Group` per request, its trajectories in completion order; `rewards` flat over all completions.
+
+    `versions[i]` is the policy version request i started under. A completion with `version_spans` (the
+    weights changed while it was generated) keeps them as its `Trajectory.version_spans` (when there are
+    several) and takes its `policy_version` from the first, the oldest; a group's is its trajectories'
+    oldest."""
+    groups, i = [], 0
+    for r, (req, ids, comps) in enumerate(zip(requests, prompt_ids, outs, strict=True)):
+        gid = f"r{req.request_id}"  # deterministic, so resumed runs store identical records
+        trajs = []
+        for c in comps:
+            vs = c.version_spans
+            trajs.append(
+                Trajectory(
+                    qid=req.prompt.qid,
+                    response_ids=tuple(c.token_ids),
+                    logprobs=tuple(c.logprobs),
+                    reward=rewards[i],
+                    policy_version=vs[0][1] if vs else versions[r],
+                    text=c.text,
+                    group_id=gid,
+                    version_spans=vs if len(vs) > 1 else (),
+                )
+            )
+            i += 1
+        groups.append(
+            Group(
+                qid=req.prompt.qid,
+                prompt_ids=tuple(ids),
+                trajectories=tuple(trajs),
+                kind=req.kind,
+                gold=req.prompt.answer,
+                group_id=gid,
+                request_id=req.request_id,
+                policy_version=min((t.policy_version for t in trajs), default=versions[r]),
+                admitted_version=req.admitted_version,
+                candidates=req.candidates,
+            )
+        )
+    return groups

@@ -1,7 +1,9 @@
 """Groups <-> Arrow tables (the shards' write-ahead log frames and their queues of finished groups).
 
 One row per trajectory or stored candidate, with the group's fields repeated; token ids as
-list<int32>, log-probs as list<float64> so a resumed run sees bit-identical records. No pickle.
+list<int32>, log-probs as list<float64> so a resumed run sees bit-identical records; a trajectory's
+`version_spans` as two lists (`span_starts`, `span_versions`; empty when one version sampled it all, and
+absent from tables written before the field existed). No pickle.
 Read back column by column (list columns through their flat values and offsets), not through per-row
 dicts: a restarted shard decodes every push in its log.
 """
@@ -33,6 +35,8 @@ SCHEMA = pa.schema(
         ("replayed", pa.bool_()),
         ("text", pa.string()),
         ("traj_group_id", pa.string()),
+        ("span_starts", pa.list_(pa.int32())),  # Trajectory.version_spans: first token of each range
+        ("span_versions", pa.list_(pa.int64())),  # ... and the version that sampled it
     ]
 )
 
@@ -65,6 +69,8 @@ def groups_to_arrow(groups: Sequence[Group]) -> pa.Table:
                     "replayed": t.replayed,
                     "text": t.text,
                     "traj_group_id": t.group_id,
+                    "span_starts": [start for start, _ in t.version_spans],
+                    "span_versions": [v for _, v in t.version_spans],
                 }
             )
     return pa.Table.from_pylist(rows, schema=SCHEMA)
@@ -93,6 +99,11 @@ def groups_from_arrow(table: pa.Table) -> list[Group]:
     prompts, responses, logprobs = (
         ListColumn(table.column(n)) for n in ("prompt_ids", "response_ids", "logprobs")
     )
+    spans = (
+        (ListColumn(table.column("span_starts")), ListColumn(table.column("span_versions")))
+        if "span_starts" in table.schema.names
+        else None
+    )
     by_id: dict[int, tuple[int, list[Trajectory], list[Trajectory]]] = {}
     for i, (rid, role) in enumerate(zip(col["request_id"], col["role"], strict=True)):
         entry = by_id.get(rid)
@@ -109,6 +120,9 @@ def groups_from_arrow(table: pa.Table) -> list[Group]:
             replayed=col["replayed"][i],
             text=col["text"][i],
             group_id=col["traj_group_id"][i],
+            version_spans=()
+            if spans is None
+            else tuple(zip(spans[0].items(i), spans[1].items(i), strict=True)),
         )
         entry[1 if role == "trajectory" else 2].append(t)
     return [

@@ -104,6 +104,8 @@ class SamplerConfig:
         1  # GPUs per vLLM sampler (tensor parallel); each of them reserves samplers.num_gpus
     )
     enforce_eager: bool | None = None  # vLLM without CUDA graphs; null = eager on CPU, CUDA graphs on GPU
+    continuous: bool = False  # continuous batching with in-flight weight updates (vLLM, object-store weights)
+    continuous_max_requests: int = 64  # continuous samplers: requests generating at once in one sampler
 
 
 @dataclass(frozen=True)
@@ -403,6 +405,7 @@ BOUNDS: dict[str, Bound] = {
     "samplers.temperature": Bound(lo=0, open_lo=True),
     "samplers.top_p": Bound(lo=0, hi=1, open_lo=True),
     "samplers.requests_per_call": Bound(lo=1),
+    "samplers.continuous_max_requests": Bound(lo=1),
     "samplers.verify_timeout_s": Bound(lo=0, open_lo=True),
     "samplers.gpu_memory_utilization": Bound(lo=0, hi=1, open_lo=True),
     "samplers.tensor_parallel_size": Bound(lo=1, note="1 = one GPU per sampler"),
@@ -505,6 +508,16 @@ def validate(cfg: Config) -> None:
         (
             not (s.engine == "vllm" and cfg.model.dtype == "float16" and s.num_gpus == 0),
             "model.dtype=float16 is not supported by vLLM on CPU; use float32 or bfloat16",
+        ),
+        (
+            not s.continuous
+            or (
+                s.engine == "vllm"
+                and cfg.async_.weight_sync == "object_store"
+                and s.tensor_parallel_size == 1
+            ),
+            "samplers.continuous=true is the continuous-batching vLLM sampler: it needs samplers.engine=vllm, "
+            "async.weight_sync=object_store and samplers.tensor_parallel_size=1 (or samplers.continuous=false)",
         ),
         (
             s.tensor_parallel_size == 1 or s.engine == "vllm",

@@ -2,7 +2,9 @@
 
 Every object sent between the driver, samplers, replay shards and learners is one of these small
 frozen dataclasses (or an Arrow table built from them), never a loose dict. Every trajectory
-carries the policy version that produced it.
+carries the policy version that produced it: `policy_version` is the oldest version among its tokens,
+and a trajectory whose weights changed while it was generated (the continuous sampler's in-flight
+updates) lists the versions of its token ranges in `version_spans`.
 """
 
 from __future__ import annotations
@@ -34,10 +36,13 @@ class Trajectory:
     response_ids: tuple[int, ...]  # generated token ids (response only, no prompt)
     logprobs: tuple[float, ...]  # behaviour log-prob of each response token, same length
     reward: float  # 1.0 if the final answer verified, else 0.0
-    policy_version: int  # learner version of the weights that sampled it
+    policy_version: int  # learner version of the weights that sampled it (the oldest, if several did)
     replayed: bool = False  # True for the stored trajectory placed in slot 0 of a mixed group
     text: str = ""  # decoded response (for logs and debugging; not used by the loss)
     group_id: str = ""  # id of the group that produced it (candidates exclude the same group)
+    # (first token index, version) per token range, when the weights changed mid-response: tokens
+    # [start_i, start_{i+1}) were sampled by version_i. Empty: every token by `policy_version`.
+    version_spans: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.response_ids) != len(self.logprobs):
@@ -45,6 +50,33 @@ class Trajectory:
                 f"Trajectory {self.qid!r}: {len(self.response_ids)} response ids but "
                 f"{len(self.logprobs)} log-probs; they must have the same length"
             )
+        if self.version_spans:
+            starts = [s for s, _ in self.version_spans]
+            versions = [v for _, v in self.version_spans]
+            if (
+                starts[0] != 0
+                or any(b <= a for a, b in zip(starts, starts[1:], strict=False))
+                or starts[-1] >= max(len(self.response_ids), 1)
+                or any(b < a for a, b in zip(versions, versions[1:], strict=False))
+                or versions[0] != self.policy_version
+            ):
+                raise ValueError(
+                    f"Trajectory {self.qid!r}: version_spans {self.version_spans} must start at token 0 with "
+                    f"policy_version={self.policy_version} (the oldest), with increasing starts inside the "
+                    f"{len(self.response_ids)} tokens and non-decreasing versions"
+                )
+
+    @property
+    def oldest_version(self) -> int:
+        """The oldest policy version among its tokens (what staleness counts)."""
+        return self.version_spans[0][1] if self.version_spans else self.policy_version
+
+    def token_versions(self) -> tuple[int, ...]:
+        """The policy version that sampled each response token."""
+        if not self.version_spans:
+            return (self.policy_version,) * len(self.response_ids)
+        ends = [s for s, _ in self.version_spans[1:]] + [len(self.response_ids)]
+        return tuple(v for (s, v), e in zip(self.version_spans, ends, strict=True) for _ in range(s, e))
 
     @property
     def correct(self) -> bool:
@@ -67,7 +99,7 @@ class Group:
     gold: str = ""
     group_id: str = ""
     request_id: int = -1  # driver-assigned, increasing in issue order
-    policy_version: int = 0  # version of the weights that sampled the fresh rollouts
+    policy_version: int = 0  # version of the weights that sampled the fresh rollouts (the oldest of them)
     admitted_version: int = 0  # learner version when the driver admitted the request
     candidates: tuple[Trajectory, ...] = ()  # replay groups: stored correct trajectories
 
@@ -78,6 +110,13 @@ class Group:
         if self.kind == "replay" and not any(t.replayed for t in self.trajectories):
             k += 1  # the stored trajectory that will fill slot 0
         return k
+
+    @property
+    def oldest_version(self) -> int:
+        """The oldest policy version among the fresh rollouts' tokens (the replayed slot 0 excluded)."""
+        return min(
+            (t.oldest_version for t in self.trajectories if not t.replayed), default=self.policy_version
+        )
 
     @property
     def group_size(self) -> int:

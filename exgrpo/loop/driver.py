@@ -151,7 +151,7 @@ class Driver:
             t1 = time.perf_counter()
             learner_metrics = self.learners.update(batch=batch)
             t_update = time.perf_counter() - t1
-            staleness = [self.version - g.policy_version for g in groups]
+            staleness = [self.version - g.oldest_version for g in groups]  # a mid-response update: the oldest
             self.version += 1
             t2 = time.perf_counter()
             sync_metrics = self.weights.broadcast(version=self.version)
@@ -237,7 +237,7 @@ class Driver:
         r = self.cfg.replay
         candidates = pick.candidates
         if r.max_age is not None:
-            candidates = tuple(c for c in candidates if self.version - c.policy_version <= r.max_age)
+            candidates = tuple(c for c in candidates if self.version - c.oldest_version <= r.max_age)
         if not r.replay_trajectories or not candidates:
             return self._request(self.prompts[pick.qid], kind="fresh", n=self.K)
         return self._request(self.prompts[pick.qid], kind="replay", n=self.K - 1, candidates=candidates)

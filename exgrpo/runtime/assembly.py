@@ -102,6 +102,7 @@ def build_system(
     `Learners` + weight source like `LearnerGroup`) replace the real roles; `exgrpo/sim/roles.py` uses them."""
     import shutil
 
+    from actors.continuous_sampler import ContinuousSampler
     from actors.pool import SamplerPool
     from actors.sampler import EngineSpec, Sampler
     from buffers.shard import ReplayShard
@@ -177,8 +178,11 @@ def build_system(
     def spawn(index: int) -> Any:
         if make_sampler is not None:
             return make_sampler(index, replay)
+        # a continuous sampler is an asyncio actor serving up to continuous_max_requests generate calls at
+        # once, plus its weight loads, evaluations and pings
+        extra = {"max_concurrency": s.continuous_max_requests + 8} if s.continuous else {}
         handle, group = place_sampler(
-            Sampler,
+            ContinuousSampler if s.continuous else Sampler,
             name=sampler_name(index),
             num_cpus=s.num_cpus,
             num_gpus=s.num_gpus,
@@ -194,6 +198,7 @@ def build_system(
             replay=replay,
             seed=cfg.trainer.seed,
             rollouts_per_question=K,
+            **extra,
         )
         if group is not None:
             groups[id(handle)] = group
@@ -210,11 +215,13 @@ def build_system(
     in_flight = math.ceil(
         (cfg.async_.max_staleness + 1) * cfg.trainer.questions_per_step / (s.num * s.requests_per_call)
     )
+    # a continuous sampler takes one request per call, each reported as soon as it is done, and up to
+    # continuous_max_requests of them at once (it batches them itself)
     samplers = SamplerPool(
         spawn=spawn,
         num=s.num,
-        requests_per_call=s.requests_per_call,
-        max_in_flight_per_sampler=max(2, in_flight),
+        requests_per_call=1 if s.continuous else s.requests_per_call,
+        max_in_flight_per_sampler=s.continuous_max_requests if s.continuous else max(2, in_flight),
         on_removed=release,
     )
     weights = make_transport(
