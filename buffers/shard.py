@@ -33,20 +33,35 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from buffers.experience import ExperiencePool
-from buffers.records import groups_from_arrow, groups_to_arrow
+from buffers.records import (
+    OP,
+    GroupRows,
+    Taken,
+    decode_payload,
+    groups_from_arrow,
+    groups_to_arrow,
+    push_payload,
+)
 from buffers.wal import WriteAheadLog
 from exgrpo.core.fileio import atomic_write
 from exgrpo.core.records import Group, PulledBatch, ReplayPick, ReplayStats
 
-OP = b"exgrpo.op"
 TAKE_ID = b"exgrpo.take_id"
+
+
+class _Ready(NamedTuple):
+    """A finished group in the ready queue: its question, kind and rows (a slice of its push's table)."""
+
+    qid: str
+    kind: str
+    rows: pa.Table
 
 
 class ReplayShard:
@@ -65,10 +80,10 @@ class ReplayShard:
         self.max_trajectories_per_question = max_trajectories_per_question
         self.pool = ExperiencePool(k_rollouts, max_trajectories_per_question)
         self.collect = False  # switched on for good at the delayed start
-        self._ready: dict[int, Group] = {}
+        self._ready: dict[int, _Ready] = {}
         self._seen: set[int] = set()  # request ids pushed so far (idempotent push)
         self._retirers: set[int] = set()  # request ids whose own group retired its question
-        self._last_take: tuple[str, PulledBatch] | None = None  # (take_id, its answer): a retry gets it again
+        self._last_take: tuple[str, Taken] | None = None  # (take_id, its answer): a retry gets it again
         self.compact_bytes = compact_bytes
         self.compact_growth = compact_growth
         self._snapshot_bytes = 0  # size of the shard's last self-snapshot (its log directory's snap-<gen>)
@@ -108,44 +123,66 @@ class ReplayShard:
         self.collect = on
 
     def push(self, *, groups: Sequence[Group]) -> int:
-        """Record finished groups and queue them for the learner; returns how many were new.
+        """Record finished groups and queue them for the learner; returns how many were new."""
+        return self.push_payload(payload=push_payload(groups))
 
-        All groups are checked before any is applied; the new ones are logged (fsync'd) first."""
-        new: dict[int, Group] = {}
-        for group in groups:
-            if group.request_id in self._seen or group.request_id in new:
+    def push_payload(self, *, payload: bytes) -> int:
+        """`push` of groups a client encoded (`buffers.records.push_payload`): what `ShardedReplay.push` sends,
+        one call per shard for all the groups a sampler call finished. Returns how many were new.
+
+        All groups are checked before any is applied; the new ones are logged (fsync'd) first, in one frame:
+        the payload itself when every group is new, so the shard neither builds a `Group` nor encodes a frame.
+        """
+        table = decode_payload(payload)
+        if (table.schema.metadata or {}).get(OP) != b"push":
+            raise ValueError(
+                "push_payload takes the bytes of buffers.records.push_payload (marked as a push)"
+            )
+        rows = GroupRows(table.replace_schema_metadata(None))
+        new: list[int] = []
+        fresh: set[int] = set()
+        for j, rid in enumerate(rows.request_ids):
+            if rid in self._seen or rid in fresh:
                 continue  # a re-issued request's second copy
-            if group.kind == "replay" and not group.candidates:
+            if rows.kinds[j] == "replay" and not rows.num_candidates[j]:
                 raise ValueError(
-                    f"replay group of request {group.request_id} ({group.qid!r}) carries no "
+                    f"replay group of request {rid} ({rows.qids[j]!r}) carries no "
                     "candidates; a replay request must carry those pinned when its question was sampled"
                 )
-            if group.group_size != self.k_rollouts:
+            if rows.sizes[j] != self.k_rollouts:
                 raise ValueError(
-                    f"group of request {group.request_id} has {group.group_size} rollouts "
+                    f"group of request {rid} has {rows.sizes[j]} rollouts "
                     f"(replay slot included); this replay service is for K={self.k_rollouts}"
                 )
-            new[group.request_id] = group
+            new.append(j)
+            fresh.add(rid)
         if new:
-            if (
-                self.wal is not None
-            ):  # encoding the frame costs more than recording the groups: only with a log
-                self._log(groups_to_arrow(list(new.values())), op="push")
-            self._apply_push(new.values())
+            if self.wal is not None:
+                if len(new) == len(rows):
+                    self.wal.append_payload(payload)
+                else:
+                    self._log(rows.select(new), op="push")
+            self._apply_push(rows, new)
             self._maybe_compact()
         return len(new)
 
-    def _apply_push(self, groups: Any) -> None:
-        for group in groups:
-            retired_before = self.pool.is_retired(group.qid)
-            self.pool.record(group, collect=self.collect)
-            if not retired_before and self.pool.is_retired(group.qid):
-                self._retirers.add(group.request_id)
-            self._seen.add(group.request_id)
-            self._ready[group.request_id] = group
+    def _apply_push(self, rows: GroupRows, groups: Sequence[int]) -> None:
+        for j in groups:
+            rid, qid = rows.request_ids[j], rows.qids[j]
+            retired_before = self.pool.is_retired(qid)
+            self.pool.record_rows(rows, j, collect=self.collect)
+            if not retired_before and self.pool.is_retired(qid):
+                self._retirers.add(rid)
+            self._seen.add(rid)
+            self._ready[rid] = _Ready(qid, rows.kinds[j], rows.rows(j))
 
     def take(self, *, request_ids: Sequence[int], take_id: str | None = None) -> PulledBatch:
-        """Remove and return those of `request_ids` finished here (ids of other shards are ignored).
+        """`take_rows`, its groups decoded."""
+        return self.take_rows(request_ids=request_ids, take_id=take_id).batch()
+
+    def take_rows(self, *, request_ids: Sequence[int], take_id: str | None = None) -> Taken:
+        """Remove and return those of `request_ids` finished here (ids of other shards are ignored), as their
+        rows: the client (`ShardedReplay.pull_batch`) builds the `Group`s, not the shard.
 
         A replay group whose question another group retired since it was sampled is removed too and
         reported in `dropped` instead: a retired question is never replayed. A second call with the
@@ -157,8 +194,8 @@ class ReplayShard:
         self._log(pa.table({"request_id": pa.array(ids, pa.int64())}), op="take", take_id=take_id)
         return self._apply_take(ids, take_id)
 
-    def _apply_take(self, request_ids: Sequence[int], take_id: str | None) -> PulledBatch:
-        groups, dropped = [], []
+    def _apply_take(self, request_ids: Sequence[int], take_id: str | None) -> Taken:
+        parts, dropped = [], []
         for rid in request_ids:
             g = self._ready.pop(rid, None)
             if g is None:
@@ -166,11 +203,15 @@ class ReplayShard:
             if g.kind == "replay" and self.pool.is_retired(g.qid) and rid not in self._retirers:
                 dropped.append(rid)
             else:
-                groups.append(g)
-        out = PulledBatch(groups=tuple(groups), dropped=tuple(dropped), stats=self.stats())
+                parts.append(g.rows)
+        out = Taken(rows=_concat(parts), dropped=tuple(dropped), stats=self.stats())
         if take_id is not None:
             self._last_take = (take_id, out)
         return out
+
+    def ready_groups(self) -> list[Group]:
+        """The finished groups waiting for the learner, in request-id order (for inspection and tests)."""
+        return groups_from_arrow(_concat([self._ready[r].rows for r in sorted(self._ready)]))
 
     def sample(
         self, *, counts: Mapping[int, int], seed: int, exclude: Sequence[str] = ()
@@ -212,7 +253,8 @@ class ReplayShard:
         meta = table.schema.metadata or {}
         op = meta.get(OP, b"").decode()
         if op == "push":
-            self._apply_push(groups_from_arrow(table))
+            rows = GroupRows(table.replace_schema_metadata(None))
+            self._apply_push(rows, range(len(rows)))
         elif op == "take":
             tid = meta.get(TAKE_ID)
             self._apply_take(
@@ -251,7 +293,7 @@ class ReplayShard:
         if self._last_take is not None:
             tid, batch = self._last_take
             state |= {"take_id": tid, "dropped": list(batch.dropped), "stats": batch.stats.__dict__}
-            pq.write_table(groups_to_arrow(list(batch.groups)), directory / "taken.parquet")
+            pq.write_table(batch.rows, directory / "taken.parquet")
         (directory / "state.json").write_text(json.dumps(state))
 
     def _load_extra(self, directory: Path) -> None:
@@ -259,12 +301,12 @@ class ReplayShard:
         self.collect = bool(state["collect"])
         self._last_take = None
         if state["take_id"] is not None:
-            groups = groups_from_arrow(pq.read_table(directory / "taken.parquet"))
+            rows = pq.read_table(directory / "taken.parquet")
             st = state["stats"]
             stats = ReplayStats(**{**st, "bucket_sizes": {int(k): v for k, v in st["bucket_sizes"].items()}})
             self._last_take = (
                 state["take_id"],
-                PulledBatch(groups=tuple(groups), dropped=tuple(state["dropped"]), stats=stats),
+                Taken(rows=rows, dropped=tuple(state["dropped"]), stats=stats),
             )
 
     # -- snapshots ---------------------------------------------------------------------------------
@@ -294,7 +336,7 @@ class ReplayShard:
         written = 0
         for write, target in (
             (write_pool, Path(path)),
-            (_writer(groups_to_arrow(list(self._ready.values()))), Path(f"{path}.ready")),
+            (_writer(_concat([g.rows for g in self._ready.values()])), Path(f"{path}.ready")),
             (_writer(seen), Path(f"{path}.seen")),
         ):
             atomic_write(target, write)
@@ -321,9 +363,13 @@ class ReplayShard:
                 max_trajectories_per_question=self.max_trajectories_per_question,
             )
         ready, seen = Path(f"{path}.ready"), Path(f"{path}.seen")
-        self._ready = (
-            {g.request_id: g for g in groups_from_arrow(pq.read_table(ready))} if ready.exists() else {}
-        )
+        self._ready = {}
+        if ready.exists():
+            rows = GroupRows(pq.read_table(ready).replace_schema_metadata(None))
+            self._ready = {
+                r: _Ready(q, k, rows.rows(j))
+                for j, (r, q, k) in enumerate(zip(rows.request_ids, rows.qids, rows.kinds, strict=True))
+            }
         self._seen, self._retirers = set(), set()
         if seen.exists():
             table = pq.read_table(seen).to_pydict()
@@ -333,6 +379,11 @@ class ReplayShard:
             }
         self._seen |= self._ready.keys()
         _release_arrow_memory()
+
+
+def _concat(parts: Sequence[pa.Table]) -> pa.Table:
+    """Rows of groups one after the other (no copy: the result's chunks are the parts)."""
+    return pa.concat_tables(parts) if parts else groups_to_arrow([])
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from buffers.records import encode_payload
 from exgrpo.core.fileio import fsync_one, fsync_path
 
 MAGIC = b"XWAL"
@@ -47,10 +48,8 @@ def _free_space(path: Path) -> str:
 
 
 def encode(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    payload = sink.getvalue().to_pybytes()
+    """One frame: header and the table's Arrow IPC stream."""
+    payload = encode_payload(table)
     return HEADER.pack(MAGIC, zlib.crc32(payload), len(payload)) + payload
 
 
@@ -104,16 +103,22 @@ class WriteAheadLog:
         return (self.snap_dir(self.gen) if gens else None), tables
 
     def append(self, table: pa.Table) -> None:
-        """Write one frame and fsync it: once this returns, a restarted shard replays it.
+        """Log one table: `append_payload` of its Arrow IPC stream."""
+        self.append_payload(encode_payload(table))
+
+    def append_payload(self, payload: bytes) -> None:
+        """Write one frame (an Arrow IPC stream already encoded, e.g. the bytes a push call brought) and fsync
+        it: once this returns, a restarted shard replays it.
 
         On a write or sync failure the file is cut back to the last good frame and the error is raised
         (naming the file and the free space left), so the call is not acknowledged and nothing is lost.
         """
         if self.broken is not None:
             raise OSError(f"write-ahead log {self.log_path(self.gen)} refuses appends: {self.broken}")
-        frame = encode(table)
+        header = HEADER.pack(MAGIC, zlib.crc32(payload), len(payload))
         try:
-            self._file.write(frame)
+            self._file.write(header)
+            self._file.write(payload)
             self._file.flush()
             os.fdatasync(self._file.fileno())
         except OSError as err:
@@ -123,7 +128,7 @@ class WriteAheadLog:
                 f"{err.strerror or err} while appending to {self.log_path(self.gen)} "
                 f"({_free_space(self.dir)} free); the call was not logged nor applied",
             ) from err
-        self.bytes += len(frame)
+        self.bytes += HEADER.size + len(payload)
         self.appends += 1
 
     def _undo_partial(self, err: OSError) -> None:
