@@ -160,16 +160,17 @@ class GroupRows:
         self.starts = np.flatnonzero(new)
         self.stops = np.append(self.starts[1:], len(rid)).astype(np.int64)
         self.request_ids = rid[self.starts].tolist()
-        first = pa.array(self.starts)
-        self.qids = table.column("qid").take(first).to_pylist()
-        self.kinds = table.column("kind").take(first).to_pylist()
-        role = table.column("role")
-        self.traj = pc.equal(role, "trajectory").to_numpy(zero_copy_only=False)
-        self.cand = pc.equal(role, "candidate").to_numpy(zero_copy_only=False)
-        self.correct = self.traj & (pc.fill_null(table.column("reward"), 0.0).to_numpy() > 0.5)
-        self.replayed = self.traj & pc.fill_null(table.column("replayed"), False).to_numpy(
-            zero_copy_only=False
-        )
+        starts = self.starts.tolist()
+        qids, kinds = table.column("qid").to_pylist(), table.column("kind").to_pylist()
+        self.qids, self.kinds = [qids[i] for i in starts], [kinds[i] for i in starts]
+        role = table.column("role").to_numpy(zero_copy_only=False)
+        self.traj, self.cand = role == "trajectory", role == "candidate"
+        reward = table.column("reward").to_numpy(zero_copy_only=False).astype(np.float64)  # null: NaN
+        self.correct = self.traj & (reward > 0.5)
+        replayed = table.column("replayed")
+        if replayed.null_count:
+            replayed = pc.fill_null(replayed, False)
+        self.replayed = self.traj & replayed.to_numpy(zero_copy_only=False).astype(bool)
         if len(rid):
             k, n, has_replayed, self.num_candidates = (
                 np.add.reduceat(x.astype(np.int64), self.starts)
@@ -216,10 +217,6 @@ class GroupRows:
     def traj_group_id(self) -> list:
         return self.table.column("traj_group_id").to_pylist()
 
-    def rows(self, j: int) -> pa.Table:
-        """Group j's rows (a zero-copy slice)."""
-        return self.table.slice(int(self.starts[j]), int(self.stops[j] - self.starts[j]))
-
     def select(self, groups: Sequence[int]) -> pa.Table:
         """The rows of the named groups, in that order."""
         idx = np.concatenate([np.arange(self.starts[j], self.stops[j]) for j in groups]) if groups else []
@@ -228,7 +225,9 @@ class GroupRows:
 
 @dataclass(frozen=True)
 class Taken:
-    """A take's answer as a shard sends it: the taken groups' rows, the dropped request ids, the stats."""
+    """A take's answer as a shard sends it: the taken groups' rows, the dropped request ids, the stats.
+    It crosses Ray as one Arrow IPC stream (`__reduce__`): Ray's own pickling of a table cost more than the
+    take."""
 
     rows: pa.Table
     dropped: tuple[int, ...]
@@ -236,6 +235,13 @@ class Taken:
 
     def batch(self) -> PulledBatch:
         return PulledBatch(groups=tuple(groups_from_arrow(self.rows)), dropped=self.dropped, stats=self.stats)
+
+    def __reduce__(self) -> tuple:
+        return _taken, (encode_payload(self.rows), self.dropped, self.stats)
+
+
+def _taken(payload: bytes, dropped: tuple[int, ...], stats: ReplayStats) -> Taken:
+    return Taken(rows=decode_payload(payload), dropped=dropped, stats=stats)
 
 
 def groups_from_arrow(table: pa.Table) -> list[Group]:

@@ -57,11 +57,13 @@ TAKE_ID = b"exgrpo.take_id"
 
 
 class _Ready(NamedTuple):
-    """A finished group in the ready queue: its question, kind and rows (a slice of its push's table)."""
+    """A finished group in the ready queue: its question, kind and rows `start:stop` of its push's table."""
 
     qid: str
     kind: str
-    rows: pa.Table
+    table: pa.Table
+    start: int
+    stop: int
 
 
 class ReplayShard:
@@ -174,7 +176,7 @@ class ReplayShard:
             if not retired_before and self.pool.is_retired(qid):
                 self._retirers.add(rid)
             self._seen.add(rid)
-            self._ready[rid] = _Ready(qid, rows.kinds[j], rows.rows(j))
+            self._ready[rid] = _Ready(qid, rows.kinds[j], rows.table, int(rows.starts[j]), int(rows.stops[j]))
 
     def take(self, *, request_ids: Sequence[int], take_id: str | None = None) -> PulledBatch:
         """`take_rows`, its groups decoded."""
@@ -203,15 +205,15 @@ class ReplayShard:
             if g.kind == "replay" and self.pool.is_retired(g.qid) and rid not in self._retirers:
                 dropped.append(rid)
             else:
-                parts.append(g.rows)
-        out = Taken(rows=_concat(parts), dropped=tuple(dropped), stats=self.stats())
+                parts.append(g)
+        out = Taken(rows=_gather(parts), dropped=tuple(dropped), stats=self.stats())
         if take_id is not None:
             self._last_take = (take_id, out)
         return out
 
     def ready_groups(self) -> list[Group]:
         """The finished groups waiting for the learner, in request-id order (for inspection and tests)."""
-        return groups_from_arrow(_concat([self._ready[r].rows for r in sorted(self._ready)]))
+        return groups_from_arrow(_gather([self._ready[r] for r in sorted(self._ready)]))
 
     def sample(
         self, *, counts: Mapping[int, int], seed: int, exclude: Sequence[str] = ()
@@ -336,7 +338,7 @@ class ReplayShard:
         written = 0
         for write, target in (
             (write_pool, Path(path)),
-            (_writer(_concat([g.rows for g in self._ready.values()])), Path(f"{path}.ready")),
+            (_writer(_gather(list(self._ready.values()))), Path(f"{path}.ready")),
             (_writer(seen), Path(f"{path}.seen")),
         ):
             atomic_write(target, write)
@@ -367,7 +369,7 @@ class ReplayShard:
         if ready.exists():
             rows = GroupRows(pq.read_table(ready).replace_schema_metadata(None))
             self._ready = {
-                r: _Ready(q, k, rows.rows(j))
+                r: _Ready(q, k, rows.table, int(rows.starts[j]), int(rows.stops[j]))
                 for j, (r, q, k) in enumerate(zip(rows.request_ids, rows.qids, rows.kinds, strict=True))
             }
         self._seen, self._retirers = set(), set()
@@ -381,9 +383,19 @@ class ReplayShard:
         _release_arrow_memory()
 
 
-def _concat(parts: Sequence[pa.Table]) -> pa.Table:
-    """Rows of groups one after the other (no copy: the result's chunks are the parts)."""
-    return pa.concat_tables(parts) if parts else groups_to_arrow([])
+def _gather(groups: Sequence[_Ready]) -> pa.Table:
+    """The rows of these ready groups, in this order, as one table: one `take` over the push tables they
+    came from (slicing each group out cost more than the rest of its push)."""
+    tables: dict[int, tuple[pa.Table, int]] = {}  # id(table) -> (table, its first row in the concatenation)
+    rows = 0
+    for g in groups:
+        if id(g.table) not in tables:
+            tables[id(g.table)] = (g.table, rows)
+            rows += g.table.num_rows
+    if not tables:
+        return groups_to_arrow([])
+    index = np.concatenate([np.arange(g.start, g.stop) + tables[id(g.table)][1] for g in groups])
+    return pa.concat_tables([t for t, _ in tables.values()]).take(pa.array(index, pa.int64()))
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
