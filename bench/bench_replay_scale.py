@@ -89,6 +89,7 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
     r = Config().replay
     wal_root = root / "replay-wal"
     restarts = r.shard_max_restarts if wal else 0
+    concurrency = args.concurrency or getattr(r, "shard_concurrency", 1)  # a tree before group commit: 1
 
     pusher_procs: list = []
 
@@ -101,6 +102,7 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
                 name=f"exgrpo-replay-{i}",
                 num_cpus=0,
                 max_restarts=restarts,
+                max_concurrency=concurrency,
                 k_rollouts=K,
                 max_trajectories_per_question=r.max_trajectories_per_question,
                 wal_dir=str(wal_root / f"shard-{i}") if wal else None,
@@ -132,8 +134,8 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
     replay.set_collect(on=True)
     compact_mb = f", log compaction at {args.compact_mb or r.wal_compact_mb:g} MB" if wal else ""
     print(
-        f"\n== {args.shards} shards, write-ahead log {'ON (one fdatasync per shard push call' + compact_mb + ')' if wal else 'OFF'}"
-        f"; {args.pushers} pushers x {args.push_batch} groups per push call, pull_batch every {args.take_every}"
+        f"\n== {args.shards} shards, write-ahead log {'ON (' + compact_mb.lstrip(', ') + ')' if wal else 'OFF'}"
+        f"; {concurrency} concurrent calls per shard; {args.pushers} pushers x {args.push_batch} groups per push call, pull_batch every {args.take_every}"
     )
 
     def cpu(
@@ -386,6 +388,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--compact-mb", type=float, default=None, help="log compaction threshold (replay.wal_compact_mb)"
+    )
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="calls a shard serves at once (replay.shard_concurrency)",
     )
     ap.add_argument("--no-snapshot", action="store_true")
     ap.add_argument(

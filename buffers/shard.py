@@ -27,33 +27,38 @@ Guarantees:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from buffers.commit import CallOrder
 from buffers.experience import ExperiencePool
 from buffers.records import (
     OP,
     GroupRows,
     Taken,
     decode_payload,
+    encode_payload,
     groups_from_arrow,
     groups_to_arrow,
     push_payload,
 )
-from buffers.wal import WriteAheadLog
+from buffers.wal import Ticket, WriteAheadLog
 from exgrpo.core.fileio import atomic_write
 from exgrpo.core.records import Group, PulledBatch, ReplayPick, ReplayStats
 
 TAKE_ID = b"exgrpo.take_id"
+F = TypeVar("F", bound=Callable[..., Any])
+_NONE = object()
 
 
 class _Ready(NamedTuple):
@@ -64,6 +69,28 @@ class _Ready(NamedTuple):
     table: pa.Table
     start: int
     stop: int
+
+
+def _locked(method: F) -> F:
+    """Run under the shard's lock: its state is shared by the threads that serve concurrent calls."""
+
+    @functools.wraps(method)
+    def run(self: ReplayShard, *args: Any, **kwargs: Any) -> Any:
+        with self._order.lock:
+            return method(self, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
+def _alone(method: F) -> F:
+    """Run with the shard alone (`CallOrder.exclusive`): snapshots, compaction, restore."""
+
+    @functools.wraps(method)
+    def run(self: ReplayShard, *args: Any, **kwargs: Any) -> Any:
+        with self._order.exclusive():
+            return method(self, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
 
 
 class ReplayShard:
@@ -89,7 +116,9 @@ class ReplayShard:
         self.compact_bytes = compact_bytes
         self.compact_growth = compact_growth
         self._snapshot_bytes = 0  # size of the shard's last self-snapshot (its log directory's snap-<gen>)
-        self.wal = WriteAheadLog(wal_dir) if wal_dir else None
+        self._order = CallOrder()  # the lock, and the order of state-changing calls (buffers/commit.py)
+        self._pending: dict[int, Ticket | None] = {}  # request id -> the frame of the push applying it next
+        self.wal = WriteAheadLog(wal_dir, lock=self._order.lock) if wal_dir else None
         self.recovery: dict[str, Any] = {"snapshot": False, "frames": 0, "seconds": 0.0}
         if self.wal is not None:
             t0 = time.perf_counter()
@@ -115,14 +144,16 @@ class ReplayShard:
         """The process id (the chaos tests SIGKILL it)."""
         return os.getpid()
 
+    @_locked
     def recovered(self) -> dict[str, Any]:
         """What this process restored at start: snapshot?, log frames replayed, seconds, and the stats then."""
         return dict(self.recovery)
 
     def set_collect(self, *, on: bool) -> None:
         """Start (or stop) storing correct trajectories; the driver flips it at the delayed start."""
-        self._log(pa.table({"on": [on]}), op="collect")
-        self.collect = on
+        with self._order.lock:
+            seq, ticket = self._order.begin(lambda: self._log(pa.table({"on": [on]}), op="collect"))
+        self._order.finish(seq, ticket, self.wal, lambda: setattr(self, "collect", on))
 
     def push(self, *, groups: Sequence[Group]) -> int:
         """Record finished groups and queue them for the learner; returns how many were new."""
@@ -132,8 +163,9 @@ class ReplayShard:
         """`push` of groups a client encoded (`buffers.records.push_payload`): what `ShardedReplay.push` sends,
         one call per shard for all the groups a sampler call finished. Returns how many were new.
 
-        All groups are checked before any is applied; the new ones are logged (fsync'd) first, in one frame:
-        the payload itself when every group is new, so the shard neither builds a `Group` nor encodes a frame.
+        All groups are checked before any is applied; the new ones are logged first, in one frame (the payload
+        itself when every group is new: the shard neither builds a `Group` nor encodes a frame), and applied
+        once it is durable (with concurrent calls, one fdatasync for all: `buffers/commit.py`).
         """
         table = decode_payload(payload)
         if (table.schema.metadata or {}).get(OP) != b"push":
@@ -141,10 +173,33 @@ class ReplayShard:
                 "push_payload takes the bytes of buffers.records.push_payload (marked as a push)"
             )
         rows = GroupRows(table.replace_schema_metadata(None))
+        with self._order.lock:
+            new = self._new_groups(rows)
+            if len(new) == len(rows) and self.wal is not None:
+                write = lambda: self.wal.write(payload)  # noqa: E731
+            elif new:
+                write = lambda: self._log(rows.select(new), op="push")  # noqa: E731
+            else:  # nothing new, but a copy may still be syncing: answer once it is durable
+                write = self.wal.barrier if self.wal is not None else lambda: None
+            seq, ticket = self._order.begin(write)
+            for j in new:
+                self._pending[rows.request_ids[j]] = ticket
+        try:
+            n = self._order.finish(seq, ticket, self.wal, lambda: self._apply_push(rows, new))
+        finally:
+            with self._order.lock:
+                for j in new:
+                    if self._pending.get(rows.request_ids[j], _NONE) is ticket:
+                        del self._pending[rows.request_ids[j]]
+        self._maybe_compact()
+        return n
+
+    def _new_groups(self, rows: GroupRows) -> list[int]:
+        """The groups of `rows` not pushed before (nor by a call still syncing), each checked."""
         new: list[int] = []
         fresh: set[int] = set()
         for j, rid in enumerate(rows.request_ids):
-            if rid in self._seen or rid in fresh:
+            if rid in self._seen or rid in fresh or self._in_flight(rid):
                 continue  # a re-issued request's second copy
             if rows.kinds[j] == "replay" and not rows.num_candidates[j]:
                 raise ValueError(
@@ -158,17 +213,16 @@ class ReplayShard:
                 )
             new.append(j)
             fresh.add(rid)
-        if new:
-            if self.wal is not None:
-                if len(new) == len(rows):
-                    self.wal.append_payload(payload)
-                else:
-                    self._log(rows.select(new), op="push")
-            self._apply_push(rows, new)
-            self._maybe_compact()
-        return len(new)
+        return new
 
-    def _apply_push(self, rows: GroupRows, groups: Sequence[int]) -> None:
+    def _in_flight(self, rid: int) -> bool:
+        """Pushed by a call whose frame is written and has not failed its sync (it is applied next)."""
+        if rid not in self._pending:
+            return False
+        ticket = self._pending[rid]
+        return ticket is None or ticket.error is None
+
+    def _apply_push(self, rows: GroupRows, groups: Sequence[int]) -> int:
         for j in groups:
             rid, qid = rows.request_ids[j], rows.qids[j]
             retired_before = self.pool.is_retired(qid)
@@ -177,6 +231,7 @@ class ReplayShard:
                 self._retirers.add(rid)
             self._seen.add(rid)
             self._ready[rid] = _Ready(qid, rows.kinds[j], rows.table, int(rows.starts[j]), int(rows.stops[j]))
+        return len(groups)
 
     def take(self, *, request_ids: Sequence[int], take_id: str | None = None) -> PulledBatch:
         """`take_rows`, its groups decoded."""
@@ -190,11 +245,13 @@ class ReplayShard:
         reported in `dropped` instead: a retired question is never replayed. A second call with the
         same `take_id` (a retry) returns the first call's answer again.
         """
-        if take_id is not None and self._last_take is not None and self._last_take[0] == take_id:
-            return self._last_take[1]
         ids = [int(r) for r in request_ids]
-        self._log(pa.table({"request_id": pa.array(ids, pa.int64())}), op="take", take_id=take_id)
-        return self._apply_take(ids, take_id)
+        with self._order.lock:
+            if take_id is not None and self._last_take is not None and self._last_take[0] == take_id:
+                return self._last_take[1]
+            frame = pa.table({"request_id": pa.array(ids, pa.int64())})
+            seq, ticket = self._order.begin(lambda: self._log(frame, op="take", take_id=take_id))
+        return self._order.finish(seq, ticket, self.wal, lambda: self._apply_take(ids, take_id))
 
     def _apply_take(self, request_ids: Sequence[int], take_id: str | None) -> Taken:
         parts, dropped = [], []
@@ -211,10 +268,12 @@ class ReplayShard:
             self._last_take = (take_id, out)
         return out
 
+    @_locked
     def ready_groups(self) -> list[Group]:
         """The finished groups waiting for the learner, in request-id order (for inspection and tests)."""
         return groups_from_arrow(_gather([self._ready[r] for r in sorted(self._ready)]))
 
+    @_locked
     def sample(
         self, *, counts: Mapping[int, int], seed: int, exclude: Sequence[str] = ()
     ) -> tuple[list[ReplayPick], dict[int, int]]:
@@ -229,12 +288,15 @@ class ReplayShard:
         picks = [ReplayPick(qid=q, candidates=tuple(self.pool.candidates(q))) for q in qids]
         return picks, self.pool.bucket_sizes(exclude=skip | set(qids))
 
+    @_locked
     def bucket_sizes(self) -> dict[int, int]:
         return self.pool.bucket_sizes()
 
+    @_locked
     def retired(self) -> frozenset[str]:
         return self.pool.retired()
 
+    @_locked
     def stats(self) -> ReplayStats:
         return ReplayStats(
             bucket_sizes=self.pool.bucket_sizes(),
@@ -245,11 +307,12 @@ class ReplayShard:
         )
 
     # -- the write-ahead log -----------------------------------------------------------------------
-    def _log(self, table: pa.Table, *, op: str, take_id: str | None = None) -> None:
+    def _log(self, table: pa.Table, *, op: str, take_id: str | None = None) -> Ticket | None:
+        """Write the call's frame (under the lock; `CallOrder.finish` waits for its sync)."""
         if self.wal is None:
-            return
+            return None
         meta = {OP: op.encode()} | ({TAKE_ID: take_id.encode()} if take_id is not None else {})
-        self.wal.append(table.replace_schema_metadata(meta))
+        return self.wal.write(encode_payload(table.replace_schema_metadata(meta)))
 
     def _replay(self, table: pa.Table) -> None:
         meta = table.schema.metadata or {}
@@ -267,12 +330,21 @@ class ReplayShard:
         else:
             raise ValueError(f"unknown write-ahead log record {op!r} in {self.wal.dir if self.wal else '?'}")
 
-    def _maybe_compact(self) -> None:
-        if self.wal is None:
-            return
-        if self.wal.bytes > max(self.compact_bytes, self.compact_growth * self._snapshot_bytes):
-            self.compact()
+    def _over_threshold(self) -> bool:
+        return self.wal is not None and self.wal.bytes > max(
+            self.compact_bytes, self.compact_growth * self._snapshot_bytes
+        )
 
+    def _maybe_compact(self) -> None:
+        if self._over_threshold():
+            self._compact_if_over()
+
+    @_alone
+    def _compact_if_over(self) -> None:
+        if self._over_threshold():  # a concurrent call may have compacted first
+            self._rotate(self._write_local)
+
+    @_alone
     def compact(self) -> None:
         """Snapshot this shard into its log directory and start an empty log (no-op without a log)."""
         self._rotate(self._write_local)
@@ -312,6 +384,7 @@ class ReplayShard:
             )
 
     # -- snapshots ---------------------------------------------------------------------------------
+    @_alone
     def snapshot(self, *, path: str) -> int:
         """Write the pool to `<path>`, the finished groups to `<path>.ready` and the pushed request ids
         (and whether each retired its question) to `<path>.seen` (parquet, each written atomically).
@@ -321,6 +394,7 @@ class ReplayShard:
         self._rotate(lambda d: self._write_local(d, files_of=path))
         return written
 
+    @_locked
     def snapshot_files(self, *, path: str) -> int:
         ids = sorted(self._seen)
         seen = pa.table(
@@ -346,6 +420,7 @@ class ReplayShard:
         _release_arrow_memory()
         return written
 
+    @_alone
     def restore(self, *, path: str) -> None:
         """Load what `snapshot` wrote (and, with a log, make it the state a restart recovers)."""
         self._load(path)
