@@ -25,8 +25,8 @@ processes and of the pushers, the shard calls and fsync'd log frames per group, 
 parallel round trip; the round trip of a bare `ping` to all shards is printed beside it), snapshot time and
 size on disk, then restore time into new shards (as a resumed run does; the fill then goes on in those).
 With the log, a shard is finally SIGKILLed and its restart (snapshot + log replay) timed. `--profile`
-cProfiles shard 0 over the last fill: its Python code's time beside its process's CPU time (the rest is
-Ray's task handling and (de)serialisation).
+cProfiles the push and take verbs of shard 0 over the last fill by CPU time, beside its process's CPU time (the
+rest is Ray's task handling and (de)serialisation).
 
 `--in-process N` first times one shard without Ray (push + take per group, compactions, snapshot, restore,
 restart from the log). `--baseline REV` runs everything twice, one after the other: on a git worktree of REV
@@ -143,9 +143,9 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
     ) -> float:  # user + system seconds of the shard (or other) processes so far
         return sum(sum(p.cpu_times()[:2]) for p in (procs if ps is None else ps))
 
-    def counters() -> tuple[int, int]:  # push calls the shards received, log frames they fsync'd
+    def counters() -> list[int]:  # push calls the shards received, log frames, fdatasyncs
         got = ray.get([s.counters.remote() for s in shards])
-        return sum(c["push_calls"] for c in got), sum(c["frames"] for c in got)
+        return [sum(c[k] for c in got) for k in ("push_calls", "frames", "syncs")]
 
     rtt = []
     for _ in range(50):
@@ -162,7 +162,7 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
         profile = args.profile and mark == marks[-1]
         if profile:
             ray.get(shards[0].profile.remote(on=True))
-        (calls0, frames0), pc0, s0 = counters(), cpu(pusher_procs), cpu(procs[:1])
+        counts0, pc0, s0 = counters(), cpu(pusher_procs), cpu(procs[:1])
         t0, c0 = time.perf_counter(), cpu()
         parts = ray.get(
             [
@@ -174,9 +174,7 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
         )
         wall, shard_cpu = time.perf_counter() - t0, cpu() - c0
         pusher_cpu, shard0_cpu = cpu(pusher_procs) - pc0, cpu(procs[:1]) - s0
-        shard_calls, frames = (
-            now - before for now, before in zip(counters(), (calls0, frames0), strict=True)
-        )
+        shard_calls, frames, syncs = (now - before for now, before in zip(counters(), counts0, strict=True))
         if profile:
             prof = ray.get(shards[0].profile.remote(on=False))
         calls = sum(-(-len(todo[j :: args.pushers]) // args.push_batch) for j in range(args.pushers))
@@ -198,12 +196,13 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
         print(
             f"   shard CPU {shard_cpu / n * 1e6:,.0f} us per group (push and take; {shard_cpu:.1f} s in all), pusher "
             f"CPU {pusher_cpu / n * 1e6:,.0f} us per group (building, pushing, pulling); {shard_calls:,} shard push "
-            f"calls ({n / max(shard_calls, 1):.1f} groups each), {frames:,} log frames fsync'd ({frames / n:.3f} per group)"
+            f"calls ({n / max(shard_calls, 1):.1f} groups each), {frames:,} log frames in {syncs:,} fdatasyncs "
+            f"({syncs / n:.3f} per group)"
         )
         if profile:
             print(
-                f"   profile of shard 0 over this fill (its process used {shard0_cpu:.2f} s of CPU; the rest of it "
-                "is Ray's task handling and (de)serialisation):\n" + prof
+                f"   profile of shard 0 over this fill: its process used {shard0_cpu:.2f} s of CPU, of which\n"
+                + prof
             )
         print(f"   shard RSS: sum {sum(rss) / 2**30:.2f} GiB, max {max(rss) / 2**20:,.0f} MiB")
         rng = np.random.default_rng(7)

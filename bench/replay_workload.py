@@ -9,6 +9,7 @@ import cProfile
 import io
 import os
 import pstats
+import threading
 import time
 from typing import Any
 
@@ -90,37 +91,48 @@ class Pusher:
 
 
 def instrumented_shard() -> type:
-    """`buffers.shard.ReplayShard` plus `counters()` (push calls received, log frames fsync'd) and
-    `profile(on=)` (cProfile of the shard's own Python code: whatever the process spends outside it, in
-    Ray's task handling and (de)serialisation, is the rest of its CPU time)."""
+    """`buffers.shard.ReplayShard` plus `counters()` (push calls received, log frames made durable, fdatasync
+    calls) and `profile(on=)`: a cProfile of the push and take verbs by CPU time (`time.thread_time`, one
+    profiler per thread the actor serves calls on, merged), so the time a thread waits for the disk or for
+    the lock is not counted. Whatever the process spends outside those verbs (Ray's task handling, argument
+    and result (de)serialisation) is the rest of its CPU time."""
     from buffers.shard import ReplayShard
 
     class BenchShard(ReplayShard):
         push_calls = 0
-        _profiler: Any = None
+        _profiling = False
 
         def counters(self) -> dict[str, int]:
-            return {"push_calls": self.push_calls, "frames": self.wal.appends if self.wal else 0}
+            wal = self.wal
+            frames = wal.appends if wal else 0
+            return {"push_calls": self.push_calls, "frames": frames, "syncs": getattr(wal, "syncs", frames)}
 
-        def profile(self, *, on: bool, top: int = 14) -> str:
+        def profile(self, *, on: bool, top: int = 16) -> str:
             if on:
-                self._profiler = cProfile.Profile()
-                self._profiler.enable()
+                self._profiles: dict[int, cProfile.Profile] = {}
+                self._profiling = True
                 return ""
-            self._profiler.disable()
+            self._profiling = False
             out = io.StringIO()
-            stats = pstats.Stats(self._profiler, stream=out)
+            stats = pstats.Stats(*self._profiles.values(), stream=out)
             stats.sort_stats("tottime").print_stats(top)
-            return f"in the shard's Python code: {stats.total_tt:.2f} s\n" + out.getvalue()  # type: ignore[attr-defined]
+            total = stats.total_tt  # type: ignore[attr-defined]
+            return (
+                f"CPU in the push and take verbs: {total:.2f} s ({len(self._profiles)} threads)\n"
+                + out.getvalue()
+            )
 
-    def counting(verb: Any) -> Any:
-        def counted(self: Any, **kwargs: Any) -> Any:
-            self.push_calls += 1
-            return verb(self, **kwargs)
+    def instrumented(verb: Any, *, push: bool) -> Any:
+        def run(self: Any, **kwargs: Any) -> Any:
+            self.push_calls += push
+            if not self._profiling:
+                return verb(self, **kwargs)
+            prof = self._profiles.setdefault(threading.get_ident(), cProfile.Profile(time.thread_time))
+            return prof.runcall(verb, self, **kwargs)
 
-        return counted
+        return run
 
-    for name in ("push", "push_payload"):  # the verbs a client of either tree calls
+    for name in ("push", "push_payload", "take", "take_rows"):  # the verbs a client of either tree calls
         if hasattr(ReplayShard, name):
-            setattr(BenchShard, name, counting(getattr(ReplayShard, name)))
+            setattr(BenchShard, name, instrumented(getattr(ReplayShard, name), push=name.startswith("push")))
     return BenchShard
