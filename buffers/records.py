@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -302,3 +303,32 @@ def list_array(parts: Sequence[np.ndarray | None], value_type: pa.DataType) -> p
     if offsets[-1] > np.iinfo(np.int32).max:
         return pa.LargeListArray.from_arrays(pa.array(offsets), values, mask=mask)
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values, mask=mask)
+
+
+class Ready(NamedTuple):
+    """A finished group in the ready queue: its question, kind and rows `start:stop` of its push's table."""
+
+    qid: str
+    kind: str
+    table: pa.Table
+    start: int
+    stop: int
+
+    @classmethod
+    def of(cls, rows: GroupRows, j: int) -> Ready:
+        return cls(rows.qids[j], rows.kinds[j], rows.table, int(rows.starts[j]), int(rows.stops[j]))
+
+
+def gather(groups: Sequence[Ready]) -> pa.Table:
+    """The rows of these ready groups, in this order, as one table: one `take` over the push tables they
+    came from (slicing each group out cost more than the rest of its push)."""
+    tables: dict[int, tuple[pa.Table, int]] = {}  # id(table) -> (table, its first row in the concatenation)
+    rows = 0
+    for g in groups:
+        if id(g.table) not in tables:
+            tables[id(g.table)] = (g.table, rows)
+            rows += g.table.num_rows
+    if not tables:
+        return groups_to_arrow([])
+    index = np.concatenate([np.arange(g.start, g.stop) + tables[id(g.table)][1] for g in groups])
+    return pa.concat_tables([t for t, _ in tables.values()]).take(pa.array(index, pa.int64()))

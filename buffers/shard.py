@@ -2,7 +2,10 @@
 
 A plain class; `exgrpo/runtime/assembly.py` makes it the Ray actor `exgrpo-replay-<i>`, tests use it in-process.
 Questions are routed to shards by a stable hash of their qid (`buffers/sharded.py`), so every
-statistic of a question lives in exactly one shard.
+statistic of a question lives in exactly one shard. Groups arrive and leave as Arrow rows
+(`buffers/records.py`): a push is one IPC payload per shard per sampler call, recorded from its columns and
+logged as it came; the ready queue holds row ranges of those tables, and `take_rows` answers with rows that
+the client turns into `Group`s, so the shard never builds a `Group` on the push and take path.
 
 Guarantees:
 - `push` is idempotent by request id: a request re-issued after a sampler failure may be pushed
@@ -17,7 +20,9 @@ Guarantees:
   the groups the first attempt removed, so a group is handed out once.
 - With `wal_dir`, every state-changing call (`push` of new groups, `take`, `set_collect`) is logged and
   fsync'd before it is applied and answered (`buffers/wal.py`); a shard restarted by Ray replays its
-  own last snapshot plus the log and is in the state of its last acknowledged call. The shard snapshots
+  own last snapshot plus the log and is in the state of its last acknowledged call. Served by several
+  threads (`replay.shard_concurrency`), concurrent calls share one fdatasync and are applied in the order
+  of their frames (`buffers/commit.py`); every method runs under the shard's lock. The shard snapshots
   itself (and truncates the log) when the log passes both `compact_bytes` and `compact_growth` times the size
   of its last self-snapshot, and at every `snapshot`/`restore`. The second bound keeps compaction amortised:
   with a fixed threshold a large shard rewrote its whole pool every `compact_bytes` of pushes, which made
@@ -28,47 +33,35 @@ Guarantees:
 from __future__ import annotations
 
 import functools
-import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from buffers import snapshots
 from buffers.commit import CallOrder
 from buffers.experience import ExperiencePool
 from buffers.records import (
     OP,
     GroupRows,
+    Ready,
     Taken,
     decode_payload,
     encode_payload,
+    gather,
     groups_from_arrow,
-    groups_to_arrow,
     push_payload,
 )
 from buffers.wal import Ticket, WriteAheadLog
-from exgrpo.core.fileio import atomic_write
 from exgrpo.core.records import Group, PulledBatch, ReplayPick, ReplayStats
 
 TAKE_ID = b"exgrpo.take_id"
 F = TypeVar("F", bound=Callable[..., Any])
 _NONE = object()
-
-
-class _Ready(NamedTuple):
-    """A finished group in the ready queue: its question, kind and rows `start:stop` of its push's table."""
-
-    qid: str
-    kind: str
-    table: pa.Table
-    start: int
-    stop: int
 
 
 def _locked(method: F) -> F:
@@ -109,7 +102,7 @@ class ReplayShard:
         self.max_trajectories_per_question = max_trajectories_per_question
         self.pool = ExperiencePool(k_rollouts, max_trajectories_per_question)
         self.collect = False  # switched on for good at the delayed start
-        self._ready: dict[int, _Ready] = {}
+        self._ready: dict[int, Ready] = {}
         self._seen: set[int] = set()  # request ids pushed so far (idempotent push)
         self._retirers: set[int] = set()  # request ids whose own group retired its question
         self._last_take: tuple[str, Taken] | None = None  # (take_id, its answer): a retry gets it again
@@ -126,7 +119,7 @@ class ReplayShard:
             if snap is not None:
                 self._load(snap / "pool.parquet")
                 self._load_extra(snap)
-                self._snapshot_bytes = _dir_bytes(snap)
+                self._snapshot_bytes = snapshots.dir_bytes(snap)
             for table in frames:
                 self._replay(table)
             self.recovery = {
@@ -230,7 +223,7 @@ class ReplayShard:
             if not retired_before and self.pool.is_retired(qid):
                 self._retirers.add(rid)
             self._seen.add(rid)
-            self._ready[rid] = _Ready(qid, rows.kinds[j], rows.table, int(rows.starts[j]), int(rows.stops[j]))
+            self._ready[rid] = Ready.of(rows, j)
         return len(groups)
 
     def take(self, *, request_ids: Sequence[int], take_id: str | None = None) -> PulledBatch:
@@ -263,7 +256,7 @@ class ReplayShard:
                 dropped.append(rid)
             else:
                 parts.append(g)
-        out = Taken(rows=_gather(parts), dropped=tuple(dropped), stats=self.stats())
+        out = Taken(rows=gather(parts), dropped=tuple(dropped), stats=self.stats())
         if take_id is not None:
             self._last_take = (take_id, out)
         return out
@@ -271,7 +264,7 @@ class ReplayShard:
     @_locked
     def ready_groups(self) -> list[Group]:
         """The finished groups waiting for the learner, in request-id order (for inspection and tests)."""
-        return groups_from_arrow(_gather([self._ready[r] for r in sorted(self._ready)]))
+        return groups_from_arrow(gather([self._ready[r] for r in sorted(self._ready)]))
 
     @_locked
     def sample(
@@ -352,7 +345,7 @@ class ReplayShard:
     def _rotate(self, write: Any) -> None:
         if self.wal is not None:
             self.wal.rotate(write)
-            self._snapshot_bytes = _dir_bytes(self.wal.snap_dir(self.wal.gen))
+            self._snapshot_bytes = snapshots.dir_bytes(self.wal.snap_dir(self.wal.gen))
 
     def _write_local(self, directory: Path, *, files_of: str | None = None) -> None:
         """The shard's own snapshot. With `files_of`, the state is what the `snapshot_files` at that path hold
@@ -360,28 +353,11 @@ class ReplayShard:
         if files_of is None:
             self.snapshot_files(path=str(directory / "pool.parquet"))
         else:
-            for suffix in ("", ".ready", ".seen"):
-                if Path(f"{files_of}{suffix}").exists():
-                    _link_or_copy(Path(f"{files_of}{suffix}"), directory / f"pool.parquet{suffix}")
-        state: dict[str, Any] = {"collect": self.collect, "take_id": None}
-        if self._last_take is not None:
-            tid, batch = self._last_take
-            state |= {"take_id": tid, "dropped": list(batch.dropped), "stats": batch.stats.__dict__}
-            pq.write_table(batch.rows, directory / "taken.parquet")
-        (directory / "state.json").write_text(json.dumps(state))
+            snapshots.link_files(files_of, directory / "pool.parquet")
+        snapshots.write_state(directory, collect=self.collect, last_take=self._last_take)
 
     def _load_extra(self, directory: Path) -> None:
-        state = json.loads((directory / "state.json").read_text())
-        self.collect = bool(state["collect"])
-        self._last_take = None
-        if state["take_id"] is not None:
-            rows = pq.read_table(directory / "taken.parquet")
-            st = state["stats"]
-            stats = ReplayStats(**{**st, "bucket_sizes": {int(k): v for k, v in st["bucket_sizes"].items()}})
-            self._last_take = (
-                state["take_id"],
-                Taken(rows=rows, dropped=tuple(state["dropped"]), stats=stats),
-            )
+        self.collect, self._last_take = snapshots.read_state(directory)
 
     # -- snapshots ---------------------------------------------------------------------------------
     @_alone
@@ -396,29 +372,9 @@ class ReplayShard:
 
     @_locked
     def snapshot_files(self, *, path: str) -> int:
-        ids = sorted(self._seen)
-        seen = pa.table(
-            {
-                "request_id": pa.array(ids, pa.int64()),
-                "retired_its_question": pa.array([r in self._retirers for r in ids], pa.bool_()),
-            }
+        return snapshots.write_files(
+            path, self.pool, gather(list(self._ready.values())), self._seen, self._retirers
         )
-
-        def write_pool(tmp: Path) -> None:  # a row group per piece: never a second copy of the whole pool
-            with pq.ParquetWriter(tmp, self.pool.snapshot_schema()) as writer:
-                for table in self.pool.iter_arrow():
-                    writer.write_table(table)
-
-        written = 0
-        for write, target in (
-            (write_pool, Path(path)),
-            (_writer(_gather(list(self._ready.values()))), Path(f"{path}.ready")),
-            (_writer(seen), Path(f"{path}.seen")),
-        ):
-            atomic_write(target, write)
-            written += target.stat().st_size
-        _release_arrow_memory()
-        return written
 
     @_alone
     def restore(self, *, path: str) -> None:
@@ -429,69 +385,8 @@ class ReplayShard:
         self._rotate(lambda d: self._write_local(d, files_of=path))
 
     def _load(self, path: str | Path) -> None:
-        with pq.ParquetFile(path) as parquet:  # piece by piece: the whole table is never in memory at once
-            pieces = (
-                pa.Table.from_batches([b], schema=parquet.schema_arrow)
-                for b in parquet.iter_batches(batch_size=16384)
-            )
-            self.pool = ExperiencePool.from_arrow(
-                pieces if parquet.metadata.num_rows else parquet.read(),
-                k_rollouts=self.k_rollouts,
-                max_trajectories_per_question=self.max_trajectories_per_question,
-            )
-        ready, seen = Path(f"{path}.ready"), Path(f"{path}.seen")
-        self._ready = {}
-        if ready.exists():
-            rows = GroupRows(pq.read_table(ready).replace_schema_metadata(None))
-            self._ready = {
-                r: _Ready(q, k, rows.table, int(rows.starts[j]), int(rows.stops[j]))
-                for j, (r, q, k) in enumerate(zip(rows.request_ids, rows.qids, rows.kinds, strict=True))
-            }
-        self._seen, self._retirers = set(), set()
-        if seen.exists():
-            table = pq.read_table(seen).to_pydict()
-            self._seen = set(table["request_id"])
-            self._retirers = {
-                r for r, x in zip(table["request_id"], table["retired_its_question"], strict=True) if x
-            }
+        self.pool, rows, self._seen, self._retirers = snapshots.read_files(
+            path, k_rollouts=self.k_rollouts, max_trajectories_per_question=self.max_trajectories_per_question
+        )
+        self._ready = {} if rows is None else {r: Ready.of(rows, j) for j, r in enumerate(rows.request_ids)}
         self._seen |= self._ready.keys()
-        _release_arrow_memory()
-
-
-def _gather(groups: Sequence[_Ready]) -> pa.Table:
-    """The rows of these ready groups, in this order, as one table: one `take` over the push tables they
-    came from (slicing each group out cost more than the rest of its push)."""
-    tables: dict[int, tuple[pa.Table, int]] = {}  # id(table) -> (table, its first row in the concatenation)
-    rows = 0
-    for g in groups:
-        if id(g.table) not in tables:
-            tables[id(g.table)] = (g.table, rows)
-            rows += g.table.num_rows
-    if not tables:
-        return groups_to_arrow([])
-    index = np.concatenate([np.arange(g.start, g.stop) + tables[id(g.table)][1] for g in groups])
-    return pa.concat_tables([t for t, _ in tables.values()]).take(pa.array(index, pa.int64()))
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    """A hard link where the filesystem allows (snapshot files are only ever replaced by rename, never
-    rewritten in place, so sharing one is safe), else a copy."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
-
-
-def _release_arrow_memory() -> None:
-    """Hand the Arrow buffers of a snapshot just written or read back to the OS: pyarrow's allocator
-    (mimalloc) keeps freed memory cached, which otherwise left a shard's RSS ~60% above its pool's after a
-    snapshot or restore."""
-    pa.default_memory_pool().release_unused()
-
-
-def _dir_bytes(directory: Path) -> int:
-    return sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
-
-
-def _writer(table: pa.Table) -> Any:
-    return lambda tmp: pq.write_table(table, tmp)
