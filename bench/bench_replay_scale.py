@@ -1,10 +1,10 @@
 """The replay service at scale: push throughput, sampling latency, snapshot and restore, shard memory, over R
 real `ReplayShard` Ray actors driven through `ShardedReplay`. The defaults are the goal case (8 shards, 16-48
-tokens per trajectory, the write-ahead log on, 4 pushing samplers of 32 groups per call); the figures of
-docs/benchmarks.md come from
+tokens per trajectory, the write-ahead log on, 4 pushing samplers of 32 groups per call); the before/after
+figures of docs/benchmarks.md come from
 
     RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python bench/bench_replay_scale.py \
-        --questions 1000000 --checkpoints 0.25,1 --baseline 0e32440 --profile
+        --questions 200000 --checkpoints 0.25,1 --no-snapshot --recovery 2000 --profile --baseline 0e32440
 
 The shards are started the way `exgrpo.runtime.assembly.build_system` starts them (`remote_actor`, named
 `exgrpo-replay-<i>`, num_cpus=0, with a write-ahead log: `max_restarts=replay.shard_max_restarts` and
