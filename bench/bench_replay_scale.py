@@ -1,36 +1,41 @@
-"""The replay service at scale (issue 11, item 7): push throughput, sampling latency, snapshot and
-restore, shard memory, over R real `ReplayShard` Ray actors driven through `ShardedReplay`.
+"""The replay service at scale: push throughput, sampling latency, snapshot and restore, shard memory, over R
+real `ReplayShard` Ray actors driven through `ShardedReplay`. The defaults are the goal case (8 shards, 16-48
+tokens per trajectory, the write-ahead log on, 4 pushing samplers of 32 groups per call); the before/after
+figures of docs/benchmarks.md come from
 
     RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python bench/bench_replay_scale.py \
-        --questions 100000 --checkpoints 0.25,1 --wal both
+        --questions 200000 --checkpoints 0.25,1 --no-snapshot --recovery 2000 --profile --baseline 0e32440
 
 The shards are started the way `exgrpo.runtime.assembly.build_system` starts them (`remote_actor`, named
 `exgrpo-replay-<i>`, num_cpus=0, with a write-ahead log: `max_restarts=replay.shard_max_restarts` and
-`compact_bytes=replay.wal_compact_mb`). Collection is on. Each question is pushed once, as one fresh group
-of K=8 trajectories (response lengths uniform in [--min-len, --max-len] tokens, a 128-token prompt) with k
-correct drawn over 0..K (every bucket populated, a few questions retired at K/K, a few k=0 ignored).
-`--pushers` actors play the samplers: each pushes `--push-batch` groups per `ShardedReplay.push` call (a
-sampler pushes the groups of one engine call, `samplers.requests_per_call` = 4 by default, routed by
-hash(qid) to the shards: about one group per shard call), and pulls its finished groups back with
-`pull_batch` every `--take-every` groups (the driver's role; it keeps the shards' ready queues short, as in a
-run). Token ids come from a bank of distinct random sequences (vocabulary 50k), so building a group costs
-the pushers little; every stored trajectory is still a copy in its shard.
+`compact_bytes=replay.wal_compact_mb`), plus call counters and a profiler (`bench/replay_workload.py`).
+Collection is on. Each question is pushed once, as one fresh group of K=8 trajectories (response lengths
+uniform in [--min-len, --max-len] tokens, a 128-token prompt) with k correct drawn over 0..K (every bucket
+populated, a few questions retired at K/K, a few k=0 ignored). `--pushers` actors play the samplers: each
+pushes `--push-batch` groups per `ShardedReplay.push` call (a sampler pushes the groups of one engine call,
+`samplers.requests_per_call`: 32 in the GPU recipes, 4 in the CPU ones; routed by hash(qid), so 32 groups
+make ~4 per shard call), and pulls its finished groups back with `pull_batch` every `--take-every` groups
+(the driver's role; it keeps the shards' ready queues short, as in a run). Token ids come from a bank of
+distinct random sequences (vocabulary 50k); every stored trajectory is still a copy in its shard.
 
 At each checkpoint (a fraction of --questions pushed) it prints: questions, buckets, stored trajectories,
-push throughput since the last checkpoint (wall, and the shard processes' CPU per group), the shards'
-resident memory (RSS), `sample_questions(n=64)` p50/p99 (sizes cached, as the driver has them after
-`pull_batch`: one parallel round trip; the round trip of a bare `ping` to all shards is printed beside it),
-snapshot time and size on disk, then restore time into new shards (as a resumed run does; the fill then goes
-on in those). With the log, a shard is finally SIGKILLed and its restart (snapshot + log replay) timed.
+push throughput since the last checkpoint (wall, with the load average), the CPU per group of the shard
+processes and of the pushers, the shard calls and fsync'd log frames per group, the shards' resident memory
+(RSS), `sample_questions(n=64)` p50/p99 (sizes cached, as the driver has them after `pull_batch`: one
+parallel round trip; the round trip of a bare `ping` to all shards is printed beside it), snapshot time and
+size on disk, then restore time into new shards (as a resumed run does; the fill then goes on in those).
+With the log, a shard is finally SIGKILLed and its restart (snapshot + log replay) timed. `--profile`
+cProfiles the push and take verbs of shard 0 over the last fill by CPU time, beside its process's CPU time (the
+rest is Ray's task handling and (de)serialisation).
 
 `--in-process N` first times one shard without Ray (push + take per group, compactions, snapshot, restore,
 restart from the log). `--baseline REV` runs everything twice, one after the other: on a git worktree of REV
-(its buffers/), then on this tree. Figures on the shared 2-core machine move with its load: compare the
-shard CPU per group and the in-process lines more than wall times.
+(its buffers/ and the rest, with this script and its workload), then on this tree. Figures on the shared
+2-core machine move with its load: compare the CPU per group more than wall times.
 
 Memory: a stored trajectory of ~290 tokens costs ~2.5 KB in a shard (int32 ids + float32 log-probs + object
 overhead) and mixed k stores ~3.8 per question, so 1M questions at 64-512 tokens need ~12 GB of shard memory;
-use --min-len/--max-len 16/48 (~3.9 KB per question) to reach 1M questions on a small machine.
+at 16-48 tokens (~3.9 KB per question) 1M questions fit a small machine.
 """
 
 from __future__ import annotations
@@ -50,80 +55,11 @@ import numpy as np
 TREE = os.environ.get("BENCH_TREE") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, TREE)  # the tree whose buffers/ is measured (--baseline runs an older commit's too)
 
-K = 8
-PROMPT_LEN = 128
+from replay_workload import K, Pusher, instrumented_shard  # noqa: E402 - after the tree is on sys.path
 
 
 def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-class Pusher:
-    """A stand-in sampler: builds groups for its qids and pushes them through its copy of the client."""
-
-    def __init__(self, *, replay, seed: int, min_len: int, max_len: int, bank: int = 2048) -> None:
-        rng = np.random.default_rng(seed)
-        self.replay = replay
-        self.rng = rng
-        lengths = rng.integers(min_len, max_len + 1, size=bank)
-        self.bank = [
-            (
-                tuple(rng.integers(0, 50_000, n).tolist()),
-                tuple(np.log(rng.uniform(0.05, 1.0, n)).astype(np.float32).astype(float).tolist()),
-            )
-            for n in lengths
-        ]
-        self.prompt = tuple(rng.integers(0, 50_000, PROMPT_LEN).tolist())
-
-    def _group(self, q: int):
-        from exgrpo.core.records import Group, Trajectory
-
-        r = self.rng.random()
-        k = K if r < 0.02 else 0 if r < 0.05 else int(self.rng.integers(1, K))  # 2% retire, 3% k=0
-        picks = self.rng.choice(len(self.bank), size=K, replace=False)
-        qid, gid = f"q{q:07d}", f"r{q}"
-        trajs = tuple(
-            Trajectory(
-                qid=qid,
-                response_ids=self.bank[j][0],
-                logprobs=self.bank[j][1],
-                reward=float(i < k),
-                policy_version=q // 10_000,
-                group_id=gid,
-            )
-            for i, j in enumerate(picks)
-        )
-        return Group(
-            qid=qid,
-            prompt_ids=self.prompt,
-            trajectories=trajs,
-            gold="42",
-            group_id=gid,
-            request_id=q,
-            policy_version=q // 10_000,
-        )
-
-    def run(self, *, qids: list[int], push_batch: int, take_every: int) -> dict[str, float]:
-        push_s = take_s = 0.0
-        pending: list[int] = []
-        t_all = time.perf_counter()
-        for start in range(0, len(qids), push_batch):
-            groups = [self._group(q) for q in qids[start : start + push_batch]]
-            t0 = time.perf_counter()
-            self.replay.push(groups=groups)
-            push_s += time.perf_counter() - t0
-            pending += [g.request_id for g in groups]
-            if len(pending) >= take_every or start + push_batch >= len(qids):
-                t0 = time.perf_counter()
-                self.replay.pull_batch(request_ids=pending)
-                take_s += time.perf_counter() - t0
-                pending = []
-        return {
-            "groups": len(qids),
-            "push_s": push_s,
-            "take_s": take_s,
-            "wall_s": time.perf_counter() - t_all,
-        }
 
 
 def _peak_rss(pid: int) -> int:
@@ -141,25 +77,32 @@ def _pct(xs: list[float], q: float) -> float:
 def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
     import psutil
     import ray
+    import replay_workload
+    from ray import cloudpickle
 
-    from buffers.shard import ReplayShard
     from buffers.sharded import RayInvoke, ShardedReplay
     from exgrpo.core.config import Config
     from exgrpo.runtime.env import remote_actor
 
+    cloudpickle.register_pickle_by_value(replay_workload)  # the actors' processes cannot import bench/
+    shard_cls = instrumented_shard()
     r = Config().replay
     wal_root = root / "replay-wal"
     restarts = r.shard_max_restarts if wal else 0
+    concurrency = args.concurrency or getattr(r, "shard_concurrency", 1)  # a tree before group commit: 1
+
+    pusher_procs: list = []
 
     def start() -> tuple[list, list, ShardedReplay, list]:
         """Shards as build_system starts them (their log directory emptied first, as there), a client, pushers."""
         shutil.rmtree(wal_root, ignore_errors=True)
         shards = [
             remote_actor(
-                ReplayShard,
+                shard_cls,
                 name=f"exgrpo-replay-{i}",
                 num_cpus=0,
                 max_restarts=restarts,
+                max_concurrency=concurrency,
                 k_rollouts=K,
                 max_trajectories_per_question=r.max_trajectories_per_question,
                 wal_dir=str(wal_root / f"shard-{i}") if wal else None,
@@ -177,6 +120,7 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
             pusher_cls.remote(replay=replay, seed=100 + j, min_len=args.min_len, max_len=args.max_len)
             for j in range(args.pushers)
         ]
+        pusher_procs[:] = [psutil.Process(p) for p in ray.get([h.pid.remote() for h in pushers])]
         return shards, procs, replay, pushers
 
     def stop() -> None:
@@ -190,12 +134,18 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
     replay.set_collect(on=True)
     compact_mb = f", log compaction at {args.compact_mb or r.wal_compact_mb:g} MB" if wal else ""
     print(
-        f"\n== {args.shards} shards, write-ahead log {'ON (fdatasync per shard call' + compact_mb + ')' if wal else 'OFF'}"
-        f"; {args.pushers} pushers x {args.push_batch} groups per push call, pull_batch every {args.take_every}"
+        f"\n== {args.shards} shards, write-ahead log {'ON (' + compact_mb.lstrip(', ') + ')' if wal else 'OFF'}"
+        f"; {concurrency} concurrent calls per shard; {args.pushers} pushers x {args.push_batch} groups per push call, pull_batch every {args.take_every}"
     )
 
-    def cpu() -> float:  # user + system seconds of the shard processes so far
-        return sum(sum(p.cpu_times()[:2]) for p in procs)
+    def cpu(
+        ps: list | None = None,
+    ) -> float:  # user + system seconds of the shard (or other) processes so far
+        return sum(sum(p.cpu_times()[:2]) for p in (procs if ps is None else ps))
+
+    def counters() -> list[int]:  # push calls the shards received, log frames, fdatasyncs
+        got = ray.get([s.counters.remote() for s in shards])
+        return [sum(c[k] for c in got) for k in ("push_calls", "frames", "syncs")]
 
     rtt = []
     for _ in range(50):
@@ -209,6 +159,10 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
     marks = sorted({max(1, int(round(float(f) * args.questions))) for f in args.checkpoints.split(",")})
     for mark in marks:
         todo = list(range(done, mark))
+        profile = args.profile and mark == marks[-1]
+        if profile:
+            ray.get(shards[0].profile.remote(on=True))
+        counts0, pc0, s0 = counters(), cpu(pusher_procs), cpu(procs[:1])
         t0, c0 = time.perf_counter(), cpu()
         parts = ray.get(
             [
@@ -219,6 +173,10 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
             ]
         )
         wall, shard_cpu = time.perf_counter() - t0, cpu() - c0
+        pusher_cpu, shard0_cpu = cpu(pusher_procs) - pc0, cpu(procs[:1]) - s0
+        shard_calls, frames, syncs = (now - before for now, before in zip(counters(), counts0, strict=True))
+        if profile:
+            prof = ray.get(shards[0].profile.remote(on=False))
         calls = sum(-(-len(todo[j :: args.pushers]) // args.push_batch) for j in range(args.pushers))
         push_s = sum(p["push_s"] for p in parts) / len(parts)
         take_s = sum(p["take_s"] for p in parts) / len(parts)
@@ -231,9 +189,21 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
         )
         print(
             f"   push: {len(todo) / wall:,.0f} groups/s sustained ({len(todo):,} groups in {wall:.1f} s, "
-            f"{calls:,} push calls; per pusher {push_s:.1f} s in push, {take_s:.1f} s in pull_batch; shard CPU "
-            f"{shard_cpu / len(todo) * 1e6:,.0f} us per group, push and take)"
+            f"{calls:,} push calls; per pusher {push_s:.1f} s in push, {take_s:.1f} s in pull_batch; load "
+            f"{os.getloadavg()[0]:.1f})"
         )
+        n = len(todo)
+        print(
+            f"   shard CPU {shard_cpu / n * 1e6:,.0f} us per group (push and take; {shard_cpu:.1f} s in all), pusher "
+            f"CPU {pusher_cpu / n * 1e6:,.0f} us per group (building, pushing, pulling); {shard_calls:,} shard push "
+            f"calls ({n / max(shard_calls, 1):.1f} groups each), {frames:,} log frames in {syncs:,} fdatasyncs "
+            f"({syncs / n:.3f} per group)"
+        )
+        if profile:
+            print(
+                f"   profile of shard 0 over this fill: its process used {shard0_cpu:.2f} s of CPU, of which\n"
+                + prof
+            )
         print(f"   shard RSS: sum {sum(rss) / 2**30:.2f} GiB, max {max(rss) / 2**20:,.0f} MiB")
         rng = np.random.default_rng(7)
         replay.stats()  # cache the sizes, as pull_batch does in the driver
@@ -396,15 +366,15 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=100_000)
     ap.add_argument("--checkpoints", default="0.25,1", help="fractions of --questions at which to measure")
     ap.add_argument("--shards", type=int, default=8)
-    ap.add_argument("--pushers", type=int, default=2)
+    ap.add_argument("--pushers", type=int, default=4)
     ap.add_argument(
-        "--push-batch", type=int, default=4, help="groups per push call (samplers.requests_per_call)"
+        "--push-batch", type=int, default=32, help="groups per push call (samplers.requests_per_call)"
     )
     ap.add_argument("--take-every", type=int, default=128)
-    ap.add_argument("--min-len", type=int, default=64)
-    ap.add_argument("--max-len", type=int, default=512)
+    ap.add_argument("--min-len", type=int, default=16)
+    ap.add_argument("--max-len", type=int, default=48)
     ap.add_argument("--samples", type=int, default=200)
-    ap.add_argument("--wal", choices=("off", "on", "both"), default="both")
+    ap.add_argument("--wal", choices=("off", "on", "both"), default="on")
     ap.add_argument(
         "--recovery", type=int, default=2000, help="with the log: groups pushed before killing a shard"
     )
@@ -418,7 +388,18 @@ def main() -> None:
     ap.add_argument(
         "--compact-mb", type=float, default=None, help="log compaction threshold (replay.wal_compact_mb)"
     )
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="calls a shard serves at once (replay.shard_concurrency)",
+    )
     ap.add_argument("--no-snapshot", action="store_true")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile shard 0 over the last fill and print where its time went",
+    )
     ap.add_argument(
         "--baseline",
         default=None,

@@ -24,14 +24,14 @@ float32 numpy arrays (8 bytes per token instead of ~60 for tuples of Python numb
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
-from buffers.records import ListColumn
+from buffers.records import GroupRows, ListColumn, list_array
 from exgrpo.core.records import Group, Trajectory
 from exgrpo.core.selection import check_rollouts
 
@@ -119,12 +119,31 @@ class ExperiencePool:
     def record(self, group: Group, *, collect: bool) -> None:
         """Update the statistics of `group.qid` with k = group.num_correct (see the module doc);
         with `collect`, also store the group's correct, non-replayed trajectories."""
-        if group.group_size != self.k_rollouts:
+        for t in group.trajectories:
+            if t.qid != group.qid:
+                raise ValueError(f"trajectory of {t.qid!r} in the group of {group.qid!r}")
+        keep = (_compact(t) for t in group.trajectories if t.correct and not t.replayed)
+        prompt = lambda: np.asarray(group.prompt_ids, dtype=np.int32)  # noqa: E731
+        self._update(group.qid, group.num_correct, group.group_size, prompt, keep if collect else ())
+
+    def record_rows(self, rows: GroupRows, j: int, *, collect: bool) -> None:
+        """`record` of group j of a table of groups (`buffers/records.py`), read from its columns: a shard
+        records a push without building its `Group`s."""
+        keep = (
+            _Stored(rows.responses.array(i, np.int32), rows.logprobs.array(i, np.float32), rows.reward[i],
+                    rows.policy_version[i], rows.text[i] or "", rows.traj_group_id[i] or "")
+            for i in rows.kept(j)
+        )  # fmt: skip
+        prompt = lambda: rows.prompts.array(int(rows.starts[j]), np.int32)  # noqa: E731
+        self._update(rows.qids[j], rows.num_correct[j], rows.sizes[j], prompt, keep if collect else ())
+
+    def _update(
+        self, qid: str, k: int, size: int, prompt: Callable[[], np.ndarray], keep: Iterable[_Stored]
+    ) -> None:
+        if size != self.k_rollouts:
             raise ValueError(
-                f"group {group.qid!r} has {group.group_size} rollouts (replay slot included); "
-                f"this pool is for K={self.k_rollouts}"
+                f"group {qid!r} has {size} rollouts (replay slot included); this pool is for K={self.k_rollouts}"
             )
-        qid, k = group.qid, group.num_correct
         if qid in self._retired:
             return
         if k == self.k_rollouts:
@@ -134,14 +153,10 @@ class ExperiencePool:
             return  # a group with no correct rollout has nothing to collect either
         q = self._questions.get(qid)
         if q is None:
-            q = self._questions[qid] = _Question(np.asarray(group.prompt_ids, dtype=np.int32))
+            q = self._questions[qid] = _Question(prompt())
         q.bucket = k
-        if collect:
-            for t in group.trajectories:
-                if t.correct and not t.replayed:
-                    if t.qid != qid:
-                        raise ValueError(f"trajectory of {t.qid!r} in the group of {qid!r}")
-                    self._store(q, _compact(t))
+        for s in keep:
+            self._store(q, s)
         self._reindex(qid, q)
 
     def _retire(self, qid: str) -> None:
@@ -293,7 +308,7 @@ class ExperiencePool:
         rows += [_Row("retired", qid) for qid in retired]
         columns = list(zip(*rows, strict=True)) if rows else [()] * len(SNAPSHOT_SCHEMA)
         arrays = [
-            _list_array(values, f.type.value_type) if pa.types.is_list(f.type) else pa.array(values, f.type)
+            list_array(values, f.type.value_type) if pa.types.is_list(f.type) else pa.array(values, f.type)
             for f, values in zip(SNAPSHOT_SCHEMA, columns, strict=True)
         ]
         return pa.Table.from_arrays(arrays, names=SNAPSHOT_SCHEMA.names, metadata=self._metadata())
@@ -397,18 +412,3 @@ SNAPSHOT_SCHEMA = pa.schema(
 def _compact(t: Trajectory) -> _Stored:
     ids, lps = np.asarray(t.response_ids, dtype=np.int32), np.asarray(t.logprobs, dtype=np.float32)
     return _Stored(ids, lps, float(t.reward), int(t.policy_version), t.text, t.group_id)
-
-
-def _list_array(parts: Sequence[np.ndarray | None], value_type: pa.DataType) -> pa.Array:
-    """A list<value_type> column from per-row numpy arrays (None = null row), without Python lists;
-    64-bit offsets (large_list) only when the column holds more than 2^31 - 1 values."""
-    dtype = value_type.to_pandas_dtype()
-    lengths = np.fromiter((0 if p is None else len(p) for p in parts), dtype=np.int64, count=len(parts))
-    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    present = [p for p in parts if p is not None]
-    values = pa.array(np.concatenate(present).astype(dtype, copy=False) if present else np.empty(0, dtype))
-    mask = pa.array(np.fromiter((p is None for p in parts), dtype=bool, count=len(parts)))
-    if offsets[-1] > np.iinfo(np.int32).max:
-        return pa.LargeListArray.from_arrays(pa.array(offsets), values, mask=mask)
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values, mask=mask)

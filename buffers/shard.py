@@ -2,7 +2,10 @@
 
 A plain class; `exgrpo/runtime/assembly.py` makes it the Ray actor `exgrpo-replay-<i>`, tests use it in-process.
 Questions are routed to shards by a stable hash of their qid (`buffers/sharded.py`), so every
-statistic of a question lives in exactly one shard.
+statistic of a question lives in exactly one shard. Groups arrive and leave as Arrow rows
+(`buffers/records.py`): a push is one IPC payload per shard per sampler call, recorded from its columns and
+logged as it came; the ready queue holds row ranges of those tables, and `take_rows` answers with rows that
+the client turns into `Group`s, so the shard never builds a `Group` on the push and take path.
 
 Guarantees:
 - `push` is idempotent by request id: a request re-issued after a sampler failure may be pushed
@@ -17,7 +20,9 @@ Guarantees:
   the groups the first attempt removed, so a group is handed out once.
 - With `wal_dir`, every state-changing call (`push` of new groups, `take`, `set_collect`) is logged and
   fsync'd before it is applied and answered (`buffers/wal.py`); a shard restarted by Ray replays its
-  own last snapshot plus the log and is in the state of its last acknowledged call. The shard snapshots
+  own last snapshot plus the log and is in the state of its last acknowledged call. Served by several
+  threads (`replay.shard_concurrency`), concurrent calls share one fdatasync and are applied in the order
+  of their frames (`buffers/commit.py`); every method runs under the shard's lock. The shard snapshots
   itself (and truncates the log) when the log passes both `compact_bytes` and `compact_growth` times the size
   of its last self-snapshot, and at every `snapshot`/`restore`. The second bound keeps compaction amortised:
   with a fixed threshold a large shard rewrote its whole pool every `compact_bytes` of pushes, which made
@@ -27,26 +32,58 @@ Guarantees:
 
 from __future__ import annotations
 
-import json
+import functools
 import os
-import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from buffers import snapshots
+from buffers.commit import CallOrder
 from buffers.experience import ExperiencePool
-from buffers.records import groups_from_arrow, groups_to_arrow
-from buffers.wal import WriteAheadLog
-from exgrpo.core.fileio import atomic_write
+from buffers.records import (
+    OP,
+    GroupRows,
+    Ready,
+    Taken,
+    decode_payload,
+    encode_payload,
+    gather,
+    groups_from_arrow,
+    push_payload,
+)
+from buffers.wal import Ticket, WriteAheadLog
 from exgrpo.core.records import Group, PulledBatch, ReplayPick, ReplayStats
 
-OP = b"exgrpo.op"
 TAKE_ID = b"exgrpo.take_id"
+F = TypeVar("F", bound=Callable[..., Any])
+_NONE = object()
+
+
+def _locked(method: F) -> F:
+    """Run under the shard's lock: its state is shared by the threads that serve concurrent calls."""
+
+    @functools.wraps(method)
+    def run(self: ReplayShard, *args: Any, **kwargs: Any) -> Any:
+        with self._order.lock:
+            return method(self, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
+def _alone(method: F) -> F:
+    """Run with the shard alone (`CallOrder.exclusive`): snapshots, compaction, restore."""
+
+    @functools.wraps(method)
+    def run(self: ReplayShard, *args: Any, **kwargs: Any) -> Any:
+        with self._order.exclusive():
+            return method(self, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
 
 
 class ReplayShard:
@@ -65,14 +102,16 @@ class ReplayShard:
         self.max_trajectories_per_question = max_trajectories_per_question
         self.pool = ExperiencePool(k_rollouts, max_trajectories_per_question)
         self.collect = False  # switched on for good at the delayed start
-        self._ready: dict[int, Group] = {}
+        self._ready: dict[int, Ready] = {}
         self._seen: set[int] = set()  # request ids pushed so far (idempotent push)
         self._retirers: set[int] = set()  # request ids whose own group retired its question
-        self._last_take: tuple[str, PulledBatch] | None = None  # (take_id, its answer): a retry gets it again
+        self._last_take: tuple[str, Taken] | None = None  # (take_id, its answer): a retry gets it again
         self.compact_bytes = compact_bytes
         self.compact_growth = compact_growth
         self._snapshot_bytes = 0  # size of the shard's last self-snapshot (its log directory's snap-<gen>)
-        self.wal = WriteAheadLog(wal_dir) if wal_dir else None
+        self._order = CallOrder()  # the lock, and the order of state-changing calls (buffers/commit.py)
+        self._pending: dict[int, Ticket | None] = {}  # request id -> the frame of the push applying it next
+        self.wal = WriteAheadLog(wal_dir, lock=self._order.lock) if wal_dir else None
         self.recovery: dict[str, Any] = {"snapshot": False, "frames": 0, "seconds": 0.0}
         if self.wal is not None:
             t0 = time.perf_counter()
@@ -80,7 +119,7 @@ class ReplayShard:
             if snap is not None:
                 self._load(snap / "pool.parquet")
                 self._load_extra(snap)
-                self._snapshot_bytes = _dir_bytes(snap)
+                self._snapshot_bytes = snapshots.dir_bytes(snap)
             for table in frames:
                 self._replay(table)
             self.recovery = {
@@ -98,67 +137,117 @@ class ReplayShard:
         """The process id (the chaos tests SIGKILL it)."""
         return os.getpid()
 
+    @_locked
     def recovered(self) -> dict[str, Any]:
         """What this process restored at start: snapshot?, log frames replayed, seconds, and the stats then."""
         return dict(self.recovery)
 
     def set_collect(self, *, on: bool) -> None:
         """Start (or stop) storing correct trajectories; the driver flips it at the delayed start."""
-        self._log(pa.table({"on": [on]}), op="collect")
-        self.collect = on
+        with self._order.lock:
+            seq, ticket = self._order.begin(lambda: self._log(pa.table({"on": [on]}), op="collect"))
+        self._order.finish(seq, ticket, self.wal, lambda: setattr(self, "collect", on))
 
     def push(self, *, groups: Sequence[Group]) -> int:
-        """Record finished groups and queue them for the learner; returns how many were new.
+        """Record finished groups and queue them for the learner; returns how many were new."""
+        return self.push_payload(payload=push_payload(groups))
 
-        All groups are checked before any is applied; the new ones are logged (fsync'd) first."""
-        new: dict[int, Group] = {}
-        for group in groups:
-            if group.request_id in self._seen or group.request_id in new:
+    def push_payload(self, *, payload: bytes) -> int:
+        """`push` of groups a client encoded (`buffers.records.push_payload`): what `ShardedReplay.push` sends,
+        one call per shard for all the groups a sampler call finished. Returns how many were new.
+
+        All groups are checked before any is applied; the new ones are logged first, in one frame (the payload
+        itself when every group is new: the shard neither builds a `Group` nor encodes a frame), and applied
+        once it is durable (with concurrent calls, one fdatasync for all: `buffers/commit.py`).
+        """
+        table = decode_payload(payload)
+        if (table.schema.metadata or {}).get(OP) != b"push":
+            raise ValueError(
+                "push_payload takes the bytes of buffers.records.push_payload (marked as a push)"
+            )
+        rows = GroupRows(table.replace_schema_metadata(None))
+        with self._order.lock:
+            new = self._new_groups(rows)
+            if len(new) == len(rows) and self.wal is not None:
+                write = lambda: self.wal.write(payload)  # noqa: E731
+            elif new:
+                write = lambda: self._log(rows.select(new), op="push")  # noqa: E731
+            else:  # nothing new, but a copy may still be syncing: answer once it is durable
+                write = self.wal.barrier if self.wal is not None else lambda: None
+            seq, ticket = self._order.begin(write)
+            for j in new:
+                self._pending[rows.request_ids[j]] = ticket
+        try:
+            n = self._order.finish(seq, ticket, self.wal, lambda: self._apply_push(rows, new))
+        finally:
+            with self._order.lock:
+                for j in new:
+                    if self._pending.get(rows.request_ids[j], _NONE) is ticket:
+                        del self._pending[rows.request_ids[j]]
+        self._maybe_compact()
+        return n
+
+    def _new_groups(self, rows: GroupRows) -> list[int]:
+        """The groups of `rows` not pushed before (nor by a call still syncing), each checked."""
+        new: list[int] = []
+        fresh: set[int] = set()
+        for j, rid in enumerate(rows.request_ids):
+            if rid in self._seen or rid in fresh or self._in_flight(rid):
                 continue  # a re-issued request's second copy
-            if group.kind == "replay" and not group.candidates:
+            if rows.kinds[j] == "replay" and not rows.num_candidates[j]:
                 raise ValueError(
-                    f"replay group of request {group.request_id} ({group.qid!r}) carries no "
+                    f"replay group of request {rid} ({rows.qids[j]!r}) carries no "
                     "candidates; a replay request must carry those pinned when its question was sampled"
                 )
-            if group.group_size != self.k_rollouts:
+            if rows.sizes[j] != self.k_rollouts:
                 raise ValueError(
-                    f"group of request {group.request_id} has {group.group_size} rollouts "
+                    f"group of request {rid} has {rows.sizes[j]} rollouts "
                     f"(replay slot included); this replay service is for K={self.k_rollouts}"
                 )
-            new[group.request_id] = group
-        if new:
-            if (
-                self.wal is not None
-            ):  # encoding the frame costs more than recording the groups: only with a log
-                self._log(groups_to_arrow(list(new.values())), op="push")
-            self._apply_push(new.values())
-            self._maybe_compact()
-        return len(new)
+            new.append(j)
+            fresh.add(rid)
+        return new
 
-    def _apply_push(self, groups: Any) -> None:
-        for group in groups:
-            retired_before = self.pool.is_retired(group.qid)
-            self.pool.record(group, collect=self.collect)
-            if not retired_before and self.pool.is_retired(group.qid):
-                self._retirers.add(group.request_id)
-            self._seen.add(group.request_id)
-            self._ready[group.request_id] = group
+    def _in_flight(self, rid: int) -> bool:
+        """Pushed by a call whose frame is written and has not failed its sync (it is applied next)."""
+        if rid not in self._pending:
+            return False
+        ticket = self._pending[rid]
+        return ticket is None or ticket.error is None
+
+    def _apply_push(self, rows: GroupRows, groups: Sequence[int]) -> int:
+        for j in groups:
+            rid, qid = rows.request_ids[j], rows.qids[j]
+            retired_before = self.pool.is_retired(qid)
+            self.pool.record_rows(rows, j, collect=self.collect)
+            if not retired_before and self.pool.is_retired(qid):
+                self._retirers.add(rid)
+            self._seen.add(rid)
+            self._ready[rid] = Ready.of(rows, j)
+        return len(groups)
 
     def take(self, *, request_ids: Sequence[int], take_id: str | None = None) -> PulledBatch:
-        """Remove and return those of `request_ids` finished here (ids of other shards are ignored).
+        """`take_rows`, its groups decoded."""
+        return self.take_rows(request_ids=request_ids, take_id=take_id).batch()
+
+    def take_rows(self, *, request_ids: Sequence[int], take_id: str | None = None) -> Taken:
+        """Remove and return those of `request_ids` finished here (ids of other shards are ignored), as their
+        rows: the client (`ShardedReplay.pull_batch`) builds the `Group`s, not the shard.
 
         A replay group whose question another group retired since it was sampled is removed too and
         reported in `dropped` instead: a retired question is never replayed. A second call with the
         same `take_id` (a retry) returns the first call's answer again.
         """
-        if take_id is not None and self._last_take is not None and self._last_take[0] == take_id:
-            return self._last_take[1]
         ids = [int(r) for r in request_ids]
-        self._log(pa.table({"request_id": pa.array(ids, pa.int64())}), op="take", take_id=take_id)
-        return self._apply_take(ids, take_id)
+        with self._order.lock:
+            if take_id is not None and self._last_take is not None and self._last_take[0] == take_id:
+                return self._last_take[1]
+            frame = pa.table({"request_id": pa.array(ids, pa.int64())})
+            seq, ticket = self._order.begin(lambda: self._log(frame, op="take", take_id=take_id))
+        return self._order.finish(seq, ticket, self.wal, lambda: self._apply_take(ids, take_id))
 
-    def _apply_take(self, request_ids: Sequence[int], take_id: str | None) -> PulledBatch:
-        groups, dropped = [], []
+    def _apply_take(self, request_ids: Sequence[int], take_id: str | None) -> Taken:
+        parts, dropped = [], []
         for rid in request_ids:
             g = self._ready.pop(rid, None)
             if g is None:
@@ -166,12 +255,18 @@ class ReplayShard:
             if g.kind == "replay" and self.pool.is_retired(g.qid) and rid not in self._retirers:
                 dropped.append(rid)
             else:
-                groups.append(g)
-        out = PulledBatch(groups=tuple(groups), dropped=tuple(dropped), stats=self.stats())
+                parts.append(g)
+        out = Taken(rows=gather(parts), dropped=tuple(dropped), stats=self.stats())
         if take_id is not None:
             self._last_take = (take_id, out)
         return out
 
+    @_locked
+    def ready_groups(self) -> list[Group]:
+        """The finished groups waiting for the learner, in request-id order (for inspection and tests)."""
+        return groups_from_arrow(gather([self._ready[r] for r in sorted(self._ready)]))
+
+    @_locked
     def sample(
         self, *, counts: Mapping[int, int], seed: int, exclude: Sequence[str] = ()
     ) -> tuple[list[ReplayPick], dict[int, int]]:
@@ -186,12 +281,15 @@ class ReplayShard:
         picks = [ReplayPick(qid=q, candidates=tuple(self.pool.candidates(q))) for q in qids]
         return picks, self.pool.bucket_sizes(exclude=skip | set(qids))
 
+    @_locked
     def bucket_sizes(self) -> dict[int, int]:
         return self.pool.bucket_sizes()
 
+    @_locked
     def retired(self) -> frozenset[str]:
         return self.pool.retired()
 
+    @_locked
     def stats(self) -> ReplayStats:
         return ReplayStats(
             bucket_sizes=self.pool.bucket_sizes(),
@@ -202,17 +300,19 @@ class ReplayShard:
         )
 
     # -- the write-ahead log -----------------------------------------------------------------------
-    def _log(self, table: pa.Table, *, op: str, take_id: str | None = None) -> None:
+    def _log(self, table: pa.Table, *, op: str, take_id: str | None = None) -> Ticket | None:
+        """Write the call's frame (under the lock; `CallOrder.finish` waits for its sync)."""
         if self.wal is None:
-            return
+            return None
         meta = {OP: op.encode()} | ({TAKE_ID: take_id.encode()} if take_id is not None else {})
-        self.wal.append(table.replace_schema_metadata(meta))
+        return self.wal.write(encode_payload(table.replace_schema_metadata(meta)))
 
     def _replay(self, table: pa.Table) -> None:
         meta = table.schema.metadata or {}
         op = meta.get(OP, b"").decode()
         if op == "push":
-            self._apply_push(groups_from_arrow(table))
+            rows = GroupRows(table.replace_schema_metadata(None))
+            self._apply_push(rows, range(len(rows)))
         elif op == "take":
             tid = meta.get(TAKE_ID)
             self._apply_take(
@@ -223,12 +323,21 @@ class ReplayShard:
         else:
             raise ValueError(f"unknown write-ahead log record {op!r} in {self.wal.dir if self.wal else '?'}")
 
-    def _maybe_compact(self) -> None:
-        if self.wal is None:
-            return
-        if self.wal.bytes > max(self.compact_bytes, self.compact_growth * self._snapshot_bytes):
-            self.compact()
+    def _over_threshold(self) -> bool:
+        return self.wal is not None and self.wal.bytes > max(
+            self.compact_bytes, self.compact_growth * self._snapshot_bytes
+        )
 
+    def _maybe_compact(self) -> None:
+        if self._over_threshold():
+            self._compact_if_over()
+
+    @_alone
+    def _compact_if_over(self) -> None:
+        if self._over_threshold():  # a concurrent call may have compacted first
+            self._rotate(self._write_local)
+
+    @_alone
     def compact(self) -> None:
         """Snapshot this shard into its log directory and start an empty log (no-op without a log)."""
         self._rotate(self._write_local)
@@ -236,7 +345,7 @@ class ReplayShard:
     def _rotate(self, write: Any) -> None:
         if self.wal is not None:
             self.wal.rotate(write)
-            self._snapshot_bytes = _dir_bytes(self.wal.snap_dir(self.wal.gen))
+            self._snapshot_bytes = snapshots.dir_bytes(self.wal.snap_dir(self.wal.gen))
 
     def _write_local(self, directory: Path, *, files_of: str | None = None) -> None:
         """The shard's own snapshot. With `files_of`, the state is what the `snapshot_files` at that path hold
@@ -244,30 +353,14 @@ class ReplayShard:
         if files_of is None:
             self.snapshot_files(path=str(directory / "pool.parquet"))
         else:
-            for suffix in ("", ".ready", ".seen"):
-                if Path(f"{files_of}{suffix}").exists():
-                    _link_or_copy(Path(f"{files_of}{suffix}"), directory / f"pool.parquet{suffix}")
-        state: dict[str, Any] = {"collect": self.collect, "take_id": None}
-        if self._last_take is not None:
-            tid, batch = self._last_take
-            state |= {"take_id": tid, "dropped": list(batch.dropped), "stats": batch.stats.__dict__}
-            pq.write_table(groups_to_arrow(list(batch.groups)), directory / "taken.parquet")
-        (directory / "state.json").write_text(json.dumps(state))
+            snapshots.link_files(files_of, directory / "pool.parquet")
+        snapshots.write_state(directory, collect=self.collect, last_take=self._last_take)
 
     def _load_extra(self, directory: Path) -> None:
-        state = json.loads((directory / "state.json").read_text())
-        self.collect = bool(state["collect"])
-        self._last_take = None
-        if state["take_id"] is not None:
-            groups = groups_from_arrow(pq.read_table(directory / "taken.parquet"))
-            st = state["stats"]
-            stats = ReplayStats(**{**st, "bucket_sizes": {int(k): v for k, v in st["bucket_sizes"].items()}})
-            self._last_take = (
-                state["take_id"],
-                PulledBatch(groups=tuple(groups), dropped=tuple(state["dropped"]), stats=stats),
-            )
+        self.collect, self._last_take = snapshots.read_state(directory)
 
     # -- snapshots ---------------------------------------------------------------------------------
+    @_alone
     def snapshot(self, *, path: str) -> int:
         """Write the pool to `<path>`, the finished groups to `<path>.ready` and the pushed request ids
         (and whether each retired its question) to `<path>.seen` (parquet, each written atomically).
@@ -277,31 +370,13 @@ class ReplayShard:
         self._rotate(lambda d: self._write_local(d, files_of=path))
         return written
 
+    @_locked
     def snapshot_files(self, *, path: str) -> int:
-        ids = sorted(self._seen)
-        seen = pa.table(
-            {
-                "request_id": pa.array(ids, pa.int64()),
-                "retired_its_question": pa.array([r in self._retirers for r in ids], pa.bool_()),
-            }
+        return snapshots.write_files(
+            path, self.pool, gather(list(self._ready.values())), self._seen, self._retirers
         )
 
-        def write_pool(tmp: Path) -> None:  # a row group per piece: never a second copy of the whole pool
-            with pq.ParquetWriter(tmp, self.pool.snapshot_schema()) as writer:
-                for table in self.pool.iter_arrow():
-                    writer.write_table(table)
-
-        written = 0
-        for write, target in (
-            (write_pool, Path(path)),
-            (_writer(groups_to_arrow(list(self._ready.values()))), Path(f"{path}.ready")),
-            (_writer(seen), Path(f"{path}.seen")),
-        ):
-            atomic_write(target, write)
-            written += target.stat().st_size
-        _release_arrow_memory()
-        return written
-
+    @_alone
     def restore(self, *, path: str) -> None:
         """Load what `snapshot` wrote (and, with a log, make it the state a restart recovers)."""
         self._load(path)
@@ -310,50 +385,8 @@ class ReplayShard:
         self._rotate(lambda d: self._write_local(d, files_of=path))
 
     def _load(self, path: str | Path) -> None:
-        with pq.ParquetFile(path) as parquet:  # piece by piece: the whole table is never in memory at once
-            pieces = (
-                pa.Table.from_batches([b], schema=parquet.schema_arrow)
-                for b in parquet.iter_batches(batch_size=16384)
-            )
-            self.pool = ExperiencePool.from_arrow(
-                pieces if parquet.metadata.num_rows else parquet.read(),
-                k_rollouts=self.k_rollouts,
-                max_trajectories_per_question=self.max_trajectories_per_question,
-            )
-        ready, seen = Path(f"{path}.ready"), Path(f"{path}.seen")
-        self._ready = (
-            {g.request_id: g for g in groups_from_arrow(pq.read_table(ready))} if ready.exists() else {}
+        self.pool, rows, self._seen, self._retirers = snapshots.read_files(
+            path, k_rollouts=self.k_rollouts, max_trajectories_per_question=self.max_trajectories_per_question
         )
-        self._seen, self._retirers = set(), set()
-        if seen.exists():
-            table = pq.read_table(seen).to_pydict()
-            self._seen = set(table["request_id"])
-            self._retirers = {
-                r for r, x in zip(table["request_id"], table["retired_its_question"], strict=True) if x
-            }
+        self._ready = {} if rows is None else {r: Ready.of(rows, j) for j, r in enumerate(rows.request_ids)}
         self._seen |= self._ready.keys()
-        _release_arrow_memory()
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    """A hard link where the filesystem allows (snapshot files are only ever replaced by rename, never
-    rewritten in place, so sharing one is safe), else a copy."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
-
-
-def _release_arrow_memory() -> None:
-    """Hand the Arrow buffers of a snapshot just written or read back to the OS: pyarrow's allocator
-    (mimalloc) keeps freed memory cached, which otherwise left a shard's RSS ~60% above its pool's after a
-    snapshot or restore."""
-    pa.default_memory_pool().release_unused()
-
-
-def _dir_bytes(directory: Path) -> int:
-    return sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
-
-
-def _writer(table: pa.Table) -> Any:
-    return lambda tmp: pq.write_table(table, tmp)

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from buffers.records import push_payload
 from exgrpo.core.records import Group, PulledBatch, ReplayPick, ReplayStats
 from exgrpo.core.selection import draw_plan
 
@@ -138,11 +139,16 @@ class ShardedReplay:
 
     # -- samplers ----------------------------------------------------------------------------------
     def push(self, *, groups: Sequence[Group]) -> None:
-        """Route groups to their shards and wait until every shard has recorded them."""
+        """Route groups to their shards and wait until every shard has recorded them: one call per shard
+        for all the groups (a sampler call's), each shard's groups encoded here, once, as the Arrow IPC
+        bytes the shard logs as they are (`ReplayShard.push_payload`); the encoding costs the sampler, not
+        the shard, and a retry re-sends the same bytes."""
         by_shard: dict[int, list[Group]] = {}
         for g in groups:
             by_shard.setdefault(shard_of(g.qid, self.num_shards), []).append(g)
-        self.invoke([(self.shards[i], "push", {"groups": gs}) for i, gs in by_shard.items()])
+        self.invoke(
+            [(self.shards[i], "push_payload", {"payload": push_payload(gs)}) for i, gs in by_shard.items()]
+        )
 
     # -- driver ------------------------------------------------------------------------------------
     def set_collect(self, *, on: bool) -> None:
@@ -189,7 +195,9 @@ class ShardedReplay:
         that the samplers reported done, and a push is acknowledged before that report.
         """
         # one take_id for every attempt: a shard that died after removing the groups hands them out again
-        parts: list[PulledBatch] = self._all("take", request_ids=list(request_ids), take_id=uuid.uuid4().hex)
+        # the shards answer with rows (`ReplayShard.take_rows`): the groups are built here, not in the shards
+        taken = self._all("take_rows", request_ids=list(request_ids), take_id=uuid.uuid4().hex)
+        parts: list[PulledBatch] = [t.batch() for t in taken]
         groups = sorted((g for p in parts for g in p.groups), key=lambda g: g.request_id)
         dropped = tuple(sorted(r for p in parts for r in p.dropped))
         missing = set(request_ids) - {g.request_id for g in groups} - set(dropped)

@@ -27,12 +27,15 @@ import contextlib
 import os
 import shutil
 import struct
+import threading
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
+from buffers.records import encode_payload
 from exgrpo.core.fileio import fsync_one, fsync_path
 
 MAGIC = b"XWAL"
@@ -47,10 +50,8 @@ def _free_space(path: Path) -> str:
 
 
 def encode(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    payload = sink.getvalue().to_pybytes()
+    """One frame: header and the table's Arrow IPC stream."""
+    payload = encode_payload(table)
     return HEADER.pack(MAGIC, zlib.crc32(payload), len(payload)) + payload
 
 
@@ -68,15 +69,33 @@ def read_frames(path: Path) -> tuple[list[pa.Table], int]:
     return tables, pos
 
 
+class Ticket:
+    """A frame written to the log: `done` once its sync ended, with `error` if that sync failed."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.error: OSError | None = None
+
+
 class WriteAheadLog:
     """One shard's log directory; `open` recovers, `append` logs one call durably."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, *, lock: Any = None) -> None:
+        """`lock` guards the file and its offsets (default: its own); a shard passes its own lock, so a failed
+        sync fails its frames atomically with respect to the shard's calls."""
         self.dir = Path(directory)
         self.gen = 0
         self._file = None
-        self.bytes = 0  # size of the current log
-        self.appends = 0  # frames appended since the process started
+        self.bytes = 0  # size of the current log (the end of the frames written)
+        self.durable = 0  # the end of the frames fdatasync'd
+        self.appends = 0  # frames made durable since the process started
+        self.syncs = 0  # fdatasync calls that made them so (fewer under group commit)
+        self._unsynced: list[Ticket] = []  # frames written, not yet synced, in file order
+        self._last: Ticket | None = None  # the last frame written (synced or not)
+        self._lock = lock if lock is not None else threading.RLock()  # the file, its offsets and _unsynced
+        self._sync_lock = threading.Lock()  # one sync at a time (the leader's)
         self.broken: str | None = None  # why appends are refused (a failed append could not be undone)
 
     def snap_dir(self, gen: int) -> Path:
@@ -99,35 +118,87 @@ class WriteAheadLog:
             f.truncate(end)
             os.fsync(f.fileno())
         self._file = open(path, "ab")  # noqa: SIM115 - held open for appends
-        self.bytes = end
+        self.bytes = self.durable = end
         fsync_one(self.dir)
         return (self.snap_dir(self.gen) if gens else None), tables
 
     def append(self, table: pa.Table) -> None:
-        """Write one frame and fsync it: once this returns, a restarted shard replays it.
+        """Log one table: `append_payload` of its Arrow IPC stream."""
+        self.append_payload(encode_payload(table))
 
-        On a write or sync failure the file is cut back to the last good frame and the error is raised
-        (naming the file and the free space left), so the call is not acknowledged and nothing is lost.
-        """
-        if self.broken is not None:
-            raise OSError(f"write-ahead log {self.log_path(self.gen)} refuses appends: {self.broken}")
-        frame = encode(table)
-        try:
-            self._file.write(frame)
-            self._file.flush()
-            os.fdatasync(self._file.fileno())
-        except OSError as err:
-            self._undo_partial(err)
-            raise OSError(
-                err.errno,
-                f"{err.strerror or err} while appending to {self.log_path(self.gen)} "
-                f"({_free_space(self.dir)} free); the call was not logged nor applied",
-            ) from err
-        self.bytes += len(frame)
-        self.appends += 1
+    def append_payload(self, payload: bytes) -> None:
+        """Write one frame (an Arrow IPC stream already encoded, e.g. the bytes a push call brought) and fsync
+        it: once this returns, a restarted shard replays it. `sync(write(payload))`."""
+        self.sync(self.write(payload))
 
-    def _undo_partial(self, err: OSError) -> None:
-        """Drop the partial frame of a failed append: truncate to the last good end and sync."""
+    def write(self, payload: bytes) -> Ticket:
+        """Write one frame, not yet durable; `sync(ticket)` makes it so. Frames follow each other in the order
+        of these calls (the shard makes them under its lock, in the order it applies the calls).
+
+        On a write failure the file is cut back to the end of the frame before (frames written but not yet
+        synced stay) and the error is raised, naming the file and the free space left."""
+        with self._lock:
+            if self.broken is not None:
+                raise OSError(f"write-ahead log {self.log_path(self.gen)} refuses appends: {self.broken}")
+            header = HEADER.pack(MAGIC, zlib.crc32(payload), len(payload))
+            try:
+                self._file.write(header)
+                self._file.write(payload)
+                self._file.flush()
+            except OSError as err:
+                self._undo_partial(err, self.bytes)
+                raise self._failure(err) from err
+            self.bytes += HEADER.size + len(payload)
+            ticket = self._last = Ticket()
+            self._unsynced.append(ticket)
+            return ticket
+
+    def barrier(self) -> Ticket | None:
+        """The ticket of the last frame written if it may not be durable yet (its sync may be running), else
+        None: for a call that logs nothing but answers from what earlier frames did (a duplicate push)."""
+        with self._lock:
+            last = self._last
+            return last if last is not None and not last.done else None
+
+    def sync(self, ticket: Ticket) -> None:
+        """Return once `ticket`'s frame is durable. Group commit: the first waiting caller fdatasyncs every
+        frame written so far, for itself and for all the calls that wrote theirs meanwhile; they find their
+        ticket synced and return without a sync of their own.
+
+        A failed sync fails every frame not yet durable: the file is cut back to the end of the last durable
+        frame and each of their calls raises (none was applied nor acknowledged; their retries land after)."""
+        with self._sync_lock:
+            if not ticket.done:
+                with self._lock:
+                    batch, self._unsynced, end, fd = self._unsynced, [], self.bytes, self._file.fileno()
+                try:
+                    os.fdatasync(fd)
+                except OSError as err:
+                    with self._lock:
+                        failed = self._failure(err)
+                        for t in [*batch, *self._unsynced]:
+                            t.done, t.error = True, failed
+                        self._unsynced = []
+                        self._undo_partial(err, self.durable)
+                        self.bytes = self.durable
+                else:
+                    self.durable = end
+                    self.syncs += 1
+                    for t in batch:
+                        t.done = True
+                    self.appends += len(batch)
+        if ticket.error is not None:
+            raise ticket.error
+
+    def _failure(self, err: OSError) -> OSError:
+        return OSError(
+            err.errno,
+            f"{err.strerror or err} while appending to {self.log_path(self.gen)} "
+            f"({_free_space(self.dir)} free); the call was not logged nor applied",
+        )
+
+    def _undo_partial(self, err: OSError, end: int) -> None:
+        """Drop what follows `end` (a partial frame, or frames that failed their sync): truncate and sync."""
         path = self.log_path(self.gen)
         with contextlib.suppress(
             OSError
@@ -135,14 +206,19 @@ class WriteAheadLog:
             self._file.close()
         try:
             with open(path, "r+b") as f:
-                f.truncate(self.bytes)
+                f.truncate(end)
                 os.fsync(f.fileno())
             self._file = open(path, "ab")  # noqa: SIM115 - held open for appends
         except OSError as undo:
             self.broken = f"a failed append ({err}) could not be cut back ({undo})"
 
     def rotate(self, write_snapshot: Callable[[Path], None]) -> None:
-        """Write snapshot gen+1 with `write_snapshot(tmp_dir)`, start its empty log, drop generation gen."""
+        """Write snapshot gen+1 with `write_snapshot(tmp_dir)`, start its empty log, drop generation gen.
+        Only between calls: every frame written must be synced (and applied) first."""
+        if self._unsynced:
+            raise RuntimeError(
+                f"{len(self._unsynced)} frames of {self.log_path(self.gen)} are not synced yet"
+            )
         gen = self.gen + 1
         tmp = self.dir / f".snap-{gen:06d}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -155,7 +231,7 @@ class WriteAheadLog:
         fsync_one(self.dir)
         self._file.close()
         self._file = open(new_log, "ab")  # noqa: SIM115
-        self.gen, self.bytes = gen, 0
+        self.gen, self.bytes, self.durable = gen, 0, 0
         self._drop_older()
 
     def _drop_older(self) -> None:

@@ -134,6 +134,7 @@ class ReplayConfig:
         100  # Ray restarts of a dead shard (with wal; it resumes from its last acked call)
     )
     wal_compact_mb: float = 64.0  # a shard snapshots itself and truncates its log once the log passes this size and its last snapshot's
+    shard_concurrency: int = 8  # calls a shard serves at once (threads); with wal, concurrent pushes share one fsync (group commit)
 
 
 @dataclass(frozen=True)
@@ -425,6 +426,7 @@ BOUNDS: dict[str, Bound] = {
     "replay.max_age": Bound(lo=0, note="policy versions, or null for any age"),
     "replay.shard_max_restarts": Bound(lo=0),
     "replay.wal_compact_mb": Bound(lo=0, open_lo=True),
+    "replay.shard_concurrency": Bound(lo=1, note="1 = one call at a time"),
     "learners.num": Bound(lo=1),
     "learners.num_cpus": Bound(lo=0),
     "learners.num_gpus": Bound(lo=0),

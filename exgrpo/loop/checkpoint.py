@@ -73,6 +73,7 @@ HARMLESS_KEYS = frozenset(
         "replay.wal",
         "replay.shard_max_restarts",
         "replay.wal_compact_mb",
+        "replay.shard_concurrency",
     }
 )
 

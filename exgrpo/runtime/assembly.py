@@ -132,6 +132,7 @@ def build_system(
             name=replay_name(i),
             num_cpus=0,
             max_restarts=restarts,
+            max_concurrency=r.shard_concurrency,
             k_rollouts=K,
             max_trajectories_per_question=r.max_trajectories_per_question,
             wal_dir=str(wal / f"shard-{i}") if wal is not None else None,

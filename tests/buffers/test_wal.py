@@ -43,7 +43,7 @@ def state(shard: ReplayShard):
     """Everything a shard answers from: pool, ready queue, pushed ids, retirers, collect, last take."""
     return (
         shard.pool,
-        sorted(shard._ready.items()),
+        shard.ready_groups(),
         shard._seen,
         shard._retirers,
         shard.collect,

@@ -9,7 +9,7 @@ from fakes import FakeLearners, FakeRollouts, FakeWeights, make_replay, prompts
 
 from actors.engines import Completion
 from actors.sampling import build_groups
-from buffers.records import groups_from_arrow, groups_to_arrow
+from buffers.records import conform, decode_payload, encode_payload, groups_from_arrow, groups_to_arrow
 from exgrpo.core.config_files import load_config
 from exgrpo.core.records import GenerationRequest, Group, Prompt, ReplayPick, Trajectory
 from exgrpo.loop.driver import Driver
@@ -62,6 +62,10 @@ def test_spans_survive_the_arrow_round_trip_and_old_tables_read_as_single_versio
     old = table.drop_columns(["span_starts", "span_versions"])  # a log frame from before the field
     back = groups_from_arrow(old)[0]
     assert [t.version_spans for t in back.trajectories] == [(), ()]
+    # a log frame or shard file of that layout reads back conformed (the spans empty), another one is refused
+    assert decode_payload(encode_payload(old)).column("span_starts").to_pylist() == [[], []]
+    with pytest.raises(ValueError, match="not a table of groups"):
+        conform(old.drop_columns(["text"]))
     assert isinstance(table.schema.field("span_starts").type, pa.ListType)
 
 

@@ -20,6 +20,7 @@ import ray
 
 from buffers.shard import ReplayShard
 from buffers.sharded import RayInvoke, ShardedReplay, shard_of
+from exgrpo.core.config import Config
 from exgrpo.core.records import Group, Trajectory
 from exgrpo.runtime.env import remote_actor
 
@@ -53,6 +54,7 @@ def test_sigkilled_shard_restarts_and_loses_no_acknowledged_push(ray_cluster, tm
             name=f"test-restart-shard-{i}",
             num_cpus=0,
             max_restarts=50,
+            max_concurrency=Config().replay.shard_concurrency,  # as build_system starts them: group commit
             k_rollouts=K,
             wal_dir=str(tmp_path / f"wal-{i}"),
             compact_bytes=40_000,
