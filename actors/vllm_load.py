@@ -13,8 +13,9 @@ that is needless: the served model keeps only two kinds of weights.
   writes them so), or one concatenation when they do not.
 - Every other parameter (norms, biases, the embedding, an untied lm_head) is a plain tensor. It is loaded
   by the model's own `load_weights` (its weight loaders copy into the existing tensor, fusing q/k/v biases
-  into qkv_proj's and skipping a tied lm_head), then the modules whose kernel also reads it (the embedding
-  and lm_head: their logits GEMM) are re-processed the same way.
+  into qkv_proj's and skipping a tied lm_head; each parameter's own loader, unwrapped from what a
+  layerwise reload session left on it), then the modules whose kernel also reads it (the embedding and
+  lm_head: their logits GEMM) are re-processed the same way.
 
 `direct_load` runs on the vLLM worker (`LLM.collective_rpc`). `direct_load_support` says whether a model
 qualifies: a CPU platform (on GPU vLLM keeps every weight as a parameter; this path has not run there),
@@ -82,6 +83,7 @@ def direct_load(worker: Any, weights: Sequence[tuple[str, torch.Tensor]]) -> Non
         used.update(parts)
     for module, weight in kernels:
         _rebuild_kernel(module, weight)
+    _unwrap_loaders(model)
     loaded = model.load_weights([(n, t) for n, t in weights if n not in used])
     kept = {n for n, p in model.named_parameters() if p.numel() > 0}
     if kept - set(loaded):
@@ -89,6 +91,21 @@ def direct_load(worker: Any, weights: Sequence[tuple[str, torch.Tensor]]) -> Non
     for module in model.modules():
         if type(getattr(module, "quant_method", None)).__name__ == _EMBEDDING:
             module.quant_method.process_weights_after_loading(module)  # the logits GEMM of the new table
+
+
+def _unwrap_loaders(model: torch.nn.Module) -> None:
+    """Give every parameter back its own weight loader.
+
+    vLLM's layerwise reload (what its weight-transfer API runs) wraps the loaders of parameters a layer
+    registers late (qkv_proj's bias) in a loader that only buffers the tensor for the layer's deferred
+    processing, and can leave that wrapper on the live parameter; through it, a later load would be
+    recorded and never copied. A reload session wraps them again when it starts."""
+    for param in model.parameters():
+        loader = getattr(param, "weight_loader", None)
+        while loader is not None and loader.__name__ == "online_process_loader":
+            loader = loader.__wrapped__
+        if loader is not None:
+            param.weight_loader = loader
 
 
 def _rows(parts: list[torch.Tensor]) -> torch.Tensor:

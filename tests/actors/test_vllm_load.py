@@ -103,3 +103,37 @@ def test_direct_load_refuses_a_state_dict_without_a_fused_part(tmp_path: Path) -
         engine.load_weights(_delivered(state), version=1)
     assert engine.version == 0 and engine.checksum() == checksum  # nothing was written
     assert _outputs(engine) == before
+
+
+def _reload_session(worker, weights: list, load: bool) -> None:
+    """What vLLM's weight-transfer API runs on the worker (start, update, finish); `load=False` is a
+    session abandoned before any weight arrived (the sampler's `_close_update`)."""
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+    model = worker.model_runner.get_model()
+    initialize_layerwise_reload(model)
+    if load:
+        model.load_weights(weights)
+    finalize_layerwise_reload(model, worker.model_runner.model_config)
+
+
+@pytest.mark.vllm
+def test_direct_load_after_weight_transfer_sessions_generates_what_a_fresh_engine_generates(
+    tmp_path: Path,
+) -> None:
+    """The collective transport's sessions (one complete, one abandoned), then the object-store fallback's
+    direct load: the sessions leave buffering loaders on some parameters, which must not swallow the load."""
+    pytest.importorskip("vllm")
+    base = build_tiny_model(tmp_path / "base", spec=TinyModelSpec(init_std=0.3))
+    first = _perturbed(base, tmp_path / "first")
+    state = _perturbed(tmp_path / "first", tmp_path / "new")
+    fresh = make_engine("vllm", tmp_path / "new", seed=0)
+    want = _outputs(fresh)
+    del fresh
+    engine = make_engine("vllm", base, seed=0)
+    engine.llm.collective_rpc(_reload_session, args=(list(first.items()), True))
+    assert engine.checksum() == pytest.approx(weights_checksum(first, tie_word_embeddings=True), rel=1e-6)
+    engine.llm.collective_rpc(_reload_session, args=([], False))
+    engine.load_weights(_delivered(state), version=2)
+    assert engine.checksum() == pytest.approx(weights_checksum(state, tie_word_embeddings=True), rel=1e-6)
+    assert _outputs(engine) == want
