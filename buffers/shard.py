@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 from buffers.experience import ExperiencePool
 from buffers.records import groups_from_arrow, groups_to_arrow
 from buffers.wal import WriteAheadLog
+from exgrpo.core.faults import fault_point
 from exgrpo.core.fileio import atomic_write
 from exgrpo.core.records import Group, PulledBatch, ReplayPick, ReplayStats
 
@@ -127,10 +128,12 @@ class ReplayShard:
                 )
             new[group.request_id] = group
         if new:
+            fault_point("shard.push.before_log")
             if (
                 self.wal is not None
             ):  # encoding the frame costs more than recording the groups: only with a log
                 self._log(groups_to_arrow(list(new.values())), op="push")
+            fault_point("shard.push.logged")
             self._apply_push(new.values())
             self._maybe_compact()
         return len(new)
@@ -154,7 +157,9 @@ class ReplayShard:
         if take_id is not None and self._last_take is not None and self._last_take[0] == take_id:
             return self._last_take[1]
         ids = [int(r) for r in request_ids]
+        fault_point("shard.take.before_log")
         self._log(pa.table({"request_id": pa.array(ids, pa.int64())}), op="take", take_id=take_id)
+        fault_point("shard.take.logged")
         return self._apply_take(ids, take_id)
 
     def _apply_take(self, request_ids: Sequence[int], take_id: str | None) -> PulledBatch:
