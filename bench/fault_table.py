@@ -35,6 +35,14 @@ def outcome(row: dict) -> str:
     return str(row.get("outcome"))
 
 
+def lost(row: dict) -> str:
+    if row.get("outcome") == "interrupted" and "died_at_step" in row:
+        start, died = int(row["checkpoint"].split("-")[-1]), int(row["died_at_step"])
+        steps = f"step {start}" if died <= start else f"steps {start}-{died}"
+        return f"the work of {steps} (checkpoint to the step in progress), run again after `--resume`"
+    return str(row.get("lost", "not measured (the cell failed)"))
+
+
 def markdown(found: list[dict]) -> str:
     lines = [
         "| what dies | at (fault point) | what happens | what is lost | cell s |",
@@ -44,7 +52,7 @@ def markdown(found: list[dict]) -> str:
         point = r["fault"].split(":")[-1]
         lines.append(
             f"| {r['died']} | `{point}`: {r['where'].split(': ', 1)[-1]} | {outcome(r)} | "
-            f"{r.get('lost', 'not measured (the cell failed)')} | {r.get('total_s', '?')} |"
+            f"{lost(r)} | {r.get('total_s', '?')} |"
         )
     return "\n".join(lines)
 

@@ -134,7 +134,7 @@ def test_fault_cell(kind, entry, reference, table_dir, tmp_path, monkeypatch):
         if outcome == "survives":
             row |= check_survived(result, watch, ref_batches, kind=kind)
         else:
-            row |= check_interrupted(interrupted, run_dir, watch, ref_batches, fired)
+            row |= check_interrupted(interrupted, run_dir, ref_batches, fired)
     finally:
         row["total_s"] = round(time.monotonic() - t0, 1)
         (table_dir / f"{kind}-{fired['entry'].replace(':', '-')}.json").write_text(json.dumps(row))
@@ -153,16 +153,13 @@ def check_survived(result, watch: Batches, ref_batches: list, *, kind: str) -> d
     return {"steps": len(result.records), "sampler_restarts": restarts, "lost": "nothing"}
 
 
-def check_interrupted(
-    err: RunInterrupted, run_dir: Path, watch: Batches, ref_batches: list, fired: dict
-) -> dict:
+def check_interrupted(err: RunInterrupted, run_dir: Path, ref_batches: list, fired: dict) -> dict:
     """The message names the actor, the checkpoint and the command; `--resume` finishes the run like the
     unkilled one; metrics.jsonl records every step once."""
     text = str(err)
     assert f"exgrpo-{fired['actor']} died at step" in text, text
     assert err.checkpoint is not None and str(err.checkpoint) in text, text
     assert f"python -m exgrpo.run --resume {run_dir}" in text, text
-    trained_before = len(watch.batches)
     resumed_from = int(err.checkpoint.name.split("-")[-1])
     t0 = time.monotonic()
     again = Batches()
@@ -170,11 +167,17 @@ def check_interrupted(
     assert [r[M.STEP] for r in result.records] == list(range(resumed_from, STEPS))
     assert [summary(b) for b in again.batches] == ref_batches[resumed_from:]
     assert steps_in_metrics(run_dir) == [-1, *range(STEPS)]  # rewound, not duplicated
+    died_at = int(text.split("died at step ")[1].split(";")[0])
     return {
         "steps": STEPS,
-        "died_at_step": int(text.split("died at step ")[1].split(";")[0]),
+        "died_at_step": died_at,
         "checkpoint": err.checkpoint.name,
         "resume_s": round(time.monotonic() - t0, 1),
-        "lost": f"{trained_before - resumed_from} trained step(s) since {err.checkpoint.name}, trained again "
-        "after --resume",
+        "lost": lost_steps(resumed_from, died_at),
     }
+
+
+def lost_steps(checkpoint_step: int, died_at: int) -> str:
+    """What an interrupted run loses: the steps from its checkpoint to the one in progress, run again."""
+    steps = f"step {checkpoint_step}" if died_at <= checkpoint_step else f"steps {checkpoint_step}-{died_at}"
+    return f"the work of {steps} (checkpoint to the step in progress), run again after --resume"
