@@ -16,7 +16,8 @@ What it records (and prints as a summary; the JSON holds every kill):
 The run uses configs/tiny-cpu.yaml (2 HF samplers, 2 shards with the write-ahead log, 1 learner) with enough
 steps never to finish; at the deadline the observer stops it (`SoakDone`). A learner kill ends the run with
 `RunInterrupted` until `trainer.max_failures` lets a run heal itself: the soak then records it as its error.
-Kills wait for the previous one's recovery, so at most one actor is down at a time.
+Kills wait for the previous one's recovery, so at most one actor is down at a time, and none starts in the
+last --quiet-s seconds (a replacement sampler can take minutes to start on a loaded machine).
 """
 
 from __future__ import annotations
@@ -72,10 +73,17 @@ class Killer(threading.Thread):
     """SIGKILLs a random actor of a random kind every `interval` (uniform) seconds, after the last one recovered."""
 
     def __init__(
-        self, *, kinds: list[str], interval: tuple[float, float], seed: int, steps: list[float]
+        self,
+        *,
+        kinds: list[str],
+        interval: tuple[float, float],
+        seed: int,
+        steps: list[float],
+        last_kill: float = float("inf"),
     ) -> None:
         super().__init__(daemon=True)
         self.kinds, self.interval, self.rng = kinds, interval, random.Random(seed)
+        self.last_kill = last_kill  # time.monotonic() after which no kill starts (each gets time to recover)
         self.step_times = steps  # wall times at which steps finished (appended by the observer)
         self.stop = threading.Event()
         self.kills: list[dict[str, Any]] = []
@@ -83,6 +91,8 @@ class Killer(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(self.rng.uniform(*self.interval)):
+            if time.monotonic() > self.last_kill:
+                break
             kind = self.rng.choice(self.kinds)
             before = actor_pids(kind)
             if not before:
@@ -165,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the kill schedule")
     ap.add_argument("--kill-every", type=float, nargs=2, default=(20.0, 40.0), metavar=("MIN_S", "MAX_S"))
     ap.add_argument("--kill-learners", action="store_true", help="also kill learners (ends the run today)")
+    ap.add_argument("--quiet-s", type=float, default=180.0, help="no kill starts in the last QUIET_S seconds")
     ap.add_argument("--run-dir", default=None, help="run directory (default: next to --out)")
     ap.add_argument("--set", nargs="*", default=[], help="extra config overrides key=value")
     args = ap.parse_args(argv)
@@ -188,9 +199,16 @@ def main(argv: list[str] | None = None) -> int:
         ],
     )
     kinds = ["sampler", "shard"] + (["learner"] if args.kill_learners else [])
-    killer = Killer(kinds=kinds, interval=tuple(args.kill_every), seed=args.seed, steps=[])
     t0 = time.monotonic()
-    soak = Soak(deadline=t0 + 60 * args.minutes, killer=killer, B=cfg.trainer.questions_per_step)
+    deadline = t0 + 60 * args.minutes
+    killer = Killer(
+        kinds=kinds,
+        interval=tuple(args.kill_every),
+        seed=args.seed,
+        steps=[],
+        last_kill=deadline - args.quiet_s,
+    )
+    soak = Soak(deadline=deadline, killer=killer, B=cfg.trainer.questions_per_step)
     error = None
     try:
         train(cfg, checkpoints=True, observer=soak, stall_timeout_s=600)

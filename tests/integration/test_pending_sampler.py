@@ -21,7 +21,8 @@ from exgrpo.runtime.recipe import train
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-STEPS, UP, DOWN = 8, 1, 5  # scale up after step UP, back down after step DOWN
+STEPS, UP, DOWN = 10, 1, 5  # ask for 3 samplers after step UP, for 2 after step DOWN
+# (the driver reads the controller without blocking, so it applies a change one or two steps later)
 
 
 @pytest.fixture(scope="module")
@@ -80,12 +81,14 @@ def test_an_unplaceable_sampler_never_blocks_a_step_and_scaling_down_removes_it(
     # a step that waited for the pending sampler would stall: fail in 120 s instead of the default 900 s
     result = train(cfg, checkpoints=False, observer=op, stall_timeout_s=120)
     assert [r[M.VERSION] for r in result.records] == list(range(1, STEPS + 1))
-    live = ["exgrpo-sampler-0", "exgrpo-sampler-1"]
-    pending = [s for s in op.seen if UP < s["step"] <= DOWN]  # steps that ran with the third one asked for
-    assert pending and all(s["starting"] == 1 and s["members"] == live for s in pending), op.seen
-    assert all(s["free_cpus"] < 0.5 for s in pending), op.seen  # Ray really could not place it
-    assert all(r[M.SAMPLERS] == 3 for r in result.records if UP < r[M.STEP] <= DOWN)
-    after = [s for s in op.seen if s["step"] > DOWN]
-    assert after and all(s["starting"] == 0 and s["members"] == live for s in after), op.seen
-    assert [r[M.SAMPLERS] for r in result.records if r[M.STEP] > DOWN] == [2] * (STEPS - DOWN - 1)
     print("\n", *op.seen, sep="\n")
+    live = ["exgrpo-sampler-0", "exgrpo-sampler-1"]
+    assert all(s["members"] == live for s in op.seen), op.seen  # the third one never took a request
+    pending = [s["step"] for s in op.seen if s["starting"] == 1]  # steps trained with it pending
+    assert len(pending) >= 2 and pending == list(range(pending[0], pending[-1] + 1)), op.seen
+    assert pending[0] > UP and pending[-1] < STEPS - 2, op.seen  # asked for after UP, gone before the end
+    placeable = [s for s in op.seen if s["step"] in pending and s["free_cpus"] >= 0.5]
+    assert placeable == [], op.seen  # Ray really could not place it
+    samplers = {r[M.STEP]: r[M.SAMPLERS] for r in result.records}
+    assert all(samplers[t] == 3 for t in pending) and samplers[STEPS - 1] == 2
+    assert op.seen[-1]["starting"] == 0  # the pool shut down after the run: read what it was then
