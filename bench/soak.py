@@ -11,7 +11,8 @@ What it records (and prints as a summary; the JSON holds every kill):
     id never issued, or an id trained twice are listed too;
   - kills by kind (sampler, shard; learner with --kill-learners) and for each kill the seconds until it was
     recovered from: a new process of that kind runs and a step finished after the kill;
-  - wall time, steps per minute, the sampler replacements the pool counted.
+  - wall time and the set-up's share of it (the deadline counts from the start), the sampler replacements the
+    pool counted.
 
 The run uses configs/tiny-cpu.yaml (2 HF samplers, 2 shards with the write-ahead log, 1 learner) with enough
 steps never to finish; at the deadline the observer stops it (`SoakDone`). A learner kill ends the run with
@@ -124,10 +125,11 @@ class Soak(Observer):
         self.bad_steps: list[tuple[int, int]] = []  # (step, groups) of steps that trained != B groups
         self.records: list[dict[str, Any]] = []
         self.accounting: dict[str, Any] = {}
+        self.train_start: float | None = None
 
     def on_train_start(self, *, system: Any, driver: Any) -> None:
         self.system, self.driver = system, driver
-        self.killer.t0 = time.monotonic()
+        self.killer.t0 = self.train_start = time.monotonic()
         self.killer.start()
 
     def on_batch(self, *, batch: Any) -> None:
@@ -228,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "kill_every_s": list(args.kill_every),
         "wall_s": round(wall, 1),
+        "setup_s": round(soak.train_start - t0, 1) if soak.train_start is not None else None,
         "error": error,
         "steps_trained": len(soak.records),
         "questions_per_step": cfg.trainer.questions_per_step,
