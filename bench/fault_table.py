@@ -37,9 +37,10 @@ def outcome(row: dict) -> str:
 
 def lost(row: dict) -> str:
     if row.get("outcome") == "interrupted" and "died_at_step" in row:
-        start, died = int(row["checkpoint"].split("-")[-1]), int(row["died_at_step"])
-        steps = f"step {start}" if died <= start else f"steps {start}-{died}"
-        return f"the work of {steps} (checkpoint to the step in progress), run again after `--resume`"
+        start = int(row["checkpoint"].split("-")[-1])
+        return (
+            f"whatever was done since {row['checkpoint']}: steps {start}.. are trained again after `--resume`"
+        )
     return str(row.get("lost", "not measured (the cell failed)"))
 
 

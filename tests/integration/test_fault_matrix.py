@@ -37,7 +37,8 @@ from exgrpo.loop.checkpoint import RunInterrupted
 from exgrpo.loop.observer import Observer
 from exgrpo.runtime.recipe import train
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# a cell is one or two runs: on 2 cores shared with other jobs, one took more than the default 900 s
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 STEPS = 4
 OVERRIDES = [
@@ -178,6 +179,8 @@ def check_interrupted(err: RunInterrupted, run_dir: Path, ref_batches: list, fir
 
 
 def lost_steps(checkpoint_step: int, died_at: int) -> str:
-    """What an interrupted run loses: the steps from its checkpoint to the one in progress, run again."""
-    steps = f"step {checkpoint_step}" if died_at <= checkpoint_step else f"steps {checkpoint_step}-{died_at}"
-    return f"the work of {steps} (checkpoint to the step in progress), run again after --resume"
+    """What an interrupted run loses: what it did since its checkpoint, trained again on resume."""
+    return (
+        f"what was done since the checkpoint of step {checkpoint_step}, trained again after --resume "
+        f"(the death surfaced at step {died_at})"
+    )
