@@ -132,6 +132,19 @@ class SamplerPool:
                 continue
             self._join(index, handle)
 
+    def wait_started(self, *, timeout_s: float = 600.0) -> None:
+        """Block until every starting sampler has joined (for callers that want new samplers serving now,
+        e.g. tests); raises TimeoutError naming how many are still starting (can Ray place them?)."""
+        deadline = time.monotonic() + timeout_s
+        while self._starting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(
+                    f"{len(self._starting)} sampler(s) still starting after {timeout_s:.0f} s: Ray may have no "
+                    "room to place them (they stay PENDING_CREATION)"
+                )
+            self._promote(timeout_s=min(left, 1.0))
+
     def _join(self, index: int, handle: Any) -> None:
         if self.on_new is not None:  # before any request reaches it, with the weights of now
             self.on_new(handle)

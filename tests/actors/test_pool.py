@@ -61,21 +61,13 @@ def _collect(pool: SamplerPool, want: int, timeout_s: float = 120.0) -> list[Rol
     return out
 
 
-def _started(pool: SamplerPool, timeout_s: float = 120.0) -> None:
-    """Poll until every sampler the pool added has started (scale-ups and replacements start in the background)."""
-    deadline = time.monotonic() + timeout_s
-    while pool.num_starting() and time.monotonic() < deadline:
-        assert pool.poll(timeout_s=0.2) == []
-    assert pool.num_starting() == 0
-
-
 def test_requests_on_new_failure_replacement_and_scaling(ray_cluster, model_dir):
     seen: list = []
     pool = SamplerPool(spawn=_spawn(model_dir, "pool-a"), num=0, requests_per_call=2, on_new=seen.append)
     try:
         pool.scale(num=2)
         assert pool.size() == 2 and pool.members() == {}  # starting: no request reaches them yet
-        _started(pool)
+        pool.wait_started(timeout_s=120)
         assert pool.size() == 2 and list(pool.members()) == ["exgrpo-sampler-0", "exgrpo-sampler-1"]
         assert seen == list(pool.members().values())  # on_new saw every sampler before any request
         pool.submit(requests=[_request(i) for i in range(8)])
@@ -85,7 +77,7 @@ def test_requests_on_new_failure_replacement_and_scaling(ray_cluster, model_dir)
         ids = sorted(i for r in results for i in r.request_ids)
         assert ids == list(range(8))  # every request exactly once, none lost with the dead sampler
         assert pool.restarts == 1 and pool.size() == 2 and pool.num_pending() == 0
-        _started(pool)
+        pool.wait_started(timeout_s=120)
         assert len(seen) == 3 and seen[-1] is pool.members()["exgrpo-sampler-2"]  # the replacement
         groups = {g.request_id: g for r in results for g in r.groups}
         for i, g in groups.items():
