@@ -5,11 +5,18 @@ way RLlib manages EnvRunners). On top of it the pool keeps every request it was 
 sampler reports it done: a failed or removed sampler's requests go back to the queue, so none is
 lost, and a failed sampler is replaced.
 
+A sampler the pool adds (scale-up, replacement) is *starting* until its actor answers a `ping`, i.e.
+until Ray has placed it and its engine is built. A starting sampler gets no request, is not among
+`members()` and is never waited for, so a sampler that Ray cannot place (it stays PENDING_CREATION on a
+cluster without room) never blocks a step; a scale-down removes starting samplers first (newest first),
+which cancels their creation. The initial samplers are waited for in the constructor (the cluster check
+has made sure they fit); one whose start fails raises there with its error.
+
 The pool knows nothing about weights. Every sampler it adds (initial, scale-up, replacement) is
-first handed to `on_new` (the wiring sets it to the weight transport's `catch_up`), before the pool
-sends it any request; Ray runs one caller's calls on an actor in submission order, so whatever
-`on_new` submits is applied before the first generate. `members()` is what the transport
-broadcasts to. Every sampler it removes (drained, failed, shut down) is handed to `on_removed` after
+handed to `on_new` (the wiring sets it to the weight transport's `catch_up`) once it has started,
+before the pool sends it any request; Ray runs one caller's calls on an actor in submission order, so
+whatever `on_new` submits is applied before the first generate, and it is the weights of the moment
+the sampler joins. `members()` is what the transport broadcasts to. Every sampler it removes (drained, failed, shut down) is handed to `on_removed` after
 it is killed (the wiring releases a tensor-parallel sampler's placement group there).
 """
 
@@ -63,40 +70,105 @@ class SamplerPool:
         self._in_flight: dict[int, list[tuple[GenerationRequest, ...]]] = {}
         self._draining: set[int] = set()
         self._pending: deque[GenerationRequest] = deque()
+        self._starting: dict[int, tuple[Any, Any]] = {}  # sampler index -> (handle, its ping's ref)
         self.restarts = 0  # samplers replaced after a failure
         self._add(num)
+        self._start_initial()
 
     # -- membership ----------------------------------------------------------------------------------
     def _live(self) -> list[int]:
-        return [a for a in self.manager.healthy_actor_ids() if a not in self._draining]
+        """Manager ids of the started, healthy, not draining samplers, oldest (lowest index) first."""
+        live = [a for a in self.manager.healthy_actor_ids() if a not in self._draining]
+        return sorted(live, key=lambda a: self._index[a])
 
     def members(self) -> dict[str, Any]:
         """Live samplers that take new requests: stable id -> handle, oldest first."""
-        return {sampler_name(self._index[a]): self._handles[a] for a in sorted(self._live())}
+        return {sampler_name(self._index[a]): self._handles[a] for a in self._live()}
 
     def size(self) -> int:
-        return len(self._live())
+        """Samplers that count towards the desired number: live ones and starting ones (not draining)."""
+        return len(self._live()) + len(self._starting)
+
+    def num_starting(self) -> int:
+        """Samplers added but not yet answering (being placed by Ray, or building their engine)."""
+        return len(self._starting)
 
     def _add(self, n: int) -> None:
+        """Start `n` samplers; each joins (`_join`) once its ping answers."""
         for _ in range(n):
             handle = self._spawn(self._next_index)
-            if self.on_new is not None:  # before any request reaches it
-                self.on_new(handle)
-            self.manager.add_actors([handle])
-            aid = max(self.manager.actor_ids())
-            self._index[aid] = self._next_index
-            self._handles[aid] = handle
-            self._in_flight[aid] = []
+            self._starting[self._next_index] = (handle, handle.ping.remote())
             self._next_index += 1
 
+    def _start_initial(self) -> None:
+        """Wait for the constructor's samplers; a start that fails raises (a config error, not a crash)."""
+        for index, (_, ref) in list(self._starting.items()):
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as err:
+                self.shutdown()
+                raise RuntimeError(f"sampler {sampler_name(index)} failed to start: {err}") from err
+        self._promote(timeout_s=0)
+
+    def _promote(self, *, timeout_s: float) -> None:
+        """Join the starting samplers whose ping has answered (waiting up to `timeout_s` for the first);
+        one that died while starting is replaced."""
+        if not self._starting:
+            return
+        refs = {ref: index for index, (_, ref) in self._starting.items()}
+        if timeout_s > 0 and not ray.wait(list(refs), num_returns=1, timeout=timeout_s)[0]:
+            return
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        for ref in ready:
+            index = refs[ref]
+            handle, _ = self._starting.pop(index)
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as err:
+                log.error("sampler %s died while starting: %s", sampler_name(index), err)
+                self._kill(handle)
+                self.restarts += 1
+                self._add(1)
+                continue
+            self._join(index, handle)
+
+    def wait_started(self, *, timeout_s: float = 600.0) -> None:
+        """Block until every starting sampler has joined (for callers that want new samplers serving now,
+        e.g. tests); raises TimeoutError naming how many are still starting (can Ray place them?)."""
+        deadline = time.monotonic() + timeout_s
+        while self._starting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(
+                    f"{len(self._starting)} sampler(s) still starting after {timeout_s:.0f} s: Ray may have no "
+                    "room to place them (they stay PENDING_CREATION)"
+                )
+            self._promote(timeout_s=min(left, 1.0))
+
+    def _join(self, index: int, handle: Any) -> None:
+        if self.on_new is not None:  # before any request reaches it, with the weights of now
+            self.on_new(handle)
+        self.manager.add_actors([handle])
+        aid = max(self.manager.actor_ids())
+        self._index[aid] = index
+        self._handles[aid] = handle
+        self._in_flight[aid] = []
+
     def scale(self, *, num: int) -> None:
-        """Grow to `num` samplers, or drain the newest ones (they finish their requests, then stop)."""
+        """Grow to `num` samplers, or shrink: starting samplers are removed first (newest first; this
+        cancels a creation Ray could not place), then the newest live ones are drained (they finish their
+        requests, then stop)."""
         if num < 1:
             raise ValueError("a run needs at least one sampler")
+        self._promote(timeout_s=0)
         current = self._live()
-        if num > len(current):
-            self._add(num - len(current))
-        for aid in sorted(current, reverse=True)[: max(0, len(current) - num)]:
+        if num > self.size():
+            self._add(num - self.size())
+        for index in sorted(self._starting, reverse=True)[: max(0, self.size() - num)]:
+            handle, _ = self._starting.pop(index)
+            log.info("sampler %s removed before it started", sampler_name(index))
+            self._kill(handle)
+        for aid in current[::-1][: max(0, len(current) - num)]:
             self._draining.add(aid)
         self._reap_drained()
         self._dispatch()
@@ -126,6 +198,9 @@ class SamplerPool:
         self._handles.pop(aid, None)
         with contextlib.suppress(Exception):  # a dead actor cannot close
             ray.get(handle.close.remote(), timeout=10)
+        self._kill(handle)
+
+    def _kill(self, handle: Any) -> None:
         ray.kill(handle)
         if self.on_removed is not None:  # e.g. release a tensor-parallel sampler's placement group
             self.on_removed(handle)
@@ -158,7 +233,10 @@ class SamplerPool:
             self._in_flight[aid].append(chunk)
 
     def poll(self, *, timeout_s: float) -> list[RolloutResult]:
-        """Results finished since the last call; failed samplers are replaced and their requests re-queued."""
+        """Results finished since the last call; failed samplers are replaced and their requests re-queued;
+        started samplers join. With nothing in flight it waits (up to `timeout_s`) for a starting sampler."""
+        idle = not any(self._in_flight.values())
+        self._promote(timeout_s=timeout_s if idle else 0)
         self._dispatch()
         results = self.manager.fetch_ready_async_reqs(tags=TAG, timeout_seconds=timeout_s)
         done, failed = [], set()
@@ -189,20 +267,27 @@ class SamplerPool:
 
     # -- evaluation ----------------------------------------------------------------------------------
     def evaluate(
-        self, *, prompts: Sequence[Prompt], n: int, max_attempts: int = 3
+        self, *, prompts: Sequence[Prompt], n: int, max_attempts: int = 3, start_timeout_s: float = 600.0
     ) -> list[tuple[float, ...]]:
         """n rewards per prompt, in prompt order: contiguous slices of the prompts, one per live sampler.
 
         Each sampler evaluates after the requests already sent to it (and with the weights they left). A
         sampler that dies meanwhile is replaced, as in generation, and its slice is evaluated again on the
         live samplers (at most `max_attempts` rounds; an error raised inside `evaluate` is not retried).
+        With no live sampler (the only one died), it waits up to `start_timeout_s` for a starting one.
         """
         if not prompts:
             return []
         scores: dict[int, list[tuple[float, ...]]] = {}  # slice start -> its scores
         todo = [(0, list(prompts))]
         for _ in range(max_attempts):
-            live = sorted(self._live())
+            live = self._live()
+            deadline = time.monotonic() + start_timeout_s
+            while (
+                not live and self._starting and time.monotonic() < deadline
+            ):  # e.g. the only one was replaced
+                self._promote(timeout_s=1.0)
+                live = self._live()
             if not live:
                 raise RuntimeError("no live sampler to evaluate on")
             calls = []
@@ -234,4 +319,7 @@ class SamplerPool:
         for aid in list(self.manager.actor_ids()):
             self._in_flight[aid] = []
             self._remove(aid)
+        for handle, _ in self._starting.values():
+            self._kill(handle)
+        self._starting.clear()
         self._pending.clear()

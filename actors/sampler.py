@@ -42,6 +42,7 @@ from actors.engines import GenerationEngine
 from actors.factory import make_engine
 from actors.sampling import build_groups, sample_rewards
 from exgrpo.core.config import Dtype, EngineKind, TemplateName
+from exgrpo.core.faults import fault_point
 from exgrpo.core.names import sampler_name
 from exgrpo.core.positions import OVERRIDE_HINT, position_limit, read_config
 from exgrpo.core.records import GenerationRequest, Prompt, RolloutResult
@@ -140,6 +141,7 @@ class Sampler:
             seed=seeds,
         )
         t1 = time.perf_counter()
+        fault_point("sampler.generate")
         flat = [c for comps in outs for c in comps]
         asked = [r.prompt for r, comps in zip(requests, outs, strict=True) for _ in comps]
         failed_before = _failures(self.verifier)
@@ -150,6 +152,7 @@ class Sampler:
         groups = build_groups(requests, prompt_ids, outs, rewards, versions=[version] * len(requests))
         if self.replay is not None:
             self.replay.push(groups=groups)
+            fault_point("sampler.push")
         return RolloutResult(
             sampler=self.name,
             request_ids=tuple(r.request_id for r in requests),
@@ -176,6 +179,7 @@ class Sampler:
     def _evaluate(
         self, prompts: Sequence[Prompt], *, n: int, temperature: float | None, max_tokens: int | None
     ) -> list[tuple[float, ...]]:
+        fault_point("sampler.evaluate")
         return sample_rewards(
             self.engine,
             self.verifier,

@@ -57,6 +57,7 @@ from buffers.records import (
     push_payload,
 )
 from buffers.wal import Ticket, WriteAheadLog
+from exgrpo.core.faults import fault_point
 from exgrpo.core.records import Group, PulledBatch, ReplayPick, ReplayStats
 
 TAKE_ID = b"exgrpo.take_id"
@@ -174,11 +175,19 @@ class ReplayShard:
                 write = lambda: self._log(rows.select(new), op="push")  # noqa: E731
             else:  # nothing new, but a copy may still be syncing: answer once it is durable
                 write = self.wal.barrier if self.wal is not None else lambda: None
+            if new:
+                fault_point("shard.push.before_log")
             seq, ticket = self._order.begin(write)
             for j in new:
                 self._pending[rows.request_ids[j]] = ticket
+
+        def apply() -> int:
+            if new:
+                fault_point("shard.push.logged")  # durable, not yet applied nor answered
+            return self._apply_push(rows, new)
+
         try:
-            n = self._order.finish(seq, ticket, self.wal, lambda: self._apply_push(rows, new))
+            n = self._order.finish(seq, ticket, self.wal, apply)
         finally:
             with self._order.lock:
                 for j in new:
@@ -243,8 +252,14 @@ class ReplayShard:
             if take_id is not None and self._last_take is not None and self._last_take[0] == take_id:
                 return self._last_take[1]
             frame = pa.table({"request_id": pa.array(ids, pa.int64())})
+            fault_point("shard.take.before_log")
             seq, ticket = self._order.begin(lambda: self._log(frame, op="take", take_id=take_id))
-        return self._order.finish(seq, ticket, self.wal, lambda: self._apply_take(ids, take_id))
+
+        def apply() -> Taken:
+            fault_point("shard.take.logged")  # durable, not yet applied nor answered
+            return self._apply_take(ids, take_id)
+
+        return self._order.finish(seq, ticket, self.wal, apply)
 
     def _apply_take(self, request_ids: Sequence[int], take_id: str | None) -> Taken:
         parts, dropped = [], []

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from exgrpo.core.config import LearnerConfig, LossConfig
+from exgrpo.core.faults import fault_point
 from exgrpo.core.records import Group, ReplayCandidate
 from exgrpo.transport.packed import PackedWeights, Packer
 from learners import batches, logits, lora
@@ -282,6 +283,7 @@ class Learner:
             chunk_tokens=self._chunk_tokens,
             token_slices=self._token_slices if self.cfg.max_tokens_per_micro_batch is not None else None,
         )
+        fault_point("learner.update")
         self._version = version + 1
         return {**out, **shares}
 
@@ -316,6 +318,7 @@ class Learner:
     def get_weights(self) -> PackedWeights | None:
         """The full HF-named state dict packed in one byte buffer (rank 0; None elsewhere; collective under
         ZeRO-3). Under LoRA the merged weights: every tensor, since the samplers' loads replace whole models."""
+        fault_point("learner.broadcast")
         with self._full_params():
             return self._packer.pack(self._state()) if self.rank == 0 else None
 
@@ -351,6 +354,7 @@ class Learner:
             self._pusher.timeout_s = timeout_s  # async.weight_timeout_s
         if self._merged_view is not None:
             self._merged_view.refresh()
+        fault_point("learner.broadcast")
         try:
             return self._pusher.push(version=version, members=members)
         except BaseException:
@@ -378,6 +382,7 @@ class Learner:
                 hf.save_pretrained(out, state_dict=self._state())
                 if self.lora:
                     self.engine.module.save_pretrained(out / "adapter")
+        fault_point("learner.save")
         client: dict[str, Any] = {"version": self._version}
         if (initial := self._initial()) is not None:
             client["initial"] = {"path": self._initial_path, "checksum": checksum(initial)}

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from exgrpo.core.faults import fault_point
+
 
 class Controller:
     """The named actor `exgrpo-controller` through which operators steer a running job."""
@@ -26,6 +28,7 @@ class Controller:
         return n
 
     def desired_samplers(self) -> int:
+        fault_point("controller.desired_samplers")
         return self._samplers
 
     def sampler_resources(self) -> tuple[float, float]:

@@ -17,6 +17,7 @@ from typing import Any
 import ray
 
 from exgrpo.core.config import Config
+from exgrpo.core.faults import fault_env
 from exgrpo.runtime.resources import local_cluster_cpus
 
 # Environment every actor starts with (one torch thread per process: two on two cores made generation 5-70x slower; vLLM CPU
@@ -90,6 +91,8 @@ def remote_actor(
 
     ``name`` is the actor's name in the Ray dashboard; ``scheduling_strategy`` places it (e.g. a
     ``PlacementGroupSchedulingStrategy`` bundle); ``max_concurrency`` > 1 lets it serve calls from several threads.
+    The driver's fault variables (`exgrpo.core.faults`: EXGRPO_FAULTS, EXGRPO_FAULTS_DIR), when set, are added
+    to the actor's env (Ray merges them with the job's), read at the moment the actor is started.
     """
     options: dict[str, Any] = {
         "name": name,
@@ -100,6 +103,8 @@ def remote_actor(
     }
     if scheduling_strategy is not None:
         options["scheduling_strategy"] = scheduling_strategy
+    if faults := fault_env():
+        options["runtime_env"] = {"env_vars": faults}
     # e.g. the sampler's weight-transfer calls (Ray takes concurrency groups at decoration, not in options)
     groups = getattr(cls, "CONCURRENCY_GROUPS", None)
     actor_cls = ray.remote(concurrency_groups=dict(groups))(cls) if groups else ray.remote(cls)

@@ -22,14 +22,14 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("pool") / "tiny", spec=TinyModelSpec())
 
 
-def _spawn(model_dir: Path, prefix: str):
+def _spawn(model_dir: Path, prefix: str, *, cpus=lambda index: 0.5):
     spec = EngineSpec(kind="hf", model_path=str(model_dir))
 
     def spawn(index: int):
         return remote_actor(
             Sampler,
             name=f"{prefix}-{index}",
-            num_cpus=0.5,
+            num_cpus=cpus(index),
             index=index,
             engine=spec,
             template="plain",
@@ -66,6 +66,8 @@ def test_requests_on_new_failure_replacement_and_scaling(ray_cluster, model_dir)
     pool = SamplerPool(spawn=_spawn(model_dir, "pool-a"), num=0, requests_per_call=2, on_new=seen.append)
     try:
         pool.scale(num=2)
+        assert pool.size() == 2 and pool.members() == {}  # starting: no request reaches them yet
+        pool.wait_started(timeout_s=120)
         assert pool.size() == 2 and list(pool.members()) == ["exgrpo-sampler-0", "exgrpo-sampler-1"]
         assert seen == list(pool.members().values())  # on_new saw every sampler before any request
         pool.submit(requests=[_request(i) for i in range(8)])
@@ -75,6 +77,7 @@ def test_requests_on_new_failure_replacement_and_scaling(ray_cluster, model_dir)
         ids = sorted(i for r in results for i in r.request_ids)
         assert ids == list(range(8))  # every request exactly once, none lost with the dead sampler
         assert pool.restarts == 1 and pool.size() == 2 and pool.num_pending() == 0
+        pool.wait_started(timeout_s=120)
         assert len(seen) == 3 and seen[-1] is pool.members()["exgrpo-sampler-2"]  # the replacement
         groups = {g.request_id: g for r in results for g in r.groups}
         for i, g in groups.items():
@@ -113,3 +116,27 @@ def test_a_sampler_that_dies_during_evaluation_is_replaced_and_its_slice_evaluat
         assert pool.restarts == 1 and pool.size() == 2 and "exgrpo-sampler-0" not in pool.members()
     finally:
         pool.shutdown()
+
+
+def test_a_sampler_ray_cannot_place_gets_no_request_and_a_scale_down_removes_it(ray_cluster, model_dir):
+    """Sampler 1 asks for more CPUs than the cluster has, so it stays PENDING_CREATION: the live sampler
+    serves every request meanwhile, and scaling back down cancels the pending one."""
+    cpus = {1: 64.0}  # index 1: unplaceable on the 4-CPU test cluster; every other index 0.5
+    pool = SamplerPool(
+        spawn=_spawn(model_dir, "pool-p", cpus=lambda i: cpus.get(i, 0.5)), num=1, requests_per_call=1
+    )
+    try:
+        pool.scale(num=2)
+        assert pool.size() == 2 and pool.num_starting() == 1 and list(pool.members()) == ["exgrpo-sampler-0"]
+        pool.submit(requests=[_request(i) for i in range(6)])
+        t0 = time.monotonic()
+        results = _collect(pool, 6, timeout_s=60)
+        assert sorted(i for r in results for i in r.request_ids) == list(range(6)), time.monotonic() - t0
+        assert {r.sampler for r in results} == {"exgrpo-sampler-0"} and pool.num_starting() == 1
+        pool.scale(num=1)  # the pending sampler goes, without waiting for it
+        assert pool.size() == 1 and pool.num_starting() == 0 and pool.num_pending() == 0
+        pool.submit(requests=[_request(i) for i in range(6, 8)])  # and the pool goes on as before
+        assert sorted(i for r in pool.wait_idle(timeout_s=60) for i in r.request_ids) == [6, 7]
+    finally:
+        pool.shutdown()
+    assert pool.size() == 0

@@ -128,6 +128,7 @@ def _check_metrics(m: dict[str, float]) -> None:
 def _start(pool: SamplerPool, transport, num: int) -> None:
     pool.on_new = transport.catch_up  # as the wiring does; nothing published yet: a no-op
     pool.scale(num=num)
+    pool.wait_started(timeout_s=300)  # new samplers join in the background; these tests want them now
 
 
 def test_object_store_broadcast_and_catch_up(learners, model_dir):
@@ -143,6 +144,7 @@ def test_object_store_broadcast_and_catch_up(learners, model_dir):
         _assert_in_sync(pool, learners, v)
         assert transport.broadcast(version=v)[M.WEIGHT_LOAD] > 0  # the first loads have finished by now
         pool.scale(num=3)  # the newcomer gets the published weights before its first request
+        pool.wait_started(timeout_s=300)
         pool.submit(
             requests=[
                 GenerationRequest(request_id=i, prompt=Prompt(qid=f"q{i}", question="1+1", answer="2"), n=1)
@@ -174,6 +176,7 @@ def test_vllm_api_broadcast_rebuilds_its_world_on_membership_change(learners, mo
             _assert_in_sync(pool, learners, v, rel=VLLM_REL)
         assert transport.last["rebuilt"] == 1 and len(transport.last["apply_s"]) == 2
         pool.scale(num=3)  # caught up through the object store, joins the world at the next broadcast
+        pool.wait_started(timeout_s=300)
         newcomer = pool.members()["exgrpo-sampler-2"]
         assert ray.get(newcomer.version.remote()) == v
         assert ray.get(newcomer.checksum.remote()) == pytest.approx(learners.checksums()[0], rel=VLLM_REL)
