@@ -24,8 +24,11 @@ def rows(directory: Path) -> list[dict]:
 
 def outcome(row: dict) -> str:
     if row.get("outcome") == "survives":
-        restarts = row.get("sampler_restarts", 0)
-        how = "sampler replaced" if restarts else "shard restarted by Ray, log replayed"
+        how = {
+            "sampler": "sampler replaced",
+            "shard": "shard restarted by Ray, log replayed",
+            "controller": "a new controller started with the last count",
+        }.get(row["kind"], "?")
         return f"run goes on ({how}); all {row.get('steps', '?')} steps, batches = unkilled run"
     if row.get("outcome") == "interrupted":
         return (

@@ -32,8 +32,11 @@ class System:
     samplers: Any  # actors.pool.SamplerPool
     learners: Any  # learners.group.LearnerGroup
     weights: Any  # exgrpo.transport.broadcast transport
-    controller: Any  # Controller actor handle
-    scaling: ControllerClient
+    scaling: ControllerClient  # over the Controller actor (`controller`: its current handle)
+
+    @property
+    def controller(self) -> Any:
+        return self.scaling.handle
 
     def shutdown(self) -> None:
         self.samplers.shutdown()
@@ -232,19 +235,21 @@ def build_system(
         timeout_s=cfg.async_.weight_timeout_s,
     )
     samplers.on_new = weights.catch_up
-    controller = remote_actor(
-        Controller,
-        name=CONTROLLER,
-        num_cpus=0,
-        samplers=s.num,
-        sampler_cpus=s.num_cpus,
-        sampler_gpus=s.num_gpus * s.tensor_parallel_size,
-    )
+
+    def start_controller(n: int) -> Any:
+        return remote_actor(
+            Controller,
+            name=CONTROLLER,
+            num_cpus=0,
+            samplers=n,
+            sampler_cpus=s.num_cpus,
+            sampler_gpus=s.num_gpus * s.tensor_parallel_size,
+        )
+
     return System(
         replay=replay,
         samplers=samplers,
         learners=learners,
         weights=weights,
-        controller=controller,
-        scaling=ControllerClient(controller),
+        scaling=ControllerClient(start_controller(s.num), start=start_controller, samplers=s.num),
     )

@@ -1,11 +1,14 @@
 """The scaling controller: the job's named actor `exgrpo-controller` holding the operator's desired sampler count.
 
 `ControllerClient` is how the driver reads it (`exgrpo.core.roles.Scaling`) without blocking;
-`python -m exgrpo.scale --samplers N` sets it.
+`python -m exgrpo.scale --samplers N` sets it. The controller holds nothing but that count, so its death
+stops nothing: the client starts a new one under the same name with the last count it read.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from exgrpo.core.faults import fault_point
@@ -38,10 +41,16 @@ class Controller:
 
 class ControllerClient:
     """`exgrpo.core.roles.Scaling` over the controller actor without blocking: one query is always in
-    flight; `desired_samplers()` returns its answer once it has arrived (and asks again), else None."""
+    flight; `desired_samplers()` returns its answer once it has arrived (and asks again), else None.
 
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
+    A controller that died (its query fails with a `RayActorError`) is replaced: ``start(n)`` makes a new
+    one holding ``n``, the last count this client read (the operator's setting unless it changed after that
+    read; then ``exgrpo.scale`` sets it again on the new controller), and the run goes on.
+    """
+
+    def __init__(self, handle: Any, *, start: Callable[[int], Any] | None = None, samplers: int = 1) -> None:
+        self.handle, self._start, self._last = handle, start, samplers
+        self.replaced = 0  # controllers started after a death
         self._ref = handle.desired_samplers.remote()
 
     def desired_samplers(self) -> int | None:
@@ -50,6 +59,27 @@ class ControllerClient:
         ready, _ = ray.wait([self._ref], timeout=0)
         if not ready:
             return None
-        value = ray.get(self._ref)
+        try:
+            value = int(ray.get(self._ref))
+        except ray.exceptions.RayActorError:
+            if self._start is None:
+                raise
+            self._replace()
+            return None
+        self._last = value
         self._ref = self.handle.desired_samplers.remote()
-        return int(value)
+        return value
+
+    def _replace(self) -> None:
+        import ray
+
+        assert self._start is not None
+        ray.kill(self.handle)  # it is dead; this frees its name should Ray not have done so yet
+        self.handle = self._start(self._last)
+        self.replaced += 1
+        logging.getLogger("exgrpo").warning(
+            "the controller died; started a new one holding %d samplers (the last count read; set it again "
+            "with python -m exgrpo.scale if it changed since)",
+            self._last,
+        )
+        self._ref = self.handle.desired_samplers.remote()

@@ -1,6 +1,6 @@
 """Self-healing runs: restart the whole system from the latest checkpoint when an actor it cannot lose dies.
 
-A learner rank, a replay shard that Ray could not restart, or the scaling controller that dies makes the
+A learner rank, or a replay shard that Ray could not restart, that dies makes the
 training recipe stop with `exgrpo.loop.checkpoint.RunInterrupted`. `supervise` catches it and starts the run
 again inside the same job, as `python -m exgrpo.run --resume RUN_DIR` would: the failed attempt has already
 torn down its actors, placement groups and DeepSpeed world (the recipe's cleanup), and the next attempt is a

@@ -155,7 +155,7 @@ class TrainingRecipe:
         """setup, train, save, the observers' `on_train_end`, cleanup (always, a failed setup too) and report
         (on success).
 
-        A learner, replay shard or the controller that dies (`ray.exceptions.RayActorError`) ends the run
+        A learner or replay shard that dies (`ray.exceptions.RayActorError`) ends the run
         with `RunInterrupted`, whose message names the checkpoint and the resume command (`train` recovers
         from it). A failed run flushes what was logged and writes no report.
         """
@@ -390,7 +390,7 @@ def train(
     stall_timeout_s: float = 900.0,
 ) -> RunResult:
     """Run one training job end to end (or continue it from its latest checkpoint with `resume`):
-    `TrainingRecipe(cfg, ...).run()`, and after a learner, shard or controller death up to
+    `TrainingRecipe(cfg, ...).run()`, and after a learner or shard death up to
     `trainer.max_failures` more, each a fresh recipe resuming this run dir (`exgrpo.runtime.healing`).
     `observer` sees every attempt (`on_train_start` once per attempt)."""
     job = Job()
