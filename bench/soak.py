@@ -15,8 +15,10 @@ What it records (and prints as a summary; the JSON holds every kill):
     pool counted.
 
 The run uses configs/tiny-cpu.yaml (2 HF samplers, 2 shards with the write-ahead log, 1 learner) with enough
-steps never to finish; at the deadline the observer stops it (`SoakDone`). A learner kill ends the run with
-`RunInterrupted` until `trainer.max_failures` lets a run heal itself: the soak then records it as its error.
+steps never to finish; at the deadline the observer stops it (`SoakDone`). With --kill-learners the run heals
+itself (`trainer.max_failures` 1000 unless --set says otherwise): a learner kill restores the latest checkpoint
+inside the job, and the soak rewinds its own accounting to that checkpoint's step (the steps after it are
+trained again, under the same request ids); `recoveries` counts them.
 Kills wait for the previous one's recovery, so at most one actor is down at a time, and none starts in the
 last --quiet-s seconds (a replacement sampler can take minutes to start on a loaded machine).
 """
@@ -121,23 +123,40 @@ class Soak(Observer):
 
     def __init__(self, *, deadline: float, killer: Killer, B: int) -> None:
         self.deadline, self.killer, self.B = deadline, killer, B
-        self.trained: list[int] = []
+        self.by_step: dict[int, list[int]] = {}  # step -> the request ids it trained
+        self.batch: list[int] = []  # the batch of the step in progress
         self.bad_steps: list[tuple[int, int]] = []  # (step, groups) of steps that trained != B groups
         self.records: list[dict[str, Any]] = []
         self.accounting: dict[str, Any] = {}
         self.train_start: float | None = None
+        self.system: Any = None
+        self.recoveries: list[int] = []  # the step each in-job recovery restarted at
+
+    @property
+    def trained(self) -> list[int]:
+        return [r for ids in self.by_step.values() for r in ids]
 
     def on_train_start(self, *, system: Any, driver: Any) -> None:
+        first = self.system is None
         self.system, self.driver = system, driver
-        self.killer.t0 = self.train_start = time.monotonic()
-        self.killer.start()
+        if first:
+            self.killer.t0 = self.train_start = time.monotonic()
+            self.killer.start()
+            return
+        # a recovery restored its checkpoint: the steps from driver.step on are trained again
+        self.recoveries.append(driver.step)
+        self.by_step = {s: ids for s, ids in self.by_step.items() if s < driver.step}
+        self.records = [r for r in self.records if r[M.STEP] < driver.step]
+        self.bad_steps = [b for b in self.bad_steps if b[0] < driver.step]
+        print(f"[soak] recovery {len(self.recoveries)}: restarted at step {driver.step}", flush=True)
 
     def on_batch(self, *, batch: Any) -> None:
-        self.trained += [g.request_id for g in batch.groups]
+        self.batch = [g.request_id for g in batch.groups]
         if len(batch.groups) != self.B:
-            self.bad_steps.append((len(self.records), len(batch.groups)))
+            self.bad_steps.append((self.driver.step, len(batch.groups)))
 
     def on_step(self, *, record: dict[str, Any]) -> None:
+        self.by_step[record[M.STEP]] = self.batch
         self.records.append(record)
         self.killer.step_times.append(time.monotonic())
         if time.monotonic() >= self.deadline:
@@ -158,6 +177,8 @@ class Soak(Observer):
         return {
             "requests_issued": issued,
             "requests_trained": len(self.trained),
+            "recoveries": len(self.recoveries),
+            "recovered_at_steps": self.recoveries,
             "requests_replaced_by_fresh": replaced,
             "requests_open": len(open_ids),
             "requests_pushed": len(pushed),
@@ -176,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="JSON file for the results")
     ap.add_argument("--seed", type=int, default=0, help="seed of the kill schedule")
     ap.add_argument("--kill-every", type=float, nargs=2, default=(20.0, 40.0), metavar=("MIN_S", "MAX_S"))
-    ap.add_argument("--kill-learners", action="store_true", help="also kill learners (ends the run today)")
+    ap.add_argument("--kill-learners", action="store_true", help="also kill learners (the run heals itself)")
     ap.add_argument("--quiet-s", type=float, default=180.0, help="no kill starts in the last QUIET_S seconds")
     ap.add_argument("--run-dir", default=None, help="run directory (default: next to --out)")
     ap.add_argument("--set", nargs="*", default=[], help="extra config overrides key=value")
@@ -197,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             "replay.shard_max_restarts=100000",
             "logging.progress=false",
             f"logging.run_dir={run_dir}",
+            *(["trainer.max_failures=1000"] if args.kill_learners else []),
             *args.set,
         ],
     )
