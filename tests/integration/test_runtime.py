@@ -59,6 +59,9 @@ class Watch(Observer):
 
     def on_train_end(self, *, system, driver):
         system.samplers.wait_idle(timeout_s=120)
+        system.samplers.wait_started(
+            timeout_s=300
+        )  # a replacement joins (with the weights of now) once it answers
         handles = list(system.samplers.members().values())
         self.learner_sums = system.learners.checksums()
         self.sampler_sums = ray.get([h.checksum.remote() for h in handles])
