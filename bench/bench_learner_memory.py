@@ -16,12 +16,19 @@ import resource
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 CONFIGS = {"before": (None, False), "after": (1024, True)}  # (logits_chunk_tokens, checkpointing)
 
 
-def one(args: argparse.Namespace, name: str, out: str) -> None:
+def workload(
+    *, vocab: int, hidden: int, layers: int, rows: int, response: int, dtype: str, checkpointing: bool
+) -> tuple[Any, Callable[[int | None, list[float]], None]]:
+    """A random Qwen2 of these sizes and ``rows`` random rows of 16 + ``response`` tokens; returns the model
+    and ``backward(chunk_tokens, losses)``, one mini-batch's backward as the learner runs it (one micro-batch,
+    clipping on, entropy bonus on), appending its objective to ``losses``."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -30,50 +37,73 @@ def one(args: argparse.Namespace, name: str, out: str) -> None:
     from learners import batches
     from learners.learner import set_checkpointing
 
-    torch.set_num_threads(2)
-    chunk, ckpt = CONFIGS[name]
     cfg = Qwen2Config(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=2 * args.hidden,
-        num_hidden_layers=args.layers,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=4,
-        head_dim=args.hidden // 4,
-        max_position_embeddings=args.response + 64,
+        head_dim=hidden // 4,
+        max_position_embeddings=response + 64,
     )
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(cfg).float()
-    set_checkpointing(model, ckpt)
+    model = Qwen2ForCausalLM(cfg).to(getattr(torch, dtype))
+    set_checkpointing(model, checkpointing)
     g = torch.Generator().manual_seed(1)
-    rows = [
+    data = [
         batches.Row(
-            prompt_ids=tuple(torch.randint(args.vocab, (16,), generator=g).tolist()),
-            response_ids=tuple(torch.randint(args.vocab, (args.response,), generator=g).tolist()),
-            behaviour=tuple((-torch.rand(args.response, generator=g) * 5).tolist()),
+            prompt_ids=tuple(torch.randint(vocab, (16,), generator=g).tolist()),
+            response_ids=tuple(torch.randint(vocab, (response,), generator=g).tolist()),
+            behaviour=tuple((-torch.rand(response, generator=g) * 5).tolist()),
             advantage=(-1.0) ** i,
         )
-        for i in range(args.rows)
+        for i in range(rows)
     ]
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    old_logp, _ = U.old_logprobs(rows, args.response, None, tis_cap=None)
-    total = []
-    update = lambda: U.minibatch_backward(  # noqa: E731
-        model,
-        rows,
-        old_logp,
-        None,
-        r_max=args.response,
-        clip=True,
-        loss=LossConfig(entropy_coef=0.01),
-        max_response_len=args.response,
-        totals=U.minibatch_totals(rows, device=torch.device("cpu")),
-        slices=batches.chunks(len(rows), args.rows),
-        backward=lambda o: (total.append(float(o.detach())), o.backward()),
-        proximal_is_current=True,
-        device=torch.device("cpu"),
-        chunk_tokens=chunk,
+    old_logp, _ = U.old_logprobs(data, response, None, tis_cap=None)
+    cpu = torch.device("cpu")
+
+    def backward(chunk_tokens: int | None, losses: list[float]) -> None:
+        U.minibatch_backward(
+            model,
+            data,
+            old_logp,
+            None,
+            r_max=response,
+            clip=True,
+            loss=LossConfig(entropy_coef=0.01),
+            max_response_len=response,
+            totals=U.minibatch_totals(data, device=cpu),
+            slices=batches.chunks(rows, rows),
+            backward=lambda o: (losses.append(float(o.detach())), o.backward()),
+            proximal_is_current=True,
+            device=cpu,
+            chunk_tokens=chunk_tokens,
+        )
+
+    return model, backward
+
+
+def one(args: argparse.Namespace, name: str, out: str) -> None:
+    import torch
+
+    torch.set_num_threads(2)
+    chunk, ckpt = CONFIGS[name]
+    model, backward = workload(
+        vocab=args.vocab,
+        hidden=args.hidden,
+        layers=args.layers,
+        rows=args.rows,
+        response=args.response,
+        dtype="float32",
+        checkpointing=ckpt,
     )
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    total: list[float] = []
+
+    def update() -> None:
+        backward(chunk, total)
+
     tensor_peak = None
     if args.tensors:
         tensor_peak = tensor_peak_bytes(update)
@@ -143,62 +173,15 @@ def chunk_slope(dtype_name: str, *, vocab: int = 32000, hidden: int = 256, respo
     """The tensors' peak of a checkpointed update of 2 rows at logits chunks of 128, 256 and 512 positions, and
     its slope in bytes per position and vocabulary entry: what ``memory_plan.CHUNK_BYTES`` models."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    import learners.update as U
-    from exgrpo.core.config import LossConfig
-    from learners import batches
-    from learners.learner import set_checkpointing
 
     torch.set_num_threads(1)
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        head_dim=hidden // 4,
-        max_position_embeddings=response + 64,
+    _, backward = workload(
+        vocab=vocab, hidden=hidden, layers=2, rows=2, response=response, dtype=dtype_name, checkpointing=True
     )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(cfg).to(getattr(torch, dtype_name))
-    set_checkpointing(model, True)
-    g = torch.Generator().manual_seed(1)
-    rows = [
-        batches.Row(
-            prompt_ids=tuple(torch.randint(vocab, (16,), generator=g).tolist()),
-            response_ids=tuple(torch.randint(vocab, (response,), generator=g).tolist()),
-            behaviour=tuple((-torch.rand(response, generator=g) * 5).tolist()),
-            advantage=(-1.0) ** i,
-        )
-        for i in range(2)
-    ]
-    old_logp, _ = U.old_logprobs(rows, response, None, tis_cap=None)
-    cpu = torch.device("cpu")
     peaks = {}
     for chunk in (128, 256, 512):
-
-        def run(chunk: int = chunk) -> None:
-            U.minibatch_backward(
-                model,
-                rows,
-                old_logp,
-                None,
-                r_max=response,
-                clip=True,
-                loss=LossConfig(entropy_coef=0.01),
-                max_response_len=response,
-                totals=U.minibatch_totals(rows, device=cpu),
-                slices=batches.chunks(2, 2),
-                backward=lambda o: o.backward(),
-                proximal_is_current=True,
-                device=cpu,
-                chunk_tokens=chunk,
-            )
-
-        run()  # the gradients exist before the measured update, as in training
-        peaks[chunk] = tensor_peak_bytes(run)
+        backward(chunk, [])  # the gradients exist before the measured update, as in training
+        peaks[chunk] = tensor_peak_bytes(lambda chunk=chunk: backward(chunk, []))
     slopes = [(peaks[b] - peaks[a]) / ((b - a) * vocab) for a, b in ((128, 256), (256, 512))]
     mb = ", ".join(f"{c}: +{p / 2**20:.1f} MB" for c, p in peaks.items())
     print(f"{dtype_name}: tensors' peak by chunk size {mb}; slope {slopes[0]:.1f}, {slopes[1]:.1f} bytes")
