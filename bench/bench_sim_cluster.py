@@ -4,6 +4,7 @@ and learners (`exgrpo/sim/roles.py`), measured against the cost model's ideal st
     RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python bench/bench_sim_cluster.py [--diagnostics]
         [--update-real-s 1.0] [--steps 8] [--warmup 2] [--full] [--json out.jsonl]
         [--samplers 64 16] [--learners 8] [--etas 0 1] [--replay on off] [--requests-per-call 2] [--shards 2]
+        [--overlap on off]
 
 Cost model (`CostModel`, from the paper's 155 s 7B step on 8 GPUs, split 100 s generation / 55 s update, an
 assumption): one sampler takes 800 s for a step's batch (B = 128 questions x K = 8), one learner 440 s for
@@ -15,6 +16,9 @@ eta {0, 1} and replay on; L = 1 with S = 64, 16, 4, eta {0, 1}, replay on. `--fu
 Ideal: max(gen/S, update/L) at eta >= 1, gen/S + update/L at eta = 0; `over ms` = measured - ideal per step.
 The second table splits each step into the driver's time inside each role verb and the CPU seconds of each
 process (`foreign`: CPU on this machine used by processes outside this run, i.e. other users' load).
+
+`--overlap on off` runs every combination twice, side by side: with `async.overlap_update` (the default,
+variant `grid`) and without (variant `serial`: the driver finishes each update before its next pull).
 
 Settings: samplers.requests_per_call = 2 (64 chunks per step: one per sampler at S = 64), 2 replay shards,
 32-token responses. `--diagnostics` then changes one knob at L = 8: requests_per_call = B/S (one chunk per
@@ -72,6 +76,7 @@ def block(
     requests_per_call: int,
     shards: int,
     label: str = "",
+    overlaps: tuple[bool, ...] = (True,),
 ) -> list:
     """Build one cluster of L learners and max(S) samplers, warm it up, run `plan` [(S, eta, replay)] over it
     (samplers descending, the pool drained between) and shut it down."""
@@ -94,14 +99,17 @@ def block(
         if cluster.samplers != S:
             cluster.scale(S)
         for _, eta, replay in [g for g in plan if g[0] == S]:
-            t = time.perf_counter()
-            run = cluster.run(eta=eta, replay=replay, steps=args.steps, warmup=args.warmup)
-            out.append((run, cost.time_scale, label))
-            print(
-                f"#   S={S} L={L} eta={eta} replay={'on' if replay else 'off'}: {time.perf_counter() - t:.1f} s "
-                f"wall, ratio {run.ratio:.3f}",
-                flush=True,
-            )
+            for overlap in overlaps:
+                t = time.perf_counter()
+                run = cluster.run(
+                    eta=eta, replay=replay, steps=args.steps, warmup=args.warmup, overlap=overlap
+                )
+                out.append((run, cost.time_scale, label if overlap else "serial"))
+                print(
+                    f"#   S={S} L={L} eta={eta} replay={'on' if replay else 'off'} overlap={overlap}: "
+                    f"{time.perf_counter() - t:.1f} s wall, ratio {run.ratio:.3f}",
+                    flush=True,
+                )
     cluster.shutdown()
     return out
 
@@ -128,6 +136,13 @@ def main() -> None:
         "--requests-per-call", type=int, default=2, help="samplers.requests_per_call (B = 128)"
     )
     parser.add_argument("--shards", type=int, default=2, help="replay.num_shards")
+    parser.add_argument(
+        "--overlap",
+        nargs="+",
+        choices=("on", "off"),
+        default=["on"],
+        help="async.overlap_update (both: side by side)",
+    )
     parser.add_argument(
         "--diagnostics", action="store_true", help="then the DIAGNOSTICS rows (about 5 min more)"
     )
@@ -172,6 +187,7 @@ def main() -> None:
             update_real_s=args.update_real_s,
             requests_per_call=args.requests_per_call,
             shards=args.shards,
+            overlaps=tuple(o == "on" for o in args.overlap),
         )
     extra = []
     if args.diagnostics:  # the same cost model with one knob changed each (see the module docstring)
@@ -242,14 +258,14 @@ def print_tables(runs) -> None:
     )
     print(
         f"{'variant':>8} {'S':>3} {'L':>2} {'eta':>3} {'rep':>3} | {'submit':>6} {'poll':>6} {'sample':>6} {'pull':>6} {'entr':>6} "
-        f"{'upd-c':>6} {'bcast':>6} {'rest':>6} | {'driver':>6} {'shards':>6} {'sampl':>6} {'learn':>6} {'ray':>6} "
+        f"{'upd-c':>6} {'gap':>6} {'bcast':>6} {'rest':>6} | {'driver':>6} {'shards':>6} {'sampl':>6} {'learn':>6} {'ray':>6} "
         f"{'foreign':>7} {'busy%':>5}"
     )
     for r, _, label in runs:
         c = {k: 1000 * v for k, v in r.calls.items()}
-        verbs = ("submit", "poll", "sample_questions", "pull_batch", "entropies")
-        upd_over = c.get("update", 0.0) - 1000 * r.update_s
-        inside = sum(c.get(k, 0.0) for k in (*verbs, "update", "broadcast"))
+        verbs = ("submit", "poll", "sample_questions", "pull_batch", "start_entropies")
+        upd_call = c.get("start_update", 0.0)
+        inside = sum(c.get(k, 0.0) for k in (*verbs, "start_update", "broadcast"))
         rest = 1000 * r.step_s - inside
         cpu = {k: 1000 * v for k, v in r.cpu.items()}
         ours = sum(cpu[k] for k in ("driver", "shards", "samplers", "learners", "ray"))
@@ -258,13 +274,14 @@ def print_tables(runs) -> None:
         print(
             f"{label or 'grid':>8} {r.samplers:>3} {r.learners:>2} {r.eta:>3} {'on' if r.replay else 'off':>3} | "
             + " ".join(f"{c.get(k, 0.0):>6.0f}" for k in verbs)
-            + f" {upd_over:>6.0f} {c.get('broadcast', 0.0):>6.0f} {rest:>6.0f} | "
+            + f" {upd_call:>6.0f} {1000 * r.driver['gap']:>6.0f} {c.get('broadcast', 0.0):>6.0f} {rest:>6.0f} | "
             + " ".join(f"{cpu[k]:>6.0f}" for k in ("driver", "shards", "samplers", "learners", "ray"))
             + f" {foreign:>7.0f} {busy:>5.0f}"
         )
     print(
-        "\nupd-c: update call minus the learners' sleep (RPC, pickling the batch); poll includes waiting for "
-        "generation; rest: the driver loop outside the verbs. CPU columns are CPU ms per step; busy%: the machine."
+        "\nentr, upd-c: starting the entropy and update calls (pickling; their waits are polls, with the "
+        "samplers', in poll and rest); gap: system/update_gap_s, the learners' wait for the driver between updates; "
+        "poll includes waiting for generation and for the update; rest: the driver loop outside the verbs. CPU columns are CPU ms per step; busy%: the machine."
     )
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -31,6 +31,8 @@ from exgrpo.core.config import LearnerConfig, LossConfig
 from exgrpo.core.names import learner_name
 from exgrpo.core.records import Group, ReplayCandidate, TrainBatch
 from learners.learner import Learner
+
+T = TypeVar("T")
 
 SUMMED_METRICS = (M.LEARNER_TOKENS,)  # summed over ranks; every other metric is averaged (NaN-aware)
 
@@ -72,6 +74,33 @@ def gather(refs: Sequence[Any], *, grace_s: float = DEATH_GRACE_S) -> list[Any]:
     if error is not None:
         raise error
     return ray.get(list(refs))
+
+
+class RayPending(Generic[T]):
+    """One call on every rank, in flight (``exgrpo.core.roles.Pending``): ``combine`` turns the ranks' values
+    into the call's value; ``result`` reports a dead rank like ``gather``."""
+
+    def __init__(self, refs: Sequence[Any], combine: Callable[[list[Any]], T]) -> None:
+        self._refs, self._combine = list(refs), combine
+        self._value: tuple[T] | None = None
+
+    def wait(self, *, timeout_s: float) -> bool:
+        ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=timeout_s, fetch_local=False)
+        return len(ready) == len(self._refs) or any(_failed(r) for r in ready)
+
+    def result(self) -> T:
+        if self._value is None:
+            self._value = (self._combine(gather(self._refs)),)
+        return self._value[0]
+
+
+def _failed(ref: Any) -> bool:
+    """Whether a finished call raised (a failed rank ends the wait for its peers, which may block on it)."""
+    try:
+        ray.get(ref, timeout=0)
+    except Exception:  # noqa: BLE001 - reported by ``result``
+        return True
+    return False
 
 
 def _mean_metrics(results: Sequence[dict[str, float]]) -> dict[str, float]:
@@ -156,13 +185,19 @@ class LearnerGroup:
         return self.actors[0]
 
     def entropies(self, *, candidates: Sequence[ReplayCandidate]) -> list[float]:
+        return self.start_entropies(candidates=candidates).result()
+
+    def update(self, *, batch: TrainBatch) -> dict[str, float]:
+        return self.start_update(batch=batch).result()
+
+    def start_entropies(self, *, candidates: Sequence[ReplayCandidate]) -> RayPending[list[float]]:
         """Mean response-token entropy of each candidate, computed in L contiguous chunks, in order."""
         n, size = len(candidates), math.ceil(len(candidates) / self.num) if candidates else 0
         chunks = [list(candidates[i * size : min((i + 1) * size, n)]) for i in range(self.num)]
-        results = gather([a.entropies.remote(candidates=c) for a, c in zip(self.actors, chunks, strict=True)])
-        return [e for r in results for e in r]
+        refs = [a.entropies.remote(candidates=c) for a, c in zip(self.actors, chunks, strict=True)]
+        return RayPending(refs, lambda results: [e for r in results for e in r])
 
-    def update(self, *, batch: TrainBatch) -> dict[str, float]:
+    def start_update(self, *, batch: TrainBatch) -> RayPending[dict[str, float]]:
         """One step: batch.groups split into L equal contiguous slices; rank metrics averaged."""
         groups = batch.groups
         if len(groups) % self.num:
@@ -186,7 +221,7 @@ class LearnerGroup:
             a.update.remote(groups=s, clip=batch.clip, version=batch.version)
             for a, s in zip(self.actors, slices, strict=True)
         ]
-        return _mean_metrics(gather(refs))
+        return RayPending(refs, _mean_metrics)
 
     def get_weights_ref(self) -> ray.ObjectRef:
         """Rank 0's packed weights (``PackedWeights``), left in the object store (all ranks gather under ZeRO-3)."""
@@ -194,18 +229,18 @@ class LearnerGroup:
             return [a.get_weights.remote() for a in self.actors][0]
         return self.rank0.get_weights.remote()
 
-    def push_weights(
+    def start_push_weights(
         self, *, version: int, members: Mapping[str, Any], timeout_s: float | None = None
-    ) -> dict[str, Any]:
+    ) -> RayPending[dict[str, Any]]:
         """Rank 0 sends the weights to ``members`` through vLLM's weight-transfer API (every rank takes part
-        under ZeRO-3); returns rank 0's report (``send_s``, each sampler's ``apply_s``)."""
+        under ZeRO-3); the value is rank 0's report (``send_s``, each sampler's ``apply_s``)."""
         refs = [self.rank0.push_weights.remote(version=version, members=dict(members), timeout_s=timeout_s)]
         if self.cfg.zero_stage == 3:
             refs += [
                 a.push_weights.remote(version=version, members=None, timeout_s=timeout_s)
                 for a in self.actors[1:]
             ]
-        return gather(refs)[0]
+        return RayPending(refs, lambda reports: reports[0])
 
     def num_parameters(self) -> int:
         return int(ray.get(self.rank0.num_parameters.remote()))

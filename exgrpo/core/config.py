@@ -206,6 +206,9 @@ class AsyncConfig:
     weight_timeout_s: float = (
         300.0  # bound on one collective weight update; past it the sampler world is rebuilt
     )
+    overlap_update: bool = (
+        True  # start each update without waiting for it: the next step's wait, pull and mix run meanwhile
+    )
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,9 @@ STEP_TIME = "system/step_time_s"  # wall time of the step
 WAIT_TIME = "system/wait_s"  # waiting for the step's generations
 ENTROPY_TIME = "system/entropy_s"  # scoring replay candidates on the learner
 UPDATE_TIME = "system/update_s"  # learner update
+UPDATE_GAP = (
+    "system/update_gap_s"  # learners without an update: the previous one seen finished -> this one started
+)
 SYNC_TIME = "system/sync_s"  # weight export + broadcast issue on the driver side
 IDLE_TIME = "system/idle_s"  # everything else (scheduling, pulling, logging)
 WEIGHT_LOAD = "system/weight_load_s"  # mean time a sampler took to apply new weights (last finished loads)

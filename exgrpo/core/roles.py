@@ -17,7 +17,7 @@ Data between roles are the frozen records of `exgrpo/core/records.py`. Every ver
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -79,14 +79,42 @@ class Replay(Protocol):
         """Load what `snapshot` wrote."""
 
 
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Pending(Protocol[T_co]):
+    """A learner call in flight."""
+
+    def wait(self, *, timeout_s: float) -> bool:
+        """True once the call finished (or failed); blocks at most `timeout_s`."""
+
+    def result(self) -> T_co:
+        """The call's value, blocking until it is there; raises what the call raised."""
+
+
+class Done(Generic[T]):
+    """A `Pending` whose value is already there (in-process learners)."""
+
+    def __init__(self, value: T) -> None:
+        self._value = value
+
+    def wait(self, *, timeout_s: float) -> bool:
+        return True
+
+    def result(self) -> T:
+        return self._value
+
+
 class Learners(Protocol):
-    """The learner group (L data-parallel ranks)."""
+    """The learner group (L data-parallel ranks). Calls start without waiting and run in the order they were
+    started, so entropies started after an update score the weights that update produces."""
 
-    def entropies(self, *, candidates: Sequence[ReplayCandidate]) -> list[float]:
-        """Mean response-token entropy of each candidate under the current weights, in order."""
+    def start_entropies(self, *, candidates: Sequence[ReplayCandidate]) -> Pending[list[float]]:
+        """Mean response-token entropy of each candidate under the weights at its turn, in order."""
 
-    def update(self, *, batch: TrainBatch) -> dict[str, float]:
-        """One optimiser step (or `minibatches` of them) on the batch; returns `learner/` metrics."""
+    def start_update(self, *, batch: TrainBatch) -> Pending[dict[str, float]]:
+        """One optimiser step (or `minibatches` of them) on the batch; its value is the `learner/` metrics."""
 
     def save(self, *, path: str) -> None:
         """HF safetensors (rank 0) and optimiser state (every rank) under `path`."""
@@ -98,8 +126,14 @@ class Learners(Protocol):
 class WeightTransport(Protocol):
     """Moves the learner's weights to every live sampler (chosen once, at build time)."""
 
+    def prepare(self, *, version: int) -> None:
+        """Called just after the update that makes `version` started, before any later learner call: queue on
+        the learners what must read exactly those weights (their export), without waiting."""
+
     def broadcast(self, *, version: int) -> dict[str, float]:
-        """Publish the current weights as `version`; returns `system/` timing metrics."""
+        """Once the update that makes `version` finished: publish its weights to every live sampler (what
+        `prepare(version=version)` queued; without it, the learners' current weights); returns `system/`
+        timing metrics."""
 
     def catch_up(self, handle: Any) -> None:
         """Bring a sampler the pool just added to the last published weights, before its first request
@@ -123,7 +157,7 @@ class RunObserver(Protocol):
         """Before the first step (after a resume's restore): the actors (`System`) and the `Driver`."""
 
     def on_batch(self, *, batch: TrainBatch) -> None:
-        """Every step's shuffled batch, just before the learners' update."""
+        """Every step's shuffled batch, just before the learners' update on it starts."""
 
     def on_step(self, *, record: dict[str, Any]) -> None:
         """Every step's metrics record (docs/metrics.md), after its evaluation, before its checkpoint."""

@@ -12,7 +12,13 @@ Per step t:
      retired in flight is re-issued as a fresh request (a retired question is never replayed);
   4. put each replayed question's stored trajectory with the lowest entropy under the current
      learner weights into slot 0 of its group;
-  5. shuffle the batch (seeded, checkpointed), update the learners; version += 1; broadcast.
+  5. shuffle the batch (seeded, checkpointed), start the learners' update; version += 1 and broadcast
+     once it finished.
+
+The update does not block the loop (`async.overlap_update`): while update t runs, the driver waits for
+and pulls step t+1 and queues its entropies behind update t; once update t finished it starts update t+1
+at once, then broadcasts version t+1 and writes step t's record. Learner calls run in the order they were
+started, so the export `WeightTransport.prepare` queues right after update t reads exactly its weights.
 
 Clipping: PPO clipping on fresh tokens holds until the delayed start; it is removed from the step
 *after* the one whose fresh solve ratio triggers the start (official `loss_remove_clip`).
@@ -24,6 +30,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,7 +47,7 @@ from exgrpo.core.records import (
     ReplayStats,
     TrainBatch,
 )
-from exgrpo.core.roles import Learners, Replay, Rollouts, RunObserver, Scaling, WeightTransport
+from exgrpo.core.roles import Learners, Pending, Replay, Rollouts, RunObserver, Scaling, WeightTransport
 from exgrpo.core.selection import fill_replay_slots
 from exgrpo.data.stream import OutOfQuestions, PromptStream
 from exgrpo.loop.observer import Observer
@@ -53,6 +60,21 @@ log = logging.getLogger(__name__)
 # to its timeout and the step's last result is seen up to POLL_S late (0.05 s: ~25 ms per step on average;
 # 0.01 s: ~5 ms). A poll costs the driver ~0.1 ms of CPU, so 100 polls/s stay under 1% of a core.
 POLL_S = 0.01
+
+
+@dataclass
+class _InFlight:
+    """A step whose update started and has not been finished (version, broadcast, record)."""
+
+    step: int
+    plan: StepPlan
+    pending: Pending[dict[str, float]]
+    groups: list[Group]
+    solve: float  # the fresh solve ratio
+    replay: dict[str, float]  # replay/ metrics as the step's groups were pulled
+    staleness: list[int]
+    times: dict[str, float]  # driver timings (docs/metrics.md) and when the update started
+    metrics: dict[str, float]  # the mix's
 
 
 class Driver:
@@ -94,7 +116,10 @@ class Driver:
         self.K = cfg.trainer.rollouts_per_question
         self.B = cfg.trainer.questions_per_step
         self.eta = cfg.async_.max_staleness
-        self.rng = np.random.default_rng(cfg.trainer.seed)  # question and trajectory selection
+        self.rng = np.random.default_rng(cfg.trainer.seed)  # replay question selection (at admission)
+        # trajectory selection (at mixing): its own stream, so draws do not depend on how admissions and
+        # mixes interleave (which the overlap of updates and the samplers' timing change)
+        self.pick_rng = np.random.default_rng([cfg.trainer.seed, 2])
         self.shuffle_rng = np.random.default_rng([cfg.trainer.seed, 1])  # mini-batch shuffle
         self.prompts = {p.qid: p for p in train}
         self.stream = PromptStream(list(train), seed=cfg.data.seed, retired=replay.retired)
@@ -113,30 +138,34 @@ class Driver:
         self.replay_stats = ReplayStats(bucket_sizes={}, active=0, retired=0, trajectories=0, ready=0)
         self.out_of_work: str | None = None  # why training ended before trainer.steps (no questions left)
         self._last_step_end = time.perf_counter()
+        self._inflight: _InFlight | None = None  # the update started and not yet finished (at most one)
+        self._last_landed: float | None = None  # when the previous update was seen finished
+        self._steps = cfg.trainer.steps  # trainer.steps, or fewer once the data ran out
+        self._records: list[dict[str, Any]] = []
 
     # -- the loop --------------------------------------------------------------------------------------
     def train(self) -> list[dict[str, Any]]:
-        """Run (or, after `load_state_dict`, continue) until `trainer.steps`; returns this call's records."""
-        steps = self.cfg.trainer.steps
-        records: list[dict[str, Any]] = []
+        """Run (or, after `load_state_dict`, continue) until `trainer.steps`; returns this call's records.
+
+        With `async.overlap_update` (the default) an update is started and left running: the next step's
+        wait, pull and mix (its entropies queued behind the update, so they score its weights) happen while
+        it runs, and it is finished (version, broadcast, record) once the next update has started. Checkpoint
+        steps and the last step finish their update before going on, so a checkpoint holds no update in flight.
+        """
+        self._steps, self._records = self.cfg.trainer.steps, []
         if self.step == 0 and not self.eval_history and (before := self.evaluate()):
             self.observer.on_eval(record={M.STEP: -1, **before})  # eval/version = step + 1, as in every row
-        while self.step < steps:
+        while self.step < self._steps:
             step, t0 = self.step, time.perf_counter()
             self.apply_scaling()
-            try:
-                while self.next_schedule < steps and self.next_schedule <= self.version + self.eta:
-                    self.schedule(self.next_schedule)
-                    self.next_schedule += 1
-            except OutOfQuestions as err:  # train the steps already admitted, then stop
-                steps = self._out_of_work(err, steps=self.next_schedule)
-                if self.step >= steps:
-                    break
+            self.admit()
             plan = self.wait(step)
+            if plan is None:  # the data ran out before this step was admitted
+                break
             try:
                 groups = self.pull(plan)
             except OutOfQuestions as err:  # a retired replay question found no fresh replacement
-                self._out_of_work(err, steps=step)
+                self._steps = self._out_of_work(err, steps=step)
                 break
             t_wait = time.perf_counter()
             groups, t_entropy, mix_metrics = self.mix(groups, step=step)
@@ -146,51 +175,112 @@ class Driver:
             started_before = self.delayed_start.started
             self.delayed_start.update(solve_ratio=solve)
             order = self.shuffle_rng.permutation(len(groups))
-            batch = TrainBatch(groups=tuple(groups[i] for i in order), version=self.version, clip=clip)
+            version = self.version + (self._inflight is not None)  # the weights this update starts from
+            batch = TrainBatch(groups=tuple(groups[i] for i in order), version=version, clip=clip)
             self.observer.on_batch(batch=batch)
-            t1 = time.perf_counter()
-            learner_metrics = self.learners.update(batch=batch)
-            t_update = time.perf_counter() - t1
-            staleness = [self.version - g.oldest_version for g in groups]  # a mid-response update: the oldest
-            self.version += 1
-            t2 = time.perf_counter()
-            sync_metrics = self.weights.broadcast(version=self.version)
-            t_sync = time.perf_counter() - t2
+            t_block = time.perf_counter()
+            previous = self._complete() if self._inflight is not None else None
+            t_block = time.perf_counter() - t_block
+            t_issue = time.perf_counter()
+            pending = self.learners.start_update(batch=batch)
+            self.weights.prepare(version=version + 1)
+            gap = t_issue - self._last_landed if self._last_landed is not None else math.nan
+            self.step += 1
             if self.delayed_start.started and not started_before:
                 self.replay.set_collect(on=True)
                 log.info("replay started at step %d (fresh solve ratio %.3f)", step, solve)
-            t_end = time.perf_counter()
-            record = {
-                M.STEP: step,
-                **learner_metrics,
-                **rollout_metrics(groups, plan, solve_ratio=solve, wall_s=self._since_last_step()),
-                **replay_metrics(self.replay_stats, started=self.delayed_start.started, k_rollouts=self.K),
-                **mix_metrics,
-                **sync_metrics,
-                M.VERSION: self.version,
-                M.STALENESS_MEAN: float(np.mean(staleness)),
-                M.STALENESS_MAX: int(max(staleness)),
-                M.STEP_TIME: t_end - t0,
-                M.WAIT_TIME: t_wait - t0,
-                M.ENTROPY_TIME: t_entropy,
-                M.UPDATE_TIME: t_update,
-                M.SYNC_TIME: t_sync,
-                M.IDLE_TIME: (t_end - t0) - (t_wait - t0) - t_entropy - t_update - t_sync,
-                M.SAMPLERS: self.rollouts.size(),
-                M.SAMPLER_RESTARTS: self.rollouts.restarts,
-                M.RECOVERIES: self.recoveries,
-            }
-            every = self.cfg.trainer.eval_every
-            if (every and (step + 1) % every == 0) or step == steps - 1:
-                record.update(self.evaluate())
-            records.append(record)
-            self.observer.on_step(record=record)
-            del self.plans[step]
-            self.step += 1
-            every = self.cfg.trainer.checkpoint_every
-            if self.checkpointer is not None and ((every and self.step % every == 0) or self.step == steps):
-                self.checkpointer(self)
-        return records
+            if previous is not None:
+                self._finish(*previous)
+                self.admit()  # what the new version allows, at once (also before a checkpoint below)
+            flight = _InFlight(
+                step=step,
+                plan=plan,
+                pending=pending,
+                groups=groups,
+                solve=solve,
+                replay=replay_metrics(
+                    self.replay_stats, started=self.delayed_start.started, k_rollouts=self.K
+                ),
+                staleness=[version - g.oldest_version for g in groups],  # a mid-response update: the oldest
+                times={
+                    M.WAIT_TIME: t_wait - t0,
+                    M.ENTROPY_TIME: t_entropy,
+                    M.UPDATE_GAP: gap,
+                    "issued": t_issue,
+                    "loop": t_issue - t0 - t_block,  # the driver's own time until the update started
+                },
+                metrics=mix_metrics,
+            )
+            self._inflight = flight
+            if not self.cfg.async_.overlap_update or self._barrier(step):
+                self._finish(*self._complete())
+        if self._inflight is not None:  # the data ran out with an update in flight
+            self._finish(*self._complete())
+        return self._records
+
+    def _barrier(self, step: int) -> bool:
+        """Whether step `step` finishes its update before the loop goes on (a checkpoint follows it)."""
+        every = self.cfg.trainer.checkpoint_every
+        return self.checkpointer is not None and (
+            bool(every and (step + 1) % every == 0) or step + 1 == self._steps
+        )
+
+    def _complete(self) -> tuple[_InFlight, dict[str, float]]:
+        """Wait for the update in flight (the samplers are served meanwhile); returns it and its metrics."""
+        flight, self._inflight = self._inflight, None
+        assert flight is not None
+        metrics = self._await(flight.pending)
+        self._last_landed = time.perf_counter()
+        flight.times[M.UPDATE_TIME] = self._last_landed - flight.times["issued"]
+        return flight, metrics
+
+    def _await(self, pending: Pending[Any]) -> Any:
+        """A learner call's value; until it is there, the samplers' results are taken every POLL_S."""
+        while not pending.wait(timeout_s=POLL_S):
+            self._take(timeout_s=0.0)
+        return pending.result()
+
+    def _finish(self, flight: _InFlight, learner_metrics: dict[str, float]) -> None:
+        """The update of `flight` finished: version += 1, broadcast, the step's record, evaluation, checkpoint."""
+        step, plan, groups = flight.step, flight.plan, flight.groups
+        self.version += 1
+        t2 = time.perf_counter()
+        sync_metrics = self.weights.broadcast(version=self.version)
+        t_sync = time.perf_counter() - t2
+        wall = self._since_last_step()
+        times = flight.times
+        record = {
+            M.STEP: step,
+            **learner_metrics,
+            **rollout_metrics(groups, plan, solve_ratio=flight.solve, wall_s=wall),
+            **flight.replay,
+            **flight.metrics,
+            **sync_metrics,
+            M.VERSION: self.version,
+            M.STALENESS_MEAN: float(np.mean(flight.staleness)),
+            M.STALENESS_MAX: int(max(flight.staleness)),
+            M.STEP_TIME: wall,
+            M.WAIT_TIME: times[M.WAIT_TIME],
+            M.ENTROPY_TIME: times[M.ENTROPY_TIME],
+            M.UPDATE_TIME: times[M.UPDATE_TIME],
+            M.UPDATE_GAP: times[M.UPDATE_GAP],
+            M.SYNC_TIME: t_sync,
+            M.IDLE_TIME: max(0.0, times["loop"] - times[M.WAIT_TIME] - times[M.ENTROPY_TIME]),
+            M.SAMPLERS: self.rollouts.size(),
+            M.SAMPLER_RESTARTS: self.rollouts.restarts,
+            M.RECOVERIES: self.recoveries,
+        }
+        every = self.cfg.trainer.eval_every
+        if (every and (step + 1) % every == 0) or step == self._steps - 1:
+            record.update(self.evaluate())
+        self._records.append(record)
+        self.observer.on_step(record=record)
+        del self.plans[step]
+        every = self.cfg.trainer.checkpoint_every
+        done = step + 1
+        if self.checkpointer is not None and ((every and done % every == 0) or done == self._steps):
+            assert self._inflight is None and self.step == done, "a checkpoint with an update in flight"
+            self.checkpointer(self)
 
     def apply_scaling(self) -> None:
         """Follow the sampler count an operator set through `python -m exgrpo.scale`."""
@@ -200,6 +290,16 @@ class Driver:
             self.rollouts.scale(num=desired)
 
     # -- 1-2. admission and scheduling -----------------------------------------------------------------
+    def admit(self) -> None:
+        """Schedule every step the learner version admits; when the data runs out, training ends after the
+        steps already admitted."""
+        try:
+            while self.next_schedule < self._steps and self.next_schedule <= self.version + self.eta:
+                self.schedule(self.next_schedule)
+                self.next_schedule += 1
+        except OutOfQuestions as err:
+            self._steps = self._out_of_work(err, steps=self.next_schedule)
+
     def schedule(self, step: int) -> StepPlan:
         """Admit step `step`'s B requests at the current learner version."""
         picks: list[ReplayPick] = []
@@ -260,27 +360,47 @@ class Driver:
         self.rollouts.submit(requests=requests)
 
     # -- 3. waiting and pulling ------------------------------------------------------------------------
-    def wait(self, step: int) -> StepPlan:
-        plan = self.plans[step]
+    def wait(self, step: int) -> StepPlan | None:
+        """Until step `step`'s requests are all done; an update in flight that finishes meanwhile is finished
+        here and the steps it admits are scheduled (with eta = 0 this step is one of them). None: the data ran
+        out before the step was admitted."""
         last_progress = time.monotonic()
-        while plan.done != plan.request_ids:
+        while True:
+            plan = self.plans.get(step)
+            if plan is not None and plan.done == plan.request_ids:
+                return plan
+            if plan is None and step >= self._steps:
+                return None
             if time.monotonic() - last_progress > self.stall_timeout_s:
+                outstanding = len(plan.request_ids - plan.done) if plan is not None else "all"
                 raise RuntimeError(
                     f"step {step}: no generation finished for {self.stall_timeout_s:.0f} s; "
-                    f"{len(plan.request_ids - plan.done)} requests outstanding, "
-                    f"{self.rollouts.size()} live samplers"
+                    f"{outstanding} requests outstanding, {self.rollouts.size()} live samplers"
                 )
-            for result in self.rollouts.poll(timeout_s=POLL_S):
+            if self._inflight is not None and self._inflight.pending.wait(timeout_s=POLL_S):
+                self._finish(*self._complete())
+                self.admit()
                 last_progress = time.monotonic()
-                # tokens are attributed to the step of the call's first request
-                first = self.plans.get(self.owner.get(result.request_ids[0], step))
-                (first or plan).tokens += result.tokens
-                (first or plan).reward_failures += result.reward_failures
-                for rid in result.request_ids:
-                    owner = self.plans.get(self.owner.pop(rid, -1))
-                    if owner is not None:
-                        owner.done.add(rid)
-        return plan
+                continue
+            if plan is None and self._inflight is None:
+                raise RuntimeError(f"step {step} was never admitted (version {self.version}, eta {self.eta})")
+            if self._take(timeout_s=0.0 if self._inflight is not None else POLL_S):
+                last_progress = time.monotonic()
+
+    def _take(self, *, timeout_s: float) -> bool:
+        """Take the samplers' finished results (at most `timeout_s` for the first); whether there were any."""
+        results = self.rollouts.poll(timeout_s=timeout_s)
+        for result in results:
+            # tokens are attributed to the step of the call's first request
+            first = self.plans.get(self.owner.get(result.request_ids[0], -1))
+            if first is not None:
+                first.tokens += result.tokens
+                first.reward_failures += result.reward_failures
+            for rid in result.request_ids:
+                owner = self.plans.get(self.owner.pop(rid, -1))
+                if owner is not None:
+                    owner.done.add(rid)
+        return bool(results)
 
     def pull(self, plan: StepPlan) -> list[Group]:
         """The step's groups; replay requests dropped by Replay are re-issued as fresh ones first."""
@@ -329,8 +449,9 @@ class Driver:
             for c in g.candidates
         ]
         scored = mode != "random" or self.trace_check is not None  # a trace check reports every entropy
-        ent = self.learners.entropies(candidates=flat) if scored else [0.0] * len(flat)
-        mixed = fill_replay_slots(groups, ent, mode=mode, rng=self.rng)
+        # queued behind an update in flight: the candidates are scored under the weights it produces
+        ent = self._await(self.learners.start_entropies(candidates=flat)) if scored else [0.0] * len(flat)
+        mixed = fill_replay_slots(groups, ent, mode=mode, rng=self.pick_rng)
         seconds = time.perf_counter() - t0
         if self.trace_check is None:
             return mixed, seconds, {}
@@ -384,6 +505,8 @@ class Driver:
     # -- checkpoint state ------------------------------------------------------------------------------
     def drain(self) -> None:
         """Finish every admitted request (their groups wait in Replay), so a checkpoint is exact."""
+        if self._inflight is not None:
+            raise RuntimeError("drain() with an update in flight: checkpoints follow a finished update")
         for step in sorted(self.plans):
             self.wait(step)
         self.replay_stats = self.replay.stats()  # what a resumed driver reads first, so both continue alike
@@ -397,6 +520,7 @@ class Driver:
             "next_request_id": self.next_request_id,
             "rng": self.rng.bit_generator.state,
             "shuffle_rng": self.shuffle_rng.bit_generator.state,
+            "pick_rng": self.pick_rng.bit_generator.state,
             "stream": self.stream.state_dict(),
             "delayed_start": self.delayed_start.state_dict(),
             "plans": [
@@ -420,6 +544,8 @@ class Driver:
         self.version, self.next_request_id = int(state["version"]), int(state["next_request_id"])
         self.rng.bit_generator.state = state["rng"]
         self.shuffle_rng.bit_generator.state = state["shuffle_rng"]
+        if "pick_rng" in state:  # checkpoints before it had one stream for both selections
+            self.pick_rng.bit_generator.state = state["pick_rng"]
         self.stream.load_state_dict(state["stream"])
         self.delayed_start.load_state_dict(state["delayed_start"])
         self.plans = {}

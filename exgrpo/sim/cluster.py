@@ -36,6 +36,7 @@ class SimRun:
     learners: int
     eta: int
     replay: bool
+    overlap: bool  # async.overlap_update
     steps: int
     warmup: int
     step_s: float  # mean wall time of a steady-state step
@@ -50,7 +51,7 @@ class SimRun:
     replaced: int  # replay requests re-issued as fresh at pull time (question retired in flight), all steps
     trajectories: int  # stored trajectories in the shards at the end
     active: int  # replayable questions at the end
-    driver: dict[str, float]  # mean seconds per step: wait, entropy, update, sync, idle (driver records)
+    driver: dict[str, float]  # mean seconds per step: wait, entropy, update, gap, sync, idle (driver records)
     calls: dict[str, float]  # mean seconds per steady-state step inside each role verb the driver called
     cpu: dict[
         str, float
@@ -161,7 +162,7 @@ class SimCluster:
         self._empty = tempfile.mkdtemp(prefix="sim-empty-replay-")
         self.system.replay.snapshot(path=self._empty)
 
-    def config(self, *, eta: int, replay: bool, steps: int) -> Any:
+    def config(self, *, eta: int, replay: bool, steps: int, overlap: bool = True) -> Any:
         from exgrpo.core.config_files import load_config
 
         return load_config(
@@ -171,6 +172,7 @@ class SimCluster:
                 f"async.max_staleness={eta}",
                 f"replay.enabled={str(replay).lower()}",
                 f"trainer.steps={steps}",
+                f"async.overlap_update={str(overlap).lower()}",
             ],
         )
 
@@ -207,7 +209,7 @@ class SimCluster:
             "learners": alive([a.pid.remote() for a in s.learners.actors]),
         }
 
-    def run(self, *, eta: int, replay: bool, steps: int, warmup: int = 2) -> SimRun:
+    def run(self, *, eta: int, replay: bool, steps: int, warmup: int = 2, overlap: bool = True) -> SimRun:
         import psutil
 
         from exgrpo.loop.driver import Driver
@@ -218,7 +220,7 @@ class SimCluster:
                 f"steps={steps} must exceed warmup={warmup} (the steady state is what follows it)"
             )
         self.reset()
-        cfg = self.config(eta=eta, replay=replay, steps=steps)
+        cfg = self.config(eta=eta, replay=replay, steps=steps, overlap=overlap)
         pids = self.pids()
         me = psutil.Process()
         ours = {p for v in pids.values() for p in v}
@@ -260,7 +262,7 @@ class SimCluster:
         seconds: dict[str, float] = {}
         rollouts_ = _Timed(s.samplers, ("submit", "poll"), seconds)
         replay_ = _Timed(s.replay, ("sample_questions", "pull_batch"), seconds)
-        learners_ = _Timed(s.learners, ("entropies", "update"), seconds)
+        learners_ = _Timed(s.learners, ("start_entropies", "start_update"), seconds)
         weights_ = _Timed(s.weights, ("broadcast",), seconds)
         driver = Driver(
             cfg=cfg,
@@ -286,6 +288,7 @@ class SimCluster:
             "wait": M.WAIT_TIME,
             "entropy": M.ENTROPY_TIME,
             "update": M.UPDATE_TIME,
+            "gap": M.UPDATE_GAP,
             "sync": M.SYNC_TIME,
             "idle": M.IDLE_TIME,
         }
@@ -294,6 +297,7 @@ class SimCluster:
             learners=self.learners,
             eta=eta,
             replay=replay,
+            overlap=overlap,
             steps=steps,
             warmup=warmup,
             step_s=(b["t"] - a["t"]) / n,

@@ -267,7 +267,7 @@ class SimLearnerGroup:
     """L `SimLearner` actors (`exgrpo.core.roles.Learners` plus `rank0`, `get_weights_ref`, `version` for the transports).
 
     Like `learners/group.py::LearnerGroup`, the batch is split into L equal contiguous slices of whole groups
-    and the ranks run concurrently; `update` returns when the slowest rank has finished.
+    and the ranks run concurrently; an update is finished when the slowest rank has finished.
     """
 
     def __init__(self, *, num: int, cost: CostModel, make_actor: Callable[..., Any]) -> None:
@@ -286,15 +286,17 @@ class SimLearnerGroup:
     def rank0(self) -> Any:
         return self.actors[0]
 
-    def entropies(self, *, candidates: Sequence[ReplayCandidate]) -> list[float]:
+    def start_entropies(self, *, candidates: Sequence[ReplayCandidate]) -> Any:
+        from learners.group import RayPending
+
         size = math.ceil(len(candidates) / self.num) if candidates else 0
         chunks = [list(candidates[i * size : (i + 1) * size]) for i in range(self.num)]
-        parts = self._ray.get(
-            [a.entropies.remote(candidates=c) for a, c in zip(self.actors, chunks, strict=True)]
-        )
-        return [e for part in parts for e in part]
+        refs = [a.entropies.remote(candidates=c) for a, c in zip(self.actors, chunks, strict=True)]
+        return RayPending(refs, lambda parts: [e for part in parts for e in part])
 
-    def update(self, *, batch: Any) -> dict[str, float]:
+    def start_update(self, *, batch: Any) -> Any:
+        from learners.group import RayPending
+
         groups = batch.groups
         if len(groups) % self.num:
             raise ValueError(f"a batch of {len(groups)} groups cannot be split across {self.num} learners")
@@ -303,10 +305,13 @@ class SimLearnerGroup:
             a.update.remote(groups=groups[i * per : (i + 1) * per], clip=batch.clip, version=batch.version)
             for i, a in enumerate(self.actors)
         ]
-        results = self._ray.get(refs)
-        out = {k: float(np.mean([r[k] for r in results])) for k in results[0]}
-        out[M.LEARNER_TOKENS] = float(sum(r[M.LEARNER_TOKENS] for r in results))
-        return out
+
+        def combine(results: list[dict[str, float]]) -> dict[str, float]:
+            out = {k: float(np.mean([r[k] for r in results])) for k in results[0]}
+            out[M.LEARNER_TOKENS] = float(sum(r[M.LEARNER_TOKENS] for r in results))
+            return out
+
+        return RayPending(refs, combine)
 
     def get_weights_ref(self) -> Any:
         return self.rank0.get_weights.remote()

@@ -56,9 +56,9 @@ class WeightProvider(Protocol):
 
     def get_weights_ref(self) -> Any: ...
 
-    def push_weights(
+    def start_push_weights(
         self, *, version: int, members: Mapping[str, Any], timeout_s: float | None = None
-    ) -> dict[str, Any]: ...
+    ) -> Any: ...  # a Pending of rank 0's report
 
     def version(self) -> int: ...
 
@@ -98,12 +98,24 @@ class ObjectStoreTransport:
     def __init__(self, *, learners: WeightProvider, samplers: SamplerMembers) -> None:
         self._learners, self._samplers = learners, samplers
         self._published: tuple[Any, int] | None = None  # (object ref, version) of the last broadcast
+        self._prepared: tuple[Any, int] | None = None  # the export queued behind the update in flight
         self._loads = _Loads()
 
+    def prepare(self, *, version: int) -> None:
+        """Queue rank 0's export behind the update that makes `version` (it runs before any later update)."""
+        self._prepared = (self._learners.get_weights_ref(), version)
+
     def broadcast(self, *, version: int) -> dict[str, float]:
-        """Export the weights (waits for the export), then queue a load on every sampler (no wait)."""
+        """Wait for the export (`prepare`'s, else a new one), then queue a load on every sampler (no wait).
+        The loads are queued only now: a sampler's later calls would wait behind a load whose weights are
+        not there yet."""
         start = time.perf_counter()
-        ref = self._learners.get_weights_ref()
+        prepared, self._prepared = self._prepared, None
+        ref = (
+            prepared[0]
+            if prepared is not None and prepared[1] == version
+            else self._learners.get_weights_ref()
+        )
         ray.wait([ref], fetch_local=False)
         self._published = (ref, version)
         handles = list(self._samplers.members().values())
@@ -134,27 +146,46 @@ class VLLMTransport:
         self.last: dict[
             str, Any
         ] = {}  # the learner's report of the last broadcast (send_s, apply_s, rebuilt)
+        self._prepared: tuple[int, Mapping[str, Any], Any] | None = None  # a push queued behind an update
+
+    def prepare(self, *, version: int) -> None:
+        """Queue rank 0's push of `version` behind the update that makes it (before any later update)."""
+        members = self._samplers.members()
+        push = (
+            self._learners.start_push_weights(version=version, members=members, timeout_s=self.timeout_s)
+            if members
+            else None
+        )
+        self._prepared = (version, members, push)
 
     def broadcast(self, *, version: int) -> dict[str, float]:
         """One update of every live sampler through vLLM's API (blocks until all applied it)."""
         start = time.perf_counter()
-        members = self._samplers.members()
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and prepared[0] == version:
+            members, push = prepared[1], prepared[2]
+        else:
+            members = self._samplers.members()
+            push = (
+                self._learners.start_push_weights(version=version, members=members, timeout_s=self.timeout_s)
+                if members
+                else None
+            )
         self._broadcast_once, self._export = True, None
-        if not members:
+        if push is None:
             return _metrics(start, self._loads.take())
         applied: list[float] = []
         try:
-            self.last = self._learners.push_weights(
-                version=version, members=members, timeout_s=self.timeout_s
-            )
+            self.last = push.result()
             applied = list(self.last.get("apply_s", []))
         except ray.exceptions.RayError as e:
             log.warning(
                 "weight transfer of version %d failed (%s); sending it through the object store", version, e
             )
             self.fallbacks += 1
-            ref = self._learners.get_weights_ref()
-            self._loads.add([h.load_weights.remote(weights=ref, version=version) for h in members.values()])
+            # rank 0 runs calls in order: an update started since holds newer weights, tagged as what they are
+            ref, current = self._learners.get_weights_ref(), self._learners.version()
+            self._loads.add([h.load_weights.remote(weights=ref, version=current) for h in members.values()])
         return _metrics(start, applied + self._loads.take())
 
     def catch_up(self, handle: Any) -> None:

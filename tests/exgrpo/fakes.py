@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from buffers.shard import ReplayShard
 from buffers.sharded import ShardedReplay, local_invoke
@@ -25,7 +25,7 @@ from exgrpo.core.records import (
     TrainBatch,
     Trajectory,
 )
-from exgrpo.core.roles import Learners, Replay, Rollouts, RunObserver, WeightTransport
+from exgrpo.core.roles import Done, Learners, Pending, Replay, Rollouts, RunObserver, WeightTransport
 from exgrpo.loop.observer import Observer
 
 # reward(request, index, version) -> 0.0 or 1.0
@@ -47,14 +47,21 @@ def sampleable(shards: Sequence[ReplayShard]) -> int:
 
 
 class FakeWeights:
-    def __init__(self) -> None:
+    """`events` lists ("prepare", version) and ("broadcast", version) as they are called."""
+
+    def __init__(self, *, events: list[tuple[str, int]] | None = None) -> None:
         self.version = 0
         self.broadcasts: list[int] = []
         self.caught_up: list[Any] = []
+        self.events = events if events is not None else []
+
+    def prepare(self, *, version: int) -> None:
+        self.events.append(("prepare", version))
 
     def broadcast(self, *, version: int) -> dict[str, float]:
         self.version = version
         self.broadcasts.append(version)
+        self.events.append(("broadcast", version))
         return {}
 
     def catch_up(self, handle: Any) -> None:
@@ -214,19 +221,61 @@ def score(t: Trajectory) -> float:
     return ((rid * 7 + i * 3) % 11) + 0.01 * i + copy
 
 
+T = TypeVar("T")
+
+
+class Lagging(Generic[T]):
+    """A learner call that finishes at its `lag`-th `wait`, or at a `result` (which blocks until it is there)."""
+
+    def __init__(self, value: T, *, lag: int, on_done: Callable[[], None]) -> None:
+        self._value, self._left, self._on_done = value, lag, on_done
+
+    def wait(self, *, timeout_s: float) -> bool:
+        self._left -= 1
+        if self._left == 0:
+            self._on_done()
+        return self._left <= 0
+
+    def result(self) -> T:
+        if self._left > 0:
+            self._left = 0
+            self._on_done()
+        return self._value
+
+
 class FakeLearners:
-    def __init__(self) -> None:
+    """Calls finish at once (`Done`), or with `lag` > 0 at their lag-th wait (`Lagging`). `events` lists
+    ("update", step) and ("entropies", step) as calls start and ("updated", step) as updates finish."""
+
+    def __init__(self, *, lag: int = 0, events: list[tuple[str, int]] | None = None) -> None:
         self.batches: list[TrainBatch] = []
         self.scored: list[list[ReplayCandidate]] = []
         self.loaded: dict | None = None
+        self.lag = lag
+        self.events = events if events is not None else []
 
-    def entropies(self, *, candidates: Sequence[ReplayCandidate]) -> list[float]:
+    def _pending(self, value: T, *, done: tuple[str, int] | None = None) -> Pending[T]:
+        if self.lag == 0:
+            if done is not None:
+                self.events.append(done)
+            return Done(value)
+
+        def finished() -> None:
+            if done is not None:
+                self.events.append(done)
+
+        return Lagging(value, lag=self.lag, on_done=finished)
+
+    def start_entropies(self, *, candidates: Sequence[ReplayCandidate]) -> Pending[list[float]]:
         self.scored.append(list(candidates))
-        return [score(c.trajectory) for c in candidates]
+        self.events.append(("entropies", len(self.batches)))  # the step whose mix asks
+        return self._pending([score(c.trajectory) for c in candidates])
 
-    def update(self, *, batch: TrainBatch) -> dict[str, float]:
+    def start_update(self, *, batch: TrainBatch) -> Pending[dict[str, float]]:
         self.batches.append(batch)
-        return {"learner/loss": float(len(self.batches))}
+        step = len(self.batches) - 1
+        self.events.append(("update", step))
+        return self._pending({"learner/loss": float(len(self.batches))}, done=("updated", step))
 
     def save(self, *, path: str) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)

@@ -53,9 +53,20 @@ def qnum(request) -> int:
     return int(request.prompt.qid[1:])
 
 
-def build(cfg, reward, *, n_prompts=16, checkpointer=None, observer=None, trace_check=None, **fake):
+def build(
+    cfg,
+    reward,
+    *,
+    n_prompts=16,
+    checkpointer=None,
+    observer=None,
+    trace_check=None,
+    lag=0,
+    events=None,
+    **fake,
+):
     replay, shards = make_replay(K)
-    weights, learners = FakeWeights(), FakeLearners()
+    weights, learners = FakeWeights(events=events), FakeLearners(lag=lag, events=events)
     rollouts = FakeRollouts(replay=replay, shards=shards, weights=weights, reward=reward, **fake)
     driver = Driver(
         cfg=cfg,
@@ -595,3 +606,99 @@ def test_the_evaluation_before_the_first_step_is_a_record_of_its_own():
     assert len(driver.eval_history) == 2
     driver.train()  # nothing left to train: no second evaluation before a first step
     assert len(seen.evals) == 1
+
+
+# -- 8. the update off the driver's path -----------------------------------------------------------
+
+
+class Events(Observer):
+    def __init__(self, events: list) -> None:
+        self.events = events
+
+    def on_step(self, *, record) -> None:
+        self.events.append(("record", record[M.STEP]))
+
+
+def _overlap_run(eta: int, overlap: bool, **extra):
+    events: list[tuple[str, int]] = []
+    cfg = config(
+        f"async.max_staleness={eta}",
+        f"async.overlap_update={str(overlap).lower()}",
+        "replay.start_solve_ratio=0.0",
+        "trainer.steps=6",
+        *extra.pop("overrides", ()),
+    )
+    driver, rollouts, learners, _ = build(
+        cfg,
+        lambda r, i, v: float(i < 1 + qnum(r) % 2),
+        version_at="submit",
+        lag=3,  # every learner call finishes at its third wait
+        events=events,
+        observer=Events(events),
+        **extra,
+    )
+    records = driver.train()
+    return driver, rollouts, learners, records, events
+
+
+@pytest.mark.parametrize("eta", [1, 2])
+def test_with_overlap_the_next_update_starts_before_the_previous_step_is_broadcast_and_recorded(eta):
+    _, _, learners, records, events = _overlap_run(eta, overlap=True)
+    check_batches(records, learners)
+    order = [e for e in events if e[0] in ("update", "updated", "broadcast", "record")]
+    # update t starts, then (update t - 1 having finished) version t is broadcast and step t - 1 recorded
+    want = [("update", 0)]
+    for t in range(1, 6):
+        want += [("updated", t - 1), ("update", t), ("broadcast", t), ("record", t - 1)]
+    want += [("updated", 5), ("broadcast", 6), ("record", 5)]
+    assert order == want
+    # each export is queued right behind the update that makes it, before any later learner call
+    learner_calls = [e for e in events if e[0] in ("update", "entropies", "prepare")]
+    for t in range(6):
+        i = learner_calls.index(("update", t))
+        assert learner_calls[i + 1] == ("prepare", t + 1)
+    # step t's replay candidates are scored after update t - 1 started: under the weights it produces
+    scored = [e[1] for e in events if e[0] == "entropies"]
+    assert scored and all(
+        events.index(("entropies", s)) > events.index(("update", s - 1)) for s in scored if s > 0
+    )
+    assert sum(r[M.N_REPLAY] for r in records) > 0  # replay actually ran
+    assert all(r[M.UPDATE_TIME] > 0 and r[M.IDLE_TIME] >= 0 for r in records)
+
+
+@pytest.mark.parametrize("eta", [0, 1, 2])
+def test_overlap_changes_when_the_driver_works_not_how_steps_are_admitted_and_mixed(eta):
+    runs = [_overlap_run(eta, overlap=o) for o in (True, False)]
+    (_, roll_on, l_on, rec_on, ev_on), (_, roll_off, l_off, rec_off, ev_off) = runs
+
+    def shape(learners, records):  # which replay questions are drawn may differ: see below
+        return [
+            (b.version, b.clip, sorted((g.kind, b.version - g.policy_version) for g in b.groups), counts(r))
+            for b, r in zip(learners.batches, records, strict=True)
+        ]
+
+    def counts(r):
+        return {k: r[k] for k in (M.N_REPLAY, M.N_FRESH, M.REPLACED, M.REPLAY_STARTED, M.STALENESS_MAX)}
+
+    assert shape(l_on, rec_on) == shape(l_off, rec_off)
+    if eta == 0:  # nothing overlaps: the very same run
+        assert _summary(l_on, rec_on) == _summary(l_off, rec_off)
+    # With eta > 0 a step admitted once update t - 1 lands may be drawn after step t's pull (the serial loop
+    # draws it before), so the replay questions it draws can differ; the submissions are the same.
+    assert [(s.version, [r.request_id for r in s.requests]) for s in roll_on.submissions] == [
+        (s.version, [r.request_id for r in s.requests]) for s in roll_off.submissions
+    ]
+    serial = [e for e in ev_off if e[0] in ("update", "broadcast")]
+    assert serial == [x for t in range(6) for x in (("update", t), ("broadcast", t + 1))]
+    if eta == 0:  # on-policy: the next step waits for the broadcast anyway, so nothing overlaps
+        assert [e for e in ev_on if e[0] in ("update", "broadcast")] == serial
+
+
+def test_checkpoint_steps_finish_their_update_before_the_checkpoint(tmp_path):
+    seen: list[tuple[int, int, bool]] = []
+
+    def checkpointer(d):
+        seen.append((d.step, d.version, d._inflight is None))
+
+    _overlap_run(1, overlap=True, checkpointer=checkpointer, overrides=("trainer.checkpoint_every=2",))
+    assert seen == [(2, 2, True), (4, 4, True), (6, 6, True)]
