@@ -98,24 +98,22 @@ class ObjectStoreTransport:
     def __init__(self, *, learners: WeightProvider, samplers: SamplerMembers) -> None:
         self._learners, self._samplers = learners, samplers
         self._published: tuple[Any, int] | None = None  # (object ref, version) of the last broadcast
-        self._prepared: tuple[Any, int] | None = None  # the export queued behind the update in flight
+        self._prepared: dict[int, Any] = {}  # version -> the export queued behind the update that makes it
         self._loads = _Loads()
 
     def prepare(self, *, version: int) -> None:
         """Queue rank 0's export behind the update that makes `version` (it runs before any later update)."""
-        self._prepared = (self._learners.get_weights_ref(), version)
+        self._prepared[version] = self._learners.get_weights_ref()
 
     def broadcast(self, *, version: int) -> dict[str, float]:
         """Wait for the export (`prepare`'s, else a new one), then queue a load on every sampler (no wait).
         The loads are queued only now: a sampler's later calls would wait behind a load whose weights are
         not there yet."""
         start = time.perf_counter()
-        prepared, self._prepared = self._prepared, None
-        ref = (
-            prepared[0]
-            if prepared is not None and prepared[1] == version
-            else self._learners.get_weights_ref()
-        )
+        ref = self._prepared.pop(version, None)
+        self._prepared = {v: r for v, r in self._prepared.items() if v > version}
+        if ref is None:
+            ref = self._learners.get_weights_ref()
         ray.wait([ref], fetch_local=False)
         self._published = (ref, version)
         handles = list(self._samplers.members().values())
@@ -146,7 +144,7 @@ class VLLMTransport:
         self.last: dict[
             str, Any
         ] = {}  # the learner's report of the last broadcast (send_s, apply_s, rebuilt)
-        self._prepared: tuple[int, Mapping[str, Any], Any] | None = None  # a push queued behind an update
+        self._prepared: dict[int, tuple[Mapping[str, Any], Any]] = {}  # version -> (members, queued push)
 
     def prepare(self, *, version: int) -> None:
         """Queue rank 0's push of `version` behind the update that makes it (before any later update)."""
@@ -156,14 +154,15 @@ class VLLMTransport:
             if members
             else None
         )
-        self._prepared = (version, members, push)
+        self._prepared[version] = (members, push)
 
     def broadcast(self, *, version: int) -> dict[str, float]:
         """One update of every live sampler through vLLM's API (blocks until all applied it)."""
         start = time.perf_counter()
-        prepared, self._prepared = self._prepared, None
-        if prepared is not None and prepared[0] == version:
-            members, push = prepared[1], prepared[2]
+        prepared = self._prepared.pop(version, None)
+        self._prepared = {v: p for v, p in self._prepared.items() if v > version}
+        if prepared is not None:
+            members, push = prepared
         else:
             members = self._samplers.members()
             push = (
