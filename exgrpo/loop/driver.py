@@ -15,7 +15,7 @@ Per step t:
   5. shuffle the batch (seeded, checkpointed), start the learners' update; version += 1 and broadcast
      once it finished.
 
-The update does not block the loop (`async.overlap_update`): while update t runs, the driver waits for
+With `async.overlap_update=true` the update does not block the loop: while update t runs, the driver waits for
 and pulls step t+1 and queues its entropies behind update t; once update t finished it starts update t+1
 at once, then broadcasts version t+1 and writes step t's record. Learner calls run in the order they were
 started, so the export `WeightTransport.prepare` queues right after update t reads exactly its weights.
@@ -147,7 +147,7 @@ class Driver:
     def train(self) -> list[dict[str, Any]]:
         """Run (or, after `load_state_dict`, continue) until `trainer.steps`; returns this call's records.
 
-        With `async.overlap_update` (the default) an update is started and left running: the next step's
+        With `async.overlap_update` an update is started and left running: the next step's
         wait, pull and mix (its entropies queued behind the update, so they score its weights) happen while
         it runs, and it is finished (version, broadcast, record) once the next update has started. Checkpoint
         steps and the last step finish their update before going on, so a checkpoint holds no update in flight.

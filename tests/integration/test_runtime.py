@@ -123,7 +123,9 @@ def test_hf_eta1_object_store_with_scaling(ray_cluster, tmp_path, model_path, si
                     timeout=120,
                 )
                 assert out.returncode == 0 and "3 samplers" in out.stdout, out.stderr[-2000:]
-            if record[M.STEP] == 1:  # step t's record is written once update t + 1 started (overlap)
+            if (
+                record[M.STEP] == 1
+            ):  # with async.overlap_update, step t's record comes once update t + 1 started
                 ray.get(self.system.controller.set_samplers.remote(n=1))
 
     cfg, records, batches, learner_sums, sampler_sums, versions = run(
