@@ -1,0 +1,85 @@
+"""A transport's `prepare(version)` queues that version's export; `broadcast(version)` sends that one.
+
+With `async.overlap_update` the driver prepares t+1 and may prepare t+2 before it broadcasts t+1: each
+broadcast must send the export made behind its own update (a later prepare once overwrote an earlier one,
+so t+1 went out as a fresh export taken behind t+2's update). Small fakes for the learner group and the
+pool; the object-store transport's refs are real (a local Ray cluster).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import ray
+
+from exgrpo.core.roles import Done
+from exgrpo.transport.broadcast import ObjectStoreTransport, VLLMTransport
+
+
+class Exports:
+    """A learner group whose every export is numbered: export k holds {"export": k}."""
+
+    def __init__(self) -> None:
+        self.exports = 0
+        self.pushes: list[tuple[int, tuple[str, ...]]] = []  # (version, member ids) per start_push_weights
+
+    def get_weights_ref(self) -> Any:
+        self.exports += 1
+        return ray.put({"export": self.exports})
+
+    def start_push_weights(self, *, version: int, members, timeout_s=None) -> Done:
+        self.pushes.append((version, tuple(members)))
+        return Done({"apply_s": [0.01 * version] * len(members)})
+
+    def version(self) -> int:
+        return 0
+
+
+@ray.remote(num_cpus=0)
+class Loads:
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int]] = []  # (version, export number)
+
+    def load_weights(self, *, weights: dict, version: int) -> float:
+        self.seen.append((version, weights["export"]))
+        return 0.0
+
+    def get(self) -> list[tuple[int, int]]:
+        return self.seen
+
+
+class Members:
+    def __init__(self, members: dict[str, Any]) -> None:
+        self.now = members
+
+    def members(self) -> dict[str, Any]:
+        return dict(self.now)
+
+
+@pytest.mark.integration
+def test_object_store_sends_each_version_the_export_prepared_for_it(ray_cluster):
+    learners, sampler = Exports(), Loads.remote()
+    transport = ObjectStoreTransport(learners=learners, samplers=Members({"s0": sampler}))
+    transport.prepare(version=1)  # export 1, behind update 1
+    transport.prepare(version=2)  # export 2, behind update 2: must not replace version 1's
+    transport.broadcast(version=1)
+    transport.broadcast(version=2)
+    transport.broadcast(version=3)  # nothing prepared: exported now (export 3)
+    transport.prepare(version=4)  # export 4, never broadcast: dropped once a later version goes out
+    transport.broadcast(version=5)  # export 5
+    transport.broadcast(version=4)  # an older version after a newer one: not the stale export 4
+    assert ray.get(sampler.get.remote()) == [(1, 1), (2, 2), (3, 3), (5, 5), (4, 6)]
+    assert learners.exports == 6
+
+
+def test_collective_sends_each_version_to_the_members_it_was_prepared_for():
+    learners, pool = Exports(), Members({"s0": object(), "s1": object()})
+    transport = VLLMTransport(learners=learners, samplers=pool)
+    transport.prepare(version=1)
+    pool.now = {"s1": pool.now["s1"]}  # s0 leaves between the two prepares
+    transport.prepare(version=2)
+    assert transport.broadcast(version=1) is not None and transport.last == {"apply_s": [0.01, 0.01]}
+    assert transport.broadcast(version=2) is not None and transport.last == {"apply_s": [0.02]}
+    transport.broadcast(version=3)  # nothing prepared: pushed now, to the members of now
+    assert learners.pushes == [(1, ("s0", "s1")), (2, ("s1",)), (3, ("s1",))]
