@@ -17,8 +17,8 @@ Ideal: max(gen/S, update/L) at eta >= 1, gen/S + update/L at eta = 0; `over ms` 
 The second table splits each step into the driver's time inside each role verb and the CPU seconds of each
 process (`foreign`: CPU on this machine used by processes outside this run, i.e. other users' load).
 
-`--overlap on off` runs every combination twice, side by side: with `async.overlap_update` (the default,
-variant `grid`) and without (variant `serial`: the driver finishes each update before its next pull).
+`--overlap on off` runs every combination twice, side by side: with `async.overlap_update` (variant
+`overlap`) and without (the default, as in the config: the driver finishes each update before its next pull).
 
 Settings: samplers.requests_per_call = 2 (64 chunks per step: one per sampler at S = 64), 2 replay shards,
 32-token responses. `--diagnostics` then changes one knob at L = 8: requests_per_call = B/S (one chunk per
@@ -76,7 +76,7 @@ def block(
     requests_per_call: int,
     shards: int,
     label: str = "",
-    overlaps: tuple[bool, ...] = (True,),
+    overlaps: tuple[bool, ...] = (False,),
 ) -> list:
     """Build one cluster of L learners and max(S) samplers, warm it up, run `plan` [(S, eta, replay)] over it
     (samplers descending, the pool drained between) and shut it down."""
@@ -104,7 +104,7 @@ def block(
                 run = cluster.run(
                     eta=eta, replay=replay, steps=args.steps, warmup=args.warmup, overlap=overlap
                 )
-                out.append((run, cost.time_scale, label if overlap else "serial"))
+                out.append((run, cost.time_scale, "overlap" if overlap else label))
                 print(
                     f"#   S={S} L={L} eta={eta} replay={'on' if replay else 'off'} overlap={overlap}: "
                     f"{time.perf_counter() - t:.1f} s wall, ratio {run.ratio:.3f}",
@@ -140,7 +140,7 @@ def main() -> None:
         "--overlap",
         nargs="+",
         choices=("on", "off"),
-        default=["on"],
+        default=["off"],
         help="async.overlap_update (both: side by side)",
     )
     parser.add_argument(
