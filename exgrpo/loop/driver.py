@@ -227,18 +227,28 @@ class Driver:
 
     def _complete(self) -> tuple[_InFlight, dict[str, float]]:
         """Wait for the update in flight (the samplers are served meanwhile); returns it and its metrics."""
-        flight, self._inflight = self._inflight, None
+        flight = self._inflight
         assert flight is not None
         metrics = self._await(flight.pending)
-        self._last_landed = time.perf_counter()
+        self._inflight = None
+        self._last_landed = flight.times["landed"]
         flight.times[M.UPDATE_TIME] = self._last_landed - flight.times["issued"]
         return flight, metrics
 
     def _await(self, pending: Pending[Any]) -> Any:
-        """A learner call's value; until it is there, the samplers' results are taken every POLL_S."""
+        """A learner call's value; until it is there, the samplers' results are taken every POLL_S (and an
+        update in flight that finishes meanwhile is timed then: a step's entropies wait behind it)."""
         while not pending.wait(timeout_s=POLL_S):
             self._take(timeout_s=0.0)
+            self._note_landed()
+        self._note_landed()
         return pending.result()
+
+    def _note_landed(self) -> None:
+        """Record when the update in flight was first seen finished (`system/update_gap_s` counts from it)."""
+        flight = self._inflight
+        if flight is not None and "landed" not in flight.times and flight.pending.wait(timeout_s=0.0):
+            flight.times["landed"] = time.perf_counter()
 
     def _finish(self, flight: _InFlight, learner_metrics: dict[str, float]) -> None:
         """The update of `flight` finished: version += 1, broadcast, the step's record, evaluation, checkpoint."""

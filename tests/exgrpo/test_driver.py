@@ -7,6 +7,8 @@ so every expected count below is derived by hand from the script.
 
 from __future__ import annotations
 
+import math
+import time
 from collections import Counter
 
 import pytest
@@ -619,7 +621,7 @@ class Events(Observer):
         self.events.append(("record", record[M.STEP]))
 
 
-def _overlap_run(eta: int, overlap: bool, **extra):
+def _overlap_run(eta: int, overlap: bool, observer=Events, **extra):
     events: list[tuple[str, int]] = []
     cfg = config(
         f"async.max_staleness={eta}",
@@ -634,7 +636,7 @@ def _overlap_run(eta: int, overlap: bool, **extra):
         version_at="submit",
         lag=3,  # every learner call finishes at its third wait
         events=events,
-        observer=Events(events),
+        observer=observer(events),
         **extra,
     )
     records = driver.train()
@@ -664,6 +666,24 @@ def test_with_overlap_the_next_update_starts_before_the_previous_step_is_broadca
     )
     assert sum(r[M.N_REPLAY] for r in records) > 0  # replay actually ran
     assert all(r[M.UPDATE_TIME] > 0 and r[M.IDLE_TIME] >= 0 for r in records)
+
+
+class SlowBatches(Events):
+    """Holds each batch for HOLD_S between the mix and the update's start (a slow driver)."""
+
+    HOLD_S = 0.05
+
+    def on_batch(self, *, batch) -> None:
+        time.sleep(self.HOLD_S)
+
+
+def test_with_overlap_the_update_gap_counts_from_when_the_update_finished():
+    # update t finishes while step t + 1's entropies are awaited (they wait behind it on real learners);
+    # the batch is then held HOLD_S before update t + 1 starts: the learners waited at least that long
+    records = _overlap_run(1, overlap=True, observer=SlowBatches)[3]
+    # (step 1 has no stored trajectory to score yet: update 0 is seen finished only as update 1 starts)
+    gaps = [r[M.UPDATE_GAP] for r in records]
+    assert math.isnan(gaps[0]) and all(g >= SlowBatches.HOLD_S for g in gaps[2:]), gaps
 
 
 @pytest.mark.parametrize("eta", [0, 1, 2])
