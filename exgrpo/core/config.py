@@ -206,7 +206,7 @@ class AsyncConfig:
     weight_timeout_s: float = (
         300.0  # bound on one collective weight update; past it the sampler world is rebuilt
     )
-    overlap_update: bool = False  # start each update without waiting for it (the next step's pull and mix run meanwhile); slower here so far
+    overlap_update: bool = False  # start each update without waiting for it (the next step's pull and mix run meanwhile); on in the GPU recipes
 
 
 @dataclass(frozen=True)
