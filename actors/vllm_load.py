@@ -101,7 +101,7 @@ def _as_checkpoint(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     post-processing; some kernels then widen a parameter again (the AMX GEMM keeps a bfloat16 layer's bias in
     float32). Loaded straight into such a widened parameter, a float32 tensor would keep bits that a freshly
     started engine never has."""
-    if tensor.is_floating_point() and tensor.dtype != dtype and tensor.element_size() > dtype.itemsize:
+    if tensor.is_floating_point() and tensor.element_size() > dtype.itemsize:
         return tensor.to(dtype)
     return tensor
 
