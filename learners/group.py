@@ -29,7 +29,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import LearnerConfig, LossConfig
 from exgrpo.core.names import learner_name
-from exgrpo.core.records import Group, ReplayCandidate, TrainBatch
+from exgrpo.core.records import Group, ReplayCandidate, TrainBatch, UpdateResult
 from learners.learner import Learner
 
 T = TypeVar("T")
@@ -114,6 +114,14 @@ def _mean_metrics(results: Sequence[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def _selected(results: Sequence[tuple[list[float], dict[str, float]]]) -> UpdateResult:
+    """The ranks' `select_update` results as one: entropies in rank (= batch) order, metrics averaged."""
+    return UpdateResult(
+        metrics=_mean_metrics([m for _, m in results]),
+        entropies=tuple(e for ent, _ in results for e in ent),
+    )
+
+
 def _minibatch_rows(groups: Sequence[Group], minibatches: int) -> tuple[int, ...]:
     per = len(groups) // minibatches
     return tuple(
@@ -188,7 +196,7 @@ class LearnerGroup:
         return self.start_entropies(candidates=candidates).result()
 
     def update(self, *, batch: TrainBatch) -> dict[str, float]:
-        return self.start_update(batch=batch).result()
+        return self.start_update(batch=batch).result().metrics
 
     def start_entropies(self, *, candidates: Sequence[ReplayCandidate]) -> RayPending[list[float]]:
         """Mean response-token entropy of each candidate, computed in L contiguous chunks, in order."""
@@ -197,8 +205,10 @@ class LearnerGroup:
         refs = [a.entropies.remote(candidates=c) for a, c in zip(self.actors, chunks, strict=True)]
         return RayPending(refs, lambda results: [e for r in results for e in r])
 
-    def start_update(self, *, batch: TrainBatch) -> RayPending[dict[str, float]]:
-        """One step: batch.groups split into L equal contiguous slices; rank metrics averaged."""
+    def start_update(self, *, batch: TrainBatch) -> RayPending[UpdateResult]:
+        """One step: batch.groups split into L equal contiguous slices; rank metrics averaged. With
+        `batch.select`, each rank scores and picks the candidates of its own slice's replay groups first
+        (`Learner.select_update`); their entropies come back in batch order."""
         groups = batch.groups
         if len(groups) % self.num:
             raise ValueError(
@@ -217,11 +227,17 @@ class LearnerGroup:
                 f"learner slices hold different row counts per mini-batch {sorted(rows)}; every "
                 "rank must run the same number of micro-batches (give every group K trajectories)"
             )
+        if batch.select is None:
+            refs = [
+                a.update.remote(groups=s, clip=batch.clip, version=batch.version)
+                for a, s in zip(self.actors, slices, strict=True)
+            ]
+            return RayPending(refs, lambda results: UpdateResult(metrics=_mean_metrics(results)))
         refs = [
-            a.update.remote(groups=s, clip=batch.clip, version=batch.version)
+            a.select_update.remote(groups=s, clip=batch.clip, version=batch.version, select=batch.select)
             for a, s in zip(self.actors, slices, strict=True)
         ]
-        return RayPending(refs, _mean_metrics)
+        return RayPending(refs, _selected)
 
     def get_weights_ref(self) -> ray.ObjectRef:
         """Rank 0's packed weights (``PackedWeights``), left in the object store (all ranks gather under ZeRO-3)."""

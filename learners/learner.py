@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from exgrpo.core import metric_names as M
 from exgrpo.core.config import LearnerConfig, LossConfig
 from exgrpo.core.faults import fault_point
 from exgrpo.core.records import Group, ReplayCandidate
+from exgrpo.core.selection import fill_replay_slots, replay_candidates
 from exgrpo.transport.packed import PackedWeights, Packer
 from learners import batches, logits, lora
 from learners import update as U
@@ -246,6 +249,26 @@ class Learner:
         ent = self._per_token(rows, r_max, "entropy")  # (N, R)
         lengths = torch.tensor([len(r.response_ids) for r in rows], dtype=torch.float32)  # (N,)
         return (ent.sum(dim=1) / lengths.clamp(min=1)).tolist()
+
+    def select_update(
+        self, *, groups: Sequence[Group], clip: bool, version: int, select: str
+    ) -> tuple[list[float], dict[str, float]]:
+        """Score the replay groups' candidates under the current weights, put the one `select` picks
+        (lowest or highest entropy) into slot 0 of each, then `update` on the filled groups: what the driver
+        would do between two updates, done here so the call can be queued behind the previous update.
+        Returns every candidate's entropy (group order, then candidate order) and the update's metrics."""
+        if select not in ("lowest_entropy", "highest_entropy"):
+            raise ValueError(
+                f"select={select!r}: the learners pick by entropy only (lowest_entropy, highest_entropy)"
+            )
+        t0 = time.perf_counter()
+        entropies = self.entropies(candidates=replay_candidates(groups))
+        filled = fill_replay_slots(groups, entropies, mode=select)  # deterministic: first on ties
+        seconds = time.perf_counter() - t0
+        return entropies, {
+            **self.update(groups=filled, clip=clip, version=version),
+            M.LEARNER_SELECT_TIME: seconds,
+        }
 
     def update(self, *, groups: Sequence[Group], clip: bool, version: int) -> dict[str, float]:
         """One training step on this rank's whole groups (``learners.update.update``); returns ``learner/*`` metrics

@@ -207,6 +207,7 @@ class AsyncConfig:
         300.0  # bound on one collective weight update; past it the sampler world is rebuilt
     )
     overlap_update: bool = False  # start each update without waiting for it (the next step's pull and mix run meanwhile); on in the GPU recipes
+    select_on_learners: bool = True  # the learners score the replay candidates and fill slot 0 inside the update call, so the next update can queue behind the running one (false: the driver waits for the scores and picks)
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ GRAD_SHARE_FRESH = "learner/grad_share_fresh"  # the same for fresh groups (the 
 KL = "learner/kl"  # k3 KL(current || initial policy) of the trained tokens (only with loss.kl_coef > 0)
 LEARNER_TOKENS = "learner/tokens"  # trained response tokens (summed over ranks)
 LEARNER_UPDATE_TIME = "learner/update_time_s"  # a rank's time inside update
+LEARNER_SELECT_TIME = "learner/select_time_s"  # a rank's time scoring and picking replay candidates
 # system/
 VERSION = "system/policy_version"  # learner version after this step
 STALENESS_MEAN = "system/staleness_mean"  # mean (training version - sampling version) over the batch

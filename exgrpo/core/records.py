@@ -195,3 +195,17 @@ class TrainBatch:
     groups: tuple[Group, ...]
     version: int  # learner version the batch is trained at
     clip: bool = True  # PPO clipping on fresh tokens (removed from the step after the delayed start)
+    # None: every replay group's slot 0 is filled. "lowest_entropy" / "highest_entropy": replay groups still
+    # carry their candidates; the learners score them under the weights at the update's turn, fill slot 0
+    # (`exgrpo.core.selection.fill_replay_slots`) and train on that
+    select: str | None = None
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What one learner update returns: its `learner/` metrics and, for a batch with `select`, the entropy
+    of every candidate it scored (the batch's replay groups in order, then each one's candidates in order):
+    `fill_replay_slots(batch.groups, entropies, mode=batch.select, ...)` gives the groups it trained on."""
+
+    metrics: dict[str, float]
+    entropies: tuple[float, ...] = ()

@@ -30,6 +30,7 @@ from exgrpo.core.records import (
     ReplayStats,
     RolloutResult,
     TrainBatch,
+    UpdateResult,
 )
 
 
@@ -113,8 +114,10 @@ class Learners(Protocol):
     def start_entropies(self, *, candidates: Sequence[ReplayCandidate]) -> Pending[list[float]]:
         """Mean response-token entropy of each candidate under the weights at its turn, in order."""
 
-    def start_update(self, *, batch: TrainBatch) -> Pending[dict[str, float]]:
-        """One optimiser step (or `minibatches` of them) on the batch; its value is the `learner/` metrics."""
+    def start_update(self, *, batch: TrainBatch) -> Pending[UpdateResult]:
+        """One optimiser step (or `minibatches` of them) on the batch; its value holds the `learner/` metrics.
+        With `batch.select`, the replay groups' candidates are scored first, under the weights at the call's
+        turn, slot 0 is filled with the chosen one and the value holds every candidate's entropy."""
 
     def save(self, *, path: str) -> None:
         """HF safetensors (rank 0) and optimiser state (every rank) under `path`."""

@@ -7,7 +7,8 @@ slot 0 of each replayed group (docs/architecture.md, "The algorithm").
 - `split_over_shards`: the global bucket counts divided among shards by a multivariate
   hypergeometric draw (exactly uniform without replacement over a bucket's union across shards).
 - `select_trajectory` / `fill_replay_slots`: per replayed question, the candidate with the lowest
-  (or highest, or a random) mean token entropy goes into slot 0 with `replayed=True`.
+  (or highest, or a random) mean token entropy goes into slot 0 with `replayed=True`;
+  `replay_candidates` lists what there is to score, in the order `fill_replay_slots` reads the scores.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from exgrpo.core.records import Group
+from exgrpo.core.records import Group, ReplayCandidate
 
 
 def bucket_weights(
@@ -92,8 +93,10 @@ def allocate(
     return {k: int(c) for k, c in zip(buckets, counts, strict=True) if c > 0}
 
 
-def select_trajectory(entropies: Sequence[float], *, mode: str, rng: np.random.Generator) -> int:
-    """Pick a candidate: argmin or argmax entropy (first on ties), or uniform at random;
+def select_trajectory(
+    entropies: Sequence[float], *, mode: str, rng: np.random.Generator | None = None
+) -> int:
+    """Pick a candidate: argmin or argmax entropy (first on ties), or uniform at random (needs `rng`);
     NaN entries are never chosen in any mode."""
     values, ok = _valid_entropies(entropies)
     if mode == "lowest_entropy":
@@ -101,6 +104,8 @@ def select_trajectory(entropies: Sequence[float], *, mode: str, rng: np.random.G
     if mode == "highest_entropy":
         return int(ok[np.argmax(values[ok])])
     if mode == "random":
+        if rng is None:
+            raise ValueError("mode='random' needs an rng")
         return int(ok[rng.integers(len(ok))])
     raise ValueError(f"mode={mode!r}; choose lowest_entropy, highest_entropy or random")
 
@@ -165,7 +170,11 @@ def draw_plan(
 
 
 def fill_replay_slots(
-    groups: Sequence[Group], entropies: Sequence[float], *, mode: str, rng: np.random.Generator
+    groups: Sequence[Group],
+    entropies: Sequence[float],
+    *,
+    mode: str,
+    rng: np.random.Generator | None = None,
 ) -> list[Group]:
     """Put each replay group's chosen candidate into slot 0 (`replayed=True`) and drop its candidates.
 
@@ -186,3 +195,14 @@ def fill_replay_slots(
     if i != len(entropies):
         raise ValueError(f"{len(entropies)} entropies for {i} candidates")
     return out
+
+
+def replay_candidates(groups: Sequence[Group]) -> list[ReplayCandidate]:
+    """Every candidate of the replay groups, in group order then candidate order (the order of the scores
+    `fill_replay_slots` takes)."""
+    return [
+        ReplayCandidate(qid=g.qid, prompt_ids=g.prompt_ids, trajectory=c)
+        for g in groups
+        if g.kind == "replay"
+        for c in g.candidates
+    ]

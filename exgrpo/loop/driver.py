@@ -10,15 +10,19 @@ Per step t:
      K fresh rollouts of the replayed question instead), the rest are fresh questions (K rollouts);
   3. wait for step t's requests, pull their groups by request id; a replay request whose question
      retired in flight is re-issued as a fresh request (a retired question is never replayed);
-  4. put each replayed question's stored trajectory with the lowest entropy under the current
-     learner weights into slot 0 of its group;
+  4. each replayed question's stored trajectory with the lowest entropy under the current learner weights
+     goes into slot 0 of its group: by default the learners score and pick inside the update call
+     (`TrainBatch.select`, `async.select_on_learners`), so nothing waits for the previous update here;
   5. shuffle the batch (seeded, checkpointed), start the learners' update; version += 1 and broadcast
      once it finished.
 
-With `async.overlap_update=true` the update does not block the loop: while update t runs, the driver waits for
-and pulls step t+1 and queues its entropies behind update t; once update t finished it starts update t+1
-at once, then broadcasts version t+1 and writes step t's record. Learner calls run in the order they were
-started, so the export `WeightTransport.prepare` queues right after update t reads exactly its weights.
+With `async.overlap_update=true` the update does not block the loop: update t + 1 is started as soon as step
+t + 1's groups are pulled, queued on the learners behind update t (learner calls run in the order they were
+started, so it scores its candidates under the weights update t produces and starts the moment update t
+ends); update t is finished (version, broadcast, record) when it is seen done, while the driver waits for
+the next step. The export `WeightTransport.prepare` queues right behind each update, so it reads exactly its
+weights. With `async.select_on_learners=false` (or random selection with a trace check) the driver scores the
+candidates itself; the scores wait behind the updates in flight, so the next update starts after they land.
 
 Clipping: PPO clipping on fresh tokens holds until the delayed start; it is removed from the step
 *after* the one whose fresh solve ratio triggers the start (official `loss_remove_clip`).
@@ -42,13 +46,13 @@ from exgrpo.core.records import (
     GenerationRequest,
     Group,
     Prompt,
-    ReplayCandidate,
     ReplayPick,
     ReplayStats,
     TrainBatch,
+    UpdateResult,
 )
 from exgrpo.core.roles import Learners, Pending, Replay, Rollouts, RunObserver, Scaling, WeightTransport
-from exgrpo.core.selection import fill_replay_slots
+from exgrpo.core.selection import fill_replay_slots, replay_candidates
 from exgrpo.data.stream import OutOfQuestions, PromptStream
 from exgrpo.loop.observer import Observer
 from exgrpo.loop.steps import StepPlan, eval_metrics, replay_metrics, rollout_metrics, solve_ratio
@@ -68,8 +72,8 @@ class _InFlight:
 
     step: int
     plan: StepPlan
-    pending: Pending[dict[str, float]]
-    groups: list[Group]
+    pending: Pending[UpdateResult]
+    batch: TrainBatch  # as started: with `select`, its replay groups still carry their candidates
     solve: float  # the fresh solve ratio
     replay: dict[str, float]  # replay/ metrics as the step's groups were pulled
     staleness: list[int]
@@ -138,7 +142,7 @@ class Driver:
         self.replay_stats = ReplayStats(bucket_sizes={}, active=0, retired=0, trajectories=0, ready=0)
         self.out_of_work: str | None = None  # why training ended before trainer.steps (no questions left)
         self._last_step_end = time.perf_counter()
-        self._inflight: _InFlight | None = None  # the update started and not yet finished (at most one)
+        self._inflight: list[_InFlight] = []  # updates started and not yet finished, oldest first
         self._last_landed: float | None = None  # when the previous update was seen finished
         self._steps = cfg.trainer.steps  # trainer.steps, or fewer once the data ran out
         self._records: list[dict[str, Any]] = []
@@ -147,10 +151,10 @@ class Driver:
     def train(self) -> list[dict[str, Any]]:
         """Run (or, after `load_state_dict`, continue) until `trainer.steps`; returns this call's records.
 
-        With `async.overlap_update` an update is started and left running: the next step's
-        wait, pull and mix (its entropies queued behind the update, so they score its weights) happen while
-        it runs, and it is finished (version, broadcast, record) once the next update has started. Checkpoint
-        steps and the last step finish their update before going on, so a checkpoint holds no update in flight.
+        With `async.overlap_update` an update is started and left running: the next step's wait and pull
+        happen while it runs, and the next update is queued behind it. An update is finished (version,
+        broadcast, record) once it is seen done. Checkpoint steps and the last step finish their update before
+        going on, so a checkpoint holds no update in flight.
         """
         self._steps, self._records = self.cfg.trainer.steps, []
         if self.step == 0 and not self.eval_history and (before := self.evaluate()):
@@ -168,54 +172,56 @@ class Driver:
                 self._steps = self._out_of_work(err, steps=step)
                 break
             t_wait = time.perf_counter()
-            groups, t_entropy, mix_metrics = self.mix(groups, step=step)
+            groups, select, t_entropy, mix_metrics = self.mix(groups, step=step)
             solve = solve_ratio([g for g in groups if g.kind == "fresh"])
             # clipping follows the state *before* this step's ratio: removed from the step after the start
             clip = not (self.delayed_start.started and self.cfg.loss.remove_clip_after_replay)
             started_before = self.delayed_start.started
             self.delayed_start.update(solve_ratio=solve)
             order = self.shuffle_rng.permutation(len(groups))
-            version = self.version + (self._inflight is not None)  # the weights this update starts from
-            batch = TrainBatch(groups=tuple(groups[i] for i in order), version=version, clip=clip)
-            self.observer.on_batch(batch=batch)
-            t_block = time.perf_counter()
-            previous = self._complete() if self._inflight is not None else None
-            t_block = time.perf_counter() - t_block
+            version = self.version + len(self._inflight)  # the weights this update starts from
+            batch = TrainBatch(
+                groups=tuple(groups[i] for i in order), version=version, clip=clip, select=select
+            )
+            if select is None:  # else the learners fill slot 0: reported once they did (`_finish_next`)
+                self.observer.on_batch(batch=batch)
             t_issue = time.perf_counter()
             pending = self.learners.start_update(batch=batch)
             self.weights.prepare(version=version + 1)
-            gap = t_issue - self._last_landed if self._last_landed is not None else math.nan
             self.step += 1
             if self.delayed_start.started and not started_before:
                 self.replay.set_collect(on=True)
                 log.info("replay started at step %d (fresh solve ratio %.3f)", step, solve)
-            if previous is not None:
-                self._finish(*previous)
-                self.admit()  # what the new version allows, at once (also before a checkpoint below)
-            flight = _InFlight(
-                step=step,
-                plan=plan,
-                pending=pending,
-                groups=groups,
-                solve=solve,
-                replay=replay_metrics(
-                    self.replay_stats, started=self.delayed_start.started, k_rollouts=self.K
-                ),
-                staleness=[version - g.oldest_version for g in groups],  # a mid-response update: the oldest
-                times={
-                    M.WAIT_TIME: t_wait - t0,
-                    M.ENTROPY_TIME: t_entropy,
-                    M.UPDATE_GAP: gap,
-                    "issued": t_issue,
-                    "loop": t_issue - t0 - t_block,  # the driver's own time until the update started
-                },
-                metrics=mix_metrics,
+            self._inflight.append(
+                _InFlight(
+                    step=step,
+                    plan=plan,
+                    pending=pending,
+                    batch=batch,
+                    solve=solve,
+                    replay=replay_metrics(
+                        self.replay_stats, started=self.delayed_start.started, k_rollouts=self.K
+                    ),
+                    # a mid-response update: a group's oldest version
+                    staleness=[version - g.oldest_version for g in groups],
+                    times={
+                        M.WAIT_TIME: t_wait - t0,
+                        M.ENTROPY_TIME: t_entropy,
+                        "issued": t_issue,
+                        "loop": t_issue - t0,  # the driver's own time until the update started
+                    },
+                    metrics=mix_metrics,
+                )
             )
-            self._inflight = flight
             if not self.cfg.async_.overlap_update or self._barrier(step):
-                self._finish(*self._complete())
-        if self._inflight is not None:  # the data ran out with an update in flight
-            self._finish(*self._complete())
+                while self._inflight:
+                    self._finish_next(block=True)
+            else:  # what already finished (e.g. behind the scores awaited above), then what it admits
+                while self._inflight and self._finish_next(block=False):
+                    pass
+                self.admit()
+        while self._inflight:  # the data ran out with updates in flight
+            self._finish_next(block=True)
         return self._records
 
     def _barrier(self, step: int) -> bool:
@@ -225,19 +231,33 @@ class Driver:
             bool(every and (step + 1) % every == 0) or step + 1 == self._steps
         )
 
-    def _complete(self) -> tuple[_InFlight, dict[str, float]]:
-        """Wait for the update in flight (the samplers are served meanwhile); returns it and its metrics."""
-        flight = self._inflight
-        assert flight is not None
-        metrics = self._await(flight.pending)
-        self._inflight = None
-        self._last_landed = flight.times["landed"]
-        flight.times[M.UPDATE_TIME] = self._last_landed - flight.times["issued"]
-        return flight, metrics
+    def _finish_next(self, *, block: bool) -> bool:
+        """Finish the oldest update in flight (version, broadcast, record) if it is done, or, with `block`, once
+        it is; whether it was finished."""
+        flight = self._inflight[0]
+        if block:
+            self._await(flight.pending)
+        elif not flight.pending.wait(timeout_s=0.0):
+            return False
+        self._note_landed()
+        result = flight.pending.result()
+        self._inflight.pop(0)
+        times = flight.times
+        times[M.UPDATE_TIME] = times["landed"] - times["issued"]
+        # the learners' idle time between the previous update and this one, as the driver sees it: none when
+        # this one was queued before the previous one finished
+        last, self._last_landed = self._last_landed, times["landed"]
+        times[M.UPDATE_GAP] = max(0.0, times["issued"] - last) if last is not None else math.nan
+        if flight.batch.select is not None:  # the learners picked slot 0: the batch as they trained it
+            flight.batch, metrics = self._selected(flight, result.entropies)
+            flight.metrics.update(metrics)
+            self.observer.on_batch(batch=flight.batch)
+        self._finish(flight, result.metrics)
+        return True
 
     def _await(self, pending: Pending[Any]) -> Any:
-        """A learner call's value; until it is there, the samplers' results are taken every POLL_S (and an
-        update in flight that finishes meanwhile is timed then: a step's entropies wait behind it)."""
+        """A learner call's value; until it is there, the samplers' results are taken every POLL_S (and updates
+        in flight that finish meanwhile are timed then)."""
         while not pending.wait(timeout_s=POLL_S):
             self._take(timeout_s=0.0)
             self._note_landed()
@@ -245,14 +265,18 @@ class Driver:
         return pending.result()
 
     def _note_landed(self) -> None:
-        """Record when the update in flight was first seen finished (`system/update_gap_s` counts from it)."""
-        flight = self._inflight
-        if flight is not None and "landed" not in flight.times and flight.pending.wait(timeout_s=0.0):
+        """Record when each update in flight was first seen finished (`system/update_gap_s` counts from it);
+        they finish in the order they started."""
+        for flight in self._inflight:
+            if "landed" in flight.times:
+                continue
+            if not flight.pending.wait(timeout_s=0.0):
+                break
             flight.times["landed"] = time.perf_counter()
 
     def _finish(self, flight: _InFlight, learner_metrics: dict[str, float]) -> None:
         """The update of `flight` finished: version += 1, broadcast, the step's record, evaluation, checkpoint."""
-        step, plan, groups = flight.step, flight.plan, flight.groups
+        step, plan, groups = flight.step, flight.plan, list(flight.batch.groups)
         self.version += 1
         t2 = time.perf_counter()
         sync_metrics = self.weights.broadcast(version=self.version)
@@ -289,7 +313,7 @@ class Driver:
         every = self.cfg.trainer.checkpoint_every
         done = step + 1
         if self.checkpointer is not None and ((every and done % every == 0) or done == self._steps):
-            assert self._inflight is None and self.step == done, "a checkpoint with an update in flight"
+            assert not self._inflight and self.step == done, "a checkpoint with an update in flight"
             self.checkpointer(self)
 
     def apply_scaling(self) -> None:
@@ -387,14 +411,14 @@ class Driver:
                     f"step {step}: no generation finished for {self.stall_timeout_s:.0f} s; "
                     f"{outstanding} requests outstanding, {self.rollouts.size()} live samplers"
                 )
-            if self._inflight is not None and self._inflight.pending.wait(timeout_s=POLL_S):
-                self._finish(*self._complete())
+            if self._inflight and self._inflight[0].pending.wait(timeout_s=POLL_S):
+                self._finish_next(block=True)
                 self.admit()
                 last_progress = time.monotonic()
                 continue
-            if plan is None and self._inflight is None:
+            if plan is None and not self._inflight:
                 raise RuntimeError(f"step {step} was never admitted (version {self.version}, eta {self.eta})")
-            if self._take(timeout_s=0.0 if self._inflight is not None else POLL_S):
+            if self._take(timeout_s=0.0 if self._inflight else POLL_S):
                 last_progress = time.monotonic()
 
     def _take(self, *, timeout_s: float) -> bool:
@@ -441,36 +465,57 @@ class Driver:
         return sorted(groups, key=lambda g: g.request_id)
 
     # -- 4. mixing -------------------------------------------------------------------------------------
-    def mix(self, groups: Sequence[Group], *, step: int) -> tuple[list[Group], float, dict[str, float]]:
-        """Fill slot 0 of each replay group with its chosen stored trajectory.
+    def mix(
+        self, groups: Sequence[Group], *, step: int
+    ) -> tuple[list[Group], str | None, float, dict[str, float]]:
+        """Fill slot 0 of each replay group with its chosen stored trajectory, or leave that to the learners.
 
-        Returns the groups, the seconds spent and, with a `trace_check`, the share of chosen (and of all
-        candidate) trajectories whose reasoning trace is fully valid; every candidate is then scored and
-        reported to `observer.on_candidates`.
+        Returns the groups, the selection mode the learners apply (None: slot 0 is filled here), the seconds
+        spent and, with a `trace_check`, the share of chosen (and of all candidate) trajectories whose
+        reasoning trace is fully valid; every candidate is then scored and reported to `observer.on_candidates`.
+        By entropy with `async.select_on_learners` (the default), the learners score and pick inside the update
+        and the trace check runs once it finished (`_selected`).
         """
         replay = [g for g in groups if g.kind == "replay"]
         if not replay:
-            return list(groups), 0.0, {}
-        t0 = time.perf_counter()
+            return list(groups), None, 0.0, {}
         mode = self.cfg.replay.trajectory_selection
-        flat = [
-            ReplayCandidate(qid=g.qid, prompt_ids=g.prompt_ids, trajectory=c)
-            for g in replay
-            for c in g.candidates
-        ]
+        if mode != "random" and self.cfg.async_.select_on_learners:
+            return list(groups), mode, 0.0, {}
+        t0 = time.perf_counter()
+        flat = replay_candidates(groups)
         scored = mode != "random" or self.trace_check is not None  # a trace check reports every entropy
-        # queued behind an update in flight: the candidates are scored under the weights it produces
+        # queued behind the updates in flight: the candidates are scored under the weights they produce
         ent = self._await(self.learners.start_entropies(candidates=flat)) if scored else [0.0] * len(flat)
         mixed = fill_replay_slots(groups, ent, mode=mode, rng=self.pick_rng)
         seconds = time.perf_counter() - t0
+        return mixed, None, seconds, self._trace(step, groups, ent, mixed)
+
+    def _selected(self, flight: _InFlight, entropies: Sequence[float]) -> tuple[TrainBatch, dict[str, float]]:
+        """The batch the learners trained on (slot 0 filled from their scores, as they filled it) and its
+        trace metrics."""
+        batch = flight.batch
+        assert batch.select is not None
+        mixed = fill_replay_slots(batch.groups, entropies, mode=batch.select)  # as the learners did
+        trained = TrainBatch(groups=tuple(mixed), version=batch.version, clip=batch.clip)
+        return trained, self._trace(flight.step, batch.groups, entropies, mixed)
+
+    def _trace(
+        self, step: int, groups: Sequence[Group], ent: Sequence[float], mixed: Sequence[Group]
+    ) -> dict[str, float]:
+        """With a trace check: every candidate's row to `observer.on_candidates` (by request id) and the shares
+        of valid chosen and candidate traces; without one, nothing."""
         if self.trace_check is None:
-            return mixed, seconds, {}
+            return {}
+        flat = replay_candidates(groups)
         valid = [self.trace_check(self.prompts[c.qid], c.trajectory.text) for c in flat]
         chosen = [
             self.trace_check(self.prompts[g.qid], g.trajectories[0].text) for g in mixed if g.kind == "replay"
         ]
         rows, i = [], 0
-        for g in replay:
+        for g in groups:
+            if g.kind != "replay":
+                continue
             for j, c in enumerate(g.candidates):
                 rows.append(
                     {
@@ -485,12 +530,9 @@ class Driver:
                     }
                 )
                 i += 1
+        rows.sort(key=lambda r: (r["request_id"], r["candidate"]))
         self.observer.on_candidates(step=step, rows=rows)
-        return (
-            mixed,
-            seconds,
-            {M.CHOSEN_VALID: float(np.mean(chosen)), M.CANDIDATES_VALID: float(np.mean(valid))},
-        )
+        return {M.CHOSEN_VALID: float(np.mean(chosen)), M.CANDIDATES_VALID: float(np.mean(valid))}
 
     # -- evaluation and metrics ------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -515,7 +557,7 @@ class Driver:
     # -- checkpoint state ------------------------------------------------------------------------------
     def drain(self) -> None:
         """Finish every admitted request (their groups wait in Replay), so a checkpoint is exact."""
-        if self._inflight is not None:
+        if self._inflight:
             raise RuntimeError("drain() with an update in flight: checkpoints follow a finished update")
         for step in sorted(self.plans):
             self.wait(step)

@@ -28,7 +28,16 @@ import numpy as np
 
 from exgrpo.core import metric_names as M
 from exgrpo.core.names import learner_name, sampler_name
-from exgrpo.core.records import GenerationRequest, Group, Prompt, ReplayCandidate, RolloutResult, Trajectory
+from exgrpo.core.records import (
+    GenerationRequest,
+    Group,
+    Prompt,
+    ReplayCandidate,
+    RolloutResult,
+    Trajectory,
+    UpdateResult,
+)
+from exgrpo.core.selection import fill_replay_slots, replay_candidates
 
 
 @dataclass(frozen=True)
@@ -240,6 +249,14 @@ class SimLearner:
         self._sleep(self.cost.entropy_s * len(candidates) * self.cost.time_scale)
         return [float(-np.mean(c.trajectory.logprobs)) for c in candidates]
 
+    def select_update(
+        self, *, groups: Sequence[Group], clip: bool, version: int, select: str
+    ) -> tuple[list[float], dict[str, float]]:
+        """`learners/learner.py::Learner.select_update`: score this rank's candidates, fill slot 0, update."""
+        entropies = self.entropies(candidates=replay_candidates(groups))
+        filled = fill_replay_slots(groups, entropies, mode=select)
+        return entropies, self.update(groups=filled, clip=clip, version=version)
+
     def update(self, *, groups: Sequence[Group], clip: bool, version: int) -> dict[str, float]:
         seconds = self._sleep(self.cost.update_real_s(self.world_size))
         self._version = version + 1
@@ -301,17 +318,24 @@ class SimLearnerGroup:
         if len(groups) % self.num:
             raise ValueError(f"a batch of {len(groups)} groups cannot be split across {self.num} learners")
         per = len(groups) // self.num
+        slices = [groups[i * per : (i + 1) * per] for i in range(self.num)]
+        if batch.select is None:
+            refs = [
+                a.update.remote(groups=s, clip=batch.clip, version=batch.version)
+                for a, s in zip(self.actors, slices, strict=True)
+            ]
+            return RayPending(refs, lambda results: UpdateResult(metrics=_combine(results)))
         refs = [
-            a.update.remote(groups=groups[i * per : (i + 1) * per], clip=batch.clip, version=batch.version)
-            for i, a in enumerate(self.actors)
+            a.select_update.remote(groups=s, clip=batch.clip, version=batch.version, select=batch.select)
+            for a, s in zip(self.actors, slices, strict=True)
         ]
-
-        def combine(results: list[dict[str, float]]) -> dict[str, float]:
-            out = {k: float(np.mean([r[k] for r in results])) for k in results[0]}
-            out[M.LEARNER_TOKENS] = float(sum(r[M.LEARNER_TOKENS] for r in results))
-            return out
-
-        return RayPending(refs, combine)
+        return RayPending(
+            refs,
+            lambda results: UpdateResult(
+                metrics=_combine([m for _, m in results]),
+                entropies=tuple(e for ent, _ in results for e in ent),
+            ),
+        )
 
     def get_weights_ref(self) -> Any:
         return self.rank0.get_weights.remote()
@@ -340,6 +364,13 @@ class SimLearnerGroup:
         for a in self.actors:
             self._ray.kill(a)
         self.actors = []
+
+
+def _combine(results: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The ranks' metrics as one: means, tokens summed."""
+    out = {k: float(np.mean([r[k] for r in results])) for k in results[0]}
+    out[M.LEARNER_TOKENS] = float(sum(r[M.LEARNER_TOKENS] for r in results))
+    return out
 
 
 def sampler_factory(

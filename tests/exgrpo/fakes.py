@@ -24,8 +24,10 @@ from exgrpo.core.records import (
     RolloutResult,
     TrainBatch,
     Trajectory,
+    UpdateResult,
 )
 from exgrpo.core.roles import Done, Learners, Pending, Replay, Rollouts, RunObserver, WeightTransport
+from exgrpo.core.selection import fill_replay_slots, replay_candidates
 from exgrpo.loop.observer import Observer
 
 # reward(request, index, version) -> 0.0 or 1.0
@@ -271,11 +273,21 @@ class FakeLearners:
         self.events.append(("entropies", len(self.batches)))  # the step whose mix asks
         return self._pending([score(c.trajectory) for c in candidates])
 
-    def start_update(self, *, batch: TrainBatch) -> Pending[dict[str, float]]:
-        self.batches.append(batch)
-        step = len(self.batches) - 1
+    def start_update(self, *, batch: TrainBatch) -> Pending[UpdateResult]:
+        """`batches` holds what is trained: with `batch.select`, slot 0 filled as the learners fill it (and
+        the scored candidates in `scored`, like `start_entropies`)."""
+        step = len(self.batches)
         self.events.append(("update", step))
-        return self._pending({"learner/loss": float(len(self.batches))}, done=("updated", step))
+        entropies: tuple[float, ...] = ()
+        if batch.select is not None:
+            flat = replay_candidates(batch.groups)
+            self.scored.append(flat)
+            entropies = tuple(score(c.trajectory) for c in flat)
+            filled = fill_replay_slots(batch.groups, entropies, mode=batch.select)
+            batch = TrainBatch(groups=tuple(filled), version=batch.version, clip=batch.clip)
+        self.batches.append(batch)
+        metrics = {"learner/loss": float(len(self.batches))}
+        return self._pending(UpdateResult(metrics=metrics, entropies=entropies), done=("updated", step))
 
     def save(self, *, path: str) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)

@@ -644,28 +644,46 @@ def _overlap_run(eta: int, overlap: bool, observer=Events, **extra):
 
 
 @pytest.mark.parametrize("eta", [1, 2])
-def test_with_overlap_the_next_update_starts_before_the_previous_step_is_broadcast_and_recorded(eta):
+def test_with_overlap_the_next_update_queues_behind_the_running_one(eta):
     _, _, learners, records, events = _overlap_run(eta, overlap=True)
     check_batches(records, learners)
-    order = [e for e in events if e[0] in ("update", "updated", "broadcast", "record")]
-    # update t starts, then (update t - 1 having finished) version t is broadcast and step t - 1 recorded
-    want = [("update", 0)]
-    for t in range(1, 6):
-        want += [("updated", t - 1), ("update", t), ("broadcast", t), ("record", t - 1)]
-    want += [("updated", 5), ("broadcast", 6), ("record", 5)]
-    assert order == want
+    at = {e: i for i, e in enumerate(events)}
+    for t in range(6):
+        # update t finishes, then version t + 1 is broadcast, then step t is recorded, in step order
+        assert at[("updated", t)] < at[("broadcast", t + 1)] < at[("record", t)]
+        if t:
+            assert at[("update", t - 1)] < at[("update", t)] and at[("record", t - 1)] < at[("record", t)]
+    # update t + 1 is started (queued on the learners) before update t finished ...
+    assert any(at[("update", t)] < at[("updated", t - 1)] for t in range(1, 6))
+    # ... but never more than eta + 1 updates are in flight: a step is admitted only eta versions ahead
+    in_flight = 0
+    for e in events:
+        in_flight += {"update": 1, "updated": -1}.get(e[0], 0)
+        assert in_flight <= eta + 1
     # each export is queued right behind the update that makes it, before any later learner call
     learner_calls = [e for e in events if e[0] in ("update", "entropies", "prepare")]
     for t in range(6):
         i = learner_calls.index(("update", t))
         assert learner_calls[i + 1] == ("prepare", t + 1)
-    # step t's replay candidates are scored after update t - 1 started: under the weights it produces
-    scored = [e[1] for e in events if e[0] == "entropies"]
-    assert scored and all(
-        events.index(("entropies", s)) > events.index(("update", s - 1)) for s in scored if s > 0
-    )
+    # the learners score the candidates inside the update (under the weights of the updates queued before)
+    assert not [e for e in events if e[0] == "entropies"] and learners.scored
     assert sum(r[M.N_REPLAY] for r in records) > 0  # replay actually ran
-    assert all(r[M.UPDATE_TIME] > 0 and r[M.IDLE_TIME] >= 0 for r in records)
+    assert all(r[M.UPDATE_TIME] > 0 and r[M.IDLE_TIME] >= 0 and r[M.ENTROPY_TIME] == 0 for r in records)
+
+
+@pytest.mark.parametrize("eta", [1, 2])
+def test_the_learners_pick_the_trajectory_the_driver_would_pick(eta):
+    # the same run with the driver scoring (select_on_learners=false) and with the learners scoring
+    on, off = (
+        _overlap_run(eta, overlap=True, overrides=(f"async.select_on_learners={x}",))
+        for x in ("true", "false")
+    )
+    assert [b.groups for b in on[2].batches] == [b.groups for b in off[2].batches]
+    def scored(learners):  # (the learners score in batch order, the driver in request order)
+        return [sorted((c.qid, c.trajectory.response_ids) for c in step) for step in learners.scored]
+
+    assert scored(on[2]) == scored(off[2])  # every candidate scored once, at the same step
+    assert [e for e in off[4] if e[0] == "entropies"] and not [e for e in on[4] if e[0] == "entropies"]
 
 
 class SlowBatches(Events):
@@ -678,12 +696,20 @@ class SlowBatches(Events):
 
 
 def test_with_overlap_the_update_gap_counts_from_when_the_update_finished():
-    # update t finishes while step t + 1's entropies are awaited (they wait behind it on real learners);
+    # with the driver scoring, update t finishes while step t + 1's scores are awaited (they wait behind it);
     # the batch is then held HOLD_S before update t + 1 starts: the learners waited at least that long
-    records = _overlap_run(1, overlap=True, observer=SlowBatches)[3]
+    records = _overlap_run(
+        1, overlap=True, observer=SlowBatches, overrides=("async.select_on_learners=false",)
+    )[3]
     # (step 1 has no stored trajectory to score yet: update 0 is seen finished only as update 1 starts)
     gaps = [r[M.UPDATE_GAP] for r in records]
     assert math.isnan(gaps[0]) and all(g >= SlowBatches.HOLD_S for g in gaps[2:]), gaps
+    # with the learners scoring, a batch is reported once trained, and an update queued before its
+    # predecessor finished has no gap
+    _, _, _, records, events = _overlap_run(1, overlap=True, observer=SlowBatches)
+    at = {e: i for i, e in enumerate(events)}
+    queued = [t for t in range(1, 6) if at[("update", t)] < at[("updated", t - 1)]]
+    assert queued and all(records[t][M.UPDATE_GAP] == 0.0 for t in queued)
 
 
 @pytest.mark.parametrize("eta", [0, 1, 2])
@@ -718,7 +744,7 @@ def test_checkpoint_steps_finish_their_update_before_the_checkpoint(tmp_path):
     seen: list[tuple[int, int, bool]] = []
 
     def checkpointer(d):
-        seen.append((d.step, d.version, d._inflight is None))
+        seen.append((d.step, d.version, not d._inflight))
 
     _overlap_run(1, overlap=True, checkpointer=checkpointer, overrides=("trainer.checkpoint_every=2",))
     assert seen == [(2, 2, True), (4, 4, True), (6, 6, True)]

@@ -17,9 +17,11 @@ from exgrpo.sim.roles import CostModel
 pytestmark = pytest.mark.integration
 
 B, K, STEPS = 32, 8, 6
-FACTOR = (
-    1.5  # measured steady-state step <= FACTOR x ideal (a fixed ~0.1 s of plumbing per step, with margin)
-)
+# measured steady-state step <= FACTOR[eta] x ideal. The driver's plumbing (broadcast, submit, poll, pull, the
+# update call) is ~0.1 s per step on two idle cores; at eta = 0 every bit of it is on the critical path, and a CI
+# machine under load measured 1.62 x ideal there (0.58 s of plumbing per step). At eta = 1 it mostly hides
+# under the update (1.10 on that machine).
+FACTOR = {1: 1.5, 0: 2.0}
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +70,7 @@ def test_every_step_trains_B_groups_within_eta(runs, key):
 @pytest.mark.parametrize("key", [(1, True), (1, False), (0, True)])
 def test_step_time_within_factor_of_ideal(runs, key):
     run = runs[key]
-    assert 0.97 * run.ideal_s <= run.step_s <= FACTOR * run.ideal_s, run
+    assert 0.97 * run.ideal_s <= run.step_s <= FACTOR[key[0]] * run.ideal_s, run
     assert 0.0 <= run.learner_idle < 1.0
 
 
