@@ -124,9 +124,7 @@ def _selected(results: Sequence[tuple[list[float], dict[str, float]]]) -> Update
 
 def _minibatch_rows(groups: Sequence[Group], minibatches: int) -> tuple[int, ...]:
     per = len(groups) // minibatches
-    return tuple(
-        sum(len(g.trajectories) for g in groups[m * per : (m + 1) * per]) for m in range(minibatches)
-    )
+    return tuple(sum(g.group_size for g in groups[m * per : (m + 1) * per]) for m in range(minibatches))
 
 
 class LearnerGroup:

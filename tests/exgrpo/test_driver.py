@@ -679,6 +679,7 @@ def test_the_learners_pick_the_trajectory_the_driver_would_pick(eta):
         for x in ("true", "false")
     )
     assert [b.groups for b in on[2].batches] == [b.groups for b in off[2].batches]
+
     def scored(learners):  # (the learners score in batch order, the driver in request order)
         return [sorted((c.qid, c.trajectory.response_ids) for c in step) for step in learners.scored]
 

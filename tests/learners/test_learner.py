@@ -22,6 +22,7 @@ from exgrpo.core import metric_names as M  # noqa: E402
 from exgrpo.core.algorithm import exgrpo_loss, token_entropy, token_logprobs  # noqa: E402
 from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
 from exgrpo.core.records import Group, ReplayCandidate, TrainBatch, Trajectory  # noqa: E402
+from exgrpo.core.selection import fill_replay_slots, replay_candidates  # noqa: E402
 from exgrpo.transport.packed import PackedWeights, unpack_weights  # noqa: E402
 from learners.learner import Learner  # noqa: E402
 
@@ -279,6 +280,38 @@ def test_entropies_match_direct_computation(fresh_learner, model_path):
     assert max(want) < math.log(64) + 1e-4  # entropy of a 64-way softmax is at most log 64
 
 
+def _unresolved(seed: int, *, replays: tuple[int, ...] = (0,)) -> tuple[Group, ...]:
+    """`_groups(seed)` with the replay groups in `replays` as the driver hands them over with
+    `TrainBatch.select`: K - 1 fresh rollouts and three stored candidates of different lengths, slot 0 empty."""
+    out = []
+    for i, g in enumerate(_groups(seed, replay=False)):
+        if i not in replays:
+            out.append(g)
+            continue
+        cands = tuple(
+            _traj(1000 * (seed + 1) + 10 * i + c, 2 + 2 * c, 1.0, replayed=False, logprob=-2.0 - c)
+            for c in range(3)
+        )
+        out.append(replace(g, kind="replay", trajectories=g.trajectories[1:], candidates=cands))
+    return tuple(out)
+
+
+def test_select_update_scores_picks_and_trains_what_the_driver_would(model_path):
+    groups = _unresolved(8)
+    a, b = _learner(model_path), _learner(model_path)
+    got_e, got = a.select_update(groups=groups, clip=True, version=0, select="lowest_entropy")
+    want_e = b.entropies(candidates=replay_candidates(groups))
+    filled = fill_replay_slots(groups, want_e, mode="lowest_entropy")
+    want = b.update(groups=filled, clip=True, version=0)
+    np.testing.assert_allclose(got_e, want_e, rtol=1e-6)
+    assert len(got_e) == 3 and len(set(got_e)) == 3  # three different scores: the pick is not a tie-break
+    assert got[M.LOSS] == pytest.approx(want[M.LOSS], rel=1e-6) and got[M.LEARNER_SELECT_TIME] > 0
+    assert a.version() == b.version() == 1
+    _assert_weights_close(a.get_weights(), b.get_weights(), atol=0)
+    with pytest.raises(ValueError, match="by entropy only"):
+        a.select_update(groups=groups, clip=True, version=1, select="random")
+
+
 def test_get_weights_is_the_hf_state_dict(fresh_learner, model_path):
     model = AutoModelForCausalLM.from_pretrained(model_path)
     sd = model.state_dict()
@@ -350,6 +383,14 @@ def test_two_learners_under_ray_match_one_learner(ray_cluster, model_path, zero_
             np.testing.assert_allclose(
                 group.entropies(candidates=cands[:n]), single.entropies(candidates=cands[:n]), rtol=1e-5
             )
+        # scoring and picking inside the update: each rank its own slice; the scores come back in batch order
+        groups = _unresolved(40, replays=(0, 1))  # both on rank 0: rank 1 scores nothing
+        got_u = group.start_update(
+            batch=TrainBatch(groups=groups, version=3, clip=True, select="lowest_entropy")
+        ).result()
+        want_e, want_m = single.select_update(groups=groups, clip=True, version=3, select="lowest_entropy")
+        np.testing.assert_allclose(got_u.entropies, want_e, rtol=1e-5)
+        assert got_u.metrics[M.GRAD_NORM] == pytest.approx(want_m[M.GRAD_NORM], rel=1e-5)
         with pytest.raises(ValueError, match="multiple of learners.num=2"):
             group.update(batch=TrainBatch(groups=_groups(30, n=3), version=3))
     finally:
