@@ -4,7 +4,7 @@ and learners (`exgrpo/sim/roles.py`), measured against the cost model's ideal st
     RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python bench/bench_sim_cluster.py [--diagnostics]
         [--update-real-s 1.0] [--steps 8] [--warmup 2] [--full] [--json out.jsonl]
         [--samplers 64 16] [--learners 8] [--etas 0 1] [--replay on off] [--requests-per-call 2] [--shards 2]
-        [--overlap on off]
+        [--overlap on off] [--select learners driver]
 
 Cost model (`CostModel`, from the paper's 155 s 7B step on 8 GPUs, split 100 s generation / 55 s update, an
 assumption): one sampler takes 800 s for a step's batch (B = 128 questions x K = 8), one learner 440 s for
@@ -17,8 +17,11 @@ Ideal: max(gen/S, update/L) at eta >= 1, gen/S + update/L at eta = 0; `over ms` 
 The second table splits each step into the driver's time inside each role verb and the CPU seconds of each
 process (`foreign`: CPU on this machine used by processes outside this run, i.e. other users' load).
 
-`--overlap on off` runs every combination twice, side by side: with `async.overlap_update` (variant
-`overlap`) and without (the default, as in the config: the driver finishes each update before its next pull).
+`--overlap on off` runs every combination twice, side by side: with `async.overlap_update` (variant `ovl`) and
+without (`ser`, the default, as in the config: the driver finishes each update before its next pull).
+`--select learners driver` likewise for `async.select_on_learners`: the learners score and pick the replayed
+trajectories inside the update (`+lrn`, the default; the next update queues behind the running one) or the
+driver waits for the scores and picks (`+drv`, the driver before this setting existed).
 
 Settings: samplers.requests_per_call = 2 (64 chunks per step: one per sampler at S = 64), 2 replay shards,
 32-token responses. `--diagnostics` then changes one knob at L = 8: requests_per_call = B/S (one chunk per
@@ -76,7 +79,7 @@ def block(
     requests_per_call: int,
     shards: int,
     label: str = "",
-    overlaps: tuple[bool, ...] = (False,),
+    variants: tuple[tuple[bool, bool], ...] = ((False, True),),
 ) -> list:
     """Build one cluster of L learners and max(S) samplers, warm it up, run `plan` [(S, eta, replay)] over it
     (samplers descending, the pool drained between) and shut it down."""
@@ -99,14 +102,20 @@ def block(
         if cluster.samplers != S:
             cluster.scale(S)
         for _, eta, replay in [g for g in plan if g[0] == S]:
-            for overlap in overlaps:
+            for overlap, select in variants:
                 t = time.perf_counter()
                 run = cluster.run(
-                    eta=eta, replay=replay, steps=args.steps, warmup=args.warmup, overlap=overlap
+                    eta=eta,
+                    replay=replay,
+                    steps=args.steps,
+                    warmup=args.warmup,
+                    overlap=overlap,
+                    select_on_learners=select,
                 )
-                out.append((run, cost.time_scale, "overlap" if overlap else label))
+                name = label or f"{'ovl' if overlap else 'ser'}+{'lrn' if select else 'drv'}"
+                out.append((run, cost.time_scale, name))
                 print(
-                    f"#   S={S} L={L} eta={eta} replay={'on' if replay else 'off'} overlap={overlap}: "
+                    f"#   S={S} L={L} eta={eta} replay={'on' if replay else 'off'} {name}: "
                     f"{time.perf_counter() - t:.1f} s wall, ratio {run.ratio:.3f}",
                     flush=True,
                 )
@@ -142,6 +151,13 @@ def main() -> None:
         choices=("on", "off"),
         default=["off"],
         help="async.overlap_update (both: side by side)",
+    )
+    parser.add_argument(
+        "--select",
+        nargs="+",
+        choices=("learners", "driver"),
+        default=["learners"],
+        help="async.select_on_learners: who scores and picks the replayed trajectories (both: side by side)",
     )
     parser.add_argument(
         "--diagnostics", action="store_true", help="then the DIAGNOSTICS rows (about 5 min more)"
@@ -187,7 +203,7 @@ def main() -> None:
             update_real_s=args.update_real_s,
             requests_per_call=args.requests_per_call,
             shards=args.shards,
-            overlaps=tuple(o == "on" for o in args.overlap),
+            variants=tuple((o == "on", w == "learners") for o in args.overlap for w in args.select),
         )
     extra = []
     if args.diagnostics:  # the same cost model with one knob changed each (see the module docstring)

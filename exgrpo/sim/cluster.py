@@ -37,6 +37,7 @@ class SimRun:
     eta: int
     replay: bool
     overlap: bool  # async.overlap_update
+    select_on_learners: bool  # async.select_on_learners
     steps: int
     warmup: int
     step_s: float  # mean wall time of a steady-state step
@@ -162,7 +163,9 @@ class SimCluster:
         self._empty = tempfile.mkdtemp(prefix="sim-empty-replay-")
         self.system.replay.snapshot(path=self._empty)
 
-    def config(self, *, eta: int, replay: bool, steps: int, overlap: bool = True) -> Any:
+    def config(
+        self, *, eta: int, replay: bool, steps: int, overlap: bool = True, select_on_learners: bool = True
+    ) -> Any:
         from exgrpo.core.config_files import load_config
 
         return load_config(
@@ -173,6 +176,7 @@ class SimCluster:
                 f"replay.enabled={str(replay).lower()}",
                 f"trainer.steps={steps}",
                 f"async.overlap_update={str(overlap).lower()}",
+                f"async.select_on_learners={str(select_on_learners).lower()}",
             ],
         )
 
@@ -209,7 +213,16 @@ class SimCluster:
             "learners": alive([a.pid.remote() for a in s.learners.actors]),
         }
 
-    def run(self, *, eta: int, replay: bool, steps: int, warmup: int = 2, overlap: bool = True) -> SimRun:
+    def run(
+        self,
+        *,
+        eta: int,
+        replay: bool,
+        steps: int,
+        warmup: int = 2,
+        overlap: bool = True,
+        select_on_learners: bool = True,
+    ) -> SimRun:
         import psutil
 
         from exgrpo.loop.driver import Driver
@@ -220,7 +233,9 @@ class SimCluster:
                 f"steps={steps} must exceed warmup={warmup} (the steady state is what follows it)"
             )
         self.reset()
-        cfg = self.config(eta=eta, replay=replay, steps=steps, overlap=overlap)
+        cfg = self.config(
+            eta=eta, replay=replay, steps=steps, overlap=overlap, select_on_learners=select_on_learners
+        )
         pids = self.pids()
         me = psutil.Process()
         ours = {p for v in pids.values() for p in v}
@@ -298,6 +313,7 @@ class SimCluster:
             eta=eta,
             replay=replay,
             overlap=overlap,
+            select_on_learners=select_on_learners,
             steps=steps,
             warmup=warmup,
             step_s=(b["t"] - a["t"]) / n,
