@@ -4,7 +4,7 @@ and learners (`exgrpo/sim/roles.py`), measured against the cost model's ideal st
     RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python bench/bench_sim_cluster.py [--diagnostics]
         [--update-real-s 1.0] [--steps 8] [--warmup 2] [--full] [--json out.jsonl]
         [--samplers 64 16] [--learners 8] [--etas 0 1] [--replay on off] [--requests-per-call 2] [--shards 2]
-        [--overlap on off] [--select learners driver]
+        [--overlap on off] [--select learners driver] [--repeat 1]
 
 Cost model (`CostModel`, from the paper's 155 s 7B step on 8 GPUs, split 100 s generation / 55 s update, an
 assumption): one sampler takes 800 s for a step's batch (B = 128 questions x K = 8), one learner 440 s for
@@ -102,7 +102,7 @@ def block(
         if cluster.samplers != S:
             cluster.scale(S)
         for _, eta, replay in [g for g in plan if g[0] == S]:
-            for overlap, select in variants:
+            for overlap, select in variants * args.repeat:
                 t = time.perf_counter()
                 run = cluster.run(
                     eta=eta,
@@ -158,6 +158,9 @@ def main() -> None:
         choices=("learners", "driver"),
         default=["learners"],
         help="async.select_on_learners: who scores and picks the replayed trajectories (both: side by side)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="run the variants this many times, interleaved (noise)"
     )
     parser.add_argument(
         "--diagnostics", action="store_true", help="then the DIAGNOSTICS rows (about 5 min more)"

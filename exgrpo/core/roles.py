@@ -160,7 +160,8 @@ class RunObserver(Protocol):
         """Before the first step (after a resume's restore): the actors (`System`) and the `Driver`."""
 
     def on_batch(self, *, batch: TrainBatch) -> None:
-        """Every step's shuffled batch, just before the learners' update on it starts."""
+        """Every step's shuffled batch as trained (slot 0 filled), once its update finished, right before the
+        step's `on_step`."""
 
     def on_step(self, *, record: dict[str, Any]) -> None:
         """Every step's metrics record (docs/metrics.md), after its evaluation, before its checkpoint."""

@@ -183,8 +183,6 @@ class Driver:
             batch = TrainBatch(
                 groups=tuple(groups[i] for i in order), version=version, clip=clip, select=select
             )
-            if select is None:  # else the learners fill slot 0: reported once they did (`_finish_next`)
-                self.observer.on_batch(batch=batch)
             t_issue = time.perf_counter()
             pending = self.learners.start_update(batch=batch)
             self.weights.prepare(version=version + 1)
@@ -251,7 +249,7 @@ class Driver:
         if flight.batch.select is not None:  # the learners picked slot 0: the batch as they trained it
             flight.batch, metrics = self._selected(flight, result.entropies)
             flight.metrics.update(metrics)
-            self.observer.on_batch(batch=flight.batch)
+        self.observer.on_batch(batch=flight.batch)  # right before its step's record, also with overlap
         self._finish(flight, result.metrics)
         return True
 

@@ -490,7 +490,7 @@ def test_observers_see_every_batch_and_record_and_with_a_trace_check_every_candi
 
     class Order(Observer):
         def on_batch(self, *, batch):
-            order.append(("batch", batch.version, len(learners.batches)))  # before the update
+            order.append(("batch", batch.version, len(learners.batches)))  # once trained
 
         def on_step(self, *, record):
             order.append(("step", record[M.STEP], len(learners.batches)))
@@ -504,7 +504,7 @@ def test_observers_see_every_batch_and_record_and_with_a_trace_check_every_candi
     records = driver.train()
     assert a.records == b.records == records
     assert all(x is y for x, y in zip(a.batches, learners.batches, strict=True)) and len(a.batches) == 4
-    assert order == [e for t in range(4) for e in (("batch", t, t), ("step", t, t + 1))]
+    assert order == [e for t in range(4) for e in (("batch", t, t + 1), ("step", t, t + 1))]
     # random selection needs no entropies, but a trace check scores and reports every candidate
     scored = [c for call in learners.scored for c in call]
     rows = [row for _, step_rows in a.candidates for row in step_rows]
@@ -687,30 +687,43 @@ def test_the_learners_pick_the_trajectory_the_driver_would_pick(eta):
     assert [e for e in off[4] if e[0] == "entropies"] and not [e for e in on[4] if e[0] == "entropies"]
 
 
-class SlowBatches(Events):
-    """Holds each batch for HOLD_S between the mix and the update's start (a slow driver)."""
+HOLD_S = 0.05
 
-    HOLD_S = 0.05
 
-    def on_batch(self, *, batch) -> None:
-        time.sleep(self.HOLD_S)
+def slow_trace_check(prompt, text) -> bool:
+    """A trace check that takes HOLD_S per candidate (a slow driver between the scores and the update)."""
+    time.sleep(HOLD_S)
+    return True
 
 
 def test_with_overlap_the_update_gap_counts_from_when_the_update_finished():
     # with the driver scoring, update t finishes while step t + 1's scores are awaited (they wait behind it);
-    # the batch is then held HOLD_S before update t + 1 starts: the learners waited at least that long
+    # the trace check then holds the batch at least HOLD_S before update t + 1 starts: the learners waited
     records = _overlap_run(
-        1, overlap=True, observer=SlowBatches, overrides=("async.select_on_learners=false",)
+        1, overlap=True, trace_check=slow_trace_check, overrides=("async.select_on_learners=false",)
     )[3]
     # (step 1 has no stored trajectory to score yet: update 0 is seen finished only as update 1 starts)
     gaps = [r[M.UPDATE_GAP] for r in records]
-    assert math.isnan(gaps[0]) and all(g >= SlowBatches.HOLD_S for g in gaps[2:]), gaps
-    # with the learners scoring, a batch is reported once trained, and an update queued before its
-    # predecessor finished has no gap
-    _, _, _, records, events = _overlap_run(1, overlap=True, observer=SlowBatches)
+    assert math.isnan(gaps[0]) and all(g >= HOLD_S for g in gaps[2:]), gaps
+    # with the learners scoring, the trace check runs once the update finished, and an update queued before
+    # its predecessor finished has no gap
+    _, _, _, records, events = _overlap_run(1, overlap=True, trace_check=slow_trace_check)
     at = {e: i for i, e in enumerate(events)}
     queued = [t for t in range(1, 6) if at[("update", t)] < at[("updated", t - 1)]]
     assert queued and all(records[t][M.UPDATE_GAP] == 0.0 for t in queued)
+
+
+class Batches(Events):
+    def on_batch(self, *, batch) -> None:
+        self.events.append(("batch", batch.version))
+
+
+@pytest.mark.parametrize("select", ["true", "false"])
+def test_each_batch_is_reported_as_trained_right_before_its_record(select):
+    overrides = (f"async.select_on_learners={select}",)
+    _, _, learners, _, events = _overlap_run(1, overlap=True, observer=Batches, overrides=overrides)
+    reported = [e for e in events if e[0] in ("batch", "record")]
+    assert reported == [x for t in range(6) for x in (("batch", t), ("record", t))]
 
 
 @pytest.mark.parametrize("eta", [0, 1, 2])
