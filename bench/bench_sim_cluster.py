@@ -13,7 +13,9 @@ takes `--update-real-s` real seconds (the `scale` column: real seconds per simul
 
 Grid (default; about 9 min here with other users' jobs on the 2 cores, `--diagnostics` about 6 min more): L = 8 with S = 64 and 16 over eta {0, 1, 2} x replay {on, off}, S = 4 with
 eta {0, 1} and replay on; L = 1 with S = 64, 16, 4, eta {0, 1}, replay on. `--full`: all 36 combinations.
-Ideal: max(gen/S, update/L) at eta >= 1, gen/S + update/L at eta = 0; `over ms` = measured - ideal per step.
+Ideal: max(gen/S, update/L) at eta >= 1, gen/S + update/L at eta = 0. `step` is the learners' cadence: the mean
+period between the starts of two updates on rank 0 over the steady-state steps; `ratio` = step / ideal, `over ms`
+= step - ideal; `rec` is the same ratio from the driver's step records, which lag the updates by a varying amount.
 The second table splits each step into the driver's time inside each role verb and the CPU seconds of each
 process (`foreign`: CPU on this machine used by processes outside this run, i.e. other users' load).
 
@@ -243,7 +245,7 @@ def print_tables(runs) -> None:
     print("Step time against the ideal (real seconds, steady state)")
     head = (
         f"{'variant':>8} {'S':>3} {'L':>2} {'eta':>3} {'rep':>3} {'scale':>8} {'gen/S':>6} {'upd/L':>6} {'ideal':>6} {'step':>6} "
-        f"{'ratio':>6} {'over ms':>7} {'L idle':>6} {'ideal':>6} {'st0':>5} {'st1':>5} {'st2':>5} {'repl/st':>7} "
+        f"{'ratio':>6} {'rec':>6} {'over ms':>7} {'L idle':>6} {'ideal':>6} {'st0':>5} {'st1':>5} {'st2':>5} {'repl/st':>7} "
         f"{'reiss':>5} {'groups':>6}"
     )
     print(head)
@@ -253,6 +255,7 @@ def print_tables(runs) -> None:
         print(
             f"{label or 'grid':>8} {r.samplers:>3} {r.learners:>2} {r.eta:>3} {'on' if r.replay else 'off':>3} {scale:>8.5f} "
             f"{r.gen_s:>6.3f} {r.update_s:>6.3f} {r.ideal_s:>6.3f} {r.step_s:>6.3f} {r.ratio:>6.3f} "
+            f"{r.record_step_s / r.ideal_s:>6.3f} "
             f"{1000 * (r.step_s - r.ideal_s):>7.0f} {r.learner_idle:>6.3f} {ideal_idle:>6.3f} "
             f"{stale_share(r, 0):>5.2f} {stale_share(r, 1):>5.2f} {stale_share(r, 2):>5.2f} "
             f"{r.replayed_per_step:>7.1f} {r.replaced:>5} {groups:>6}"

@@ -40,7 +40,8 @@ class SimRun:
     select_on_learners: bool  # async.select_on_learners
     steps: int
     warmup: int
-    step_s: float  # mean wall time of a steady-state step
+    step_s: float  # mean period between the starts of two updates on the learners, steady state
+    record_step_s: float  # the same from the driver's step records (they lag the updates by a varying amount)
     gen_s: float  # generation of one step's rollouts spread over the samplers (cost model)
     update_s: float  # one update (cost model, per learner)
     ideal_s: float  # max(gen_s, update_s) for eta >= 1, gen_s + update_s for eta = 0
@@ -292,8 +293,11 @@ class SimCluster:
         records = driver.train()
         a, b = marks[warmup - 1], marks[steps - 1]
         n = steps - warmup
+        # the window: from the start of update warmup - 1 to the start of update steps - 1 (n updates)
+        starts = s.learners.update_starts()
+        t_a, t_b = starts[warmup - 1], starts[steps - 1]
         busy = s.learners.busy()
-        idle = 1.0 - float(np.mean([busy_fraction(iv, a["t"], b["t"]) for iv in busy]))
+        idle = 1.0 - float(np.mean([busy_fraction(iv, t_a, t_b) for iv in busy]))
         steady = records[warmup:]
         roll = float(np.mean(rollouts[warmup:]))
         gen = self.cost.rollout_real_s(1) * roll / self.samplers
@@ -316,7 +320,8 @@ class SimCluster:
             select_on_learners=select_on_learners,
             steps=steps,
             warmup=warmup,
-            step_s=(b["t"] - a["t"]) / n,
+            step_s=(t_b - t_a) / n,
+            record_step_s=(b["t"] - a["t"]) / n,
             gen_s=gen,
             update_s=upd,
             ideal_s=self.cost.ideal_step_s(

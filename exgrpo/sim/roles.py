@@ -234,6 +234,7 @@ class SimLearner:
         self.intervals: list[
             tuple[float, float]
         ] = []  # (start, end) of every update/entropy, time.monotonic()
+        self.update_starts: list[float] = []  # when each update call began, time.monotonic()
 
     def ping(self) -> str:
         return "pong"
@@ -258,6 +259,7 @@ class SimLearner:
         return entropies, self.update(groups=filled, clip=clip, version=version)
 
     def update(self, *, groups: Sequence[Group], clip: bool, version: int) -> dict[str, float]:
+        self.update_starts.append(time.monotonic())
         seconds = self._sleep(self.cost.update_real_s(self.world_size))
         self._version = version + 1
         rewards = [t.reward for g in groups for t in g.trajectories]
@@ -275,6 +277,9 @@ class SimLearner:
 
     def busy(self) -> list[tuple[float, float]]:
         return list(self.intervals)
+
+    def starts(self) -> list[float]:
+        return list(self.update_starts)
 
     def pid(self) -> int:
         return os.getpid()
@@ -346,6 +351,10 @@ class SimLearnerGroup:
     def busy(self) -> list[list[tuple[float, float]]]:
         """Every rank's busy intervals (time.monotonic(), comparable across processes of one machine)."""
         return self._ray.get([a.busy.remote() for a in self.actors])
+
+    def update_starts(self) -> list[float]:
+        """When each update began on rank 0 since the last reset, in order (time.monotonic())."""
+        return list(self._ray.get(self.rank0.starts.remote()))
 
     def reset(self) -> None:
         """Version 0 and no busy intervals on every rank (a bench reuses the group across runs)."""
