@@ -230,7 +230,10 @@ class LearnerGroup:
                 a.update.remote(groups=s, clip=batch.clip, version=batch.version)
                 for a, s in zip(self.actors, slices, strict=True)
             ]
-            return RayPending(refs, lambda results: UpdateResult(metrics=_mean_metrics(results)))
+            return RayPending(
+                refs,
+                lambda results: UpdateResult(metrics={**_mean_metrics(results), M.LEARNER_SELECT_TIME: 0.0}),
+            )
         refs = [
             a.select_update.remote(groups=s, clip=batch.clip, version=batch.version, select=batch.select)
             for a, s in zip(self.actors, slices, strict=True)
