@@ -4,7 +4,7 @@ and learners (`exgrpo/sim/roles.py`), measured against the cost model's ideal st
     RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python bench/bench_sim_cluster.py [--diagnostics]
         [--update-real-s 1.0] [--steps 8] [--warmup 2] [--full] [--json out.jsonl]
         [--samplers 64 16] [--learners 8] [--etas 0 1] [--replay on off] [--requests-per-call 2] [--shards 2]
-        [--overlap on off] [--select learners driver] [--repeat 1]
+        [--overlap on off] [--select learners driver] [--variants ovl+lrn ser+drv] [--repeat 1]
 
 Cost model (`CostModel`, from the paper's 155 s 7B step on 8 GPUs, split 100 s generation / 55 s update, an
 assumption): one sampler takes 800 s for a step's batch (B = 128 questions x K = 8), one learner 440 s for
@@ -43,6 +43,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 GEN_S, UPDATE_S = 800.0, 440.0
+# variant label -> (async.overlap_update, async.select_on_learners)
+VARIANTS = {
+    "ovl+lrn": (True, True),
+    "ovl+drv": (True, False),
+    "ser+lrn": (False, True),
+    "ser+drv": (False, False),
+}
 
 
 def grid(args: argparse.Namespace) -> list[tuple[int, int, int, bool]]:
@@ -162,6 +169,12 @@ def main() -> None:
         help="async.select_on_learners: who scores and picks the replayed trajectories (both: side by side)",
     )
     parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=VARIANTS,
+        help="instead of --overlap x --select: exactly these (e.g. ovl+lrn ser+drv: after / before)",
+    )
+    parser.add_argument(
         "--repeat", type=int, default=1, help="run the variants this many times, interleaved (noise)"
     )
     parser.add_argument(
@@ -208,7 +221,9 @@ def main() -> None:
             update_real_s=args.update_real_s,
             requests_per_call=args.requests_per_call,
             shards=args.shards,
-            variants=tuple((o == "on", w == "learners") for o in args.overlap for w in args.select),
+            variants=tuple(VARIANTS[v] for v in args.variants)
+            if args.variants
+            else tuple((o == "on", w == "learners") for o in args.overlap for w in args.select),
         )
     extra = []
     if args.diagnostics:  # the same cost model with one knob changed each (see the module docstring)
