@@ -55,7 +55,14 @@ from exgrpo.core.roles import Learners, Pending, Replay, Rollouts, RunObserver, 
 from exgrpo.core.selection import fill_replay_slots, replay_candidates
 from exgrpo.data.stream import OutOfQuestions, PromptStream
 from exgrpo.loop.observer import Observer
-from exgrpo.loop.steps import StepPlan, eval_metrics, replay_metrics, rollout_metrics, solve_ratio
+from exgrpo.loop.steps import (
+    StepPlan,
+    candidate_rows,
+    eval_metrics,
+    replay_metrics,
+    rollout_metrics,
+    solve_ratio,
+)
 
 log = logging.getLogger(__name__)
 
@@ -510,25 +517,7 @@ class Driver:
         chosen = [
             self.trace_check(self.prompts[g.qid], g.trajectories[0].text) for g in mixed if g.kind == "replay"
         ]
-        rows, i = [], 0
-        for g in groups:
-            if g.kind != "replay":
-                continue
-            for j, c in enumerate(g.candidates):
-                rows.append(
-                    {
-                        "step": step,
-                        "request_id": g.request_id,
-                        "qid": g.qid,
-                        "candidate": j,
-                        "entropy": float(ent[i]),
-                        "valid": bool(valid[i]),
-                        "tokens": len(c.response_ids),
-                        "policy_version": c.policy_version,
-                    }
-                )
-                i += 1
-        rows.sort(key=lambda r: (r["request_id"], r["candidate"]))
+        rows = candidate_rows(step, groups, ent, valid)
         self.observer.on_candidates(step=step, rows=rows)
         return {M.CHOSEN_VALID: float(np.mean(chosen)), M.CANDIDATES_VALID: float(np.mean(valid))}
 
@@ -573,19 +562,7 @@ class Driver:
             "pick_rng": self.pick_rng.bit_generator.state,
             "stream": self.stream.state_dict(),
             "delayed_start": self.delayed_start.state_dict(),
-            "plans": [
-                {
-                    "step": p.step,
-                    "admitted_version": p.admitted_version,
-                    "request_ids": sorted(p.request_ids),
-                    "n_fresh": p.n_fresh,
-                    "n_replay": p.n_replay,
-                    "available": p.available,
-                    "replaced": p.replaced,
-                    "tokens": p.tokens,
-                }
-                for p in self.plans.values()
-            ],
+            "plans": [p.state_dict() for p in self.plans.values()],
             "eval_history": self.eval_history,
         }
 
@@ -598,19 +575,6 @@ class Driver:
             self.pick_rng.bit_generator.state = state["pick_rng"]
         self.stream.load_state_dict(state["stream"])
         self.delayed_start.load_state_dict(state["delayed_start"])
-        self.plans = {}
-        for p in state["plans"]:
-            ids = set(p["request_ids"])
-            self.plans[p["step"]] = StepPlan(
-                step=p["step"],
-                admitted_version=p["admitted_version"],
-                request_ids=ids,
-                n_fresh=p["n_fresh"],
-                n_replay=p["n_replay"],
-                available=p["available"],
-                replaced=p.get("replaced", 0),
-                done=set(ids),
-                tokens=p["tokens"],
-            )
+        self.plans = {p["step"]: StepPlan.from_state_dict(p) for p in state["plans"]}
         self.eval_history = list(state.get("eval_history", []))
         self.replay_stats = self.replay.stats()

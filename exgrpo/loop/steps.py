@@ -1,5 +1,6 @@
-"""One step's plan (`StepPlan`: the requests admitted for it) and the metrics of a step, as plain functions of what
-the driver holds: `rollout/` of the batch, `replay/` occupancy, `eval/` of a held-out evaluation (docs/metrics.md).
+"""One step's plan (`StepPlan`: the requests admitted for it, and its checkpoint form) and the metrics of a step,
+as plain functions of what the driver holds: `rollout/` of the batch, `replay/` occupancy, `eval/` of a held-out
+evaluation (docs/metrics.md), and the rows of the replay candidates a trace check scored.
 """
 
 from __future__ import annotations
@@ -32,6 +33,35 @@ class StepPlan:
     done: set[int] = field(default_factory=set)
     tokens: int = 0
     reward_failures: int = 0  # of the step's rollouts: rewards that timed out or raised (scored 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able; a checkpoint holds only drained plans (every request done)."""
+        return {
+            "step": self.step,
+            "admitted_version": self.admitted_version,
+            "request_ids": sorted(self.request_ids),
+            "n_fresh": self.n_fresh,
+            "n_replay": self.n_replay,
+            "available": self.available,
+            "replaced": self.replaced,
+            "tokens": self.tokens,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> StepPlan:
+        """A drained plan back from `state_dict` (its requests all done)."""
+        ids = set(state["request_ids"])
+        return cls(
+            step=state["step"],
+            admitted_version=state["admitted_version"],
+            request_ids=ids,
+            n_fresh=state["n_fresh"],
+            n_replay=state["n_replay"],
+            available=state["available"],
+            replaced=state.get("replaced", 0),
+            done=set(ids),
+            tokens=state["tokens"],
+        )
 
 
 def solve_ratio(groups: Sequence[Group]) -> float:
@@ -97,3 +127,29 @@ def eval_metrics(
         "sources": [p.data_source for p in evaluation],
     }
     return out, per_question
+
+
+def candidate_rows(
+    step: int, groups: Sequence[Group], entropies: Sequence[float], valid: Sequence[bool]
+) -> list[dict[str, Any]]:
+    """One row per candidate of the replay groups (`entropies` and `valid` in `replay_candidates` order), sorted by
+    request id then candidate: what `RunObserver.on_candidates` receives."""
+    rows, i = [], 0
+    for g in groups:
+        if g.kind != "replay":
+            continue
+        for j, c in enumerate(g.candidates):
+            rows.append(
+                {
+                    "step": step,
+                    "request_id": g.request_id,
+                    "qid": g.qid,
+                    "candidate": j,
+                    "entropy": float(entropies[i]),
+                    "valid": bool(valid[i]),
+                    "tokens": len(c.response_ids),
+                    "policy_version": c.policy_version,
+                }
+            )
+            i += 1
+    return sorted(rows, key=lambda r: (r["request_id"], r["candidate"]))
