@@ -206,7 +206,8 @@ class LearnerGroup:
     def start_update(self, *, batch: TrainBatch) -> RayPending[UpdateResult]:
         """One step: batch.groups split into L equal contiguous slices; rank metrics averaged. With
         `batch.select`, each rank scores and picks the candidates of its own slice's replay groups first
-        (`Learner.select_update`); their entropies come back in batch order."""
+        (`Learner.select_update`, which passes a filled batch straight to `update`); their entropies come back
+        in batch order."""
         groups = batch.groups
         if len(groups) % self.num:
             raise ValueError(
@@ -224,15 +225,6 @@ class LearnerGroup:
             raise ValueError(
                 f"learner slices hold different row counts per mini-batch {sorted(rows)}; every "
                 "rank must run the same number of micro-batches (give every group K trajectories)"
-            )
-        if batch.select is None:
-            refs = [
-                a.update.remote(groups=s, clip=batch.clip, version=batch.version)
-                for a, s in zip(self.actors, slices, strict=True)
-            ]
-            return RayPending(
-                refs,
-                lambda results: UpdateResult(metrics={**_mean_metrics(results), M.LEARNER_SELECT_TIME: 0.0}),
             )
         refs = [
             a.select_update.remote(groups=s, clip=batch.clip, version=batch.version, select=batch.select)

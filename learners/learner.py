@@ -251,12 +251,15 @@ class Learner:
         return (ent.sum(dim=1) / lengths.clamp(min=1)).tolist()
 
     def select_update(
-        self, *, groups: Sequence[Group], clip: bool, version: int, select: str
+        self, *, groups: Sequence[Group], clip: bool, version: int, select: str | None
     ) -> tuple[list[float], dict[str, float]]:
         """Score the replay groups' candidates under the current weights, put the one `select` picks
         (lowest or highest entropy) into slot 0 of each, then `update` on the filled groups: what the driver
         would do between two updates, done here so the call can be queued behind the previous update.
-        Returns every candidate's entropy (group order, then candidate order) and the update's metrics."""
+        Returns every candidate's entropy (group order, then candidate order) and the update's metrics.
+        `select=None`: slot 0 is already filled, nothing is scored (no entropies, select time 0)."""
+        if select is None:
+            return [], {**self.update(groups=groups, clip=clip, version=version), M.LEARNER_SELECT_TIME: 0.0}
         if select not in ("lowest_entropy", "highest_entropy"):
             raise ValueError(
                 f"select={select!r}: the learners pick by entropy only (lowest_entropy, highest_entropy)"

@@ -251,9 +251,12 @@ class SimLearner:
         return [float(-np.mean(c.trajectory.logprobs)) for c in candidates]
 
     def select_update(
-        self, *, groups: Sequence[Group], clip: bool, version: int, select: str
+        self, *, groups: Sequence[Group], clip: bool, version: int, select: str | None
     ) -> tuple[list[float], dict[str, float]]:
-        """`learners/learner.py::Learner.select_update`: score this rank's candidates, fill slot 0, update."""
+        """`learners/learner.py::Learner.select_update`: score this rank's candidates, fill slot 0, update
+        (`select=None`: the batch is filled, just update)."""
+        if select is None:
+            return [], self.update(groups=groups, clip=clip, version=version)
         entropies = self.entropies(candidates=replay_candidates(groups))
         filled = fill_replay_slots(groups, entropies, mode=select)
         return entropies, self.update(groups=filled, clip=clip, version=version)
@@ -324,12 +327,6 @@ class SimLearnerGroup:
             raise ValueError(f"a batch of {len(groups)} groups cannot be split across {self.num} learners")
         per = len(groups) // self.num
         slices = [groups[i * per : (i + 1) * per] for i in range(self.num)]
-        if batch.select is None:
-            refs = [
-                a.update.remote(groups=s, clip=batch.clip, version=batch.version)
-                for a, s in zip(self.actors, slices, strict=True)
-            ]
-            return RayPending(refs, lambda results: UpdateResult(metrics=_combine(results)))
         refs = [
             a.select_update.remote(groups=s, clip=batch.clip, version=batch.version, select=batch.select)
             for a, s in zip(self.actors, slices, strict=True)
