@@ -55,7 +55,7 @@ import numpy as np
 TREE = os.environ.get("BENCH_TREE") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, TREE)  # the tree whose buffers/ is measured (--baseline runs an older commit's too)
 
-from replay_workload import K, Pusher, instrumented_shard  # noqa: E402 - after the tree is on sys.path
+from replay_workload import K, NullShard, Pusher, instrumented_shard  # noqa: E402 - after the tree is on sys.path
 
 
 def _dir_bytes(path: Path) -> int:
@@ -334,6 +334,59 @@ def in_process(args: argparse.Namespace, root: Path) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def run_floor(args: argparse.Namespace) -> None:
+    """The same pushers, calls and bytes against `NullShard`s: what Ray and the clients alone cost here."""
+    import psutil
+    import ray
+    import replay_workload
+    from ray import cloudpickle
+
+    from buffers.sharded import RayInvoke, ShardedReplay
+
+    cloudpickle.register_pickle_by_value(replay_workload)
+    shards = [
+        ray.remote(num_cpus=0)(NullShard).options(max_concurrency=8).remote() for _ in range(args.shards)
+    ]
+    ray.get([s.ping.remote() for s in shards])
+    procs = [psutil.Process(p) for p in ray.get([s.pid.remote() for s in shards])]
+    replay = ShardedReplay(shards=shards, k_rollouts=K, invoke=RayInvoke(retry_s=0.0))
+    pushers = [
+        ray.remote(num_cpus=0)(Pusher).remote(
+            replay=replay, seed=100 + j, min_len=args.min_len, max_len=args.max_len
+        )
+        for j in range(args.pushers)
+    ]
+    pusher_procs = [psutil.Process(p) for p in ray.get([h.pid.remote() for h in pushers])]
+
+    def cpu(ps: list) -> float:
+        return sum(sum(p.cpu_times()[:2]) for p in ps)
+
+    todo = list(range(args.floor))
+    t0, s0, p0 = time.perf_counter(), cpu(procs), cpu(pusher_procs)
+    ray.get(
+        [
+            p.run.remote(
+                qids=todo[j :: args.pushers],
+                push_batch=args.push_batch,
+                take_every=args.take_every,
+                floor=True,
+            )
+            for j, p in enumerate(pushers)
+        ]
+    )
+    wall, shard_cpu, pusher_cpu = time.perf_counter() - t0, cpu(procs) - s0, cpu(pusher_procs) - p0
+    n = len(todo)
+    print(
+        f"\n== FLOOR: {args.shards} null shards (they answer push_payload and take_rows and do nothing), the same "
+        f"pushers and calls\n   push: {n / wall:,.0f} groups/s ({n:,} groups in {wall:.1f} s; load "
+        f"{os.getloadavg()[0]:.1f}); shard process CPU {shard_cpu / n * 1e6:,.0f} us per group (Ray's handling of "
+        f"the calls), pusher CPU {pusher_cpu / n * 1e6:,.0f} us per group (building, encoding, sending)",
+        flush=True,
+    )
+    for h in [*pushers, *shards]:
+        ray.kill(h, no_restart=True)
+
+
 def compare(rev: str) -> None:
     """Run this script twice, one after the other: on a git worktree of `rev`, then on this tree."""
     import subprocess
@@ -394,6 +447,13 @@ def main() -> None:
         default=None,
         help="calls a shard serves at once (replay.shard_concurrency)",
     )
+    ap.add_argument(
+        "--floor",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first push N groups the same way into null shards (Ray and the clients' cost alone)",
+    )
     ap.add_argument("--no-snapshot", action="store_true")
     ap.add_argument(
         "--profile",
@@ -424,7 +484,7 @@ def main() -> None:
     try:
         if args.in_process:
             in_process(args, root)
-        if args.questions <= 0:
+        if args.questions <= 0 and not args.floor:
             return
         ray.init(
             address="local",
@@ -434,7 +494,9 @@ def main() -> None:
             runtime_env={"env_vars": ACTOR_ENV},
             configure_logging=False,
         )
-        for wal in {"off": (False,), "on": (True,), "both": (False, True)}[args.wal]:
+        if args.floor:
+            run_floor(args)
+        for wal in {"off": (False,), "on": (True,), "both": (False, True)}[args.wal] * (args.questions > 0):
             run_mode(args, wal=wal, root=root)
     finally:
         if ray.is_initialized():

@@ -67,7 +67,12 @@ class Pusher:
             policy_version=q // 10_000,
         )
 
-    def run(self, *, qids: list[int], push_batch: int, take_every: int) -> dict[str, float]:
+    def run(
+        self, *, qids: list[int], push_batch: int, take_every: int, floor: bool = False
+    ) -> dict[str, float]:
+        """Push `qids`' groups `push_batch` per call and pull them back every `take_every`. With `floor`, the
+        shards are `NullShard`s: the pushes are the same calls with the same bytes, the takes the same calls
+        per shard, and nothing comes back."""
         push_s = take_s = 0.0
         pending: list[int] = []
         t_all = time.perf_counter()
@@ -79,7 +84,15 @@ class Pusher:
             pending += [g.request_id for g in groups]
             if len(pending) >= take_every or start + push_batch >= len(qids):
                 t0 = time.perf_counter()
-                self.replay.pull_batch(request_ids=pending)
+                if floor:
+                    self.replay.invoke(
+                        [
+                            (s, "take_rows", {"request_ids": pending, "take_id": None})
+                            for s in self.replay.shards
+                        ]
+                    )
+                else:
+                    self.replay.pull_batch(request_ids=pending)
                 take_s += time.perf_counter() - t0
                 pending = []
         return {
@@ -88,6 +101,33 @@ class Pusher:
             "take_s": take_s,
             "wall_s": time.perf_counter() - t_all,
         }
+
+
+class NullShard:
+    """The transport floor: a shard that answers `push_payload` and `take_rows` without doing anything, so a run
+    against it costs what Ray and the clients cost (building, encoding and sending the same calls) and nothing a
+    shard does."""
+
+    push_calls = 0
+
+    def __init__(self, **_: Any) -> None:
+        pass
+
+    def ping(self) -> str:
+        return "pong"
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def push_payload(self, *, payload: bytes) -> int:
+        self.push_calls += 1
+        return 0
+
+    def take_rows(self, *, request_ids: list[int], take_id: str | None = None) -> None:
+        return None
+
+    def counters(self) -> dict[str, int]:
+        return {"push_calls": self.push_calls, "frames": 0, "syncs": 0}
 
 
 def instrumented_shard() -> type:

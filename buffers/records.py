@@ -138,7 +138,20 @@ def encode_payload(table: pa.Table) -> bytes:
 
 def push_payload(groups: Sequence[Group]) -> bytes:
     """What a client sends a shard for `push`: the groups' rows, marked as a push (the shard logs it as is)."""
-    return encode_payload(groups_to_arrow(groups).replace_schema_metadata(PUSH))
+    return push_payloads([groups])[0]
+
+
+def push_payloads(parts: Sequence[Sequence[Group]]) -> list[bytes]:
+    """`push_payload` of each part (the groups of one shard), all built as one table: a sampler call's groups
+    go to every shard, and building a table has a fixed cost that one table pays once, not once per shard.
+    Each part's payload holds only its own rows (IPC writes a slice's buffers truncated)."""
+    table = groups_to_arrow([g for part in parts for g in part]).replace_schema_metadata(PUSH)
+    out, start = [], 0
+    for part in parts:
+        rows = sum(max(len(g.trajectories) + len(g.candidates), 1) for g in part)
+        out.append(encode_payload(table.slice(start, rows)))
+        start += rows
+    return out
 
 
 def decode_payload(payload: bytes) -> pa.Table:

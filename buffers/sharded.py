@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from buffers.records import push_payload
+from buffers.records import push_payloads
 from exgrpo.core.records import Group, PulledBatch, ReplayPick, ReplayStats
 from exgrpo.core.selection import draw_plan
 
@@ -140,14 +140,18 @@ class ShardedReplay:
     # -- samplers ----------------------------------------------------------------------------------
     def push(self, *, groups: Sequence[Group]) -> None:
         """Route groups to their shards and wait until every shard has recorded them: one call per shard
-        for all the groups (a sampler call's), each shard's groups encoded here, once, as the Arrow IPC
-        bytes the shard logs as they are (`ReplayShard.push_payload`); the encoding costs the sampler, not
-        the shard, and a retry re-sends the same bytes."""
+        for all the groups (a sampler call's). The groups become one Arrow table here and each shard's rows
+        the IPC bytes that shard logs as they are (`ReplayShard.push_payload`): the encoding costs the
+        sampler, not the shard, and a retry re-sends the same bytes."""
         by_shard: dict[int, list[Group]] = {}
         for g in groups:
             by_shard.setdefault(shard_of(g.qid, self.num_shards), []).append(g)
+        payloads = push_payloads(list(by_shard.values()))
         self.invoke(
-            [(self.shards[i], "push_payload", {"payload": push_payload(gs)}) for i, gs in by_shard.items()]
+            [
+                (self.shards[i], "push_payload", {"payload": p})
+                for i, p in zip(by_shard, payloads, strict=True)
+            ]
         )
 
     # -- driver ------------------------------------------------------------------------------------
