@@ -4,7 +4,8 @@ An asyncio Ray actor around `actors.continuous_engine.ContinuousEngine` (vLLM on
 Unlike `actors.sampler.Sampler`, whose `generate` call holds the actor until its whole batch is done,
 this actor serves any number of `generate` calls at once: every request joins the engine's running
 batch as soon as it arrives, and each request, when its n completions are done, is verified, pushed to
-replay as its own group and reported, without waiting for the others. The pool sends it one request
+replay and reported, without waiting for the others (groups that finish while a push is out go together
+in the next call: `actors.coalesce.CoalescedPush`). The pool sends it one request
 per call, up to `samplers.continuous_max_requests` at a time (`exgrpo.runtime.assembly`), so the driver
 sees each request finish (`RolloutResult` with its id, its oldest version, its tokens), as with today's
 sampler.
@@ -35,6 +36,7 @@ from typing import Any
 
 import torch
 
+from actors.coalesce import CoalescedPush
 from actors.continuous_engine import ContinuousEngine
 from actors.engines import Completion
 from actors.factory import make_engine
@@ -81,6 +83,7 @@ class ContinuousSampler:
         self.temperature, self.top_p = temperature, top_p
         self.verifier = make_scorer(reward_fn, mode=reward_mode(template), timeout_s=verify_timeout_s)
         self.replay = replay
+        self._push = CoalescedPush(replay.push) if replay is not None else None
         self._seed = seed
         self.rollouts_per_question = rollouts_per_question
         self.version_timeout_s = version_timeout_s  # longest wait of a request for its admission version
@@ -141,8 +144,8 @@ class ContinuousSampler:
         t1 = time.perf_counter()
         rewards, failures = await self._score([req.prompt] * len(comps), comps)
         group = build_groups([req], [prompt_ids], [comps], rewards, versions=[version])[0]
-        if self.replay is not None:  # a blocking Ray client call: off the event loop
-            await asyncio.to_thread(self.replay.push, groups=[group])
+        if self._push is not None:  # with the groups that finish while a push is out: one call for all
+            await self._push.push(group)
         return group, time.perf_counter() - t1, failures
 
     async def _score(self, prompts: Sequence[Prompt], comps: Sequence[Completion]) -> tuple[list[float], int]:

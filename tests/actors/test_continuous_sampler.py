@@ -147,3 +147,41 @@ def test_the_pool_sends_one_request_per_call_and_hears_each_one(sampler):
     assert all(len(r.groups) == 1 and len(r.groups[0].trajectories) == 2 for r in results)
     assert pool.num_pending() == 0
     pool.shutdown()
+
+
+def test_groups_pushed_to_a_real_replay_shard_as_they_finish(ray_cluster, model_dir: Path):
+    """With a replay service (a real shard actor): every request's group is in replay once the request is
+    reported, also when many finish together (their pushes coalesce), and none comes back to the driver."""
+    pytest.importorskip("vllm")
+    import ray
+
+    from actors.continuous_sampler import ContinuousSampler
+    from buffers.shard import ReplayShard
+    from buffers.sharded import RayInvoke, ShardedReplay
+    from exgrpo.runtime.env import remote_actor
+
+    shard = remote_actor(ReplayShard, name="exgrpo-replay-0", num_cpus=0, max_concurrency=8, k_rollouts=2)
+    replay = ShardedReplay(shards=[shard], k_rollouts=2, invoke=RayInvoke(retry_s=0.0))
+    handle = remote_actor(
+        ContinuousSampler,
+        name="exgrpo-sampler-9",
+        num_cpus=0,
+        max_concurrency=16,
+        index=9,
+        engine=EngineSpec(kind="vllm", model_path=str(model_dir), max_model_len=CONTEXT),
+        template="plain",
+        max_response_len=8,
+        seed=4,
+        rollouts_per_question=2,
+        replay=replay,
+    )
+    try:
+        calls = [handle.generate.remote(requests=[request(100 + i, n=2)]) for i in range(8)]
+        results = ray.get(calls, timeout=600)
+        assert all(r.groups == () for r in results)  # the groups went to replay, not back
+        pulled = replay.pull_batch(request_ids=[100 + i for i in range(8)])
+        assert [g.request_id for g in pulled.groups] == [100 + i for i in range(8)]
+        assert all(len(g.trajectories) == 2 for g in pulled.groups)
+    finally:
+        ray.kill(handle)
+        ray.kill(shard)
