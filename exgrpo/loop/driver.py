@@ -52,12 +52,11 @@ from exgrpo.core.records import (
     UpdateResult,
 )
 from exgrpo.core.roles import Learners, Pending, Replay, Rollouts, RunObserver, Scaling, WeightTransport
-from exgrpo.core.selection import fill_replay_slots, replay_candidates
 from exgrpo.data.stream import OutOfQuestions, PromptStream
+from exgrpo.loop.mixing import Mixer
 from exgrpo.loop.observer import Observer
 from exgrpo.loop.steps import (
     StepPlan,
-    candidate_rows,
     eval_metrics,
     replay_metrics,
     rollout_metrics,
@@ -119,20 +118,18 @@ class Driver:
         self.scaling = scaling
         self.observer: RunObserver = observer if observer is not None else Observer()
         self.checkpointer = checkpointer  # callable(driver) that writes a checkpoint
-        # measurement only (the reward stays outcome-only): is a response's reasoning trace fully valid?
-        # With one, every replay candidate is scored and reported (`observer.on_candidates`).
-        self.trace_check = trace_check
         self.stall_timeout_s = stall_timeout_s
         self.recoveries = recoveries  # in-job recoveries before this driver started (reported, not used)
         self.K = cfg.trainer.rollouts_per_question
         self.B = cfg.trainer.questions_per_step
         self.eta = cfg.async_.max_staleness
         self.rng = np.random.default_rng(cfg.trainer.seed)  # replay question selection (at admission)
-        # trajectory selection (at mixing): its own stream, so draws do not depend on how admissions and
-        # mixes interleave (which the overlap of updates and the samplers' timing change)
-        self.pick_rng = np.random.default_rng([cfg.trainer.seed, 2])
         self.shuffle_rng = np.random.default_rng([cfg.trainer.seed, 1])  # mini-batch shuffle
         self.prompts = {p.qid: p for p in train}
+        # step 4, slot 0 of the replay groups (`trace_check`: measurement only, the reward stays outcome-only)
+        self.mixer = Mixer(
+            cfg=cfg, learners=learners, prompts=self.prompts, observer=self.observer, trace_check=trace_check
+        )
         self.stream = PromptStream(list(train), seed=cfg.data.seed, retired=replay.retired)
         self.evaluation = list(evaluation)
         # with replay disabled (on-policy GRPO) the threshold is 1: a solve ratio never exceeds it
@@ -179,7 +176,7 @@ class Driver:
                 self._steps = self._out_of_work(err, steps=step)
                 break
             t_wait = time.perf_counter()
-            groups, select, t_entropy, mix_metrics = self.mix(groups, step=step)
+            groups, select, t_entropy, mix_metrics = self.mixer.mix(groups, step=step, wait=self._await)
             solve = solve_ratio([g for g in groups if g.kind == "fresh"])
             # clipping follows the state *before* this step's ratio: removed from the step after the start
             clip = not (self.delayed_start.started and self.cfg.loss.remove_clip_after_replay)
@@ -254,7 +251,9 @@ class Driver:
         last, self._last_landed = self._last_landed, times["landed"]
         times[M.UPDATE_GAP] = max(0.0, times["issued"] - last) if last is not None else math.nan
         if flight.batch.select is not None:  # the learners picked slot 0: the batch as they trained it
-            flight.batch, metrics = self._selected(flight, result.entropies)
+            flight.batch, metrics = self.mixer.trained(
+                flight.batch, step=flight.step, entropies=result.entropies
+            )
             flight.metrics.update(metrics)
         self.observer.on_batch(batch=flight.batch)  # right before its step's record, also with overlap
         self._finish(flight, result.metrics)
@@ -469,58 +468,6 @@ class Driver:
                 wanted = {r.request_id for r in requests}
         return sorted(groups, key=lambda g: g.request_id)
 
-    # -- 4. mixing -------------------------------------------------------------------------------------
-    def mix(
-        self, groups: Sequence[Group], *, step: int
-    ) -> tuple[list[Group], str | None, float, dict[str, float]]:
-        """Fill slot 0 of each replay group with its chosen stored trajectory, or leave that to the learners.
-
-        Returns the groups, the selection mode the learners apply (None: slot 0 is filled here), the seconds
-        spent and, with a `trace_check`, the share of chosen (and of all candidate) trajectories whose
-        reasoning trace is fully valid; every candidate is then scored and reported to `observer.on_candidates`.
-        By entropy with `async.select_on_learners` (the default), the learners score and pick inside the update
-        and the trace check runs once it finished (`_selected`).
-        """
-        replay = [g for g in groups if g.kind == "replay"]
-        if not replay:
-            return list(groups), None, 0.0, {}
-        mode = self.cfg.replay.trajectory_selection
-        if mode != "random" and self.cfg.async_.select_on_learners:
-            return list(groups), mode, 0.0, {}
-        t0 = time.perf_counter()
-        flat = replay_candidates(groups)
-        scored = mode != "random" or self.trace_check is not None  # a trace check reports every entropy
-        # queued behind the updates in flight: the candidates are scored under the weights they produce
-        ent = self._await(self.learners.start_entropies(candidates=flat)) if scored else [0.0] * len(flat)
-        mixed = fill_replay_slots(groups, ent, mode=mode, rng=self.pick_rng)
-        seconds = time.perf_counter() - t0
-        return mixed, None, seconds, self._trace(step, groups, ent, mixed)
-
-    def _selected(self, flight: _InFlight, entropies: Sequence[float]) -> tuple[TrainBatch, dict[str, float]]:
-        """The batch the learners trained on (slot 0 filled from their scores, as they filled it) and its
-        trace metrics."""
-        batch = flight.batch
-        assert batch.select is not None
-        mixed = fill_replay_slots(batch.groups, entropies, mode=batch.select)  # as the learners did
-        trained = TrainBatch(groups=tuple(mixed), version=batch.version, clip=batch.clip)
-        return trained, self._trace(flight.step, batch.groups, entropies, mixed)
-
-    def _trace(
-        self, step: int, groups: Sequence[Group], ent: Sequence[float], mixed: Sequence[Group]
-    ) -> dict[str, float]:
-        """With a trace check: every candidate's row to `observer.on_candidates` (by request id) and the shares
-        of valid chosen and candidate traces; without one, nothing."""
-        if self.trace_check is None:
-            return {}
-        flat = replay_candidates(groups)
-        valid = [self.trace_check(self.prompts[c.qid], c.trajectory.text) for c in flat]
-        chosen = [
-            self.trace_check(self.prompts[g.qid], g.trajectories[0].text) for g in mixed if g.kind == "replay"
-        ]
-        rows = candidate_rows(step, groups, ent, valid)
-        self.observer.on_candidates(step=step, rows=rows)
-        return {M.CHOSEN_VALID: float(np.mean(chosen)), M.CANDIDATES_VALID: float(np.mean(valid))}
-
     # -- evaluation and metrics ------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
         if not self.evaluation:
@@ -559,7 +506,7 @@ class Driver:
             "next_request_id": self.next_request_id,
             "rng": self.rng.bit_generator.state,
             "shuffle_rng": self.shuffle_rng.bit_generator.state,
-            "pick_rng": self.pick_rng.bit_generator.state,
+            "pick_rng": self.mixer.rng.bit_generator.state,
             "stream": self.stream.state_dict(),
             "delayed_start": self.delayed_start.state_dict(),
             "plans": [p.state_dict() for p in self.plans.values()],
@@ -572,7 +519,7 @@ class Driver:
         self.rng.bit_generator.state = state["rng"]
         self.shuffle_rng.bit_generator.state = state["shuffle_rng"]
         if "pick_rng" in state:  # checkpoints before it had one stream for both selections
-            self.pick_rng.bit_generator.state = state["pick_rng"]
+            self.mixer.rng.bit_generator.state = state["pick_rng"]
         self.stream.load_state_dict(state["stream"])
         self.delayed_start.load_state_dict(state["delayed_start"])
         self.plans = {p["step"]: StepPlan.from_state_dict(p) for p in state["plans"]}

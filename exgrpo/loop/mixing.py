@@ -1,0 +1,98 @@
+"""Step 4 of the loop (docs/architecture.md, "One step"): each replay group's slot 0.
+
+Every replayed question's stored trajectory with the lowest entropy under the current learner weights goes
+into slot 0 of its group (`replay.trajectory_selection`; "random" picks one uniformly). By default the
+learners score and pick inside the update call (`TrainBatch.select`, `async.select_on_learners`): the
+`Mixer` leaves slot 0 empty, and once the update finished it rebuilds the batch the learners trained from
+the scores they return, with the same deterministic argmin. Otherwise it scores the candidates itself,
+through `Learners.start_entropies` (queued behind the updates in flight, so under the weights they produce).
+
+With a `trace_check` (measurement only: is a response's reasoning trace fully valid?) every candidate is
+scored and reported to `observer.on_candidates`, and the step gets the shares of valid chosen and candidate
+traces.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from exgrpo.core import metric_names as M
+from exgrpo.core.config import Config
+from exgrpo.core.records import Group, Prompt, TrainBatch
+from exgrpo.core.roles import Learners, Pending, RunObserver
+from exgrpo.core.selection import fill_replay_slots, replay_candidates
+from exgrpo.loop.steps import candidate_rows
+
+
+class Mixer:
+    def __init__(
+        self,
+        *,
+        cfg: Config,
+        learners: Learners,
+        prompts: Mapping[str, Prompt],
+        observer: RunObserver,
+        trace_check: Callable[[Prompt, str], bool] | None,
+    ) -> None:
+        self.mode = cfg.replay.trajectory_selection
+        self.on_learners = cfg.async_.select_on_learners
+        self.learners, self.prompts, self.observer, self.trace_check = (
+            learners,
+            prompts,
+            observer,
+            trace_check,
+        )
+        # its own stream, so draws do not depend on how admissions and mixes interleave (which the overlap
+        # of updates and the samplers' timing change); checkpointed with the driver
+        self.rng = np.random.default_rng([cfg.trainer.seed, 2])
+
+    def mix(
+        self, groups: Sequence[Group], *, step: int, wait: Callable[[Pending[Any]], Any]
+    ) -> tuple[list[Group], str | None, float, dict[str, float]]:
+        """Fill slot 0 of each replay group, or leave that to the learners.
+
+        Returns the groups, the selection mode the learners apply (None: slot 0 is filled here), the seconds
+        spent and the trace metrics. `wait` awaits a learner call (the driver's, which takes the samplers'
+        results meanwhile).
+        """
+        if not any(g.kind == "replay" for g in groups):
+            return list(groups), None, 0.0, {}
+        if self.mode != "random" and self.on_learners:
+            return list(groups), self.mode, 0.0, {}
+        t0 = time.perf_counter()
+        flat = replay_candidates(groups)
+        scored = self.mode != "random" or self.trace_check is not None  # a trace check reports every entropy
+        ent = wait(self.learners.start_entropies(candidates=flat)) if scored else [0.0] * len(flat)
+        mixed = fill_replay_slots(groups, ent, mode=self.mode, rng=self.rng)
+        seconds = time.perf_counter() - t0
+        return mixed, None, seconds, self._trace(step, groups, ent, mixed)
+
+    def trained(
+        self, batch: TrainBatch, *, step: int, entropies: Sequence[float]
+    ) -> tuple[TrainBatch, dict[str, float]]:
+        """The batch the learners trained on, for a batch sent with `select` (slot 0 filled from their scores,
+        as they filled it), and its trace metrics."""
+        assert batch.select is not None
+        mixed = fill_replay_slots(batch.groups, entropies, mode=batch.select)  # as the learners did
+        trained = TrainBatch(groups=tuple(mixed), version=batch.version, clip=batch.clip)
+        return trained, self._trace(step, batch.groups, entropies, mixed)
+
+    def _trace(
+        self, step: int, groups: Sequence[Group], ent: Sequence[float], mixed: Sequence[Group]
+    ) -> dict[str, float]:
+        """With a trace check: every candidate's row to `observer.on_candidates` (by request id) and the shares
+        of valid chosen and candidate traces; without one, nothing."""
+        if self.trace_check is None:
+            return {}
+        flat = replay_candidates(groups)
+        valid = [self.trace_check(self.prompts[c.qid], c.trajectory.text) for c in flat]
+        chosen = [
+            self.trace_check(self.prompts[g.qid], g.trajectories[0].text) for g in mixed if g.kind == "replay"
+        ]
+        rows = candidate_rows(step, groups, ent, valid)
+        self.observer.on_candidates(step=step, rows=rows)
+        return {M.CHOSEN_VALID: float(np.mean(chosen)), M.CANDIDATES_VALID: float(np.mean(valid))}
