@@ -209,16 +209,20 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
         replay.stats()  # cache the sizes, as pull_batch does in the driver
         for _ in range(5):
             replay.sample_questions(n=64, rng=rng)
-        lat, got = [], 0
-        for _ in range(args.samples):
+        lat, pings, got = [], [], 0
+        for _ in range(args.samples):  # each draw beside a bare ping of every shard: the floor at that moment
             t = time.perf_counter()
             picks = replay.sample_questions(n=64, rng=rng)
             lat.append(time.perf_counter() - t)
             got += len(picks)
+            t = time.perf_counter()
+            ray.get([s.ping.remote() for s in shards])
+            pings.append(time.perf_counter() - t)
         cands = sum(len(p.candidates) for p in picks)
         print(
             f"   sample_questions(n=64): p50 {_pct(lat, 50):.1f} ms, p99 {_pct(lat, 99):.1f} ms over "
-            f"{args.samples} calls ({got / args.samples:.0f} picks per call, {cands} candidates in the last)"
+            f"{args.samples} calls ({got / args.samples:.0f} picks per call, {cands} candidates in the last); "
+            f"ping of all shards between them: p50 {_pct(pings, 50):.1f} ms, p99 {_pct(pings, 99):.1f} ms"
         )
         if args.no_snapshot:
             continue

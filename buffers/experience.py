@@ -168,8 +168,9 @@ class ExperiencePool:
                 self._buckets[q.indexed].remove(qid)
 
     def _store(self, q: _Question, s: _Stored) -> None:
-        for old in q.stored:
-            if np.array_equal(old.response_ids, s.response_ids):
+        n = len(s.response_ids)
+        for old in q.stored:  # the length first: most stored responses differ in it, and it costs nothing
+            if len(old.response_ids) == n and np.array_equal(old.response_ids, s.response_ids):
                 return  # duplicate token ids: keep the first copy
         q.stored.append(s)
         self._num_trajectories += 1

@@ -215,10 +215,19 @@ class GroupRows:
     def __len__(self) -> int:
         return len(self.starts)
 
-    def kept(self, j: int) -> np.ndarray:
+    def kept(self, j: int) -> list[int]:
         """The rows of group j that a pool stores when collecting: correct, non-replayed trajectories."""
-        s, e = int(self.starts[j]), int(self.stops[j])
-        return np.flatnonzero(self.correct[s:e] & ~self.replayed[s:e]) + s
+        lo, hi = self._kept_bounds
+        return self._kept[lo[j] : hi[j]]
+
+    @cached_property
+    def _kept(self) -> list[int]:  # every group's kept rows, in row order (one pass for the whole table)
+        return np.flatnonzero(self.correct & ~self.replayed).tolist()
+
+    @cached_property
+    def _kept_bounds(self) -> tuple[list[int], list[int]]:
+        rows = np.array(self._kept, np.int64)
+        return np.searchsorted(rows, self.starts).tolist(), np.searchsorted(rows, self.stops).tolist()
 
     @cached_property
     def prompts(self) -> ListColumn:
