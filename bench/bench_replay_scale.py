@@ -224,6 +224,19 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
             f"{args.samples} calls ({got / args.samples:.0f} picks per call, {cands} candidates in the last); "
             f"ping of all shards between them: p50 {_pct(pings, 50):.1f} ms, p99 {_pct(pings, 99):.1f} ms"
         )
+        one, bare = [], []  # one shard's share of a draw (8 questions) beside a bare ping of that shard
+        counts = {k: 1 for k in range(1, K)} | {K // 2: 2}
+        for i in range(100):
+            t = time.perf_counter()
+            ray.get(shards[0].sample.remote(counts=counts, seed=i, exclude=[]))
+            one.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            ray.get(shards[0].ping.remote())
+            bare.append(time.perf_counter() - t)
+        print(
+            f"   one shard's sample of 8 questions: p50 {_pct(one, 50):.2f} ms, p99 {_pct(one, 99):.2f} ms; "
+            f"its ping: p50 {_pct(bare, 50):.2f} ms, p99 {_pct(bare, 99):.2f} ms"
+        )
         if args.no_snapshot:
             continue
         snap = root / f"ckpt-{done}"
@@ -292,11 +305,31 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
 
 def in_process(args: argparse.Namespace, root: Path) -> None:
     """One ReplayShard in this process (no Ray): the buffers/ code's own cost per group and per snapshot."""
+    from buffers.records import decode_payload, groups_from_arrow, push_payloads
     from buffers.shard import ReplayShard
+    from buffers.sharded import shard_of
 
     n = args.in_process
     p = Pusher(replay=None, seed=1, min_len=args.min_len, max_len=args.max_len)
+    t = time.perf_counter()
     groups = [p._group(q) for q in range(n)]
+    build = time.perf_counter() - t
+    t, payloads = time.perf_counter(), []
+    for i in range(0, n, args.push_batch):  # what ShardedReplay.push does with a sampler call's groups
+        by_shard: dict[int, list] = {}
+        for g in groups[i : i + args.push_batch]:
+            by_shard.setdefault(shard_of(g.qid, args.shards), []).append(g)
+        payloads += push_payloads(list(by_shard.values()))
+    encode = time.perf_counter() - t
+    t = time.perf_counter()
+    for payload in payloads:  # what pull_batch does with the shards' answers (their rows, the same columns)
+        groups_from_arrow(decode_payload(payload))
+    decode = time.perf_counter() - t
+    print(
+        f"\n== the client's share in-process, {n:,} groups, {args.push_batch} per sampler call over {args.shards} "
+        f"shards: building the stand-in Groups {build / n * 1e6:,.0f} us per group, routing and encoding "
+        f"{encode / n * 1e6:,.0f} us, decoding back to Groups {decode / n * 1e6:,.0f} us"
+    )
     print(
         f"\n== one ReplayShard in-process, {n:,} groups ({args.min_len}-{args.max_len} tokens), "
         f"{args.push_batch} groups per push, take every {args.take_every}"
