@@ -382,7 +382,8 @@ def run_floor(args: argparse.Namespace) -> None:
 
     cloudpickle.register_pickle_by_value(replay_workload)
     shards = [
-        ray.remote(num_cpus=0)(NullShard).options(max_concurrency=8).remote() for _ in range(args.shards)
+        ray.remote(num_cpus=0)(NullShard).options(max_concurrency=args.concurrency or 8).remote()
+        for _ in range(args.shards)
     ]
     ray.get([s.ping.remote() for s in shards])
     procs = [psutil.Process(p) for p in ray.get([s.pid.remote() for s in shards])]
@@ -482,7 +483,7 @@ def main() -> None:
         "--concurrency",
         type=int,
         default=None,
-        help="calls a shard serves at once (replay.shard_concurrency)",
+        help="calls a shard serves at once (replay.shard_concurrency; the null shards of --floor too, default 8)",
     )
     ap.add_argument(
         "--floor",
