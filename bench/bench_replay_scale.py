@@ -74,6 +74,11 @@ def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.array(xs) * 1e3, q))
 
 
+def _cpu(procs: list) -> float:
+    """User + system seconds these processes used so far."""
+    return sum(sum(p.cpu_times()[:2]) for p in procs)
+
+
 def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
     import psutil
     import ray
@@ -138,10 +143,8 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
         f"; {concurrency} concurrent calls per shard; {args.pushers} pushers x {args.push_batch} groups per push call, pull_batch every {args.take_every}"
     )
 
-    def cpu(
-        ps: list | None = None,
-    ) -> float:  # user + system seconds of the shard (or other) processes so far
-        return sum(sum(p.cpu_times()[:2]) for p in (procs if ps is None else ps))
+    def cpu(ps: list | None = None) -> float:  # the shard processes' by default
+        return _cpu(procs if ps is None else ps)
 
     def counters() -> list[int]:  # push calls the shards received, log frames, fdatasyncs
         got = ray.get([s.counters.remote() for s in shards])
@@ -305,21 +308,24 @@ def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
 
 def in_process(args: argparse.Namespace, root: Path) -> None:
     """One ReplayShard in this process (no Ray): the buffers/ code's own cost per group and per snapshot."""
-    from buffers.records import decode_payload, groups_from_arrow, push_payloads
+    from buffers.records import decode_payload, groups_from_arrow
     from buffers.shard import ReplayShard
-    from buffers.sharded import shard_of
+    from buffers.sharded import ShardedReplay
 
     n = args.in_process
     p = Pusher(replay=None, seed=1, min_len=args.min_len, max_len=args.max_len)
     t = time.perf_counter()
     groups = [p._group(q) for q in range(n)]
     build = time.perf_counter() - t
-    t, payloads = time.perf_counter(), []
-    for i in range(0, n, args.push_batch):  # what ShardedReplay.push does with a sampler call's groups
-        by_shard: dict[int, list] = {}
-        for g in groups[i : i + args.push_batch]:
-            by_shard.setdefault(shard_of(g.qid, args.shards), []).append(g)
-        payloads += push_payloads(list(by_shard.values()))
+    payloads: list[bytes] = []  # ShardedReplay.push's own routing and encoding; its calls kept, not sent
+    client = ShardedReplay(
+        shards=range(args.shards),
+        k_rollouts=K,
+        invoke=lambda calls: payloads.extend(kw["payload"] for _, _, kw in calls),
+    )
+    t = time.perf_counter()
+    for i in range(0, n, args.push_batch):
+        client.push(groups=groups[i : i + args.push_batch])
     encode = time.perf_counter() - t
     t = time.perf_counter()
     for payload in payloads:  # what pull_batch does with the shards' answers (their rows, the same columns)
@@ -396,11 +402,8 @@ def run_floor(args: argparse.Namespace) -> None:
     ]
     pusher_procs = [psutil.Process(p) for p in ray.get([h.pid.remote() for h in pushers])]
 
-    def cpu(ps: list) -> float:
-        return sum(sum(p.cpu_times()[:2]) for p in ps)
-
     todo = list(range(args.floor))
-    t0, s0, p0 = time.perf_counter(), cpu(procs), cpu(pusher_procs)
+    t0, s0, p0 = time.perf_counter(), _cpu(procs), _cpu(pusher_procs)
     ray.get(
         [
             p.run.remote(
@@ -412,7 +415,7 @@ def run_floor(args: argparse.Namespace) -> None:
             for j, p in enumerate(pushers)
         ]
     )
-    wall, shard_cpu, pusher_cpu = time.perf_counter() - t0, cpu(procs) - s0, cpu(pusher_procs) - p0
+    wall, shard_cpu, pusher_cpu = time.perf_counter() - t0, _cpu(procs) - s0, _cpu(pusher_procs) - p0
     n = len(todo)
     print(
         f"\n== FLOOR: {args.shards} null shards (they answer push_payload and take_rows and do nothing), the same "
@@ -534,8 +537,9 @@ def main() -> None:
         )
         if args.floor:
             run_floor(args)
-        for wal in {"off": (False,), "on": (True,), "both": (False, True)}[args.wal] * (args.questions > 0):
-            run_mode(args, wal=wal, root=root)
+        if args.questions > 0:
+            for wal in {"off": (False,), "on": (True,), "both": (False, True)}[args.wal]:
+                run_mode(args, wal=wal, root=root)
     finally:
         if ray.is_initialized():
             ray.shutdown()

@@ -108,11 +108,6 @@ class NullShard:
     against it costs what Ray and the clients cost (building, encoding and sending the same calls) and nothing a
     shard does."""
 
-    push_calls = 0
-
-    def __init__(self, **_: Any) -> None:
-        pass
-
     def ping(self) -> str:
         return "pong"
 
@@ -120,14 +115,10 @@ class NullShard:
         return os.getpid()
 
     def push_payload(self, *, payload: bytes) -> int:
-        self.push_calls += 1
         return 0
 
     def take_rows(self, *, request_ids: list[int], take_id: str | None = None) -> None:
         return None
-
-    def counters(self) -> dict[str, int]:
-        return {"push_calls": self.push_calls, "frames": 0, "syncs": 0}
 
 
 def instrumented_shard() -> type:

@@ -65,6 +65,11 @@ def _lists(rows: Sequence[Sequence | None], dtype: type, value_type: pa.DataType
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, value_type), mask=mask)
 
 
+def _num_rows(g: Group) -> int:
+    """A group's rows: one per trajectory and candidate, one "empty" row for a group with neither."""
+    return max(len(g.trajectories) + len(g.candidates), 1)
+
+
 def groups_to_arrow(groups: Sequence[Group]) -> pa.Table:
     """The groups' rows, in order (see the module doc)."""
     head: list[list] = [[] for _ in range(6)]  # request_id, qid, kind, gold, group_id, group_policy_version
@@ -77,7 +82,7 @@ def groups_to_arrow(groups: Sequence[Group]) -> pa.Table:
         for t in (t for _, t in rows):
             if t.qid != g.qid:
                 raise ValueError(f"trajectory of {t.qid!r} in the group of {g.qid!r}")
-        n = max(len(rows), 1)
+        n = _num_rows(g)
         for col, v in zip(
             head, (g.request_id, g.qid, g.kind, g.gold, g.group_id, g.policy_version), strict=True
         ):
@@ -148,7 +153,7 @@ def push_payloads(parts: Sequence[Sequence[Group]]) -> list[bytes]:
     table = groups_to_arrow([g for part in parts for g in part]).replace_schema_metadata(PUSH)
     out, start = [], 0
     for part in parts:
-        rows = sum(max(len(g.trajectories) + len(g.candidates), 1) for g in part)
+        rows = sum(_num_rows(g) for g in part)
         out.append(encode_payload(table.slice(start, rows)))
         start += rows
     return out
@@ -217,17 +222,19 @@ class GroupRows:
 
     def kept(self, j: int) -> list[int]:
         """The rows of group j that a pool stores when collecting: correct, non-replayed trajectories."""
-        lo, hi = self._kept_bounds
-        return self._kept[lo[j] : hi[j]]
+        rows, lo, hi = self._kept
+        return rows[lo[j] : hi[j]]
 
     @cached_property
-    def _kept(self) -> list[int]:  # every group's kept rows, in row order (one pass for the whole table)
-        return np.flatnonzero(self.correct & ~self.replayed).tolist()
-
-    @cached_property
-    def _kept_bounds(self) -> tuple[list[int], list[int]]:
-        rows = np.array(self._kept, np.int64)
-        return np.searchsorted(rows, self.starts).tolist(), np.searchsorted(rows, self.stops).tolist()
+    def _kept(self) -> tuple[list[int], list[int], list[int]]:
+        """Every group's kept rows in row order (one pass over the whole table), and where each group's begin
+        and end in that list."""
+        rows = np.flatnonzero(self.correct & ~self.replayed)
+        return (
+            rows.tolist(),
+            np.searchsorted(rows, self.starts).tolist(),
+            np.searchsorted(rows, self.stops).tolist(),
+        )
 
     @cached_property
     def prompts(self) -> ListColumn:

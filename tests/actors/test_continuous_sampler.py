@@ -53,26 +53,34 @@ def token_logprobs(model: torch.nn.Module, prompt: tuple[int, ...], response: tu
     return logits.log_softmax(-1).gather(-1, torch.tensor(response)[:, None])[:, 0].numpy()
 
 
+def start_sampler(
+    model_dir: Path, *, index: int, num_cpus: int, max_response_len: int, seed: int, replay=None
+):
+    """A ContinuousSampler actor on the tiny model (K = 2), as the pool starts one."""
+    from actors.continuous_sampler import ContinuousSampler
+    from exgrpo.runtime.env import remote_actor
+
+    return remote_actor(
+        ContinuousSampler,
+        name=f"exgrpo-sampler-{index}",
+        num_cpus=num_cpus,
+        max_concurrency=16,
+        index=index,
+        engine=EngineSpec(kind="vllm", model_path=str(model_dir), max_model_len=CONTEXT),
+        template="plain",
+        max_response_len=max_response_len,
+        seed=seed,
+        rollouts_per_question=2,
+        replay=replay,
+    )
+
+
 @pytest.fixture(scope="module")
 def sampler(ray_cluster, model_dir: Path):
     pytest.importorskip("vllm")
     import ray
 
-    from actors.continuous_sampler import ContinuousSampler
-    from exgrpo.runtime.env import remote_actor
-
-    handle = remote_actor(
-        ContinuousSampler,
-        name="exgrpo-sampler-0",
-        num_cpus=1,
-        max_concurrency=16,
-        index=0,
-        engine=EngineSpec(kind="vllm", model_path=str(model_dir), max_model_len=CONTEXT),
-        template="plain",
-        max_response_len=16,
-        seed=3,
-        rollouts_per_question=2,
-    )
+    handle = start_sampler(model_dir, index=0, num_cpus=1, max_response_len=16, seed=3)
     ray.get(handle.ping.remote(), timeout=600)
     ray.get(
         handle.generate.remote(requests=[request(0)], max_tokens=2), timeout=600
@@ -155,26 +163,13 @@ def test_groups_pushed_to_a_real_replay_shard_as_they_finish(ray_cluster, model_
     pytest.importorskip("vllm")
     import ray
 
-    from actors.continuous_sampler import ContinuousSampler
     from buffers.shard import ReplayShard
     from buffers.sharded import RayInvoke, ShardedReplay
     from exgrpo.runtime.env import remote_actor
 
     shard = remote_actor(ReplayShard, name="exgrpo-replay-0", num_cpus=0, max_concurrency=8, k_rollouts=2)
     replay = ShardedReplay(shards=[shard], k_rollouts=2, invoke=RayInvoke(retry_s=0.0))
-    handle = remote_actor(
-        ContinuousSampler,
-        name="exgrpo-sampler-9",
-        num_cpus=0,
-        max_concurrency=16,
-        index=9,
-        engine=EngineSpec(kind="vllm", model_path=str(model_dir), max_model_len=CONTEXT),
-        template="plain",
-        max_response_len=8,
-        seed=4,
-        rollouts_per_question=2,
-        replay=replay,
-    )
+    handle = start_sampler(model_dir, index=9, num_cpus=0, max_response_len=8, seed=4, replay=replay)
     try:
         calls = [handle.generate.remote(requests=[request(100 + i, n=2)]) for i in range(8)]
         results = ray.get(calls, timeout=600)
