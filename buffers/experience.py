@@ -7,7 +7,9 @@ counts) and K = rollouts per question:
   0 < k < K   the question moves to bucket k (latest k wins);
   k == 0      nothing changes (the old bucket and stored trajectories are kept);
   k == K      the question is retired for good: dropped at once with its trajectories, never
-              sampled again, and later groups of it are ignored.
+              sampled again, and later groups of it are ignored. A pool made with `retire=False` (the
+              on-policy GRPO baseline: `replay.retire`) never retires: the question only leaves its bucket
+              (it is not sampleable until a later group puts it back) and stays in the fresh stream.
 
 Sampleable questions. Replay needs a candidate, so a question is sampleable only when it is in a
 bucket 1..K-1 AND has at least one stored trajectory. `bucket_sizes()`, `len()` and sampling count
@@ -103,12 +105,13 @@ class _SortedSet:
 class ExperiencePool:
     """Question statistics and stored correct trajectories of one replay shard (or all of them)."""
 
-    def __init__(self, k_rollouts: int, max_trajectories_per_question: int = 8) -> None:
+    def __init__(self, k_rollouts: int, max_trajectories_per_question: int = 8, *, retire: bool = True) -> None:
         check_rollouts(k_rollouts)
         if max_trajectories_per_question < 1:
             raise ValueError(f"max_trajectories_per_question={max_trajectories_per_question} must be >= 1")
         self.k_rollouts = k_rollouts
         self.max_trajectories_per_question = max_trajectories_per_question
+        self.retire = retire  # False: a K/K group only takes the question out of its bucket (never retired)
         self._questions: dict[str, _Question] = {}
         self._buckets = {k: _SortedSet() for k in range(1, k_rollouts)}  # sampleable qids
         self._retired: set[str] = set()
@@ -147,7 +150,11 @@ class ExperiencePool:
         if qid in self._retired:
             return
         if k == self.k_rollouts:
-            self._retire(qid)
+            if self.retire:
+                self._retire(qid)
+            elif (solved := self._questions.get(qid)) is not None:
+                solved.bucket = None
+                self._reindex(qid, solved)
             return
         if k == 0:
             return  # a group with no correct rollout has nothing to collect either

@@ -98,10 +98,12 @@ class ReplayShard:
         wal_dir: str | None = None,
         compact_bytes: int = 64 << 20,
         compact_growth: float = 1.0,
+        retire: bool = True,
     ) -> None:
         self.k_rollouts = k_rollouts
+        self.retire = retire  # False: the on-policy baseline (replay.retire), questions solved K/K stay
         self.max_trajectories_per_question = max_trajectories_per_question
-        self.pool = ExperiencePool(k_rollouts, max_trajectories_per_question)
+        self.pool = ExperiencePool(k_rollouts, max_trajectories_per_question, retire=retire)
         self.collect = False  # switched on for good at the delayed start
         self._ready: dict[int, Ready] = {}
         self._seen: set[int] = set()  # request ids pushed so far (idempotent push)
@@ -403,5 +405,6 @@ class ReplayShard:
         self.pool, rows, self._seen, self._retirers = snapshots.read_files(
             path, k_rollouts=self.k_rollouts, max_trajectories_per_question=self.max_trajectories_per_question
         )
+        self.pool.retire = self.retire  # a setting of the run, not of the snapshot
         self._ready = {} if rows is None else {r: Ready.of(rows, j) for j, r in enumerate(rows.request_ids)}
         self._seen |= self._ready.keys()

@@ -21,7 +21,9 @@ division by the number of micro-batches). Micro-batch j of a mini-batch of N row
     w_pg * pg_j - c_H * w_H * H_j,   w_pg = W n_j / N (constant normaliser) or W t_j / T (token mean),
                                      w_H = W t_j / T,
 so the accumulated, rank-averaged gradient equals the gradient of exgrpo_loss over the whole
-mini-batch of all ranks (the entropy bonus is always a token mean). exgrpo_loss returns
+mini-batch of all ranks (the entropy bonus is a token mean). With ``loss.entropy_per="micro_batch"``
+w_H = 1 instead: every micro-batch adds its own token-mean bonus and ranks are averaged, as the official code
+does, so the bonus weighs (micro-batches per rank) times more. exgrpo_loss returns
 pg_j - c_H H_j; the difference of the two weights is added back as c_H (w_pg - w_H) H_j. The optional KL
 penalty (``loss.kl_coef``, ``learners/reference.py``) adds c_KL w_pg KL_j: it is normalised like pg_j.
 """
@@ -158,7 +160,7 @@ def minibatch_backward(
             tis_weight=tis[sl].to(device) if tis is not None and n_j else None,  # (n, R)
         )
         w_pg = world_size * (n_j / n_all if norm_len is not None else t_j / t_all)
-        w_h = world_size * t_j / t_all
+        w_h = world_size * t_j / t_all if loss.entropy_per == "minibatch" else 1.0
         objective = w_pg * value + loss.entropy_coef * (w_pg - w_h) * masked_mean(ent, enc.mask)  # ()
         if reference is not None:
             kl = kl_k3(logp, reference(enc), enc.mask, norm_len=norm_len)  # ()

@@ -112,6 +112,12 @@ class SamplerConfig:
 class ReplayConfig:
     enabled: bool = True  # False = on-policy GRPO (no replay, no policy shaping)
     rho: float = 0.5  # share of each batch's questions drawn from replay
+    rho_mode: Literal["fixed", "zero_variance"] = (
+        "fixed"  # zero_variance: a step's replay share is the last pulled step's share of all-equal fresh groups, at most rho
+    )
+    retire: bool | None = (
+        None  # retire questions solved K/K for good (null: with replay on; never for on-policy GRPO: enabled=false or rho 0)
+    )
     start_solve_ratio: float = 0.35  # delayed start: replay starts when fresh solve ratio exceeds this
     num_shards: int = 2  # replay shard actors (questions routed by a stable hash of qid)
     mu: float | None = None  # centre of the Gaussian bucket weight over k (None = K/2)
@@ -135,6 +141,16 @@ class ReplayConfig:
     )
     wal_compact_mb: float = 64.0  # a shard snapshots itself and truncates its log once the log passes this size and its last snapshot's
     shard_concurrency: int = 8  # calls a shard serves at once (threads); with wal, concurrent pushes share one fsync (group commit)
+
+    @property
+    def on(self) -> bool:
+        """Replay is part of the run: enabled with a share above 0 (else the run is on-policy GRPO)."""
+        return self.enabled and self.rho > 0
+
+    @property
+    def retires(self) -> bool:
+        """Whether questions solved K/K leave the run for good (`retire`, null: only with replay on)."""
+        return self.on if self.retire is None else self.retire
 
 
 @dataclass(frozen=True)
@@ -189,6 +205,9 @@ class LossConfig:
     norm: Literal["constant", "token_mean"] = "constant"  # constant: token sum / max_response_len
     entropy_coef: float = (
         1.5625e-5  # entropy bonus; the official 0.001 rescaled to our normaliser (/64, exgrpo.core.algorithm)
+    )
+    entropy_per: Literal["minibatch", "micro_batch"] = (
+        "minibatch"  # minibatch: one token-mean bonus per optimiser step; micro_batch: one per micro-batch, as the official code adds it
     )
     std_normalize: bool = False  # divide advantages by the group std (GRPO) instead of Dr.GRPO
     tis_cap: float | None = None  # truncated importance weight cap for sampler staleness (None = off)

@@ -3,11 +3,13 @@
     python -m exgrpo.experiments.compare                       # every variant (see VARIANTS), seeds 0 1 2
     python -m exgrpo.experiments.compare --variants exgrpo grpo --seeds 0 1 2 3 4 --out runs/compare
     python -m exgrpo.experiments.compare data.eval=builtin:scratchpad-val-all   # choose settings on val
+    python -m exgrpo.experiments.compare --config paper-regime --variants exgrpo grpo --seeds 0 1 2 3 4
     python -m exgrpo.experiments.compare --report runs/compare  # tables and curves from results.json only
 
 All runs share one local Ray cluster and run one after another through `exgrpo.runtime.recipe.train` (the
 machine has 2 cores: parallel trials would only slow each other down, which is why Ray Tune is not
-used). Each run is the default config plus the variant's overrides; every run of one seed sees the
+used). Each run is the base config (`--config`, default: the embedded default) plus the variant's
+overrides and the command line's; every run of one seed sees the
 same questions in the same order (`data.seed` fixed, `data.fresh_take=batch`), so runs are paired
 by seed. Held-out accuracy (Avg@n) is measured every `trainer.eval_every` steps on the same questions,
 in-distribution (ID) and out-of-distribution (OOD) separately.
@@ -80,6 +82,17 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
         ["replay.enabled=false", "learners.grad_clip=0.015625", "learners.skip_grad_norm=7.8125"],
         "GRPO with the same rescaled clip and skip thresholds",
     ),
+    # which channel carries replay (docs/results.md): beta = 100 keeps the stored row in its group's mean (the
+    # baseline shift) and scales its own gradient by w f'(w) = beta w / (w + beta)^2 ~ 0.01 instead of 0.083
+    "beta-100": (["loss.beta=100.0"], "the stored row's own gradient ~0, its place in the group mean kept"),
+    # rare successes: the Gaussian centred on harder buckets, and with more weight on the stored row
+    "mu-2": (["replay.mu=2.0"], "ExGRPO with the bucket weights centred on k = 2 (rarely solved questions)"),
+    "mu-2-beta-1": (["replay.mu=2.0", "loss.beta=1.0"], "mu = 2 and shaping f(w) = w/(w+1)"),
+    # beyond the paper: replay fills the slots that fresh groups without signal would take
+    "zero-var-rho": (
+        ["replay.rho_mode=zero_variance", "replay.rho=0.75"],
+        "replay share = the last step's share of all-equal fresh groups (at most 0.75) instead of 0.5",
+    ),
     # where replay might pay
     "equal-fresh": (
         ["trainer.questions_per_step=16", "data.fresh_per_step=8"],
@@ -105,13 +118,15 @@ def run_overrides(name: str, seed: int, overrides: list[str], out: Path) -> list
     ]
 
 
-def run_one(name: str, seed: int, overrides: list[str], out: Path) -> dict[str, Any]:
+def run_one(
+    name: str, seed: int, overrides: list[str], out: Path, *, config: str | None = None
+) -> dict[str, Any]:
     from exgrpo.core.config_files import load_config
     from exgrpo.runtime.recipe import train
 
     every = run_overrides(name, seed, overrides, out)
     run_dir = out / f"{name}-seed{seed}"
-    result = train(load_config(None, every), checkpoints=False)
+    result = train(load_config(config, every), checkpoints=False)
     records = result.records
     tokens = np.cumsum([0] + [r["rollout/tokens"] for r in records])  # tokens[v]: generated before version v
     curve = [
@@ -128,6 +143,7 @@ def run_one(name: str, seed: int, overrides: list[str], out: Path) -> dict[str, 
     return {
         "variant": name,
         "seed": seed,
+        "config": config,
         "overrides": every,
         "run_dir": str(run_dir),
         "wall_s": result.wall_s,
@@ -151,7 +167,7 @@ def _checked_inputs(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]
     if not args.report:
         for seed in args.seeds:
             for name in args.variants:
-                load_config(None, run_overrides(name, seed, list(args.overrides), out))
+                load_config(args.config, run_overrides(name, seed, list(args.overrides), out))
     if not path.exists():
         return []
     try:
@@ -193,6 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--report", metavar="DIR", help="only write table.md and curves.png from DIR/results.json"
     )
+    parser.add_argument(
+        "--config",
+        metavar="FILE_OR_NAME",
+        help="base config of every run (a YAML file or a packaged config name, e.g. paper-regime; "
+        "default: the embedded default); the variant's and the command line's overrides apply on top",
+    )
     parser.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -210,14 +232,14 @@ def main(argv: list[str] | None = None) -> int:
         from exgrpo.core.config_files import load_config
         from exgrpo.runtime.env import init_ray
 
-        init_ray(load_config(None, args.overrides))
+        init_ray(load_config(args.config, args.overrides))
         done = {(r["variant"], r["seed"]) for r in results}
         for seed in args.seeds:  # seeds outermost: a partial sweep still compares every variant
             for name in args.variants:
                 if (name, seed) in done:
                     continue
                 log.info("run %s seed %d", name, seed)
-                results.append(run_one(name, seed, list(args.overrides), out))
+                results.append(run_one(name, seed, list(args.overrides), out, config=args.config))
                 results_path.write_text(json.dumps(results, indent=1))  # resumable sweep
                 (out / "table.md").write_text(format_report(results))
     (out / "table.md").write_text(format_report(results))

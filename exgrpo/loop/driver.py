@@ -61,6 +61,7 @@ from exgrpo.loop.steps import (
     replay_metrics,
     rollout_metrics,
     solve_ratio,
+    zero_variance_share,
 )
 
 log = logging.getLogger(__name__)
@@ -132,8 +133,9 @@ class Driver:
         )
         self.stream = PromptStream(list(train), seed=cfg.data.seed, retired=replay.retired)
         self.evaluation = list(evaluation)
-        # with replay disabled (on-policy GRPO) the threshold is 1: a solve ratio never exceeds it
-        self.delayed_start = DelayedStart(cfg.replay.start_solve_ratio if cfg.replay.enabled else 1.0)
+        # with replay off (on-policy GRPO: disabled or rho 0) the threshold is 1: a solve ratio never exceeds
+        # it, so nothing is ever stored
+        self.delayed_start = DelayedStart(cfg.replay.start_solve_ratio if cfg.replay.on else 1.0)
         if self.delayed_start.started:
             replay.set_collect(on=True)
         self.step = 0  # next step to train
@@ -145,6 +147,7 @@ class Driver:
         self.eval_history: list[dict[str, Any]] = []  # eval/ metrics + per-question Avg@n and sources
         self.replay_stats = ReplayStats(bucket_sizes={}, active=0, retired=0, trajectories=0, ready=0)
         self.out_of_work: str | None = None  # why training ended before trainer.steps (no questions left)
+        self.fresh_zero_var = 0.5  # last pulled step's share of all-equal fresh groups (replay.rho_mode)
         self._last_step_end = time.perf_counter()
         self._inflight: list[_InFlight] = []  # updates started and not yet finished, oldest first
         self._last_landed: float | None = None  # when the previous update was seen finished
@@ -178,6 +181,7 @@ class Driver:
             t_wait = time.perf_counter()
             groups, select, t_entropy, mix_metrics = self.mixer.mix(groups, step=step, wait=self._await)
             solve = solve_ratio([g for g in groups if g.kind == "fresh"])
+            self.fresh_zero_var = zero_variance_share(groups, default=self.fresh_zero_var)
             # clipping follows the state *before* this step's ratio: removed from the step after the start
             clip = not (self.delayed_start.started and self.cfg.loss.remove_clip_after_replay)
             started_before = self.delayed_start.started
@@ -344,9 +348,7 @@ class Driver:
         available = 0
         if self.delayed_start.started and self.cfg.replay.rho > 0:
             available = self.replay_stats.active
-            picks = self.replay.sample_questions(
-                n=int(math.floor(self.cfg.replay.rho * self.B)), rng=self.rng
-            )
+            picks = self.replay.sample_questions(n=self.replay_slots(), rng=self.rng)
         # official stream: B questions every step, the first B - n_replay used, so an epoch lasts the
         # same number of steps with or without replay ("batch"); "needed" draws only B - n_replay
         take = self.B if self.cfg.data.fresh_take == "batch" else self.B - len(picks)
@@ -367,6 +369,15 @@ class Driver:
         self.plans[step] = plan
         self._submit(plan, requests)
         return plan
+
+    def replay_slots(self) -> int:
+        """Replay questions asked for the step being scheduled: floor(rho * B), or with `replay.rho_mode:
+        zero_variance` the last pulled step's share of all-equal fresh groups times B (rounded), at most
+        floor(rho * B) and B - 1 (a step keeps a fresh group, so the share stays measured)."""
+        cap = int(math.floor(self.cfg.replay.rho * self.B))
+        if self.cfg.replay.rho_mode == "fixed":
+            return cap
+        return min(cap, self.B - 1, int(round(self.fresh_zero_var * self.B)))
 
     def _replay_request(self, pick: ReplayPick) -> GenerationRequest:
         """K - 1 fresh rollouts plus a stored trajectory in slot 0; with `replay.replay_trajectories=false`,
@@ -511,6 +522,7 @@ class Driver:
             "delayed_start": self.delayed_start.state_dict(),
             "plans": [p.state_dict() for p in self.plans.values()],
             "eval_history": self.eval_history,
+            "fresh_zero_var": self.fresh_zero_var,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -522,6 +534,7 @@ class Driver:
             self.mixer.rng.bit_generator.state = state["pick_rng"]
         self.stream.load_state_dict(state["stream"])
         self.delayed_start.load_state_dict(state["delayed_start"])
+        self.fresh_zero_var = float(state.get("fresh_zero_var", 0.5))  # older checkpoints: the start value
         self.plans = {p["step"]: StepPlan.from_state_dict(p) for p in state["plans"]}
         self.eval_history = list(state.get("eval_history", []))
         self.replay_stats = self.replay.stats()

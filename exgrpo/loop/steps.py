@@ -69,6 +69,12 @@ def solve_ratio(groups: Sequence[Group]) -> float:
     return float(np.mean(correct)) if correct else 0.0
 
 
+def zero_variance_share(groups: Sequence[Group], *, default: float) -> float:
+    """Share of the fresh groups whose rewards are all equal (no signal); `default` when there are none."""
+    flat = [len({t.reward for t in g.trajectories}) == 1 for g in groups if g.kind == "fresh"]
+    return float(np.mean(flat)) if flat else default
+
+
 def rollout_metrics(
     groups: Sequence[Group], plan: StepPlan, *, solve_ratio: float, wall_s: float
 ) -> dict[str, float]:

@@ -140,6 +140,7 @@ def build_system(
             max_trajectories_per_question=r.max_trajectories_per_question,
             wal_dir=str(wal / f"shard-{i}") if wal is not None else None,
             compact_bytes=int(r.wal_compact_mb * 2**20),
+            retire=r.retires,
         )
         for i in range(r.num_shards)
     ]

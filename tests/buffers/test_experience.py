@@ -75,6 +75,18 @@ def test_record_moves_buckets_keeps_on_zero_and_retires_on_all_correct():
         pool.prompt_ids("a")
 
 
+def test_a_pool_that_never_retires_only_takes_a_solved_question_out_of_its_bucket():
+    pool = ExperiencePool(4, retire=False)  # the on-policy baseline's shards (replay.retire)
+    pool.record(fresh("a", 2), collect=True)
+    pool.record(fresh("a", 4, start=10), collect=True)  # k = K: not retired, not sampleable
+    assert not pool.is_retired("a") and pool.retired() == frozenset() and pool.num_retired() == 0
+    assert pool.bucket_of("a") is None and len(pool) == 0 and pool.num_trajectories() == 2
+    pool.record(fresh("a", 1, start=20), collect=True)  # a later group puts it back in bucket k
+    assert pool.bucket_of("a") == 1 and pool.bucket_sizes() == {1: 1}
+    pool.record(fresh("b", 4), collect=True)  # a question first seen solved K/K
+    assert not pool.is_retired("b") and pool.bucket_of("b") is None
+
+
 def test_statistics_without_collection_make_no_sampleable_question():
     pool = ExperiencePool(4)
     pool.record(fresh("a", 2), collect=False)  # before replay starts: stats only

@@ -38,8 +38,10 @@ def prompts(n: int) -> list[Prompt]:
     return [Prompt(qid=f"q{i}", question=f"question {i}", answer=str(i)) for i in range(n)]
 
 
-def make_replay(k_rollouts: int, num_shards: int = 2) -> tuple[ShardedReplay, list[ReplayShard]]:
-    shards = [ReplayShard(k_rollouts=k_rollouts) for _ in range(num_shards)]
+def make_replay(
+    k_rollouts: int, num_shards: int = 2, *, retire: bool = True
+) -> tuple[ShardedReplay, list[ReplayShard]]:
+    shards = [ReplayShard(k_rollouts=k_rollouts, retire=retire) for _ in range(num_shards)]
     return ShardedReplay(shards=shards, k_rollouts=k_rollouts, invoke=local_invoke), shards
 
 

@@ -67,7 +67,7 @@ def build(
     events=None,
     **fake,
 ):
-    replay, shards = make_replay(K)
+    replay, shards = make_replay(K, retire=cfg.replay.retires)  # as runtime/assembly.py builds them
     weights, learners = FakeWeights(events=events), FakeLearners(lag=lag, events=events)
     rollouts = FakeRollouts(replay=replay, shards=shards, weights=weights, reward=reward, **fake)
     driver = Driver(
@@ -239,6 +239,37 @@ def test_replay_disabled_never_starts():
     records = driver.train()
     assert [r[M.REPLAY_STARTED] for r in records] == [0] * 6 and all(b.clip for b in learners.batches)
     assert all(r[M.N_REPLAY] == 0 for r in records) and not any(s.collect for s in shards)
+
+
+@pytest.mark.parametrize(
+    "overrides, on_policy",
+    [([], False), (["replay.enabled=false"], True), (["replay.rho=0"], True), (["replay.retire=false"], None)],
+)
+def test_on_policy_grpo_never_retires_nor_stores_and_exgrpo_retires(overrides, on_policy):
+    # q0..q5 are solved K/K at every try. 16 questions, B = 8, fresh_take=batch: an epoch is 2 steps.
+    # ExGRPO retires them at their first group and the stream skips them from the next epoch; on-policy
+    # GRPO (replay off, or rho 0) keeps drawing them every epoch and stores nothing. `replay.retire=false`
+    # keeps them with replay on (on_policy None: replay runs, nothing retires).
+    def reward(r, i, v):
+        return float(qnum(r) < 6 or i < 1)
+
+    cfg = config("data.fresh_take=batch", *overrides)
+    driver, rollouts, learners, shards = build(cfg, reward)
+    records = driver.train()
+    solved = Counter(
+        g.qid for b in learners.batches for g in b.groups if g.kind == "fresh" and int(g.qid[1:]) < 6
+    )
+    if on_policy is False:
+        assert driver.replay.stats().retired == 6 and all(n == 1 for n in solved.values())
+        assert any(r[M.N_REPLAY] for r in records) and any(s.pool.num_trajectories() for s in shards)
+        return
+    assert driver.replay.stats().retired == 0 and records[-1][M.RETIRED] == 0 and len(records) == 6
+    if on_policy is None:  # replay takes some of the stream's slots, yet solved questions come back
+        assert any(r[M.N_REPLAY] for r in records) and max(solved.values()) > 1
+        return
+    assert sum(solved.values()) == 6 * 3  # 3 epochs, each solved question in every one
+    assert all(r[M.N_REPLAY] == 0 for r in records) and not any(s.collect for s in shards)
+    assert sum(s.pool.num_trajectories() for s in shards) == 0
 
 
 # -- 4. a question retired in flight ---------------------------------------------------------------
@@ -525,9 +556,9 @@ def test_observers_see_every_batch_and_record_and_with_a_trace_check_every_candi
 def test_running_out_of_questions_ends_training_cleanly_without_a_repeated_question():
     # 10 questions, B = 8, every rollout correct: step 0's 8 questions all retire (k = K). Step 1 needs 8
     # distinct questions and only 2 are left, so training ends after step 0 instead of crashing or
-    # repeating a question inside one step.
+    # repeating a question inside one step. (ExGRPO before its delayed start: on-policy GRPO never retires.)
     driver, rollouts, learners, shards = build(
-        config("replay.enabled=false"), lambda r, i, v: 1.0, n_prompts=10
+        config("replay.start_solve_ratio=1.0"), lambda r, i, v: 1.0, n_prompts=10
     )
     records = driver.train()
     assert [r[M.STEP] for r in records] == [0] and driver.step == 1
@@ -589,7 +620,7 @@ def test_fresh_per_step_caps_the_fresh_questions_and_the_stream_draw():
 
 def test_the_evaluation_before_the_first_step_is_a_record_of_its_own():
     cfg = config("trainer.steps=2", "trainer.eval_samples=2")
-    replay, shards = make_replay(K)
+    replay, shards = make_replay(K, retire=cfg.replay.retires)  # as runtime/assembly.py builds them
     weights, learners, seen = FakeWeights(), FakeLearners(), Recorder()
     driver = Driver(
         cfg=cfg,
@@ -762,3 +793,24 @@ def test_checkpoint_steps_finish_their_update_before_the_checkpoint(tmp_path):
 
     _overlap_run(1, overlap=True, checkpointer=checkpointer, overrides=("trainer.checkpoint_every=2",))
     assert seen == [(2, 2, True), (4, 4, True), (6, 6, True)]
+
+
+def test_zero_variance_rho_mode_replays_the_share_of_fresh_groups_without_signal():
+    # every 4th question gets k = 2 of 4, the rest 0 of 4: a quarter of the fresh groups carry signal, so
+    # after the first step the replay share follows 3/4 of B (capped at floor(rho * B) = 6 and B - 1), where
+    # the fixed mode asks for floor(0.5 * B) = 4. eta = 0: step t is scheduled after step t - 1 was pulled.
+    def reward(r, i, v):
+        return float(qnum(r) % 4 == 0 and i < 2)
+
+    cfg = config("replay.rho_mode=zero_variance", "replay.rho=0.75", "trainer.steps=8")
+    driver, rollouts, learners, shards = build(cfg, reward, n_prompts=64)
+    records = driver.train()
+    check_batches(records, learners)
+    first = first_submission_per_step(rollouts, learners)
+    for t in range(1, len(records)):
+        z = records[t - 1][M.FRESH_ZERO_VARIANCE_FRAC]
+        want = min(round(z * B), 6, first[t].sampleable)
+        assert records[t][M.N_REPLAY] + records[t][M.REPLACED] == want, (t, z, first[t].sampleable)
+    assert max(r[M.N_REPLAY] for r in records) > 4  # beyond what rho = 0.5 would have taken
+    state = driver.state_dict()
+    assert state["fresh_zero_var"] == records[-1][M.FRESH_ZERO_VARIANCE_FRAC]
