@@ -105,7 +105,9 @@ class _SortedSet:
 class ExperiencePool:
     """Question statistics and stored correct trajectories of one replay shard (or all of them)."""
 
-    def __init__(self, k_rollouts: int, max_trajectories_per_question: int = 8, *, retire: bool = True) -> None:
+    def __init__(
+        self, k_rollouts: int, max_trajectories_per_question: int = 8, *, retire: bool = True
+    ) -> None:
         check_rollouts(k_rollouts)
         if max_trajectories_per_question < 1:
             raise ValueError(f"max_trajectories_per_question={max_trajectories_per_question} must be >= 1")

@@ -21,8 +21,15 @@ Loss per response token t of row i (``m_it`` = response mask, ``A_i`` = row adva
             or  (sum_it m_it l_it) / (sum_it m_it)           token mean (norm_len=None)
     loss = pg_loss - c_H * (sum_it m_it H_it) / (sum_it m_it)   entropy bonus, H = token entropy at T=1
 
-    The gradient of f is f'(w) = beta / (w + beta)^2: it damps replayed tokens the current policy already
-    likes (w* >> beta) and amplifies rare ones, which is why replay needs no clipping.
+    Where shaping amplifies. A replayed token's gradient is -A f'(w*) grad w* = -A g(w*) grad logp with
+    g(w) = w f'(w) = beta w / (w + beta)^2 (the factor on grad logp). Against plain importance weights
+    (factor w) shaping scales by beta / (w + beta)^2, which exceeds 1 only for w < sqrt(beta) - beta
+    (0.216 at beta = 0.1): it amplifies tokens the current policy now finds much less likely than the
+    stored behaviour did, and damps every other one. Against a fresh on-policy token (factor w = 1) it
+    never amplifies: g peaks at w = beta with g = 1/4, and g(1) = 0.083 at beta = 0.1. So a stored
+    trajectory's own tokens weigh at most a quarter of a fresh token's; this bound is why replay needs no
+    clipping. (A replay group also acts through the stored row's reward in the group mean: see
+    docs/results.md, "Which channel".)
 
 Deviations from the paper (arXiv 2510.02245) and its official code
     * Normaliser: the paper averages over the maximum response length; we use Dr.GRPO's constant
@@ -38,7 +45,10 @@ Deviations from the paper (arXiv 2510.02245) and its official code
       micro-batch). Ours with L = 8192 is (1/64) sum_i S_i / 8192 - c_H H = S / (64 * 8192) - c_H H.
       Equal relative weight therefore needs c_H = 0.001 / 64 = 1.5625e-5, the default of
       ``loss.entropy_coef`` (the knob stays; 0.001 reproduces the paper's text literally, which makes the
-      entropy term 64x stronger relative to the policy gradient than in the official runs).
+      entropy term 64x stronger relative to the policy gradient than in the official runs). That matching
+      assumes one micro-batch per optimiser step; the official runs accumulate several (2-8 by its token
+      budget), each adding its own bonus. ``loss.entropy_per: micro_batch`` does the same here
+      (``learners/update.py``), so the bonus weighs the number of micro-batches times more.
     * Entropy follows the paper's definition (mean softmax entropy over response tokens only). The
       official code's entropy has a masking bug (its issue #57); we do not reproduce it.
     * Clipping is removed on all tokens once replay starts (the official ``loss_remove_clip``); the

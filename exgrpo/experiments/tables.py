@@ -24,6 +24,7 @@ SERIES = {
     "share_stored": "learner/grad_share_stored",
     "share_replay_fresh": "learner/grad_share_replay_fresh",
     "share_fresh": "learner/grad_share_fresh",
+    "ratio_replay": "learner/ratio_replay",
 }
 # (a, b): report a - b per seed; ablations are compared with full ExGRPO
 PAIRS = [
@@ -42,6 +43,15 @@ PAIRS = [
     ("exgrpo-clip-official", "grpo-clip-official"),
     ("grpo-clip-official", "grpo"),
     ("equal-fresh", "grpo"),
+    # the three channels of a replay group (docs/results.md): the stored row's own gradient, the baseline shift
+    # of its place in the group mean, the curriculum of re-asked questions
+    ("exgrpo", "beta-100"),
+    ("beta-100", "questions-only"),
+    ("beta-100", "grpo"),
+    ("mu-2", "grpo"),
+    ("mu-2-beta-1", "grpo"),
+    ("zero-var-rho", "grpo"),
+    ("zero-var-rho", "exgrpo"),
 ]
 
 

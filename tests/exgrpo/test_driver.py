@@ -243,7 +243,12 @@ def test_replay_disabled_never_starts():
 
 @pytest.mark.parametrize(
     "overrides, on_policy",
-    [([], False), (["replay.enabled=false"], True), (["replay.rho=0"], True), (["replay.retire=false"], None)],
+    [
+        ([], False),
+        (["replay.enabled=false"], True),
+        (["replay.rho=0"], True),
+        (["replay.retire=false"], None),
+    ],
 )
 def test_on_policy_grpo_never_retires_nor_stores_and_exgrpo_retires(overrides, on_policy):
     # q0..q5 are solved K/K at every try. 16 questions, B = 8, fresh_take=batch: an epoch is 2 steps.

@@ -62,3 +62,44 @@ def test_probe_report_differences_against_grpo():
     ]
     text = format_probe(records)
     assert "| exgrpo − grpo | 2 | -0.100 ± 0.000 | -0.100 ± 0.000 |" in text
+
+
+def test_compare_config_is_the_base_of_every_run_and_a_bad_one_is_refused(tmp_path, capsys):
+    from exgrpo.core.config_files import load_config
+    from exgrpo.experiments.compare import main, run_overrides
+
+    cfg = load_config("paper-regime", run_overrides("grpo", 3, ["trainer.steps=7"], tmp_path))
+    assert (cfg.learners.minibatches, cfg.async_.max_staleness, cfg.loss.entropy_per) == (2, 0, "micro_batch")
+    assert (cfg.data.num_train, cfg.trainer.steps, cfg.trainer.seed) == (400, 7, 3)
+    assert not cfg.replay.enabled and not cfg.replay.retires  # the variant on top of the base
+    assert load_config("paper-regime", run_overrides("exgrpo", 0, [], tmp_path)).replay.retires
+    code = main(
+        ["--config", str(tmp_path / "missing.yaml"), "--variants", "grpo", "--out", str(tmp_path / "o")]
+    )
+    assert code == 2 and "missing.yaml" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_reach_reads_replays_ages_ratios_and_buckets_from_a_run_directory(tmp_path):
+    import json
+
+    from exgrpo.experiments.reach import run_reach
+
+    records = [
+        {"step": t, "replay/n_replay": 2 if t else 0, "learner/ratio_replay": 1.0 + 0.1 * t, "replay/retired": t,
+         "replay/bucket_1": t, "replay/bucket_2": 5}
+        for t in range(4)
+    ]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    cands = [  # step 1: q1 (two candidates, the lower entropy one sampled at version 0), q2; step 2: q1 again
+        {"step": 1, "request_id": 5, "qid": "q1", "candidate": 0, "entropy": 0.3, "policy_version": 1},
+        {"step": 1, "request_id": 5, "qid": "q1", "candidate": 1, "entropy": 0.2, "policy_version": 0},
+        {"step": 1, "request_id": 6, "qid": "q2", "candidate": 0, "entropy": 0.5, "policy_version": 1},
+        {"step": 2, "request_id": 9, "qid": "q1", "candidate": 0, "entropy": 0.1, "policy_version": 2},
+    ]
+    (tmp_path / "candidates.jsonl").write_text("\n".join(json.dumps(c) for c in cands))
+    reach = run_reach(tmp_path, k_rollouts=3)
+    assert reach["replay_groups"] == 6 and reach["distinct_replayed"] == 2
+    assert reach["replays_per_question"] == 1.5 and reach["max_replays_of_a_question"] == 2
+    assert (reach["age_p50"], reach["age_max"]) == (0.0, 1.0)  # ages 1 (q1 at step 1), 0, 0
+    assert reach["ratio_p50"] == pytest.approx(1.2) and reach["retired"] == 3
+    assert reach["buckets"] == {"3": "1:3 2:5"}

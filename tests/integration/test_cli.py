@@ -63,6 +63,8 @@ def test_compare_experiment_small(tmp_path):
         sys.executable,
         "-m",
         "exgrpo.experiments.compare",
+        "--config",
+        "paper-regime",
         "--variants",
         "exgrpo",
         "grpo",
@@ -74,6 +76,7 @@ def test_compare_experiment_small(tmp_path):
         "trainer.steps=4",
         "trainer.eval_every=2",
         "data.num_eval=16",
+        "trainer.eval_samples=2",
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -85,6 +88,9 @@ def test_compare_experiment_small(tmp_path):
         ("grpo", 1),
     }
     assert all(len(r["curve"]) == 3 for r in results)  # before, step 2, step 4
+    assert all(r["config"] == "paper-regime" for r in results)
+    run_cfg = (tmp_path / "cmp" / "grpo-seed0" / "config.yaml").read_text()
+    assert "minibatches: 2" in run_cfg and "max_staleness: 0" in run_cfg and "num_train: 400" in run_cfg
     assert "| exgrpo |" in (tmp_path / "cmp" / "table.md").read_text()
     assert (tmp_path / "cmp" / "curves.png").stat().st_size > 1000
 

@@ -1,0 +1,139 @@
+"""What replay did in each run of a sweep: its reach, read from the run directories.
+
+    python -m exgrpo.experiments.reach runs/sweeps/e1-2ep [more sweep dirs] [--json reach.json]
+
+Per variant (mean over its seeds): the replay groups trained, the distinct questions replayed and the replays
+per question (from `candidates.jsonl`, one row per candidate of each replay group), the age of the trajectory
+each replay group trained on (the lowest-entropy candidate: the learner version of its step minus the version
+that sampled it; p50 / p90 / max), the importance ratio w* of replayed tokens to their stored behaviour
+(`learner/ratio_replay`, a per-step mean: p10 / p50 / p90 over steps), and the bucket histogram (questions per
+bucket k of K, `replay/bucket_k`) at steps 25, 50, 75 and the last. Runs that revisit questions with K fresh
+rollouts (`questions-only`) log no candidates, so their reach shows only the groups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from exgrpo.core import metric_names as M
+
+SNAPSHOTS = (25, 50, 75)  # steps whose bucket histogram is shown (and the last one)
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def buckets_at(record: dict[str, Any], k_rollouts: int) -> str:
+    """`1:57 2:18 ...`: questions per bucket k (the replay/bucket_k keys of one step record)."""
+    return " ".join(f"{k}:{record.get(M.REPLAY_BUCKET.format(k=k), 0)}" for k in range(1, k_rollouts))
+
+
+def run_reach(run_dir: Path, k_rollouts: int) -> dict[str, Any]:
+    """The reach of one run (see the module doc)."""
+    records = [r for r in _jsonl(run_dir / "metrics.jsonl") if M.STEP in r and M.N_REPLAY in r]
+    chosen: dict[tuple[int, int], tuple[float, int, str]] = {}  # (step, request) -> (entropy, age, qid)
+    for c in _jsonl(run_dir / "candidates.jsonl"):
+        key = (c["step"], c["request_id"])
+        age = c["step"] - c["policy_version"]  # the step's update starts from version = step
+        if key not in chosen or c["entropy"] < chosen[key][0]:
+            chosen[key] = (c["entropy"], age, c["qid"])
+    per_q = Counter(qid for _, _, qid in chosen.values())
+    ages = np.array([a for _, a, _ in chosen.values()], dtype=float)
+    ratios = np.array(
+        [
+            r[M.RATIO_REPLAY]
+            for r in records
+            if r.get(M.N_REPLAY) and np.isfinite(r.get(M.RATIO_REPLAY, np.nan))
+        ]
+    )
+    by_step = {r[M.STEP]: r for r in records}
+    last = max(by_step) if by_step else None
+    return {
+        "run_dir": str(run_dir),
+        "replay_groups": int(sum(r[M.N_REPLAY] for r in records)),
+        "distinct_replayed": len(per_q) if chosen else None,
+        "replays_per_question": float(np.mean(list(per_q.values()))) if per_q else None,
+        "max_replays_of_a_question": max(per_q.values()) if per_q else None,
+        "age_p50": float(np.percentile(ages, 50)) if ages.size else None,
+        "age_p90": float(np.percentile(ages, 90)) if ages.size else None,
+        "age_max": float(ages.max()) if ages.size else None,
+        "ratio_p10": float(np.percentile(ratios, 10)) if ratios.size else None,
+        "ratio_p50": float(np.percentile(ratios, 50)) if ratios.size else None,
+        "ratio_p90": float(np.percentile(ratios, 90)) if ratios.size else None,
+        "retired": records[-1].get(M.RETIRED) if records else None,
+        "buckets": {
+            str(s): buckets_at(by_step[s], k_rollouts)
+            for s in (*SNAPSHOTS, last)
+            if s is not None and s in by_step
+        },
+    }
+
+
+def sweep_reach(sweep: Path) -> dict[str, list[dict[str, Any]]]:
+    """variant -> the reach of each of its runs, from a compare sweep's results.json."""
+    from exgrpo.core.config_files import load_config
+
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in json.loads((sweep / "results.json").read_text()):
+        overrides = [o for o in r["overrides"] if not o.startswith("logging.run_dir=")]
+        k = load_config(r.get("config"), overrides).trainer.rollouts_per_question
+        out[r["variant"]].append({"seed": r["seed"], **run_reach(Path(r["run_dir"]), k)})
+    return dict(out)
+
+
+def _mean(runs: list[dict[str, Any]], key: str) -> str:
+    vals = [r[key] for r in runs if r.get(key) is not None]
+    return f"{np.mean(vals):.2f}" if vals else "-"
+
+
+def format_reach(name: str, reach: dict[str, list[dict[str, Any]]]) -> str:
+    cols = ("replay_groups", "distinct_replayed", "replays_per_question", "max_replays_of_a_question",
+            "age_p50", "age_p90", "age_max", "ratio_p10", "ratio_p50", "ratio_p90", "retired")  # fmt: skip
+    lines = [
+        f"### {name}",
+        "",
+        "| variant | seeds | " + " | ".join(cols) + " | buckets (seed 0) |",
+        "|---|---|" + "---|" * (len(cols) + 1),
+    ]
+    for variant, runs in reach.items():
+        first = min(runs, key=lambda r: r["seed"])["buckets"]
+        hist = "; ".join(f"step {s}: {h}" for s, h in first.items())
+        lines.append(
+            f"| {variant} | {len(runs)} | " + " | ".join(_mean(runs, c) for c in cols) + f" | {hist} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m exgrpo.experiments.reach", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "sweeps", nargs="+", type=Path, help="compare sweep directories (holding results.json)"
+    )
+    parser.add_argument("--json", type=Path, help="also write every run's reach here")
+    args = parser.parse_args(argv)
+    missing = [str(s) for s in args.sweeps if not (s / "results.json").is_file()]
+    if missing:
+        print(f"error: no results.json in {', '.join(missing)}", file=sys.stderr)
+        return 2
+    everything = {str(s): sweep_reach(s) for s in args.sweeps}
+    for name, reach in everything.items():
+        print(format_reach(name, reach))
+    if args.json:
+        args.json.write_text(json.dumps(everything, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
