@@ -103,3 +103,24 @@ def test_reach_reads_replays_ages_ratios_and_buckets_from_a_run_directory(tmp_pa
     assert (reach["age_p50"], reach["age_max"]) == (0.0, 1.0)  # ages 1 (q1 at step 1), 0, 0
     assert reach["ratio_p50"] == pytest.approx(1.2) and reach["retired"] == 3
     assert reach["buckets"] == {"3": "1:3 2:5"}
+
+
+def test_regime_row_pairs_the_arm_with_grpo_and_reads_the_cell_from_its_config(tmp_path):
+    import json
+
+    from exgrpo.experiments.regimes import cell_row, format_rows
+
+    runs = []
+    for s, (ex, gr) in enumerate(((0.50, 0.45), (0.48, 0.47), (0.52, 0.46))):
+        for variant, final_id in (("exgrpo", ex), ("grpo", gr)):
+            run = _run(variant, s, final_id, series={"fresh_zero_var": [0.3, 0.5]})
+            runs.append(
+                {**run, "config": "paper-regime", "overrides": [f"trainer.seed={s}", "logging.run_dir=x"]}
+            )
+    (tmp_path / "results.json").write_text(json.dumps(runs))
+    row = cell_row(tmp_path, arm="exgrpo", base="grpo")
+    assert row is not None and (row["epochs"], row["B"], row["minibatches"], row["eta"]) == (2.0, 8, 2, 0)
+    assert row["id"][0] == pytest.approx(0.04) and row["id"][1] == pytest.approx((0.0007**0.5) / 3**0.5, rel=1e-6)
+    assert row["fresh_zero_var"] == pytest.approx(0.4) and row["seeds"] == 3
+    assert "| +0.040 ± 0.015 |" in format_rows([row], arm="exgrpo", base="grpo")
+    assert cell_row(tmp_path, arm="beta-100", base="grpo") is None
