@@ -120,7 +120,9 @@ def test_regime_row_pairs_the_arm_with_grpo_and_reads_the_cell_from_its_config(t
     (tmp_path / "results.json").write_text(json.dumps(runs))
     row = cell_row(tmp_path, arm="exgrpo", base="grpo")
     assert row is not None and (row["epochs"], row["B"], row["minibatches"], row["eta"]) == (2.0, 8, 2, 0)
-    assert row["id"][0] == pytest.approx(0.04) and row["id"][1] == pytest.approx((0.0007**0.5) / 3**0.5, rel=1e-6)
+    assert row["id"][0] == pytest.approx(0.04) and row["id"][1] == pytest.approx(
+        (0.0007**0.5) / 3**0.5, rel=1e-6
+    )
     assert row["fresh_zero_var"] == pytest.approx(0.4) and row["seeds"] == 3
     assert "| +0.040 ± 0.015 |" in format_rows([row], arm="exgrpo", base="grpo")
     assert cell_row(tmp_path, arm="beta-100", base="grpo") is None
