@@ -187,9 +187,8 @@ class Learner:
     # ---------------------------------------------------------------- forward helpers
     @property
     def _chunk_tokens(self) -> int | None:
-        """Positions per lm_head chunk; None (whole logits) under ZeRO-3, where the chunked path, which calls
-        the decoder and the head as submodules, gave another gradient than one rank in the two-rank test."""
-        return None if self.cfg.zero_stage == 3 else self.cfg.logits_chunk_tokens
+        """Positions per lm_head chunk (every ZeRO stage: the chunked forward goes through the engine)."""
+        return self.cfg.logits_chunk_tokens
 
     def _micro_slices(self, n: int) -> list[slice]:
         """Micro-batches of ``n`` rows; under ZeRO-3 padded with empty slices to the max over ranks

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from inspect import signature
 
 import torch
 from torch import Tensor
@@ -21,22 +22,23 @@ def response_logits(model: torch.nn.Module, enc: Encoded) -> Tensor:
     return logits.gather(1, index)  # (n, R, V)
 
 
-def _backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
-    """(decoder, lm_head) of an HF causal LM, unwrapping a DeepSpeed engine (``.module``) and PEFT
-    (``get_base_model``: the adapters live inside the base's layers); None when the logits are not
-    ``lm_head(decoder(...))`` (no such accessors, or softcapped / scaled logits)."""
+def _chunked_head(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The lm_head of an HF causal LM whose logits are ``lm_head(last hidden state)`` and whose forward takes
+    ``logits_to_keep`` (unwrapping a DeepSpeed engine's ``.module`` and PEFT's ``get_base_model``: the adapters
+    live inside the base's layers); None otherwise (softcapped or scaled logits, no such accessors), and the
+    caller takes the full-logits path."""
     inner = getattr(model, "module", model)
     if hasattr(inner, "get_base_model"):
         inner = inner.get_base_model()
     config = getattr(inner, "config", None)
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
         return None
-    if not (hasattr(inner, "get_decoder") and hasattr(inner, "get_output_embeddings")):
+    if (
+        not hasattr(inner, "get_output_embeddings")
+        or "logits_to_keep" not in signature(inner.forward).parameters
+    ):
         return None
-    decoder, head = inner.get_decoder(), inner.get_output_embeddings()
-    if decoder is None or head is None:
-        return None
-    return decoder, head
+    return inner.get_output_embeddings()
 
 
 def _chunk_stats(
@@ -55,24 +57,34 @@ def response_stats(
     """((n, R) log-probs, (n, R) entropies) of the response tokens, float32, 0 at padding; with
     ``entropy=False`` the entropies are not computed (zeros): the log-prob-only passes skip that work.
 
-    ``chunk_tokens=None``: the full-logits path (``response_logits``). Otherwise the backbone runs to its
-    final hidden states, the response positions' states are gathered (padding dropped) and each chunk of
+    ``chunk_tokens=None``: the full-logits path (``response_logits``). Otherwise the model's own forward
+    runs with ``output_hidden_states`` and ``logits_to_keep=1`` (logits of the last position only), the
+    response positions' final hidden states are gathered (padding dropped) and each chunk of
     ``chunk_tokens`` positions goes through lm_head -> float32 log-softmax on its own; with grad enabled
     each chunk runs under ``torch.utils.checkpoint``, so the backward recomputes its logits instead of
     keeping them: no (n, S, V) or (n, R, V) tensor exists, only (chunk_tokens, V). Models whose logits
-    are not ``lm_head(backbone)`` (``_backbone_and_head`` is None) take the full-logits path."""
-    parts = None if chunk_tokens is None else _backbone_and_head(model)
-    if parts is None:
+    are not ``lm_head(last hidden state)`` (``_chunked_head`` is None) take the full-logits path.
+
+    The forward goes through ``model`` itself (a DeepSpeed engine on the learners), never through its
+    decoder alone: an engine's forward starts each micro-batch for its ZeRO optimiser (ZeRO-3 counts
+    micro-batches there and otherwise overwrites, not accumulates, the earlier micro-batches' gradient
+    partitions: ``tests/learners/test_learner.py::test_chunked_logits_under_zero_stages_equal_one_plain_rank``)."""
+    head = None if chunk_tokens is None else _chunked_head(model)
+    if head is None:
         logits = response_logits(model, enc)  # (n, R, V)
         logp = token_logprobs(logits, enc.tokens)  # (n, R)
         ent = token_entropy(logits) if entropy else torch.zeros_like(logp)  # (n, R)
         zero = torch.zeros((), device=logp.device)
         return torch.where(enc.mask, logp, zero), torch.where(enc.mask, ent, zero)
     assert chunk_tokens is not None
-    decoder, head = parts
-    hidden = decoder(input_ids=enc.input_ids, attention_mask=enc.attention_mask, use_cache=False)[
-        0
-    ]  # (n, S, D)
+    out = model(
+        input_ids=enc.input_ids,
+        attention_mask=enc.attention_mask,
+        use_cache=False,
+        output_hidden_states=True,
+        logits_to_keep=1,
+    )
+    hidden = out.hidden_states[-1]  # (n, S, D) after the final norm: what lm_head reads
     rows, cols = enc.mask.nonzero(as_tuple=True)  # (T,) each: the response tokens
     picked = hidden[rows, enc.positions[rows, cols]]  # (T, D)
     tokens = enc.tokens[rows, cols]  # (T,)

@@ -138,9 +138,9 @@ def learner_terms(
     cfg: Config, shape: Shape, *, on_gpu: bool, tokens: int | None = None, chunked: bool | None = None
 ) -> dict[str, int]:
     """Bytes per learner rank by term (see the module docstring). ``chunked`` None: as the learner computes
-    them, in chunks except under ZeRO-3 (`learners.learner.Learner._chunk_tokens`)."""
+    them, in chunks at every ZeRO stage (`learners.learner.Learner._chunk_tokens`)."""
     lr = cfg.learners
-    chunked = lr.zero_stage < 3 if chunked is None else chunked
+    chunked = True if chunked is None else chunked
     b, p, n, z = DTYPE_BYTES[cfg.model.dtype], shape.params, lr.num, lr.zero_stage
     checkpointing = lr.gradient_checkpointing == "on" or (lr.gradient_checkpointing == "auto" and on_gpu)
     trains = lr.lora_rank == 0
