@@ -53,6 +53,19 @@ class ControllerClient:
         self.replaced = 0  # controllers started after a death
         self._ref = handle.desired_samplers.remote()
 
+    def current(self, *, timeout_s: float = 5.0) -> int:
+        """The controller's count now (one blocking query), or the last one read when it does not answer
+        (dead, or busy for `timeout_s`): what a recovery starts with."""
+        import ray
+
+        try:
+            self._last = int(ray.get(self.handle.desired_samplers.remote(), timeout=timeout_s))
+        except (ray.exceptions.RayError, TimeoutError) as err:
+            logging.getLogger("exgrpo").warning(
+                "the controller did not answer (%s); keeping the last sampler count read, %d", err, self._last
+            )
+        return self._last
+
     def desired_samplers(self) -> int | None:
         import ray
 

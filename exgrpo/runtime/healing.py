@@ -67,11 +67,20 @@ class Attempt:
     run_dir: Path | None = None  # a recovery's run dir: the failed attempt's (None: the config's own)
     from_step: int = 0  # the step a recovery restarts at (its checkpoint's, or 0)
 
-    def config(self, cfg: Config) -> Config:
-        """`cfg` pointed at the failed attempt's run dir (a run dir left to runs/<time> must not move)."""
+    def config(self, cfg: Config, *, samplers: int | None = None) -> Config:
+        """`cfg` pointed at the failed attempt's run dir (a run dir left to runs/<time> must not move), starting
+        `samplers` sampler actors when given: the count the operator last set with `exgrpo.scale`."""
         if self.run_dir is None:
             return cfg
-        return dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, run_dir=str(self.run_dir)))
+        cfg = dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, run_dir=str(self.run_dir)))
+        if samplers is not None and samplers != cfg.samplers.num:
+            log.info(
+                "recovery %d starts %d samplers (the count last set with exgrpo.scale)",
+                self.recovery,
+                samplers,
+            )
+            cfg = dataclasses.replace(cfg, samplers=dataclasses.replace(cfg.samplers, num=samplers))
+        return cfg
 
 
 @dataclass
@@ -82,6 +91,7 @@ class Job(Observer):
 
     t_start: float = field(default_factory=time.perf_counter)
     records: list[dict[str, Any]] = field(default_factory=list)
+    samplers: int | None = None  # the desired sampler count when the last attempt stopped (exgrpo.scale's)
 
     def rewind(self, step: int) -> None:
         self.records = [r for r in self.records if r["step"] < step]

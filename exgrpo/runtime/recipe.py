@@ -323,6 +323,7 @@ class TrainingRecipe:
         if failed and self.logger is not None:
             self.logger.close()  # a failed run: flush what was logged; no report
         if self.system is not None:
+            self.job.samplers = self.system.scaling.current()  # a recovery starts as many as the operator set
             self.phases.start(Phase.SHUTDOWN)
             self.system.shutdown()
 
@@ -397,7 +398,7 @@ def train(
 
     def start(a: Attempt) -> RunResult:
         return TrainingRecipe(
-            a.config(cfg),
+            a.config(cfg, samplers=job.samplers),
             resume=a.resume,
             checkpoints=checkpoints,
             observer=observer,

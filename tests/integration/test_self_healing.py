@@ -43,18 +43,22 @@ class KillOnce(Observer):
     """SIGKILLs the actor `pick(system)` once in the whole job, after step `at` was trained; at the end, starts
     one more sampler (as a scale-up would) and checks that it finds its weights."""
 
-    def __init__(self, *, at: int, pick) -> None:
+    def __init__(self, *, at: int, pick, scale_to: int | None = None) -> None:
         self.at, self.pick, self.killed, self.starts, self.new_sampler_version = at, pick, False, 0, None
+        self.scale_to, self.samplers_at_end = scale_to, None  # an operator's exgrpo.scale before the kill
 
     def on_train_start(self, *, system, driver):
         self.system, self.starts = system, self.starts + 1
 
     def on_step(self, *, record):
+        if self.scale_to is not None and record["step"] == 0 and not self.killed:
+            ray.get(self.system.controller.set_samplers.remote(n=self.scale_to))  # what exgrpo.scale calls
         if record["step"] == self.at and not self.killed:
             self.killed = True
             os.kill(_pid(self.pick(self.system)), signal.SIGKILL)
 
     def on_train_end(self, *, system, driver):
+        self.samplers_at_end = (system.samplers.size(), ray.get(system.controller.desired_samplers.remote()))
         system.samplers.scale(num=system.samplers.size() + 1)
         newest = list(system.samplers.members().values())[-1]
         self.new_sampler_version = ray.get(newest.version.remote(), timeout=300)
@@ -63,15 +67,17 @@ class KillOnce(Observer):
 def test_a_killed_learner_is_recovered_from_its_checkpoint_in_the_same_call(ray_cluster, tmp_path):
     run_dir = tmp_path / "run"
     cfg = load_config("tiny-cpu", _overrides(run_dir, "trainer.checkpoint_every=1", "trainer.max_failures=1"))
-    kill = KillOnce(
-        at=1, pick=lambda system: system.learners.actors[0]
-    )  # after step 1, whose checkpoint exists
+    kill = KillOnce(  # after step 1, whose checkpoint exists; the operator scaled 1 -> 2 samplers before it
+        at=1, pick=lambda system: system.learners.actors[0], scale_to=2
+    )
 
     result = train(cfg, observer=kill)
     assert kill.killed and kill.starts == 2
     assert result.recoveries == 1
     assert [r["step"] for r in result.records] == [0, 1, 2, 3]  # the job's steps, each once
     assert [r[M.RECOVERIES] for r in result.records] == [0, 1, 1, 1]  # step 1 was trained again after it
+    # the recovery started the 2 samplers the operator had set, and its controller holds that count
+    assert kill.samplers_at_end == (2, 2) and [r[M.SAMPLERS] for r in result.records][1:] == [2, 2, 2]
     # the record of step 1 written before the kill was rewound, not duplicated (-1: the first evaluation)
     assert _metric_steps(run_dir) == [-1, 0, 1, 2, 3]
     assert json.loads((run_dir / "summary.json").read_text())["recoveries"] == 1
