@@ -232,3 +232,10 @@ def test_lora_and_kl_are_off_by_default_and_checked_at_load_time():
             load_config(None, bad)
     # the ZeRO-3 refusals name the stage only when the feature is on
     assert load_config(None, ["learners.zero_stage=3"]).learners.zero_stage == 3
+
+
+def test_bfloat16_learners_need_a_zero_stage_with_float32_gradients():
+    with pytest.raises(ConfigError, match=re.escape("use learners.zero_stage=1 or more")):
+        load_config(None, ["model.dtype=bfloat16", "learners.zero_stage=0"])
+    assert load_config(None, ["model.dtype=bfloat16", "learners.zero_stage=1"]).model.dtype == "bfloat16"
+    assert load_config("qwen2.5-math-1.5b").learners.zero_stage == 2  # the bf16 recipes load
