@@ -1,11 +1,12 @@
-"""Learner side: DeepSpeed learner ranks, the learner group, and weight transport to samplers.
+"""Learner side: DeepSpeed learner ranks and the learner group. The weights' way to the samplers lives in
+``exgrpo.transport`` (packed buffers, the object store, vLLM's weight-transfer API and its gloo engine).
 
 - ``learner.Learner``: one DeepSpeed engine rank (a plain class; Ray is applied by the caller).
+- ``update``: the ExGRPO update as plain torch functions (rows -> advantages -> loss -> steps, metrics).
+- ``batches``: groups as training rows, padded model inputs, micro-batch slices.
+- ``logits``: log-probs and entropies of response tokens, whole or with lm_head in chunks.
 - ``optim``: ``GuardedAdamW`` (the grad-norm rule) and the DeepSpeed config.
 - ``group.LearnerGroup``: L learner actors in a placement group (``exgrpo.core.roles.Learners``).
-- ``weight_sync``: the weight transports, whole (``ObjectStoreTransport``, ``VLLMTransport``,
-  ``make_transport``) and the object-store payload (``Packer``: one contiguous byte buffer).
-- ``vllm_transfer``: vLLM's weight-transfer API from learner rank 0 (``WeightPusher``, ``SamplerClient``,
-  ``LearnerSource`` with ZeRO-3 gathers).
-- ``gloo_transfer``: the gloo backend of that API for CPU runs, registered in vLLM's factories.
+- ``lora``: LoRA through PEFT, read back as merged HF weights; ``reference``: the initial policy (KL penalty).
+- ``diagnostics``: the gradient's split by row origin (``learners.grad_share_every``).
 """

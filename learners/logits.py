@@ -1,5 +1,5 @@
 """Log-probs and entropies of the response tokens from a model: the full-logits path, and the chunked one
-(the decoder's hidden states at the response positions through lm_head a chunk at a time, each chunk under
+(the model's final hidden states at the response positions through lm_head a chunk at a time, each chunk under
 ``torch.utils.checkpoint``), so no (n, S, V) tensor exists."""
 
 from __future__ import annotations
