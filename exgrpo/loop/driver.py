@@ -146,6 +146,7 @@ class Driver:
         self.owner: dict[int, int] = {}  # request id -> step
         self.eval_history: list[dict[str, Any]] = []  # eval/ metrics + per-question Avg@n and sources
         self.replay_stats = ReplayStats(bucket_sizes={}, active=0, retired=0, trajectories=0, ready=0)
+        self.reward_failure_notes: dict[str, str] = {}  # kind -> the first reward failure of that kind
         self.out_of_work: str | None = None  # why training ended before trainer.steps (no questions left)
         self.fresh_zero_var = 0.5  # last pulled step's share of all-equal fresh groups (replay.rho_mode)
         self._last_step_end = time.perf_counter()
@@ -445,6 +446,10 @@ class Driver:
             if first is not None:
                 first.tokens += result.tokens
                 first.reward_failures += result.reward_failures
+            for kind, text in result.reward_failure_notes:
+                if kind not in self.reward_failure_notes:  # the first of each kind, once per run
+                    self.reward_failure_notes[kind] = text
+                    log.warning("reward %s on a rollout (%s): %s; it scored 0", kind, result.sampler, text)
             for rid in result.request_ids:
                 owner = self.plans.get(self.owner.pop(rid, -1))
                 if owner is not None:

@@ -346,6 +346,8 @@ class TrainingRecipe:
             config_yaml=cfg.to_yaml(),
             eval_temperature=cfg.samplers.temperature,
             eval_samples=cfg.trainer.eval_samples,
+            reward_failure_notes=driver.reward_failure_notes,
+            custom_reward=cfg.reward.fn != "math",
         )
         logger.summary(summary)
         logger.close()

@@ -243,7 +243,12 @@ def test_replay_disabled_never_starts():
 
 @pytest.mark.parametrize(
     "overrides, on_policy",
-    [([], False), (["replay.enabled=false"], True), (["replay.rho=0"], True), (["replay.retire=false"], None)],
+    [
+        ([], False),
+        (["replay.enabled=false"], True),
+        (["replay.rho=0"], True),
+        (["replay.retire=false"], None),
+    ],
 )
 def test_on_policy_grpo_never_retires_nor_stores_and_exgrpo_retires(overrides, on_policy):
     # q0..q5 are solved K/K at every try. 16 questions, B = 8, fresh_take=batch: an epoch is 2 steps.
@@ -814,3 +819,27 @@ def test_zero_variance_rho_mode_replays_the_share_of_fresh_groups_without_signal
     assert max(r[M.N_REPLAY] for r in records) > 4  # beyond what rho = 0.5 would have taken
     state = driver.state_dict()
     assert state["fresh_zero_var"] == records[-1][M.FRESH_ZERO_VARIANCE_FRAC]
+
+
+def test_reward_failures_are_counted_per_step_and_the_first_of_each_kind_logged_once(caplog):
+    """Each sampler sends the first failure of each kind it saw; the driver logs a kind once per run and the
+    step's record carries the count and its share of the step's rollouts."""
+
+    def failures(request):
+        notes = (
+            (("raised", f"ValueError: bad row (qid {request.prompt.qid})"),) if request.request_id < 3 else ()
+        )
+        return 1, notes  # every request: one of its K rollouts failed
+
+    driver, _, _, _ = build(
+        config("trainer.steps=2", "replay.enabled=false"), lambda r, i, v: 0.0, failures=failures
+    )
+    with caplog.at_level("WARNING", logger="exgrpo.loop.driver"):
+        records = driver.train()
+    assert [r[M.REWARD_FAILURES] for r in records] == [B, B]
+    assert [r[M.ROLLOUTS] for r in records] == [B * K, B * K]
+    assert records[0][M.REWARD_FAILURE_SHARE] == pytest.approx(1 / K)
+    (note,) = driver.reward_failure_notes.values()  # three requests sent a note; one is kept
+    assert list(driver.reward_failure_notes) == ["raised"] and note.startswith("ValueError: bad row (qid q")
+    logged = [r.getMessage() for r in caplog.records if "bad row" in r.getMessage()]
+    assert logged == [f"reward raised on a rollout (fake-0): {note}; it scored 0"]
