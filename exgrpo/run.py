@@ -106,10 +106,18 @@ def main(argv: list[str] | None = None) -> int:
     from exgrpo.runtime import recipe as launch
 
     if args.dry_run:
+        from exgrpo.data.readers import DataError
         from exgrpo.loop.checkpoint import ResumeError, fresh_run_dir_check, resume_report
+        from exgrpo.models.resolve import ModelResolveError
         from exgrpo.runtime.memory_plan import dry_run_report
+        from exgrpo.runtime.preflight import preflight
         from exgrpo.runtime.resources import dry_run_fit, placement_plan
 
+        try:  # what a start checks before Ray: the reward, the model, LoRA's targets, the data
+            print("\n".join(preflight(cfg, resume=bool(args.resume))))
+        except (ConfigError, DataError, ModelResolveError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         print(placement_plan(cfg))
         memory, fits = dry_run_report(cfg)
         if memory:

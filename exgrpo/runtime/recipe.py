@@ -137,6 +137,7 @@ class TrainingRecipe:
         # built by `setup`
         self.ckpt: Path | None = None  # the checkpoint a resumed run restores
         self.run_dir = Path()
+        self._made_run_dir = False  # setup made the run directory (removed again when the start is refused)
         self.model_path = ""
         self.tokenizer: dict[str, bytes] = {}
         self.train_set: list[Prompt] = []
@@ -163,6 +164,7 @@ class TrainingRecipe:
             self.setup()
         except BaseException:
             self.cleanup(failed=True)  # whatever setup started (the actors, the logger) stops with it
+            self.forget_run_dir()  # a refused start leaves no run directory behind
             raise
         failed = True
         try:
@@ -207,7 +209,10 @@ class TrainingRecipe:
         )
         check_reward(cfg)  # a reward.fn that cannot be imported fails before anything is written
         check_run_dir(cfg)  # before anything is written there
+        fresh = not cfg.logging.run_dir or not Path(cfg.logging.run_dir).expanduser().exists()
+        made = fresh and not self.resume and not self.attempt.recovery
         run_dir = self.run_dir = make_run_dir(cfg)
+        self._made_run_dir = made
         # the steps trained again: after the checkpoint, or all (the first evaluation too) when a recovery
         # restarts at step 0 over this job's own run dir
         again = checkpoint_step(ckpt) if ckpt is not None else -1 if self.attempt.recovery else None
@@ -221,6 +226,12 @@ class TrainingRecipe:
         start = str(pin_model(ckpt, run_dir)) if ckpt else cfg.model.path
         model_path = self.model_path = str(resolve_model(start, cache_dir=cfg.model.cache_dir))
         self.tokenizer = tokenizer_files(model_path)
+        if (
+            cfg.learners.lora_rank > 0
+        ):  # before Ray: a target that matches nothing fails here, naming the choices
+            from exgrpo.runtime.preflight import check_lora_targets
+
+            check_lora_targets(Path(model_path), cfg.learners.lora_target_modules)
         phases.start(Phase.DATA, cfg.data.train)
         self.train_set, self.eval_set = load_prompts(cfg)
         log.info(
@@ -366,6 +377,14 @@ class TrainingRecipe:
         )
 
     # -- helpers -----------------------------------------------------------------------------------
+    def forget_run_dir(self) -> None:
+        """Remove the run directory this start made, when its setup failed (nothing was trained)."""
+        import shutil
+
+        if self._made_run_dir and self.run_dir.is_dir():
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            log.info("removed %s: the start was refused before any step", self.run_dir)
+
     def interrupted(self, err: ray.exceptions.RayActorError) -> RunInterrupted:
         """The `RunInterrupted` for an actor that died: what died, at which step, how to resume."""
         from exgrpo.loop.checkpoint import RunInterrupted, dead_actor, interrupted_message, latest_checkpoint
