@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from exgrpo.models.resolve import ModelResolveError
 
     try:
-        launch.train(cfg, resume=bool(args.resume))
+        result = launch.train(cfg, resume=bool(args.resume))
     except (ConfigError, DataError, ModelResolveError, ResumeError, FileNotFoundError) as e:
         # bad input (config, resources, data, model, resume): nothing was trained, nothing is lost
         print(f"error: {e}", file=sys.stderr)
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             import ray
 
             ray.shutdown()
-    return 0
+    return 130 if result.stopped else 0  # Ctrl-C / SIGTERM: stopped at a step boundary, checkpointed
 
 
 if __name__ == "__main__":

@@ -13,12 +13,16 @@ reaches the metrics logger, the progress bar, the sample log (a few completions 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -54,6 +58,8 @@ class RunResult:
     # seconds of every checkpoint write (of the last attempt)
     checkpoint_s: list[float] = field(default_factory=list)
     recoveries: int = 0  # in-job restarts from a checkpoint (trainer.max_failures)
+    stopped: str | None = None  # stopped early by SIGINT / SIGTERM at a step boundary (checkpointed)
+    resume_command: str | None = None  # how to continue a stopped run
 
 
 def check_reward(cfg: Config) -> None:
@@ -168,8 +174,11 @@ class TrainingRecipe:
             raise
         failed = True
         try:
-            self.train()
-            self.save()
+            with self.stop_on_signals():
+                self.train()
+            stopped = getattr(self.driver, "stopped", None)
+            if stopped is None:  # a stopped run keeps its checkpoint, no final model
+                self.save()
             self.observers.on_train_end(system=self.system, driver=self.driver)
             failed = False
         except ray.exceptions.RayActorError as err:
@@ -364,6 +373,15 @@ class TrainingRecipe:
         logger.close()
         self.phases.end()
         where = f"{PREFIX} run directory {self.run_dir.resolve()}"
+        stopped, resume = driver.stopped, None
+        if stopped is not None:
+            from exgrpo.loop.checkpoint import latest_checkpoint
+
+            ckpt = latest_checkpoint(self.run_dir)
+            resume = f"python -m exgrpo.run --resume {self.run_dir}" if ckpt else None
+            where += f"\n{PREFIX} {stopped}; " + (
+                f"checkpoint {ckpt.name}; continue with: {resume}" if ckpt else "no checkpoint was written"
+            )
         if (self.run_dir / "report.html").is_file():
             where += f"\n{PREFIX} report {(self.run_dir / 'report.html').resolve()}"
         print(where, flush=True)
@@ -374,9 +392,45 @@ class TrainingRecipe:
             wall_s=wall,
             checkpoint_s=list(self.checkpointer.seconds) if self.checkpointer else [],
             recoveries=self.attempt.recovery,
+            stopped=stopped,
+            resume_command=resume,
         )
 
     # -- helpers -----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def stop_on_signals(self) -> Iterator[None]:
+        """While training: the first SIGINT (Ctrl-C) or SIGTERM asks the driver to stop at the next step
+        boundary (checkpoint, summary, report, the resume command); a second one stops at once
+        (KeyboardInterrupt). Only in the main thread (signal handlers live there)."""
+        driver = self.driver
+        if driver is None or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        signals = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.getsignal(sig) for sig in signals}
+
+        def handler(signum: int, frame: Any) -> None:
+            if driver.stop_requested is not None:  # the second one: at once
+                for sig, old in previous.items():
+                    signal.signal(sig, old)
+                raise KeyboardInterrupt
+            driver.stop_requested = signal.Signals(signum).name
+            print(
+                f"\n{PREFIX} {driver.stop_requested}: stopping at the next step boundary to write a checkpoint, "
+                "the summary and the report (Ctrl-C again to stop at once, losing the steps since the last "
+                "checkpoint)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        for sig in signals:
+            signal.signal(sig, handler)
+        try:
+            yield
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
     def forget_run_dir(self) -> None:
         """Remove the run directory this start made, when its setup failed (nothing was trained)."""
         import shutil
