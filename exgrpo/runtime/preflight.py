@@ -4,7 +4,8 @@
 `(prompt, completion, fields)`), the model (a known builtin, or an HF model directory with config.json,
 weights and a tokenizer), LoRA's target modules against the model's module names (built from its
 config.json on the meta device: no weights are read), and the data (every file exists and reads into
-prompts under `data.on_bad_row`, as the start reads them). It returns one line per check, or raises the
+prompts under `data.on_bad_row`, as the start reads them; every prompt fits `model.max_prompt_len` under
+`data.long_prompts`, `exgrpo.data.lengths`). It returns one line per check, or raises the
 error a start would raise (`ConfigError`, `DataError`, `ModelResolveError`), so `--dry-run` passes exactly
 what a start passes, up to the cluster (`exgrpo.runtime.resources.dry_run_fit` checks that).
 """
@@ -12,15 +13,20 @@ what a start passes, up to the cluster (`exgrpo.runtime.resources.dry_run_fit` c
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from exgrpo.core.config import Config, ConfigError, builtin_name
+
+if TYPE_CHECKING:
+    from exgrpo.core.records import Prompt
 
 
 def preflight(cfg: Config, *, resume: bool = False) -> list[str]:
     """The checks of a start before Ray (module docstring); one line per check passed, else the start's error.
     `resume`: the model is the checkpoint's (`exgrpo.loop.checkpoint.resume_report` checks it), not `model.path`."""
     model = ["model: the latest checkpoint's (checked with the resume)"] if resume else check_model(cfg)
-    lines = [check_reward(cfg), *model, check_data(cfg)]
+    path = None if resume else model_dir(cfg)
+    lines = [check_reward(cfg), *model, check_data(cfg, model_path=path)]
     return [line for line in lines if line]
 
 
@@ -106,10 +112,45 @@ def check_lora_targets(path: Path, targets: tuple[str, ...] | list[str]) -> str:
     return f"LoRA targets: {', '.join(targets)} found in the model"
 
 
-def check_data(cfg: Config) -> str:
+def check_data(cfg: Config, *, model_path: Path | None = None) -> str:
     """The train and eval data read into prompts as a start reads them (files exist, layouts fit, bad rows
-    under `data.on_bad_row`)."""
+    under `data.on_bad_row`), and their lengths against `model.max_prompt_len` when the model is at hand."""
     from exgrpo.data.sources import load_prompts
 
     train, evaluation = load_prompts(cfg)
-    return f"data: {len(train)} train / {len(evaluation)} eval questions ({cfg.data.train})"
+    line = f"data: {len(train)} train / {len(evaluation)} eval questions ({cfg.data.train})"
+    if model_path is None:
+        return line + "; prompt lengths checked at start (the model is built then)"
+    train, evaluation, note = enforce_prompt_lengths(cfg, model_path, train, evaluation)
+    return f"{line}; prompts within model.max_prompt_len={cfg.model.max_prompt_len} tokens{note}"
+
+
+def enforce_prompt_lengths(
+    cfg: Config, model_path: Path | str, train: list[Prompt], evaluation: list[Prompt]
+) -> tuple[list[Prompt], list[Prompt], str]:
+    """`model.max_prompt_len` on the train and eval prompts under `data.long_prompts` (exgrpo.data.lengths):
+    the prompts kept and a note of those skipped ("" when none), or the `DataError` naming the long rows."""
+    from transformers import AutoTokenizer
+
+    from exgrpo.data.lengths import check_prompt_lengths, describe
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    kept, notes = [], []
+    for prompts, what in ((train, f"data.train={cfg.data.train}"), (evaluation, "the held-out data")):
+        got = (
+            check_prompt_lengths(
+                prompts,
+                template=cfg.model.template,
+                tokenizer=tokenizer,
+                limit=cfg.model.max_prompt_len,
+                policy=cfg.data.long_prompts,
+                what=what,
+            )
+            if prompts
+            else None
+        )
+        kept.append(got.kept if got else prompts)
+        if got and got.long:
+            notes.append(f"{what}: skipped {len(got.long)} of {len(prompts)} ({describe(got.long)})")
+    note = "; longer than model.max_prompt_len, data.long_prompts=skip: " + "; ".join(notes) if notes else ""
+    return kept[0], kept[1], note

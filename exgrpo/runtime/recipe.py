@@ -242,7 +242,13 @@ class TrainingRecipe:
 
             check_lora_targets(Path(model_path), cfg.learners.lora_target_modules)
         phases.start(Phase.DATA, cfg.data.train)
-        self.train_set, self.eval_set = load_prompts(cfg)
+        train_set, eval_set = load_prompts(cfg)
+        # model.max_prompt_len under data.long_prompts, before any engine sees a prompt
+        from exgrpo.runtime.preflight import enforce_prompt_lengths
+
+        self.train_set, self.eval_set, skipped = enforce_prompt_lengths(cfg, model_path, train_set, eval_set)
+        if skipped:
+            log.warning("prompts%s", skipped)
         log.info(
             "run dir %s; model %s; %d train / %d eval questions",
             run_dir.resolve(),  # absolute: a submitted job (RAY_ADDRESS) runs in Ray's copy of the working dir

@@ -366,7 +366,8 @@ class Pool:
             where = f" (qid {qid})" if qid is not None else ""
             self.first_failures[kind] = f"{text}{where}"
             who = f"reward.fn={self._reward_fn}" if self._reward_fn else "math-verify"
-            logger.warning("%s %s%s: %s; scored 0 (first of its kind)", who, kind, where, text)
+            # INFO: the run logs the first of each kind once as a warning (the driver); --verbose shows each pool's
+            logger.info("%s %s%s: %s; scored 0 (first of its kind here)", who, kind, where, text)
 
     def _start_failed(self, worker: _Worker, message: str) -> None:
         worker.kill()
