@@ -66,7 +66,8 @@ def summary(
     out = {
         "steps": len(records),
         "eval_accuracy_before": evals[0][M.EVAL_ACCURACY] if evals else None,
-        "eval_accuracy_after": evals[-1][M.EVAL_ACCURACY] if evals else None,
+        # one evaluation (a run stopped before its last step): there is no "after"
+        "eval_accuracy_after": evals[-1][M.EVAL_ACCURACY] if len(evals) > 1 else None,
         "eval_temperature": eval_temperature,
         "eval_samples": eval_samples,
         "tokens": int(total(M.TOKENS)),

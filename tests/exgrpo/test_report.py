@@ -284,3 +284,12 @@ def test_reward_failures_reach_the_summary_the_report_and_the_bar(tmp_path, caps
     bar.update(records[0])
     assert bar._bar is not None and "reward_fail=21 (33%)" in str(bar._bar)
     bar.close()
+
+
+def test_a_run_stopped_before_its_last_evaluation_has_no_after_figure():
+    """Ctrl-C before the last step: one evaluation (before the first step); the summary must not show it again
+    as the figure after training."""
+    records, evals = fake_run(4)
+    s = summary(records, evals[:1], 5.0)
+    assert s["eval_accuracy_before"] == 0.2 and s["eval_accuracy_after"] is None
+    assert re.search(r"held-out accuracy after +None", format_summary(s))
