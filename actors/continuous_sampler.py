@@ -40,7 +40,14 @@ from actors.coalesce import CoalescedPush
 from actors.continuous_engine import ContinuousEngine
 from actors.engines import Completion
 from actors.factory import make_engine
-from actors.sampler import EngineSpec, _engine_kwargs, _failures, check_positions, request_seed
+from actors.sampler import (
+    EngineSpec,
+    _engine_kwargs,
+    _failures,
+    check_positions,
+    new_failure_notes,
+    request_seed,
+)
 from actors.sampling import build_groups, check_scoring
 from exgrpo.core.config import TemplateName
 from exgrpo.core.names import sampler_name
@@ -82,6 +89,7 @@ class ContinuousSampler:
         self.max_response_len = max_response_len
         self.temperature, self.top_p = temperature, top_p
         self.verifier = make_scorer(reward_fn, mode=reward_mode(template), timeout_s=verify_timeout_s)
+        self._noted: set[str] = set()  # kinds of reward failure already reported to the driver
         self.replay = replay
         self._push = CoalescedPush(replay.push) if replay is not None else None
         self._seed = seed
@@ -124,6 +132,7 @@ class ContinuousSampler:
             verify_time_s=sum(v for _, v, _ in done),
             groups=tuple(groups) if self.replay is None else (),
             reward_failures=sum(f for _, _, f in done),
+            reward_failure_notes=new_failure_notes(self.verifier, self._noted),
         )
 
     async def _one(

@@ -101,6 +101,7 @@ class Sampler:
         self.max_response_len = max_response_len
         self.temperature, self.top_p = temperature, top_p
         self.verifier = make_scorer(reward_fn, mode=reward_mode(template), timeout_s=verify_timeout_s)
+        self._noted: set[str] = set()  # kinds of reward failure already reported to the driver
         self.replay = replay
         self._seed = seed
         self.rollouts_per_question = rollouts_per_question  # K: the seed stride of a request
@@ -162,6 +163,7 @@ class Sampler:
             verify_time_s=t2 - t1,
             groups=tuple(groups) if self.replay is None else (),
             reward_failures=failures,
+            reward_failure_notes=new_failure_notes(self.verifier, self._noted),
         )
 
     def evaluate(
@@ -364,6 +366,14 @@ def _failures(scorer: Any) -> int:
     """Rewards a scorer has scored 0 for want of a verdict: deadlines passed, reward functions that raised."""
     stats = scorer.stats()
     return stats.timeouts + getattr(stats, "errors", 0)
+
+
+def new_failure_notes(scorer: Any, noted: set[str]) -> tuple[tuple[str, str], ...]:
+    """The first failure of each kind the scorer saw that this sampler has not reported yet (adds them to `noted`)."""
+    first = getattr(scorer.stats(), "first_failures", None) or {}
+    new = tuple((kind, text) for kind, text in sorted(first.items()) if kind not in noted)
+    noted.update(kind for kind, _ in new)
+    return new
 
 
 SEED_SPAN = 2**40  # seeds of one run seed: request ids below 2**40 / K never reach the next run seed's

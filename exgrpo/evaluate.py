@@ -3,8 +3,13 @@
     python -m exgrpo.evaluate --model runs/X/final --data aime24.parquet --template think --n 32
     python -m exgrpo.evaluate --model builtin:tiny --data builtin:arith --num 200 --max-tokens 32
     python -m exgrpo.evaluate --model runs/X/final --data builtin:arith --save-completions completions.jsonl
+    python -m exgrpo.evaluate --like-run runs/X          # the run's model, eval data, T, lengths, template, reward
 
-The scores are defined in `exgrpo/evaluation/scores.py`. `--save-completions` also writes every sampled
+The scores are defined in `exgrpo/evaluation/scores.py`: fractions as the run prints them, Avg@n the mean reward
+as the run averages it (`eval/accuracy`), Correct@n the share of rewards above `--correct-above`. The defaults
+are the run's (T 1.0, the whole response budget the context leaves); `--like-run RUN_DIR` takes every setting
+from the run's config.yaml (explicit options still win). Rewards that fail (raise, return no number, time
+out) score 0 and are counted under the table and in the JSON (`reward_failures`, `first_reward_failures`). `--save-completions` also writes every sampled
 completion (the n per question behind Avg@n; not the greedy decode) as one JSON line, so the figures can
 be read back to the text that earned them.
 """
@@ -44,15 +49,51 @@ def _context_length(model_dir: Path) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
+RUN_DEFAULTS = {  # the options' defaults without --like-run (what a run uses by default)
+    "num": 200,
+    "n": 32,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "template": "plain",
+    "question_key": "question",
+    "answer_key": "answer",
+    "seed": 0,
+    "dtype": "float32",
+    "verify_timeout": 5.0,
+    "reward_fn": "math",
+}
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m exgrpo.evaluate", description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True, help="HF model directory, or builtin:<name>")
-    p.add_argument("--data", required=True, help="parquet/jsonl file, or builtin:<task> (its held-out split)")
+    p.add_argument(
+        "--model",
+        help="HF model directory, or builtin:<name> (a run directory: its final/; default with --like-run: "
+        "RUN_DIR/final)",
+    )
+    p.add_argument(
+        "--data",
+        help="parquet/jsonl file, or builtin:<task> (its held-out split) (default with --like-run: the run's "
+        "held-out data)",
+    )
+    p.add_argument(
+        "--like-run",
+        metavar="RUN_DIR",
+        help="evaluate as the run did: its model (final/), held-out data, temperature, top-p, response length, "
+        "template, reward, verify timeout, eval samples and seed, from RUN_DIR/config.yaml (options given win)",
+    )
+    p.add_argument(
+        "--correct-above",
+        type=float,
+        default=0.5,
+        help="a sample counts as correct (Correct@n, Pass@n) when its reward is above this; the run's rule "
+        "(default: %(default)s)",
+    )
     p.add_argument(
         "--num",
         type=int,
-        default=200,
-        help="questions of a builtin task's held-out split (default: %(default)s)",
+        default=None,
+        help="questions of a builtin task's held-out split (default: 200)",
     )
     p.add_argument(
         "--engine",
@@ -61,16 +102,16 @@ def _parser() -> argparse.ArgumentParser:
         help="generation engine (default: %(default)s)",
     )
     p.add_argument(
-        "--n", type=int, default=32, help="samples per question for Avg@n and Pass@n (default: %(default)s)"
+        "--n", type=int, default=None, help="samples per question for Avg@n and Pass@n (default: 32)"
     )
     p.add_argument(
         "--temperature",
         type=float,
-        default=0.6,
-        help="sampling temperature of the n samples (default: %(default)s)",
+        default=None,
+        help="sampling temperature of the n samples (default: 1.0, the run's samplers.temperature default)",
     )
     p.add_argument(
-        "--top-p", type=float, default=1.0, help="nucleus sampling of the n samples (default: %(default)s)"
+        "--top-p", type=float, default=None, help="nucleus sampling of the n samples (default: 1.0)"
     )
     p.add_argument(
         "--max-tokens",
@@ -78,32 +119,25 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help=f"response tokens (default: {DEFAULT_MAX_TOKENS}, capped by the model's context minus the longest prompt)",
     )
-    p.add_argument(
-        "--template", choices=TEMPLATES, default="plain", help="prompt template (default: %(default)s)"
-    )
+    p.add_argument("--template", choices=TEMPLATES, default=None, help="prompt template (default: plain)")
     p.add_argument("--out", help="JSON output (default: <model dir>/eval-<data stem>.json)")
     p.add_argument(
-        "--question-key",
-        default="question",
-        help="question column of a plain-layout file (default: %(default)s)",
+        "--question-key", default=None, help="question column of a plain-layout file (default: question)"
     )
     p.add_argument(
-        "--answer-key", default="answer", help="answer column of a plain-layout file (default: %(default)s)"
+        "--answer-key", default=None, help="answer column of a plain-layout file (default: answer)"
     )
     p.add_argument(
-        "--seed", type=int, default=0, help="sampling seed, also the builtin task's (default: %(default)s)"
+        "--seed", type=int, default=None, help="sampling seed, also the builtin task's (default: 0)"
     )
     p.add_argument(
         "--dtype",
         choices=get_args(Dtype),
-        default="float32",
-        help="parameter dtype of the engine (default: %(default)s)",
+        default=None,
+        help="parameter dtype of the engine (default: float32)",
     )
     p.add_argument(
-        "--verify-timeout",
-        type=float,
-        default=5.0,
-        help="seconds per answer verification (default: %(default)s)",
+        "--verify-timeout", type=float, default=None, help="seconds per answer verification (default: 5.0)"
     )
     p.add_argument(
         "--verify-workers", type=int, default=1, help="math-verify worker processes (default: %(default)s)"
@@ -113,9 +147,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--reward-fn",
-        default="math",
-        help="the reward: math (the answer verifier) or package.module:function / file.py:function "
-        "(default: %(default)s)",
+        default=None,
+        help="the reward: math (the answer verifier) or package.module:function / file.py:function (default: math)",
     )
     p.add_argument(
         "--save-completions",
@@ -153,6 +186,66 @@ class CompletionWriter:
         os.replace(self.tmp, self.path)
 
 
+def like_run(run_dir: Path) -> dict[str, object]:
+    """The options a run's own evaluation used, from its config.yaml (`--like-run`)."""
+    from exgrpo.core.config_files import load_config
+
+    config = run_dir / "config.yaml"
+    if not config.is_file():
+        raise ValueError(f"--like-run {run_dir}: no config.yaml there (give a run directory, runs/<id>)")
+    cfg = load_config(str(config), [])
+    return {
+        "model": str(run_dir / "final"),
+        "data": cfg.data.eval or cfg.data.train,
+        "num": cfg.data.num_eval,
+        "n": cfg.trainer.eval_samples,
+        "temperature": cfg.samplers.temperature,
+        "top_p": cfg.samplers.top_p,
+        "max_tokens": cfg.model.max_response_len,
+        "template": cfg.model.template,
+        "question_key": cfg.data.question_key,
+        "answer_key": cfg.data.answer_key,
+        "seed": cfg.data.seed,
+        "dtype": cfg.model.dtype,
+        "verify_timeout": cfg.samplers.verify_timeout_s,
+        "reward_fn": cfg.reward.fn,
+    }
+
+
+def run_model_dir(model: str) -> tuple[str, str | None]:
+    """`--model` as given, or a run directory's final model with a note saying so."""
+    path = Path(model).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file():
+        if (path / "final" / "config.json").is_file():
+            return str(
+                path / "final"
+            ), f"{model} is a run directory; evaluating its final model {path / 'final'}"
+        if (path / "run.json").is_file() or (path / "config.yaml").is_file():
+            from exgrpo.loop.checkpoint import latest_checkpoint
+
+            ckpt = latest_checkpoint(path)
+            use = (
+                f"its latest checkpoint's model: --model {ckpt / 'model'}" if ckpt else "it has no checkpoint"
+            )
+            raise ValueError(f"--model {model} is a run directory without a final model (unfinished); {use}")
+    return model, None
+
+
+def _fill(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Options not given: the run's with --like-run, else the defaults (`RUN_DEFAULTS`)."""
+    run = {}
+    if args.like_run:
+        try:
+            run = like_run(Path(args.like_run))
+        except ValueError as err:
+            parser.error(str(err))
+    for key, value in {**RUN_DEFAULTS, **run}.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    if args.model is None or args.data is None:
+        parser.error("--model and --data are required (or --like-run RUN_DIR)")
+
+
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Ranges of the numeric options, checked before any model loads (argparse's exit 2 and message)."""
     rules = [
@@ -163,6 +256,7 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         (args.max_tokens is None or args.max_tokens >= 1, "--max-tokens must be >= 1"),
         (args.verify_timeout > 0, "--verify-timeout must be > 0 seconds"),
         (args.verify_workers >= 1, "--verify-workers must be >= 1"),
+        (0 <= args.correct_above < 1, "--correct-above must lie in [0, 1)"),
     ]
     for ok, message in rules:
         if not ok:
@@ -172,6 +266,7 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    _fill(parser, args)
     _check(parser, args)
     from exgrpo.data.readers import DataError
     from exgrpo.models.resolve import ModelResolveError, resolve_model
@@ -189,7 +284,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
-        model_dir = resolve_model(args.model, cache_dir=args.cache_dir)
+        model, note = run_model_dir(args.model)
+        if note:
+            print(note, file=sys.stderr)
+        model_dir = resolve_model(model, cache_dir=args.cache_dir)
         data = load_data(
             args.data,
             num=args.num,
@@ -222,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
             max_tokens = max(1, min(max_tokens, context - longest))
     print(
         f"evaluating {model_dir} on {len(data.prompts)} questions from {args.data}: engine {args.engine}, "
-        f"template {args.template}, n {args.n}, temperature {args.temperature}, max_tokens {max_tokens}",
+        f"template {args.template}, n {args.n}, temperature {args.temperature}, max_tokens {max_tokens}, "
+        f"reward {args.reward_fn}" + (f" (as run {args.like_run})" if args.like_run else ""),
         file=sys.stderr,
     )
     t0 = time.perf_counter()
@@ -241,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             progress=lambda done, total: print(f"  {done}/{total} questions", file=sys.stderr),
             on_samples=completions,
+            correct_above=args.correct_above,
         )
     if completions is not None:
         completions.close()
@@ -253,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         "engine": args.engine,
         "template": args.template,
         "reward_fn": args.reward_fn,
+        "like_run": args.like_run,
         "seed": args.seed,
         "rows": {
             "read": data.rows_read,

@@ -106,10 +106,18 @@ def main(argv: list[str] | None = None) -> int:
     from exgrpo.runtime import recipe as launch
 
     if args.dry_run:
+        from exgrpo.data.readers import DataError
         from exgrpo.loop.checkpoint import ResumeError, fresh_run_dir_check, resume_report
+        from exgrpo.models.resolve import ModelResolveError
         from exgrpo.runtime.memory_plan import dry_run_report
+        from exgrpo.runtime.preflight import preflight
         from exgrpo.runtime.resources import dry_run_fit, placement_plan
 
+        try:  # what a start checks before Ray: the reward, the model, LoRA's targets, the data
+            print("\n".join(preflight(cfg, resume=bool(args.resume))))
+        except (ConfigError, DataError, ModelResolveError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         print(placement_plan(cfg))
         memory, fits = dry_run_report(cfg)
         if memory:
@@ -132,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from exgrpo.models.resolve import ModelResolveError
 
     try:
-        launch.train(cfg, resume=bool(args.resume))
+        result = launch.train(cfg, resume=bool(args.resume))
     except (ConfigError, DataError, ModelResolveError, ResumeError, FileNotFoundError) as e:
         # bad input (config, resources, data, model, resume): nothing was trained, nothing is lost
         print(f"error: {e}", file=sys.stderr)
@@ -153,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             import ray
 
             ray.shutdown()
-    return 0
+    return 130 if result.stopped else 0  # Ctrl-C / SIGTERM: stopped at a step boundary, checkpointed
 
 
 if __name__ == "__main__":

@@ -16,6 +16,15 @@ import yaml
 from exgrpo.core.config import Config, ConfigError, from_dict, parse_sections
 
 PACKAGED_CONFIGS = Path(__file__).parents[1] / "configs"  # exgrpo/configs
+PROJECT_ROOT = Path(__file__).parents[
+    2
+]  # the checkout holding configs/ and docs/ (a packaged config's paths)
+PATH_KEYS = (
+    ("reward", "fn"),
+    ("data", "train"),
+    ("data", "eval"),
+    ("model", "path"),
+)  # file paths of a config
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -90,6 +99,8 @@ def load_config(
         user = _read_config_file(path) or {}
         if not isinstance(user, dict):
             raise ConfigError(f"{path}: a config file must be a mapping of sections")
+        if resolve_config_path(path).resolve().parent == PACKAGED_CONFIGS.resolve():
+            user = anchor_paths(user, PROJECT_ROOT)
         layers.append(_checked(user, f"config file {str(path)!r}"))
     layers += [_checked(parse_override(text), f"override {text!r}") for text in overrides]
     touched: list[dict[str, Any]] = [d for layer in layers if isinstance(d := layer.get("data"), dict)]
@@ -98,6 +109,23 @@ def load_config(
     for layer in layers:
         data = _merge(data, layer)
     return from_dict(data)
+
+
+def anchor_paths(data: dict[str, Any], root: Path) -> dict[str, Any]:
+    """A packaged config's relative file paths (`reward.fn`'s file, `data.train` / `data.eval`, `model.path`)
+    read from `root`, the checkout that holds them, when they are there, so `--config length-cpu` works from
+    any directory; names (`builtin:...`, `package.module:function`) and absolute paths stay as they are."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for section, key in PATH_KEYS:
+        value = (out.get(section) or {}).get(key) if isinstance(out.get(section), dict) else None
+        if not isinstance(value, str) or not value or value.startswith("builtin:"):
+            continue
+        file, sep, name = value.rpartition(":") if section == "reward" else (value, "", "")
+        if section == "reward" and not file.endswith(".py"):
+            continue  # package.module:function, or math
+        if not Path(file).is_absolute() and (root / file).exists():
+            out[section][key] = f"{root / file}{sep}{name}"
+    return out
 
 
 def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:

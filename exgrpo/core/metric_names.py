@@ -21,6 +21,8 @@ TOKENS_PER_S = "rollout/tokens_per_s"  # generated tokens per wall second since 
 GROUPS_PER_S = "rollout/groups_per_s"  # finished groups per wall second since the last step
 RESPONSE_LEN = "rollout/response_len"  # mean response length (tokens) in the batch
 REWARD_FAILURES = "rollout/reward_failures"  # rewards that timed out or whose reward.fn raised (scored 0)
+ROLLOUTS = "rollout/rollouts"  # rollouts sampled and scored for this step (the replayed slot excluded)
+REWARD_FAILURE_SHARE = "rollout/reward_failure_share"  # reward_failures / rollouts
 ZERO_VARIANCE_FRAC = (
     "rollout/zero_variance_frac"  # fraction of groups whose rewards are all equal (no signal)
 )

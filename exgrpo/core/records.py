@@ -149,6 +149,8 @@ class RolloutResult:
     verify_time_s: float
     groups: tuple[Group, ...] = ()  # only when the sampler has no Replay to push to (tests, tools)
     reward_failures: int = 0  # rewards that timed out or whose function raised (each scored 0)
+    # the first failure of each kind this sampler saw, sent once: (kind, its text with the row's qid)
+    reward_failure_notes: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

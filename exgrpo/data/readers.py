@@ -144,7 +144,10 @@ def read_prompts(
 
     bad.sort(key=lambda b: b.row)
     if bad and on_bad_row == "error":
-        raise DataError(_bad_rows_message(path, bad, n_rows) + "; pass on_bad_row='skip' to skip them")
+        raise DataError(
+            _bad_rows_message(path, bad, n_rows)
+            + "; to skip them with a count, set data.on_bad_row=skip (read_prompts(on_bad_row='skip'))"
+        )
     if not prompts:
         detail = f": {_bad_rows_message(path, bad, n_rows)}" if bad else ""
         raise DataError(f"{str(path)!r} holds no valid prompt ({n_rows} rows, layout {chosen}){detail}")

@@ -1,13 +1,19 @@
 """Held-out scores: Avg@n, Pass@1 and Pass@n per data source (the library half of `python -m exgrpo.evaluate`).
 
-Scores, per question q with gold answer a_q and rewards r in {0, 1} from the verifier:
+Scores, per question q with gold answer a_q and rewards r from the run's reward (the verifier's 0 / 1, or a
+user's `reward.fn` in [0, 1]); a sample is correct when r > `correct_above` (0.5: the run's rule for the k-of-K
+buckets):
 
-- Avg@n   = mean over q of (1/n) sum_j r(y_qj, a_q), the n samples y_qj drawn at `temperature`
-            (and `top_p`); the ExGRPO paper's Avg@32 for AIME24/25 and AMC.
-- Pass@1  = mean over q of r(g_q, a_q), g_q one greedy decode (temperature 0; both engines decode
-            greedily at T = 0).
-- Pass@n  = mean over q of max_j r(y_qj, a_q): the share of questions with at least one correct
-            sample (the plain empirical rate, not the unbiased pass@k estimator).
+- Avg@n     = mean over q of (1/n) sum_j r(y_qj, a_q), the n samples y_qj drawn at `temperature`
+              (and `top_p`); the ExGRPO paper's Avg@32 for AIME24/25 and AMC, and what the run's
+              `eval/accuracy` and `rollout/mean_reward` average (the mean reward, whatever its values).
+- Correct@n = the share of the n samples that are correct (= Avg@n for a 0 / 1 reward).
+- Pass@1    = mean over q of r(g_q, a_q), g_q one greedy decode (temperature 0; both engines decode
+              greedily at T = 0).
+- Pass@n    = the share of questions with at least one correct sample (the plain empirical rate, not
+              the unbiased pass@k estimator).
+
+Every score is a fraction in [0, 1], as the run prints them.
 
 Each score is reported per `Prompt.data_source`, pooled over all questions (`overall`) and as the
 unweighted mean of the per-source scores (`mean_of_sources`, the "Avg." column of the paper's
@@ -18,7 +24,7 @@ decode is generated and reused for all n. Engine-agnostic: anything with `Genera
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from actors.sampling import Samples, Scorer, check_scoring, sample_completions
@@ -36,7 +42,8 @@ class SourceScores:
 
     questions: int  # questions scored
     avg_at_n: float  # mean reward over the n samples, averaged over questions
-    pass_at_1: float  # accuracy of the greedy decode
+    correct_at_n: float  # share of the samples whose reward is above the correctness threshold
+    pass_at_1: float  # mean reward of the greedy decode
     pass_at_n: float  # share of questions with at least one correct sample
 
 
@@ -46,8 +53,9 @@ class QuestionResult:
 
     qid: str
     data_source: str
-    correct: int  # correct samples out of n
-    greedy: float  # reward of the greedy decode (0.0 or 1.0)
+    correct: int  # correct samples out of n (reward above the threshold)
+    greedy: float  # reward of the greedy decode
+    mean_reward: float  # mean reward of the n samples
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,10 @@ class EvalReport:
     mean_of_sources: SourceScores  # unweighted mean of the per-source scores
     per_source: dict[str, SourceScores]  # by data_source, sorted by name
     questions: tuple[QuestionResult, ...]  # in prompt order
+    correct_above: float = 0.5  # a sample is correct when its reward is above this
+    scored: int = 0  # rewards computed (greedy decodes and samples)
+    reward_failures: dict[str, int] = field(default_factory=dict)  # by kind: raised, not a number, timed out
+    first_reward_failures: dict[str, str] = field(default_factory=dict)  # kind -> its text and the row's qid
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the scores as fractions)."""
@@ -83,6 +95,7 @@ def evaluate(
     chunk_size: int = 512,
     progress: Callable[[int, int], None] | None = None,
     on_samples: Callable[[Prompt, Samples], None] | None = None,
+    correct_above: float = 0.5,
 ) -> EvalReport:
     """Avg@n, Pass@1 and Pass@n of `engine` on `prompts` (see the module docstring).
 
@@ -91,7 +104,8 @@ def evaluate(
     starting at prompt index s samples with seed `seed + s * n`, so prompt i's samples get the
     seeds a single call would give them (vLLM: seed + i * n + j). `progress(done, total)` is
     called after each chunk; `on_samples(prompt, samples)` with each prompt's n samples (texts and
-    rewards; at T = 0 the greedy decode n times), in prompt order.
+    rewards; at T = 0 the greedy decode n times), in prompt order. The report counts the rewards that
+    failed while it ran (the scorer's `stats()`: raised, not a number, timed out; each scored 0).
     """
     if not prompts:
         raise ValueError("no prompts to evaluate")
@@ -99,6 +113,7 @@ def evaluate(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     check_scoring(verifier, n=n, temperature=temperature, template=template)
     common: dict[str, Any] = dict(template=template, max_tokens=max_tokens, tokenizer=tokenizer)
+    before = _failure_stats(verifier)
     results: list[QuestionResult] = []
     for start in range(0, len(prompts), chunk_size):
         chunk = prompts[start : start + chunk_size]
@@ -113,18 +128,47 @@ def evaluate(
         for p, g, drawn in zip(chunk, greedy, samples, strict=True):
             results.append(
                 QuestionResult(
-                    p.qid, p.data_source, sum(1 for r in drawn.rewards if r > 0.5), float(g.rewards[0] > 0.5)
+                    p.qid,
+                    p.data_source,
+                    correct=sum(1 for r in drawn.rewards if r > correct_above),
+                    greedy=float(g.rewards[0]),
+                    mean_reward=sum(drawn.rewards) / len(drawn.rewards),
                 )
             )
             if on_samples is not None:
                 on_samples(p, drawn)
         if progress is not None:
             progress(len(results), len(prompts))
-    return summarize(results, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+    report = summarize(
+        results, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, correct_above=correct_above
+    )
+    scored, failures, first = _failure_stats(verifier)
+    return replace(
+        report,
+        scored=scored - before[0],
+        reward_failures={k: v - before[1].get(k, 0) for k, v in failures.items() if v > before[1].get(k, 0)},
+        first_reward_failures={k: t for k, t in first.items() if k not in before[2]},
+    )
+
+
+def _failure_stats(scorer: Any) -> tuple[int, dict[str, int], dict[str, str]]:
+    """(scored, failures by kind, first failure of each kind) of a scorer with `stats()`, else nothing."""
+    stats = scorer.stats() if hasattr(scorer, "stats") else None
+    return (
+        getattr(stats, "scored", 0),
+        dict(getattr(stats, "failures", None) or {}),
+        dict(getattr(stats, "first_failures", None) or {}),
+    )
 
 
 def summarize(
-    results: Sequence[QuestionResult], *, n: int, temperature: float, top_p: float = 1.0, max_tokens: int = 0
+    results: Sequence[QuestionResult],
+    *,
+    n: int,
+    temperature: float,
+    top_p: float = 1.0,
+    max_tokens: int = 0,
+    correct_above: float = 0.5,
 ) -> EvalReport:
     """The report of per-question outcomes (scores per source, pooled and mean of sources)."""
     by_source: dict[str, list[QuestionResult]] = {}
@@ -135,6 +179,7 @@ def summarize(
     mean_of_sources = SourceScores(
         questions=len(results),
         avg_at_n=sum(s.avg_at_n for s in per_source.values()) / k,
+        correct_at_n=sum(s.correct_at_n for s in per_source.values()) / k,
         pass_at_1=sum(s.pass_at_1 for s in per_source.values()) / k,
         pass_at_n=sum(s.pass_at_n for s in per_source.values()) / k,
     )
@@ -147,6 +192,7 @@ def summarize(
         mean_of_sources=mean_of_sources,
         per_source=per_source,
         questions=tuple(results),
+        correct_above=correct_above,
     )
 
 
@@ -154,14 +200,16 @@ def _scores(results: Sequence[QuestionResult], *, n: int) -> SourceScores:
     q = len(results)
     return SourceScores(
         questions=q,
-        avg_at_n=sum(r.correct for r in results) / (n * q),
+        avg_at_n=sum(r.mean_reward for r in results) / q,
+        correct_at_n=sum(r.correct for r in results) / (n * q),
         pass_at_1=sum(r.greedy for r in results) / q,
         pass_at_n=sum(1 for r in results if r.correct > 0) / q,
     )
 
 
 def format_table(report: EvalReport) -> str:
-    """A fixed-width table, one row per data source then `overall` and `mean of sources` (percent)."""
+    """A fixed-width table, one row per data source then `overall` and `mean of sources` (fractions, as the
+    run prints them), then how they were measured and the rewards that failed."""
     n = report.n
     rows = [
         *report.per_source.items(),
@@ -169,25 +217,43 @@ def format_table(report: EvalReport) -> str:
         ("mean of sources", report.mean_of_sources),
     ]
     width = max(len(name) for name, _ in rows)
-    head = f"{'data_source':<{width}}  {'questions':>9}  {f'Avg@{n}':>8}  {'Pass@1':>8}  {f'Pass@{n}':>8}"
+    head = (
+        f"{'data_source':<{width}}  {'questions':>9}  {f'Avg@{n}':>8}  {f'Correct@{n}':>10}  {'Pass@1':>8}  "
+        f"{f'Pass@{n}':>8}"
+    )
     lines = [head, "-" * len(head)]
     for i, (name, s) in enumerate(rows):
         if i == len(report.per_source):
             lines.append("-" * len(head))
         lines.append(
-            f"{name:<{width}}  {s.questions:>9}  {100 * s.avg_at_n:>8.1f}  "
-            f"{100 * s.pass_at_1:>8.1f}  {100 * s.pass_at_n:>8.1f}"
+            f"{name:<{width}}  {s.questions:>9}  {s.avg_at_n:>8.3f}  {s.correct_at_n:>10.3f}  "
+            f"{s.pass_at_1:>8.3f}  {s.pass_at_n:>8.3f}"
         )
     lines.append(measured_at(report))
+    lines += failure_lines(report)
     return "\n".join(lines)
+
+
+def failure_lines(report: EvalReport) -> list[str]:
+    """The rewards that failed (each scored 0), by kind, and the first of each kind; [] when none did."""
+    total = sum(report.reward_failures.values())
+    if not total:
+        return []
+    kinds = ", ".join(f"{v} {k}" for k, v in sorted(report.reward_failures.items()))
+    share = total / max(report.scored, 1)
+    return [
+        f"reward failures: {total} of {report.scored} rewards ({share:.1%}; {kinds}), each scored 0",
+        *(f"  first {kind}: {text}" for kind, text in sorted(report.first_reward_failures.items())),
+    ]
 
 
 def measured_at(report: EvalReport) -> str:
     """One line saying how the table's figures were measured (T and n), printed under it."""
     n = report.n
     return (
-        f"Avg@{n}, Pass@{n}: n {n} samples per question at T {report.temperature:g} (top-p {report.top_p:g}); "
-        f"Pass@1: one greedy decode (T 0)"
+        f"Avg@{n} (mean reward), Correct@{n} (share of rewards > {report.correct_above:g}), Pass@{n}: n {n} "
+        f"samples per question at T {report.temperature:g} (top-p {report.top_p:g}, {report.max_tokens} "
+        f"response tokens); Pass@1: one greedy decode (T 0)"
     )
 
 

@@ -146,7 +146,11 @@ class Driver:
         self.owner: dict[int, int] = {}  # request id -> step
         self.eval_history: list[dict[str, Any]] = []  # eval/ metrics + per-question Avg@n and sources
         self.replay_stats = ReplayStats(bucket_sizes={}, active=0, retired=0, trajectories=0, ready=0)
+        self.reward_failure_notes: dict[str, str] = {}  # kind -> the first reward failure of that kind
         self.out_of_work: str | None = None  # why training ended before trainer.steps (no questions left)
+        # set from outside (the recipe's SIGINT / SIGTERM handler): stop at the next step boundary, checkpoint
+        self.stop_requested: str | None = None
+        self.stopped: str | None = None  # why training stopped early at a step boundary (a stop request)
         self.fresh_zero_var = 0.5  # last pulled step's share of all-equal fresh groups (replay.rho_mode)
         self._last_step_end = time.perf_counter()
         self._inflight: list[_InFlight] = []  # updates started and not yet finished, oldest first
@@ -167,6 +171,9 @@ class Driver:
         if self.step == 0 and not self.eval_history and (before := self.evaluate()):
             self.observer.on_eval(record={M.STEP: -1, **before})  # eval/version = step + 1, as in every row
         while self.step < self._steps:
+            if self.stop_requested is not None:  # a step boundary: no update of this call is half done
+                self._stop()
+                break
             step, t0 = self.step, time.perf_counter()
             self.apply_scaling()
             self.admit()
@@ -228,7 +235,20 @@ class Driver:
                 self.admit()
         while self._inflight:  # the data ran out with updates in flight
             self._finish_next(block=True)
+        if self.stop_requested is not None and self.stopped is None and self.step < self._steps:
+            self._stop()  # asked while the last updates finished
         return self._records
+
+    def _stop(self) -> None:
+        """Stop at this step boundary: finish the updates in flight, then checkpoint (unless the last step
+        just wrote one), so a `--resume` continues at `self.step` with nothing lost."""
+        while self._inflight:
+            self._finish_next(block=True)
+        self.stopped = f"{self.stop_requested}: stopped after step {self.step} of {self._steps}"
+        log.warning("%s", self.stopped)
+        every = self.cfg.trainer.checkpoint_every
+        if self.checkpointer is not None and self.step > 0 and not (every and self.step % every == 0):
+            self.checkpointer(self)
 
     def _barrier(self, step: int) -> bool:
         """Whether step `step` finishes its update before the loop goes on (a checkpoint follows it)."""
@@ -328,7 +348,8 @@ class Driver:
         """Follow the sampler count an operator set through `python -m exgrpo.scale`."""
         desired = self.scaling.desired_samplers() if self.scaling is not None else None
         if desired is not None and desired != self.rollouts.size():
-            log.info("scaling samplers %d -> %d", self.rollouts.size(), desired)
+            # a warning, so it reaches the job's output whatever the logging level (python -m exgrpo.scale)
+            log.warning("step %d: scaling samplers %d -> %d", self.step, self.rollouts.size(), desired)
             self.rollouts.scale(num=desired)
 
     # -- 1-2. admission and scheduling -----------------------------------------------------------------
@@ -445,6 +466,10 @@ class Driver:
             if first is not None:
                 first.tokens += result.tokens
                 first.reward_failures += result.reward_failures
+            for kind, text in result.reward_failure_notes:
+                if kind not in self.reward_failure_notes:  # the first of each kind, once per run
+                    self.reward_failure_notes[kind] = text
+                    log.warning("reward %s on a rollout (%s): %s; it scored 0", kind, result.sampler, text)
             for rid in result.request_ids:
                 owner = self.plans.get(self.owner.pop(rid, -1))
                 if owner is not None:

@@ -87,6 +87,8 @@ def rollout_metrics(
         M.SOLVE_RATIO: solve_ratio,
         M.TOKENS: plan.tokens,
         M.REWARD_FAILURES: plan.reward_failures,
+        M.ROLLOUTS: len(fresh),
+        M.REWARD_FAILURE_SHARE: min(plan.reward_failures / len(fresh), 1.0) if fresh else 0.0,
         M.TOKENS_PER_S: plan.tokens / max(wall_s, 1e-9),
         M.GROUPS_PER_S: len(groups) / max(wall_s, 1e-9),
         M.ZERO_VARIANCE_FRAC: float(np.mean(flat)),

@@ -4,7 +4,8 @@
 - `Phases`: one line on stderr for every start-up / shut-down phase that runs past a couple of
   seconds (building the base model, starting Ray, starting actors, ...), with its duration; all
   phase times go into the summary (`phases_s`, `fixed_overhead_s`).
-- `Progress`: the tqdm bar over the steps (reward, solve ratio, replay size, held-out accuracy), an
+- `Progress`: the tqdm bar over the steps (reward, solve ratio, replay size, held-out accuracy, and the
+  step's reward failures with their share when there are any), an
   observer of the driver (`exgrpo.loop.observer.Observer`).
 - `quiet_libraries`: transformers' and DeepSpeed's routine lines off unless `logging.verbose`.
 """
@@ -139,6 +140,8 @@ class Progress(Observer):
         }
         if M.EVAL_ACCURACY in record:
             post[self.eval_key] = f"{record[M.EVAL_ACCURACY]:.3f}"
+        if record.get(M.REWARD_FAILURES):  # rewards that raised, returned no number or timed out (scored 0)
+            post["reward_fail"] = f"{record[M.REWARD_FAILURES]} ({record.get(M.REWARD_FAILURE_SHARE, 0):.0%})"
         self._bar.set_postfix(post, refresh=False)
         self._bar.update(1)
 

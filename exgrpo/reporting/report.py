@@ -33,6 +33,9 @@ TIME_SPLIT = (
     ("idle", M.IDLE_TIME),
 )
 SAMPLE_STEPS = 3  # report.html shows the completions of the last this many sampled steps
+# The summary warns when more than this share of the run's rollouts lost their reward (raised, returned no
+# number, timed out: each scored 0). 1%: past it, the failures move the mean reward and the buckets visibly.
+REWARD_FAILURE_WARN = 0.01
 
 
 def measured(temperature: float | None, n: int | None) -> str:
@@ -48,8 +51,12 @@ def summary(
     *,
     eval_temperature: float | None = None,
     eval_samples: int | None = None,
+    reward_failure_notes: dict[str, str] | None = None,
+    custom_reward: bool = False,
 ) -> dict[str, Any]:
-    """The run's figures; `eval_temperature` / `eval_samples`: how its held-out evaluations sampled."""
+    """The run's figures; `eval_temperature` / `eval_samples`: how its held-out evaluations sampled;
+    `reward_failure_notes`: the first reward failure of each kind; `custom_reward`: the reward is a user's
+    `reward.fn`, so the held-out figure is a mean reward, not an accuracy."""
     last = records[-1] if records else {}
     buckets = {k: v for k, v in last.items() if k.startswith("replay/bucket_")}
 
@@ -59,7 +66,8 @@ def summary(
     out = {
         "steps": len(records),
         "eval_accuracy_before": evals[0][M.EVAL_ACCURACY] if evals else None,
-        "eval_accuracy_after": evals[-1][M.EVAL_ACCURACY] if evals else None,
+        # one evaluation (a run stopped before its last step): there is no "after"
+        "eval_accuracy_after": evals[-1][M.EVAL_ACCURACY] if len(evals) > 1 else None,
         "eval_temperature": eval_temperature,
         "eval_samples": eval_samples,
         "tokens": int(total(M.TOKENS)),
@@ -73,6 +81,11 @@ def summary(
         ),  # in-job restarts from a checkpoint (trainer.max_failures)
         "wall_s": wall_s,
         "time_split_s": {k: total(key) for k, key in TIME_SPLIT},
+        "rollouts": int(total(M.ROLLOUTS)),
+        "reward_failures": int(total(M.REWARD_FAILURES)),
+        "reward_failure_share": total(M.REWARD_FAILURES) / max(total(M.ROLLOUTS), 1.0),
+        "reward_failure_notes": dict(reward_failure_notes or {}),
+        "heldout_name": "held-out mean reward" if custom_reward else "held-out accuracy",
     }
     out.update(heldout_gain(evals))
     if phases:
@@ -123,10 +136,11 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     how = measured(s.get("eval_temperature"), s.get("eval_samples"))
     at = f" ({how})" if how else ""  # after an accuracy's name
     se = f"(± s.e.; {how})" if how else "(± s.e.)"  # after a gain's name
+    name = s.get("heldout_name", "held-out accuracy")
     rows = [
         ("steps", s["steps"]),
-        (f"held-out accuracy before{at}", f(s["eval_accuracy_before"])),
-        (f"held-out accuracy after{at}", f(s["eval_accuracy_after"])),
+        (f"{name} before{at}", f(s["eval_accuracy_before"])),
+        (f"{name} after{at}", f(s["eval_accuracy_after"])),
         *(
             [(f"held-out gain {se}", f"{s['eval_gain']:+.3f} ± {s['eval_gain_se']:.3f}")]
             if "eval_gain" in s
@@ -136,6 +150,17 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
             (f"  gain {src} {se}", f"{g:+.3f} ± {e:.3f}")
             for src, (g, e) in s.get("gain_by_source", {}).items()
         ],
+        *(
+            [
+                (
+                    "reward failures",
+                    f"{s['reward_failures']} of {s['rollouts']} rollouts ({s['reward_failure_share']:.1%})",
+                )
+            ]
+            if "reward_failures" in s
+            else []
+        ),
+        *[(f"  first {kind}", text) for kind, text in s.get("reward_failure_notes", {}).items()],
         ("generated tokens", s["tokens"]),
         ("tokens/s (per step time)", f(s["tokens_per_s"])),
         ("replay started", s["replay_started"]),
@@ -154,10 +179,22 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     return [(k, str(v)) for k, v in rows]
 
 
+def warnings(s: dict[str, Any]) -> list[str]:
+    """The summary's warning lines: rewards that failed on more than `REWARD_FAILURE_WARN` of the rollouts."""
+    share = s.get("reward_failure_share", 0.0)
+    if share <= REWARD_FAILURE_WARN:
+        return []
+    return [
+        f"WARNING: the reward failed on {s['reward_failures']} of {s['rollouts']} rollouts ({share:.1%}, over "
+        f"{REWARD_FAILURE_WARN:.0%}); each scored 0 (first of each kind above, rollout/reward_failures in "
+        "metrics.jsonl; docs/rewards.md)"
+    ]
+
+
 def format_summary(s: dict[str, Any]) -> str:
     rows = _rows(s)
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    return "\n".join([*(f"{k:<{width}}  {v}" for k, v in rows), *warnings(s)])
 
 
 def write_report(
@@ -173,6 +210,8 @@ def write_report(
     config_yaml: str = "",
     eval_temperature: float | None = None,
     eval_samples: int | None = None,
+    reward_failure_notes: dict[str, str] | None = None,
+    custom_reward: bool = False,
 ) -> dict[str, Any]:
     """summary.json / summary.txt (printed), `plots/*.png` if `plots`, `report.html` if `html_report`.
 
@@ -181,7 +220,16 @@ def write_report(
     """
     run_dir = Path(run_dir)
     records = [r for r in records if r.get(M.STEP, 0) >= 0]
-    s = summary(records, evals, wall_s, phases, eval_temperature=eval_temperature, eval_samples=eval_samples)
+    s = summary(
+        records,
+        evals,
+        wall_s,
+        phases,
+        eval_temperature=eval_temperature,
+        eval_samples=eval_samples,
+        reward_failure_notes=reward_failure_notes,
+        custom_reward=custom_reward,
+    )
     atomic_write_text(run_dir / "summary.json", json.dumps(s, indent=2))
     text = format_summary(s)
     atomic_write_text(run_dir / "summary.txt", text + "\n")
@@ -285,6 +333,7 @@ def render_figures(records: Sequence[dict[str, Any]], evals: Sequence[dict[str, 
 
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1300px;color:#222}
+.warning{color:#a00;font-weight:bold}
 h1{font-size:1.4em}h2{font-size:1.1em;margin:0 0 .3em}table{border-collapse:collapse}
 td{padding:2px 12px 2px 0;border-bottom:1px solid #eee}td:first-child{white-space:pre}
 .grid{display:flex;flex-wrap:wrap;gap:16px}.fig{flex:0 0 600px}.fig p{margin:0;color:#666;font-size:.85em}
@@ -328,6 +377,7 @@ def report_html(
     completions, the config."""
     esc = html.escape
     rows = "\n".join(f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>" for k, v in _rows(s))
+    warned = "".join(f'<p class="warning">{esc(w)}</p>\n' for w in warnings(s))
     figs = []
     for name, png in figures.items():
         title, what = FIGURES.get(name, (name, ""))
@@ -341,7 +391,7 @@ def report_html(
     return (
         f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>exgrpo run {esc(run_id)}</title>'
         f"<style>{_CSS}</style></head><body>\n<h1>exgrpo run {esc(run_id)}</h1>\n"
-        f'<table id="summary">{rows}</table>\n<div class="grid">{"".join(figs)}</div>\n'
+        f'{warned}<table id="summary">{rows}</table>\n<div class="grid">{"".join(figs)}</div>\n'
         f"{samples_html(samples)}{config}\n"
         f"</body></html>\n"
     )

@@ -13,12 +13,16 @@ reaches the metrics logger, the progress bar, the sample log (a few completions 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -54,6 +58,8 @@ class RunResult:
     # seconds of every checkpoint write (of the last attempt)
     checkpoint_s: list[float] = field(default_factory=list)
     recoveries: int = 0  # in-job restarts from a checkpoint (trainer.max_failures)
+    stopped: str | None = None  # stopped early by SIGINT / SIGTERM at a step boundary (checkpointed)
+    resume_command: str | None = None  # how to continue a stopped run
 
 
 def check_reward(cfg: Config) -> None:
@@ -137,6 +143,7 @@ class TrainingRecipe:
         # built by `setup`
         self.ckpt: Path | None = None  # the checkpoint a resumed run restores
         self.run_dir = Path()
+        self._made_run_dir = False  # setup made the run directory (removed again when the start is refused)
         self.model_path = ""
         self.tokenizer: dict[str, bytes] = {}
         self.train_set: list[Prompt] = []
@@ -163,11 +170,15 @@ class TrainingRecipe:
             self.setup()
         except BaseException:
             self.cleanup(failed=True)  # whatever setup started (the actors, the logger) stops with it
+            self.forget_run_dir()  # a refused start leaves no run directory behind
             raise
         failed = True
         try:
-            self.train()
-            self.save()
+            with self.stop_on_signals():
+                self.train()
+            stopped = getattr(self.driver, "stopped", None)
+            if stopped is None:  # a stopped run keeps its checkpoint, no final model
+                self.save()
             self.observers.on_train_end(system=self.system, driver=self.driver)
             failed = False
         except ray.exceptions.RayActorError as err:
@@ -207,7 +218,10 @@ class TrainingRecipe:
         )
         check_reward(cfg)  # a reward.fn that cannot be imported fails before anything is written
         check_run_dir(cfg)  # before anything is written there
+        fresh = not cfg.logging.run_dir or not Path(cfg.logging.run_dir).expanduser().exists()
+        made = fresh and not self.resume and not self.attempt.recovery
         run_dir = self.run_dir = make_run_dir(cfg)
+        self._made_run_dir = made
         # the steps trained again: after the checkpoint, or all (the first evaluation too) when a recovery
         # restarts at step 0 over this job's own run dir
         again = checkpoint_step(ckpt) if ckpt is not None else -1 if self.attempt.recovery else None
@@ -221,8 +235,20 @@ class TrainingRecipe:
         start = str(pin_model(ckpt, run_dir)) if ckpt else cfg.model.path
         model_path = self.model_path = str(resolve_model(start, cache_dir=cfg.model.cache_dir))
         self.tokenizer = tokenizer_files(model_path)
+        if (
+            cfg.learners.lora_rank > 0
+        ):  # before Ray: a target that matches nothing fails here, naming the choices
+            from exgrpo.runtime.preflight import check_lora_targets
+
+            check_lora_targets(Path(model_path), cfg.learners.lora_target_modules)
         phases.start(Phase.DATA, cfg.data.train)
-        self.train_set, self.eval_set = load_prompts(cfg)
+        train_set, eval_set = load_prompts(cfg)
+        # model.max_prompt_len under data.long_prompts, before any engine sees a prompt
+        from exgrpo.runtime.preflight import enforce_prompt_lengths
+
+        self.train_set, self.eval_set, skipped = enforce_prompt_lengths(cfg, model_path, train_set, eval_set)
+        if skipped:
+            log.warning("prompts%s", skipped)
         log.info(
             "run dir %s; model %s; %d train / %d eval questions",
             run_dir.resolve(),  # absolute: a submitted job (RAY_ADDRESS) runs in Ray's copy of the working dir
@@ -347,11 +373,22 @@ class TrainingRecipe:
             config_yaml=cfg.to_yaml(),
             eval_temperature=cfg.samplers.temperature,
             eval_samples=cfg.trainer.eval_samples,
+            reward_failure_notes=driver.reward_failure_notes,
+            custom_reward=cfg.reward.fn != "math",
         )
         logger.summary(summary)
         logger.close()
         self.phases.end()
         where = f"{PREFIX} run directory {self.run_dir.resolve()}"
+        stopped, resume = driver.stopped, None
+        if stopped is not None:
+            from exgrpo.loop.checkpoint import latest_checkpoint
+
+            ckpt = latest_checkpoint(self.run_dir)
+            resume = f"python -m exgrpo.run --resume {self.run_dir}" if ckpt else None
+            where += f"\n{PREFIX} {stopped}; " + (
+                f"checkpoint {ckpt.name}; continue with: {resume}" if ckpt else "no checkpoint was written"
+            )
         if (self.run_dir / "report.html").is_file():
             where += f"\n{PREFIX} report {(self.run_dir / 'report.html').resolve()}"
         print(where, flush=True)
@@ -362,9 +399,53 @@ class TrainingRecipe:
             wall_s=wall,
             checkpoint_s=list(self.checkpointer.seconds) if self.checkpointer else [],
             recoveries=self.attempt.recovery,
+            stopped=stopped,
+            resume_command=resume,
         )
 
     # -- helpers -----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def stop_on_signals(self) -> Iterator[None]:
+        """While training: the first SIGINT (Ctrl-C) or SIGTERM asks the driver to stop at the next step
+        boundary (checkpoint, summary, report, the resume command); a second one stops at once
+        (KeyboardInterrupt). Only in the main thread (signal handlers live there)."""
+        driver = self.driver
+        if driver is None or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        signals = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.getsignal(sig) for sig in signals}
+
+        def handler(signum: int, frame: Any) -> None:
+            if driver.stop_requested is not None:  # the second one: at once
+                for sig, old in previous.items():
+                    signal.signal(sig, old)
+                raise KeyboardInterrupt
+            driver.stop_requested = signal.Signals(signum).name
+            print(
+                f"\n{PREFIX} {driver.stop_requested}: stopping at the next step boundary to write a checkpoint, "
+                "the summary and the report (Ctrl-C again to stop at once, losing the steps since the last "
+                "checkpoint)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        for sig in signals:
+            signal.signal(sig, handler)
+        try:
+            yield
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+    def forget_run_dir(self) -> None:
+        """Remove the run directory this start made, when its setup failed (nothing was trained)."""
+        import shutil
+
+        if self._made_run_dir and self.run_dir.is_dir():
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            log.info("removed %s: the start was refused before any step", self.run_dir)
+
     def interrupted(self, err: ray.exceptions.RayActorError) -> RunInterrupted:
         """The `RunInterrupted` for an actor that died: what died, at which step, how to resume."""
         from exgrpo.loop.checkpoint import RunInterrupted, dead_actor, interrupted_message, latest_checkpoint

@@ -323,7 +323,18 @@ def local_cluster_cpus(cfg: Config) -> int:
     when that is more (the actors then share the cores)."""
     s, lr = cfg.samplers, cfg.learners
     needed = s.num * s.num_cpus + lr.num * lr.num_cpus
-    return max(os.cpu_count() or 1, int(needed + 0.999))
+    return max(machine_cpus(), int(needed + 0.999))
+
+
+def machine_cpus() -> int:
+    """The CPUs a local Ray cluster offers by default: Ray's own count, which honours the container's CPU
+    quota and affinity (os.cpu_count() gives the host's, e.g. 48 on a 2-core container)."""
+    try:
+        from ray._private.utils import get_num_cpus
+
+        return max(1, int(get_num_cpus()))
+    except Exception:  # a Ray without that helper: the CPUs this process may run on
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def local_resources(cfg: Config) -> dict[str, float]:

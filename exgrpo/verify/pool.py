@@ -8,8 +8,11 @@ on how the host process was started. A worker reads one JSON line per job on std
 `[kind, payloads, gold, timeout_s, fields]`, and writes `1` or `0` on stdout; math-verify parses the LaTeX
 into sympy and compares (`exgrpo/verify/worker.py`). A pool made with `reward_fn` runs a user's reward
 function in the same workers instead (`exgrpo.verify.plugin`); its replies are floats, or `e` for a
-function that raised (scored 0 and counted in `errors`). The parent never parses model text into anything but
-strings: no pickle, no eval, no sympify on its side. Nothing reads or writes files.
+function that failed: `e [kind, text]`, scored 0 and counted in `errors` and `failures` by kind ("raised",
+"not a number"; a job past its deadline is "timed out"). The first failure of each kind is kept in `first_failures`
+with the text and the row's qid, and logged once. The parent never parses model text into anything but
+strings (a failure's JSON reply is a list of two strings): no pickle, no eval, no sympify on its side. Nothing
+reads or writes files.
 
 Scheduling: one dispatcher thread per `Pool` owns its workers. Callers from any number of threads
 queue their batches (`Pool.run`); the dispatcher hands the next job of each batch in turn (round
@@ -42,7 +45,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Literal
 
-from exgrpo.verify.worker import ERROR, READY, REWARD_FN_ENV
+from exgrpo.verify.worker import ERROR, RAISED, READY, REWARD_FN_ENV, TIMED_OUT
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +172,8 @@ class Pool:
         self._closed = False
         self.timeouts = 0
         self.errors = 0  # reward-function jobs that raised, returned no finite number, or crashed the worker
+        self.failures: dict[str, int] = {}  # kind ("raised", "not a number", "timed out") -> jobs scored 0
+        self.first_failures: dict[str, str] = {}  # kind -> what the first one said, with its row's qid
         self._reset()
         _POOLS.add(self)
 
@@ -300,7 +305,7 @@ class Pool:
             reply = worker.recv()
             if worker in self._busy:
                 batch, index, _ = self._busy.pop(worker)
-                batch.finish(index, self._value(reply))
+                batch.finish(index, self._value(reply, batch.jobs[index]))
                 if reply is None:  # crashed on this job (it scores 0)
                     self._replace(worker)
             elif reply == READY:
@@ -314,6 +319,7 @@ class Pool:
             if deadline <= now and not wait([worker], timeout=0):
                 del self._busy[worker]
                 self.timeouts += 1  # counted before the caller can see the result
+                self._failed(TIMED_OUT, f"no reply within {batch.timeout_s:g} s", batch.jobs[index])
                 batch.finish(index, 0.0)
                 self._replace(worker)
                 logger.debug("a job passed its deadline; its worker was killed")
@@ -327,18 +333,41 @@ class Pool:
     def _what(self) -> str:
         return f"a reward.fn={self._reward_fn}" if self._reward_fn else "a math-verify"
 
-    def _value(self, reply: bytes | None) -> float:
+    def _value(self, reply: bytes | None, job: Job) -> float:
         """A reply line as a score (lock held): math 1/0, a reward's float; errors and crashes count and score 0."""
         if reply in (b"1", b"0") and self._reward_fn is None:
             return float(reply == b"1")
-        try:
-            value = float(reply) if reply not in (None, ERROR) else None
-        except ValueError:
-            value = None
-        if value is None:
-            self.errors += self._reward_fn is not None
+        if reply is not None and reply.startswith(ERROR + b" "):
+            try:
+                kind, text = json.loads(reply[len(ERROR) + 1 :])  # two strings (the worker's failure_reply)
+            except ValueError:
+                kind, text = RAISED, "(unreadable failure reply)"
+            if self._reward_fn is not None:
+                self.errors += 1
+                self._failed(str(kind), str(text), job)
             return 0.0
-        return value
+        try:
+            return float(reply) if reply not in (None, ERROR) else self._no_value(reply, job)
+        except ValueError:
+            return self._no_value(reply, job)
+
+    def _no_value(self, reply: bytes | None, job: Job) -> float:
+        """A reply that is no number (lock held): a crashed worker or a bare error line; scores 0."""
+        if self._reward_fn is not None:
+            self.errors += 1
+            self._failed(RAISED, _crash_text(reply), job)
+        return 0.0
+
+    def _failed(self, kind: str, text: str, job: Job) -> None:
+        """Count a failure of `kind`; the first of each kind is kept and logged, with its row's qid (lock held)."""
+        self.failures[kind] = self.failures.get(kind, 0) + 1
+        if kind not in self.first_failures:
+            qid = (job.fields or {}).get("qid")
+            where = f" (qid {qid})" if qid is not None else ""
+            self.first_failures[kind] = f"{text}{where}"
+            who = f"reward.fn={self._reward_fn}" if self._reward_fn else "math-verify"
+            # INFO: the run logs the first of each kind once as a warning (the driver); --verbose shows each pool's
+            logger.info("%s %s%s: %s; scored 0 (first of its kind here)", who, kind, where, text)
 
     def _start_failed(self, worker: _Worker, message: str) -> None:
         worker.kill()
@@ -372,6 +401,10 @@ class Pool:
         return _Worker(
             max_memory_mb=self._max_memory_mb, reward_fn=self._reward_fn, import_root=self._import_root
         )
+
+
+def _crash_text(reply: bytes | None) -> str:
+    return "the worker died on this row" if reply is None else "no verdict in its reply"
 
 
 def _close_all() -> None:

@@ -7,7 +7,9 @@ A user's function (`reward.fn: package.module:function` or `path/to/file.py:func
 `exgrpo.verify.plugin`) runs in the verifier's worker processes, with the same deadline and isolation as a
 math verification: a call that takes longer than `samplers.verify_timeout_s` is killed with its worker and
 scores 0 (counted in `timeouts`); one that raises or returns no finite number scores 0 (counted in
-`errors`). Nothing a reward function does can crash a sampler. It receives the question text, the
+`errors`). `stats().failures` counts them by kind and `stats().first_failures` keeps the first of each kind (the
+exception's text or the value returned, with the row's qid), which the run logs once and its summary shows.
+Nothing a reward function does can crash a sampler. It receives the question text, the
 completion and the row's fields (`answer`, `qid`, `data_source` and the dataset row's other columns).
 
 A trajectory counts as correct (for the k-of-K buckets, the delayed start's solve ratio and the stored
@@ -37,6 +39,8 @@ class RewardStats:
     scored: int  # completions scored
     timeouts: int  # calls killed at the deadline (each scored 0)
     errors: int  # calls that raised or returned no finite number (each scored 0)
+    failures: dict[str, int] | None = None  # by kind: "raised", "not a number", "timed out"
+    first_failures: dict[str, str] | None = None  # kind -> the first one's text and its row's qid
 
 
 def row_fields(prompt: Prompt) -> dict[str, Any]:
@@ -76,7 +80,13 @@ class FunctionReward:
         self._pool.start()
 
     def stats(self) -> RewardStats:
-        return RewardStats(scored=self._scored, timeouts=self._pool.timeouts, errors=self._pool.errors)
+        return RewardStats(
+            scored=self._scored,
+            timeouts=self._pool.timeouts,
+            errors=self._pool.errors,
+            failures=dict(self._pool.failures),
+            first_failures=dict(self._pool.first_failures),
+        )
 
     def close(self) -> None:
         self._pool.close()

@@ -77,6 +77,8 @@ class VerifierStats:
     scored: int  # responses scored
     fast: int  # decided without a worker: no answer, identical, two integers, rejected, or too long
     timeouts: int  # worker verifications killed at the deadline (each scored 0)
+    failures: dict[str, int] | None = None  # by kind: "timed out"
+    first_failures: dict[str, str] | None = None  # kind -> the first one's text
 
 
 class Verifier:
@@ -178,7 +180,13 @@ class Verifier:
         self._pool.start()
 
     def stats(self) -> VerifierStats:
-        return VerifierStats(scored=self._scored, fast=self._fast, timeouts=self._pool.timeouts)
+        return VerifierStats(
+            scored=self._scored,
+            fast=self._fast,
+            timeouts=self._pool.timeouts,
+            failures=dict(self._pool.failures),
+            first_failures=dict(self._pool.first_failures),
+        )
 
     def close(self) -> None:
         """Kill and reap the workers; the Verifier cannot be used afterwards."""

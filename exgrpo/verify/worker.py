@@ -4,7 +4,8 @@ It reads one JSON line per job on stdin, `[kind, payloads, gold, timeout_s, fiel
 line on stdout. Math jobs ("values", "text") reply `1` or `0`: whether math-verify (sympy) finds the answer
 equivalent to the gold. With `EXGRPO_REWARD_FN` set, the worker instead serves a user's reward function
 (`exgrpo.verify.plugin`): a "reward" job's payloads are `[prompt, completion]`, the reply is the float it
-returned, or `e` when it raised or returned something that is not a finite number. It runs as
+returned, or `e <json [kind, text]>` when it raised (kind "raised", text the exception's type and message)
+or returned something that is not a finite number (kind "not a number", text what it returned). It runs as
 `python -c "from exgrpo.verify.worker import worker_main; worker_main()"`, loads what it serves, then
 announces `READY`. The parent owns the deadline; this side only adds backstops (RLIMIT_CPU per job,
 RLIMIT_AS) for a parent that died mid-job. Nothing here reads or writes files.
@@ -27,7 +28,9 @@ from exgrpo.verify.answers import boxed, equation_values, has_relation, normaliz
 from exgrpo.verify.plugin import resolve
 
 READY = b"ready"
-ERROR = b"e"  # a reward function raised or returned no finite number (scored 0, counted)
+ERROR = b"e"  # a reward function raised or returned no finite number (scored 0, counted); + b" [kind, text]"
+RAISED, NOT_A_NUMBER, TIMED_OUT = "raised", "not a number", "timed out"  # the kinds of a reward failure
+_TEXT_CHARS = 300  # of an exception's message or a returned value's repr, in a failure's reply
 REWARD_FN_ENV = "EXGRPO_REWARD_FN"  # the reward.fn spec a worker serves instead of math-verify
 _HUGE_LOG10 = 1e6  # numbers past 10^(10^6) are judged without being computed
 
@@ -110,22 +113,34 @@ def _math_judge() -> Callable[[str, list[str], str, Any], bytes]:
     return judge
 
 
+def failure_reply(kind: str, text: str) -> bytes:
+    """The reply line of a reward that failed: `e [kind, text]` (one line: JSON escapes newlines)."""
+    return ERROR + b" " + json.dumps([kind, text[:_TEXT_CHARS]]).encode()
+
+
 def _reward_judge(spec: str) -> Callable[[str, list[str], str, Any], bytes]:
-    """Load a user's reward function and return the judge of "reward" jobs (a float, or b"e")."""
+    """Load a user's reward function and return the judge of "reward" jobs (a float, or a failure reply)."""
     fn = resolve(spec).fn
 
     def judge(kind: str, payloads: list[str], gold: str, fields: Any) -> bytes:
         try:
             value = fn(payloads[0], payloads[1], dict(fields or {}))
-            if isinstance(value, bool):
-                value = float(value)
-            if not isinstance(value, int | float) or not math.isfinite(value):
-                return ERROR
-            return repr(float(value)).encode()
-        except Exception:  # the function raised: scored 0 and counted by the parent
-            return ERROR
+        except Exception as err:  # the function raised: scored 0, counted and shown by the parent
+            return failure_reply(RAISED, f"{type(err).__name__}: {err}")
+        if isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            return failure_reply(NOT_A_NUMBER, f"returned {type(value).__name__} {_short_repr(value)}")
+        return repr(float(value)).encode()
 
     return judge
+
+
+def _short_repr(value: object) -> str:
+    try:
+        return repr(value)[:_TEXT_CHARS]
+    except Exception:  # a user's object whose __repr__ raises
+        return "(no repr)"
 
 
 def worker_main() -> None:
@@ -154,7 +169,7 @@ def worker_main() -> None:
             if cpu_hard == resource.RLIM_INFINITY or soft < cpu_hard:
                 resource.setrlimit(resource.RLIMIT_CPU, (soft, cpu_hard))
             reply = judge(kind, payloads, gold, fields)
-        except Exception:  # a malformed job line: no verdict
-            reply = ERROR if spec else b"0"
+        except Exception as err:  # a malformed job line: no verdict
+            reply = failure_reply(RAISED, f"bad job line: {err}") if spec else b"0"
         replies.write(reply + b"\n")
         replies.flush()

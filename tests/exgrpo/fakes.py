@@ -94,6 +94,8 @@ class FakeRollouts:
     duplicate: Callable[[GenerationRequest], bool] = lambda r: False  # push a second, re-generated copy
     before_push: Callable[[FakeRollouts, GenerationRequest], None] | None = None
     restarts: int = 0
+    # reward failures a sampler reports with a request: (count, the first-of-kind notes it sends)
+    failures: Callable[[GenerationRequest], tuple[int, tuple[tuple[str, str], ...]]] = lambda r: (0, ())
     submissions: list[Submission] = field(default_factory=list)
     pending: list[list[Any]] = field(default_factory=list)  # [request, polls left, version at submit]
     pushed: dict[int, Group] = field(default_factory=dict)  # request id -> the copy pushed first
@@ -134,6 +136,8 @@ class FakeRollouts:
                     tokens=2 * len(group.trajectories),
                     gen_time_s=0.0,
                     verify_time_s=0.0,
+                    reward_failures=self.failures(request)[0],
+                    reward_failure_notes=self.failures(request)[1],
                 )
             )
         return out

@@ -239,3 +239,20 @@ def test_bfloat16_learners_need_a_zero_stage_with_float32_gradients():
         load_config(None, ["model.dtype=bfloat16", "learners.zero_stage=0"])
     assert load_config(None, ["model.dtype=bfloat16", "learners.zero_stage=1"]).model.dtype == "bfloat16"
     assert load_config("qwen2.5-math-1.5b").learners.zero_stage == 2  # the bf16 recipes load
+
+
+def test_a_packaged_config_finds_its_files_from_any_directory(tmp_path, monkeypatch):
+    """`--config length-cpu` from outside the checkout: before, its reward and data paths were read from the
+    working directory and the start failed ("no such file 'docs/examples/length/reward.py'")."""
+    from exgrpo.core.config_files import PROJECT_ROOT
+    from exgrpo.runtime.preflight import check_data, check_reward
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("length-cpu")
+    assert cfg.reward.fn == f"{PROJECT_ROOT / 'docs/examples/length/reward.py'}:reward"
+    assert cfg.data.train == str(PROJECT_ROOT / "docs/examples/length/train.jsonl")
+    assert cfg.model.path == "builtin:tiny"  # names stay names
+    assert "imports" in check_reward(cfg) and "train /" in check_data(cfg)
+    mine = tmp_path / "mine.yaml"  # a user's own file keeps its paths as written (read from the cwd)
+    mine.write_text("reward:\n  fn: docs/examples/length/reward.py:reward\n")
+    assert load_config(mine).reward.fn == "docs/examples/length/reward.py:reward"

@@ -232,7 +232,7 @@ def test_bad_rows_error_names_rows(tmp_path: Path, suffix: str) -> None:
     for row in (1, 3, 4, 5):
         assert f"row {row}:" in msg
     assert "row 0:" not in msg and "row 2:" not in msg
-    assert "on_bad_row='skip'" in msg
+    assert "set data.on_bad_row=skip" in msg  # the override a run takes (before: only the Python argument)
 
 
 def test_non_string_question_and_bad_types(tmp_path: Path) -> None:

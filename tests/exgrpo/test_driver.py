@@ -819,3 +819,85 @@ def test_zero_variance_rho_mode_replays_the_share_of_fresh_groups_without_signal
     assert max(r[M.N_REPLAY] for r in records) > 4  # beyond what rho = 0.5 would have taken
     state = driver.state_dict()
     assert state["fresh_zero_var"] == records[-1][M.FRESH_ZERO_VARIANCE_FRAC]
+
+
+def test_reward_failures_are_counted_per_step_and_the_first_of_each_kind_logged_once(caplog):
+    """Each sampler sends the first failure of each kind it saw; the driver logs a kind once per run and the
+    step's record carries the count and its share of the step's rollouts."""
+
+    def failures(request):
+        notes = (
+            (("raised", f"ValueError: bad row (qid {request.prompt.qid})"),) if request.request_id < 3 else ()
+        )
+        return 1, notes  # every request: one of its K rollouts failed
+
+    driver, _, _, _ = build(
+        config("trainer.steps=2", "replay.enabled=false"), lambda r, i, v: 0.0, failures=failures
+    )
+    with caplog.at_level("WARNING", logger="exgrpo.loop.driver"):
+        records = driver.train()
+    assert [r[M.REWARD_FAILURES] for r in records] == [B, B]
+    assert [r[M.ROLLOUTS] for r in records] == [B * K, B * K]
+    assert records[0][M.REWARD_FAILURE_SHARE] == pytest.approx(1 / K)
+    (note,) = driver.reward_failure_notes.values()  # three requests sent a note; one is kept
+    assert list(driver.reward_failure_notes) == ["raised"] and note.startswith("ValueError: bad row (qid q")
+    logged = [r.getMessage() for r in caplog.records if "bad row" in r.getMessage()]
+    assert logged == [f"reward raised on a rollout (fake-0): {note}; it scored 0"]
+
+
+class StopAfter(Observer):
+    """Asks the driver to stop (as the recipe's SIGINT handler does) once step `at` is recorded."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.driver = at, None
+        self.records: list[dict] = []
+
+    def on_step(self, *, record):
+        self.records.append(record)
+        if record[M.STEP] == self.at and self.driver is not None:
+            self.driver.stop_requested = "SIGINT"
+
+
+@pytest.mark.parametrize("eta", [0, 1])
+def test_a_stop_request_checkpoints_at_the_step_boundary_and_the_resume_loses_no_step(tmp_path, eta):
+    """Ctrl-C after step 2 (no checkpoint due before step 4): before, the steps since the last checkpoint were
+    lost. Now the driver finishes the step, checkpoints at step 3 and stops; the resume trains steps 3..7 and
+    the whole run equals an uninterrupted one."""
+
+    def reward(r, i, v):
+        return float(i < (qnum(r) + v) % 4)
+
+    cfg = config(f"async.max_staleness={eta}", "replay.start_solve_ratio=0.3", "trainer.checkpoint_every=4",
+                 "trainer.steps=8")  # fmt: skip
+    model = tmp_path / "base-model"
+    model.mkdir()
+    # the reference writes a checkpoint at step 3 too, so both runs drain at the same points
+    ref_ckpt = Checkpointer(tmp_path / "a", model_path=str(model), keep=3)
+
+    def ref_checkpointer(d):
+        ref_ckpt(d)
+
+    class AlsoAtThree(Observer):
+        def on_step(self, *, record):
+            if record[M.STEP] == 2:
+                ref_ckpt(driver_a)
+
+    driver_a, _, learners_a, _ = build(cfg, reward, checkpointer=ref_checkpointer, observer=AlsoAtThree())
+    want = _summary(learners_a, driver_a.train())
+
+    ckpt_b = Checkpointer(tmp_path / "b", model_path=str(model), keep=3)
+    stop = StopAfter(2)
+    driver, _, learners_b, _ = build(cfg, reward, checkpointer=ckpt_b, observer=stop)
+    stop.driver = driver
+    records_b = driver.train()
+    assert [r[M.STEP] for r in records_b] == [0, 1, 2] and driver.step == 3
+    assert driver.stopped == "SIGINT: stopped after step 3 of 8"
+    ckpt = latest_checkpoint(tmp_path / "b")
+    assert ckpt is not None and ckpt.name == "step-000003"
+
+    driver2, _, learners2, _ = build(cfg, reward, checkpointer=ckpt_b)
+    restore_checkpoint(ckpt, driver=driver2)
+    records2 = driver2.train()
+    assert [r[M.STEP] for r in records2] == [3, 4, 5, 6, 7]  # no step lost, none twice
+    got = _summary(learners_b, records_b) + _summary(learners2, records2)
+    assert got == want

@@ -121,18 +121,22 @@ def test_canned_scores_exact(data_file: Path, verifier: Verifier) -> None:
         seed=7,
     )
     # alpha: samples 4/4 right for each question ("+5" = 5); greedy right ("08" = 8)
-    assert report.per_source["alpha"] == SourceScores(questions=3, avg_at_n=1.0, pass_at_1=1.0, pass_at_n=1.0)
+    assert report.per_source["alpha"] == SourceScores(
+        questions=3, avg_at_n=1.0, correct_at_n=1.0, pass_at_1=1.0, pass_at_n=1.0
+    )
     # beta: Avg@4 = (1/4 + 0/4) / 2 = 0.125 (no answer at all and "\boxed{}" score 0; note an
     # unboxed final answer such as "5" would score 1: the verifier reads a stated answer without a box);
     # Pass@1 = (0 + 1) / 2 = 0.5 (greedy 6 wrong, greedy 5 right); Pass@4 = (1 + 0) / 2 = 0.5
     assert report.per_source["beta"] == SourceScores(
-        questions=2, avg_at_n=0.125, pass_at_1=0.5, pass_at_n=0.5
+        questions=2, avg_at_n=0.125, correct_at_n=0.125, pass_at_1=0.5, pass_at_n=0.5
     )
     # pooled over 5 questions: Avg@4 = (3 + 0.25 + 0) / 5 = 0.65; Pass@1 = 4/5; Pass@4 = 4/5
-    assert report.overall == SourceScores(questions=5, avg_at_n=0.65, pass_at_1=0.8, pass_at_n=0.8)
+    assert report.overall == SourceScores(
+        questions=5, avg_at_n=0.65, correct_at_n=0.65, pass_at_1=0.8, pass_at_n=0.8
+    )
     # mean of sources: Avg@4 = (1 + 0.125) / 2 = 0.5625; Pass@1 = Pass@4 = (1 + 0.5) / 2 = 0.75
     assert report.mean_of_sources == SourceScores(
-        questions=5, avg_at_n=0.5625, pass_at_1=0.75, pass_at_n=0.75
+        questions=5, avg_at_n=0.5625, correct_at_n=0.5625, pass_at_1=0.75, pass_at_n=0.75
     )
     assert [(q.qid, q.correct, q.greedy) for q in report.questions] == [
         ("a0", 4, 1.0), ("a1", 4, 1.0), ("a2", 4, 1.0), ("b0", 1, 0.0), ("b1", 0, 1.0)
@@ -169,7 +173,9 @@ def test_temperature_zero_reuses_the_greedy_decode(data_file: Path, verifier: Ve
                       max_tokens=16, verifier=verifier)  # fmt: skip
     assert len(engine.calls) == 1  # greedy only
     # all three "samples" are the greedy decode: 4 of 5 right -> every score 0.8
-    assert report.overall == SourceScores(questions=5, avg_at_n=0.8, pass_at_1=0.8, pass_at_n=0.8)
+    assert report.overall == SourceScores(
+        questions=5, avg_at_n=0.8, correct_at_n=0.8, pass_at_1=0.8, pass_at_n=0.8
+    )
 
 
 def test_rejects_bad_arguments(data_file: Path, verifier: Verifier) -> None:
@@ -226,18 +232,11 @@ def test_table_lists_sources_then_totals(data_file: Path, verifier: Verifier) ->
     report = evaluate(CannedEngine(), read_prompts(data_file).prompts, template="plain", n=4, temperature=0.6,
                       max_tokens=16, verifier=verifier)  # fmt: skip
     lines = format_table(report).splitlines()
-    assert lines[0].split() == ["data_source", "questions", "Avg@4", "Pass@1", "Pass@4"]
-    assert lines[3].split() == ["beta", "2", "12.5", "50.0", "50.0"]
-    assert lines[5].split() == ["overall", "5", "65.0", "80.0", "80.0"]
-    assert lines[6].split() == [
-        "mean",
-        "of",
-        "sources",
-        "5",
-        "56.2",
-        "75.0",
-        "75.0",
-    ]  # 56.25 rounds half-even
+    # fractions, as the run prints them (not percent)
+    assert lines[0].split() == ["data_source", "questions", "Avg@4", "Correct@4", "Pass@1", "Pass@4"]
+    assert lines[3].split() == ["beta", "2", "0.125", "0.125", "0.500", "0.500"]
+    assert lines[5].split() == ["overall", "5", "0.650", "0.650", "0.800", "0.800"]
+    assert lines[6].split() == ["mean", "of", "sources", "5", "0.562", "0.562", "0.750", "0.750"]
 
 
 # --------------------------------------------------------------------------- real engine, CLI
@@ -257,11 +256,12 @@ def test_cli_builtin_task_on_tiny_model(cache_dir: str, capsys: pytest.CaptureFi
     payload = json.loads(out_files[0].read_text())
     assert {"model", "data", "engine", "template", "rows", "n", "temperature", "max_tokens", "overall",
             "mean_of_sources", "per_source", "questions"} <= set(payload)  # fmt: skip
-    assert (payload["n"], payload["temperature"], payload["max_tokens"]) == (2, 0.6, 8)
+    assert (payload["n"], payload["temperature"], payload["max_tokens"]) == (2, 1.0, 8)  # the run's T
     assert payload["rows"] == {"read": 3, "evaluated": 3, "skipped": 0, "skipped_rows": []}
     assert list(payload["per_source"]) == ["arith"]
     assert payload["overall"]["questions"] == 3
-    assert set(payload["overall"]) == {"questions", "avg_at_n", "pass_at_1", "pass_at_n"}
+    assert set(payload["overall"]) == {"questions", "avg_at_n", "correct_at_n", "pass_at_1", "pass_at_n"}
+    assert payload["reward_failures"] == {} and payload["scored"] > 0
     assert [q["qid"] for q in payload["questions"]] == [
         "arith-eval-00000",
         "arith-eval-00001",
@@ -308,7 +308,8 @@ def test_on_samples_gets_every_prompts_n_completions_and_rewards(data_file: Path
              verifier=verifier, on_samples=lambda p, s: greedy_only.append(s.texts))  # fmt: skip
     assert greedy_only == [("\\boxed{2}",) * 3]  # T = 0: the greedy decode stands for every sample
     assert format_table(report).splitlines()[-1] == (
-        "Avg@4, Pass@4: n 4 samples per question at T 0.6 (top-p 1); Pass@1: one greedy decode (T 0)"
+        "Avg@4 (mean reward), Correct@4 (share of rewards > 0.5), Pass@4: n 4 samples per question at T 0.6 "
+        "(top-p 1, 16 response tokens); Pass@1: one greedy decode (T 0)"
     )
 
 
@@ -328,3 +329,109 @@ def test_cli_saves_every_sampled_completion(cache_dir: str, tmp_path: Path) -> N
         int(sum(r["reward"] for r in rows if r["qid"] == q["qid"])) for q in payload["questions"]
     ]
     assert not list(saved.parent.glob("*.tmp"))
+
+
+# --------------------------------------------------------------------------- non-binary rewards, failures
+
+
+@dataclass
+class FixedScorer:
+    """A reward of 0.3 for every completion (a custom reward.fn that is not 0 / 1), failing on `fail` of them."""
+
+    value: float = 0.3
+    fail: int = 0
+    seen: int = 0
+
+    def score_prompts(self, prompts: Sequence, completions: Sequence[str]) -> list[float]:
+        out = []
+        for _ in completions:
+            self.seen += 1
+            out.append(0.0 if self.seen <= self.fail else self.value)
+        return out
+
+    def stats(self):
+        from exgrpo.verify.rewards import RewardStats
+
+        failed = min(self.seen, self.fail)
+        return RewardStats(
+            scored=self.seen,
+            timeouts=0,
+            errors=failed,
+            failures={"raised": failed} if failed else {},
+            first_failures={"raised": "ValueError: boom (qid a0)"} if failed else {},
+        )
+
+
+def test_avg_at_n_is_the_mean_reward_as_in_the_run(data_file: Path) -> None:
+    """A reward of 0.3 everywhere: the run's eval/accuracy (the mean reward) is 0.3; so is Avg@n. Before, Avg@n
+    counted rewards above 0.5 and said 0."""
+    prompts = read_prompts(data_file).prompts
+    report = evaluate(CannedEngine(), prompts, template="plain", n=4, temperature=0.6, max_tokens=16,
+                      verifier=FixedScorer())  # fmt: skip
+    assert report.overall.avg_at_n == pytest.approx(0.3)
+    assert report.overall.pass_at_1 == pytest.approx(0.3)  # the greedy decode's reward
+    assert report.overall.correct_at_n == 0.0 and report.overall.pass_at_n == 0.0  # none above 0.5
+    loose = evaluate(CannedEngine(), prompts, template="plain", n=4, temperature=0.6, max_tokens=16,
+                     verifier=FixedScorer(), correct_above=0.25)  # fmt: skip
+    assert (loose.overall.correct_at_n, loose.overall.pass_at_n, loose.correct_above) == (1.0, 1.0, 0.25)
+
+
+def test_reward_failures_reach_the_table_and_the_report(data_file: Path) -> None:
+    prompts = read_prompts(data_file).prompts
+    report = evaluate(CannedEngine(), prompts, template="plain", n=4, temperature=0.6, max_tokens=16,
+                      verifier=FixedScorer(fail=5))  # fmt: skip
+    assert report.scored == 25 and report.reward_failures == {"raised": 5}
+    assert report.first_reward_failures == {"raised": "ValueError: boom (qid a0)"}
+    table = format_table(report).splitlines()
+    assert table[-2] == "reward failures: 5 of 25 rewards (20.0%; 5 raised), each scored 0"
+    assert table[-1] == "  first raised: ValueError: boom (qid a0)"
+    assert report.to_dict()["reward_failures"] == {"raised": 5}
+
+
+def _run_dir(tmp_path: Path, cache_dir: str) -> Path:
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(
+        f"model:\n  path: builtin:tiny\n  cache_dir: {cache_dir}\n  max_response_len: 6\n"
+        "data:\n  train: builtin:arith\n  num_eval: 2\nsamplers:\n  temperature: 0.7\n"
+        "trainer:\n  eval_samples: 3\n"
+    )
+    (run / "run.json").write_text("{}")
+    return run
+
+
+def test_like_run_takes_the_runs_settings(cache_dir: str, tmp_path: Path) -> None:
+    from exgrpo.evaluate import like_run
+
+    run = _run_dir(tmp_path, cache_dir)
+    got = like_run(run)
+    assert (got["model"], got["data"], got["num"], got["n"]) == (str(run / "final"), "builtin:arith", 2, 3)
+    assert (got["temperature"], got["max_tokens"], got["template"], got["reward_fn"]) == (
+        0.7,
+        6,
+        "plain",
+        "math",
+    )
+
+
+def test_cli_run_directory_as_model(
+    cache_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _run_dir(tmp_path, cache_dir)
+    # no final model yet: the answer names what to use instead of a long error
+    assert main(["--model", str(run), "--data", "builtin:arith", "--cache-dir", cache_dir]) == 2
+    assert "is a run directory without a final model" in capsys.readouterr().err
+    import shutil
+
+    from exgrpo.models.resolve import resolve_model
+
+    shutil.copytree(resolve_model("builtin:tiny", cache_dir=cache_dir), run / "final")
+    out = tmp_path / "res.json"
+    assert (
+        main(["--like-run", str(run), "--model", str(run), "--out", str(out), "--cache-dir", cache_dir]) == 0
+    )
+    err = capsys.readouterr().err
+    assert "is a run directory; evaluating its final model" in err and "(as run " in err
+    payload = json.loads(out.read_text())
+    assert (payload["n"], payload["temperature"], payload["max_tokens"]) == (3, 0.7, 6)
+    assert payload["model"] == str(run / "final") and payload["like_run"] == str(run)

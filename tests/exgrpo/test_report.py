@@ -254,3 +254,42 @@ def test_progress_bar_names_the_heldout_figure_with_t_and_n(capsys):
     bar.on_step(record={M.STEP: 0, M.EVAL_ACCURACY: 0.25})
     bar.close()
     assert "eval(T 0.6, n 4)=0.250" in capsys.readouterr().err
+
+
+def test_reward_failures_reach_the_summary_the_report_and_the_bar(tmp_path, capsys):
+    """A reward that raised on a third of the rollouts: before, only metrics.jsonl counted it; the summary,
+    report.html and the bar said nothing and the run looked fine."""
+    from exgrpo.reporting.console import Progress
+
+    records, evals = fake_run(3)
+    for r in records:
+        r.update({M.ROLLOUTS: 64, M.REWARD_FAILURES: 21, M.REWARD_FAILURE_SHARE: 21 / 64})
+    notes = {"raised": "ZeroDivisionError: division by zero (qid q7)"}
+    s = write_report(tmp_path, records=records, evals=evals, wall_s=5.0, plots=False, html_report=True,
+                     reward_failure_notes=notes, custom_reward=True)  # fmt: skip
+    out = capsys.readouterr().out
+    assert re.search(r"reward failures +63 of 192 rollouts \(32\.8%\)", out)
+    assert re.search(r"first raised +ZeroDivisionError: division by zero \(qid q7\)", out)
+    assert out.splitlines()[-1].startswith(
+        "WARNING: the reward failed on 63 of 192 rollouts (32.8%, over 1%)"
+    )
+    assert "held-out mean reward after" in out and "held-out accuracy" not in out  # a custom reward's mean
+    assert s["reward_failures"] == 63 and s["reward_failure_notes"] == notes
+    page = (tmp_path / "report.html").read_text()
+    assert '<p class="warning">WARNING: the reward failed on 63 of 192' in page and "(qid q7)" in page
+    quiet = summary(fake_run(3)[0], evals, 5.0)  # no failures: a row that says 0, no warning
+    assert "reward failures" in format_summary(quiet) and "WARNING" not in format_summary(quiet)
+
+    bar = Progress(total=3, enabled=True)
+    bar.update(records[0])
+    assert bar._bar is not None and "reward_fail=21 (33%)" in str(bar._bar)
+    bar.close()
+
+
+def test_a_run_stopped_before_its_last_evaluation_has_no_after_figure():
+    """Ctrl-C before the last step: one evaluation (before the first step); the summary must not show it again
+    as the figure after training."""
+    records, evals = fake_run(4)
+    s = summary(records, evals[:1], 5.0)
+    assert s["eval_accuracy_before"] == 0.2 and s["eval_accuracy_after"] is None
+    assert re.search(r"held-out accuracy after +None", format_summary(s))

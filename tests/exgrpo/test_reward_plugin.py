@@ -83,6 +83,23 @@ def test_a_hanging_function_is_killed_at_the_deadline(reward_file):
         assert reward.score_prompts(_prompts(3), ["ok", "hang", "ok"]) == [1.0, 0.0, 1.0]
         assert reward.stats().timeouts == 1
         assert reward.score_prompts(_prompts(1), ["ok"]) == [1.0]  # its worker was replaced
+        stats = reward.stats()
+        assert stats.failures == {"timed out": 1}
+        assert stats.first_failures == {"timed out": "no reply within 1 s (qid q1)"}
+
+
+def test_the_first_failure_of_each_kind_keeps_its_text_and_qid(reward_file, caplog):
+    """Before: the worker dropped the exception (a bare `e`), so nothing could say what went wrong."""
+    with FunctionReward(f"{reward_file}:raises") as reward, caplog.at_level("WARNING"):
+        reward.score_prompts(_prompts(3), ["x", "y", "z"])
+        stats = reward.stats()
+    assert stats.failures == {"raised": 3}
+    assert stats.first_failures == {"raised": "RuntimeError: boom (qid q0)"}
+    logged = [r.getMessage() for r in caplog.records if "boom" in r.getMessage()]
+    assert len(logged) == 1 and "raised (qid q0): RuntimeError: boom" in logged[0]  # once, not per row
+    with FunctionReward(f"{reward_file}:text") as reward:
+        reward.score_prompts(_prompts(2), ["x", "y"])
+        assert reward.stats().first_failures == {"not a number": "returned str '1.0' (qid q0)"}
 
 
 def test_a_module_on_the_path_is_found_by_its_dotted_name(reward_file, monkeypatch):

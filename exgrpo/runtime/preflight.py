@@ -1,0 +1,156 @@
+"""The checks a start makes before Ray, made without starting anything (`python -m exgrpo.run --dry-run`).
+
+`preflight(cfg)` checks, in the order a start meets them: the reward (`reward.fn` imports and takes
+`(prompt, completion, fields)`), the model (a known builtin, or an HF model directory with config.json,
+weights and a tokenizer), LoRA's target modules against the model's module names (built from its
+config.json on the meta device: no weights are read), and the data (every file exists and reads into
+prompts under `data.on_bad_row`, as the start reads them; every prompt fits `model.max_prompt_len` under
+`data.long_prompts`, `exgrpo.data.lengths`). It returns one line per check, or raises the
+error a start would raise (`ConfigError`, `DataError`, `ModelResolveError`), so `--dry-run` passes exactly
+what a start passes, up to the cluster (`exgrpo.runtime.resources.dry_run_fit` checks that).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from exgrpo.core.config import Config, ConfigError, builtin_name
+
+if TYPE_CHECKING:
+    from exgrpo.core.records import Prompt
+
+
+def preflight(cfg: Config, *, resume: bool = False) -> list[str]:
+    """The checks of a start before Ray (module docstring); one line per check passed, else the start's error.
+    `resume`: the model is the checkpoint's (`exgrpo.loop.checkpoint.resume_report` checks it), not `model.path`."""
+    model = ["model: the latest checkpoint's (checked with the resume)"] if resume else check_model(cfg)
+    path = None if resume else model_dir(cfg)
+    lines = [check_reward(cfg), *model, check_data(cfg, model_path=path)]
+    return [line for line in lines if line]
+
+
+def check_reward(cfg: Config) -> str:
+    """`reward.fn` imports here, as the start imports it in the driver before any actor."""
+    from exgrpo.verify.plugin import RewardError, resolve
+    from exgrpo.verify.rewards import MATH
+
+    if cfg.reward.fn == MATH:
+        return "reward: math (the answer verifier)"
+    try:
+        resolve(cfg.reward.fn)
+    except RewardError as err:
+        raise ConfigError(str(err)) from err
+    return f"reward: {cfg.reward.fn} imports and takes (prompt, completion, fields)"
+
+
+def model_dir(cfg: Config) -> Path | None:
+    """The model directory a start would load, when it exists without building anything (None: a builtin
+    that is built at start)."""
+    from exgrpo.models.resolve import (
+        BUILTIN_MODELS,
+        MANIFEST,
+        ModelResolveError,
+        _known,
+        check_model_dir,
+        shipped_model,
+    )
+
+    name = builtin_name(cfg.model.path)
+    if name is not None:
+        if name in MANIFEST:
+            return shipped_model(name)
+        if name not in BUILTIN_MODELS:
+            raise ModelResolveError(f"unknown builtin model {cfg.model.path!r}; known: {_known()}")
+        built = (
+            Path(cfg.model.cache_dir).expanduser() / "models" / f"{name}-{BUILTIN_MODELS[name].fingerprint}"
+        )
+        return built if (built / "config.json").is_file() else None
+    path = Path(cfg.model.path).expanduser()
+    if not path.is_dir():
+        raise ModelResolveError(
+            f"model path {cfg.model.path!r} does not exist; give an HF model directory or one of {_known()}"
+        )
+    check_model_dir(path, spec=cfg.model.path)
+    return path
+
+
+def check_model(cfg: Config) -> list[str]:
+    """The model directory, and LoRA's target modules against its module names."""
+    path = model_dir(cfg)
+    lines = [f"model: {cfg.model.path}" + (f" ({path})" if path else " (a builtin, built at start)")]
+    if cfg.learners.lora_rank > 0:
+        if path is None:
+            lines.append("LoRA targets: not checked (the builtin model is built at start)")
+        else:
+            lines.append(check_lora_targets(path, cfg.learners.lora_target_modules))
+    return lines
+
+
+def module_names(path: Path) -> list[str]:
+    """The module names of the model in `path`, from its config.json on the meta device (no weights read)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return [name for name, _ in model.named_modules()]
+
+
+def check_lora_targets(path: Path, targets: tuple[str, ...] | list[str]) -> str:
+    """Every `learners.lora_target_modules` entry names a module of the model, as PEFT matches them (the
+    module's name or its last dotted parts); a target that matches nothing is refused, naming the choices."""
+    names = module_names(path)
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        leaves = sorted({n.rsplit(".", 1)[-1] for n in names if n and not n.rsplit(".", 1)[-1].isdigit()})
+        raise ConfigError(
+            f"learners.lora_target_modules: {', '.join(missing)} matches no module of {path}; its layer names "
+            f"are {', '.join(leaves)}"
+        )
+    return f"LoRA targets: {', '.join(targets)} found in the model"
+
+
+def check_data(cfg: Config, *, model_path: Path | None = None) -> str:
+    """The train and eval data read into prompts as a start reads them (files exist, layouts fit, bad rows
+    under `data.on_bad_row`), and their lengths against `model.max_prompt_len` when the model is at hand."""
+    from exgrpo.data.sources import load_prompts
+
+    train, evaluation = load_prompts(cfg)
+    line = f"data: {len(train)} train / {len(evaluation)} eval questions ({cfg.data.train})"
+    if model_path is None:
+        return line + "; prompt lengths checked at start (the model is built then)"
+    train, evaluation, note = enforce_prompt_lengths(cfg, model_path, train, evaluation)
+    return f"{line}; prompts within model.max_prompt_len={cfg.model.max_prompt_len} tokens{note}"
+
+
+def enforce_prompt_lengths(
+    cfg: Config, model_path: Path | str, train: list[Prompt], evaluation: list[Prompt]
+) -> tuple[list[Prompt], list[Prompt], str]:
+    """`model.max_prompt_len` on the train and eval prompts under `data.long_prompts` (exgrpo.data.lengths):
+    the prompts kept and a note of those skipped ("" when none), or the `DataError` naming the long rows."""
+    from transformers import AutoTokenizer
+
+    from exgrpo.data.lengths import check_prompt_lengths, describe
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    kept, notes = [], []
+    for prompts, what in ((train, f"data.train={cfg.data.train}"), (evaluation, "the held-out data")):
+        got = (
+            check_prompt_lengths(
+                prompts,
+                template=cfg.model.template,
+                tokenizer=tokenizer,
+                limit=cfg.model.max_prompt_len,
+                policy=cfg.data.long_prompts,
+                what=what,
+            )
+            if prompts
+            else None
+        )
+        kept.append(got.kept if got else prompts)
+        if got and got.long:
+            notes.append(f"{what}: skipped {len(got.long)} of {len(prompts)} ({describe(got.long)})")
+    note = "; longer than model.max_prompt_len, data.long_prompts=skip: " + "; ".join(notes) if notes else ""
+    return kept[0], kept[1], note
