@@ -82,7 +82,10 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         where, sep, name = self.fn.rpartition(":")
-        if self.fn != "math" and not (sep and where and name.isidentifier()):
+        packed = self.fn.startswith(
+            "cloudpickle:"
+        )  # a callable given to the Python API (exgrpo.verify.closure)
+        if self.fn != "math" and not packed and not (sep and where and name.isidentifier()):
             raise ConfigError(
                 f"reward.fn={self.fn!r} must be 'math' or name a function as package.module:function or "
                 "path/to/file.py:function (docs/rewards.md)"
