@@ -46,7 +46,9 @@ def _context_length(model_dir: Path) -> int | None:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m exgrpo.evaluate", description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True, help="HF model directory, or builtin:<name>")
+    p.add_argument(
+        "--model", required=True, help="HF model directory, hub id org/name[@revision], or builtin:<name>"
+    )
     p.add_argument("--data", required=True, help="parquet/jsonl file, or builtin:<task> (its held-out split)")
     p.add_argument(
         "--num",

@@ -40,7 +40,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str = "builtin:tiny"  # HF model directory, or builtin:<name> (made locally and cached)
+    path: str = "builtin:tiny"  # HF model directory, hub id org/name[@revision] (snapshot_download on the driver), or builtin:<name> (made locally and cached)
     dtype: Dtype = "float32"  # parameter dtype on learners and engines
     max_prompt_len: int = (
         64  # prompt token budget (engine context = prompt + response); longer prompts fail loudly
@@ -254,7 +254,7 @@ LOGGING_BACKENDS = ("jsonl", "tensorboard", "wandb")  # the choices of logging.b
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    run_dir: str = ""  # run directory ("" = runs/<timestamp>)
+    run_dir: str = ""  # run directory ("" = runs/<timestamp>; a job submitted with --working-dir: $EXGRPO_RUNS_DIR or ~/exgrpo-runs, /<timestamp>)
     progress: bool = True  # progress bar and phase lines in the terminal
     plots: bool = True  # PNG plots in the run directory at the end
     ray_metrics: bool = True  # export ray.util.metrics (exgrpo_ prefix) to the dashboard

@@ -68,7 +68,8 @@ def _by_value_modules(fn: Any) -> list[Any]:
             continue
         if "site-packages" in file or name.split(".")[0] == "exgrpo" or name in sys.stdlib_module_names:
             continue
-        out.append(module)
+        if module not in out:
+            out.append(module)
     return out
 
 
