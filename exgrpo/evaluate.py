@@ -49,7 +49,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model", required=True, help="HF model directory, hub id org/name[@revision], or builtin:<name>"
     )
-    p.add_argument("--data", required=True, help="parquet/jsonl file, or builtin:<task> (its held-out split)")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="parquet/jsonl file, save_to_disk dir[@split], hf:org/name[:config][@split], or builtin:<task> (its held-out split)",
+    )
     p.add_argument(
         "--num",
         type=int,

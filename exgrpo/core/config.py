@@ -58,8 +58,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    train: str = "builtin:arith"  # parquet/jsonl path, or builtin:<task> (seeded generator)
-    eval: str = ""  # held-out file or builtin split; "" = the builtin task's held-out split
+    train: str = "builtin:arith"  # parquet/jsonl path, save_to_disk dir[@split], hf:org/name[:config][@split], or builtin:<task> (seeded generator)
+    eval: str = ""  # held-out set (the same kinds of spec as train) or builtin split; "" = the builtin task's held-out split
     question_key: str = "question"  # column holding the question text
     answer_key: str = "answer"  # column holding the gold answer
     on_bad_row: Literal["skip", "error"] = "skip"  # malformed rows: skip with a count, or fail
