@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from exgrpo.data.errors import DataError
+
 HF_PREFIX = "hf:"
 DISK_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
 
@@ -42,8 +44,6 @@ def parse_hf(spec: str) -> tuple[str, str | None, str]:
     body, _, split = body.partition("@")
     repo, _, config = body.partition(":")
     if not repo or repo.count("/") > 1:
-        from exgrpo.data.readers import DataError
-
         raise DataError(f"{spec!r}: a hub dataset is hf:org/name[:config][@split]")
     return repo, config or None, split or "train"
 
@@ -63,8 +63,6 @@ def hub_snapshot(spec: str, repo: str) -> Path:
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from exgrpo.data.readers import DataError
-
     try:
         return Path(snapshot_download(repo, repo_type="dataset", local_files_only=True))
     except LocalEntryNotFoundError:
@@ -80,8 +78,6 @@ def hub_snapshot(spec: str, repo: str) -> Path:
 
 def load_rows(spec: str) -> tuple[list[str], Iterator[tuple[int, dict[str, Any]]]]:
     """(column names, (row, record) pairs) of a dataset spec; a `DataError` when it cannot be loaded."""
-    from exgrpo.data.readers import DataError
-
     try:
         import datasets
     except ImportError as err:  # pragma: no cover - a core dependency

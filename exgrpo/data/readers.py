@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 
 from exgrpo.core.fileio import atomic_write, atomic_write_text
 from exgrpo.core.records import Prompt
+from exgrpo.data.errors import DataError
 from exgrpo.data.rows import Layout, RowError, to_prompt
 
 LayoutArg = Literal["auto", "plain", "verl", "openr1"]
@@ -49,10 +50,6 @@ BadRowPolicy = Literal["skip", "error"]
 PARQUET_SUFFIXES = (".parquet",)
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _MAX_LISTED = 5  # bad rows named in an error message
-
-
-class DataError(ValueError):
-    """An unreadable dataset: unknown format or layout, malformed rows (with their row numbers)."""
 
 
 @dataclass(frozen=True)
