@@ -87,7 +87,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--template", choices=TEMPLATES, default="plain", help="prompt template (default: %(default)s)"
     )
-    p.add_argument("--out", help="JSON output (default: <model dir>/eval-<data stem>.json)")
+    p.add_argument(
+        "--out",
+        help="JSON output (default: <model dir>/eval-<data stem>.json; for a hub id "
+        "./eval-<org>--<name>-<data stem>.json, never inside the hub cache)",
+    )
     p.add_argument(
         "--question-key",
         default="question",
@@ -175,6 +179,15 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             parser.error(message)
 
 
+def default_out(model: str, model_dir: Path, data_name: str) -> Path:
+    """Where the JSON goes without --out: beside the model, or for a hub id in the current directory."""
+    from exgrpo.models.resolve import hub_id
+
+    if hub_id(model) is not None and not Path(model).expanduser().is_dir():
+        return Path(f"eval-{model.replace('/', '--').replace('@', '-')}-{data_name}.json")
+    return model_dir / f"eval-{data_name}.json"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -252,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         completions.close()
     wall_s = time.perf_counter() - t0
     print(format_table(report))
-    out = Path(args.out) if args.out else model_dir / f"eval-{data.name}.json"
+    out = Path(args.out) if args.out else default_out(args.model, model_dir, data.name)
     payload = {
         "model": str(model_dir),
         "data": args.data,

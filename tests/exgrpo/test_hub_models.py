@@ -114,6 +114,23 @@ def test_evaluate_takes_a_hub_id(hf_home, tmp_path):
     assert out.returncode == 2 and "model 'acme/not-cached' is not in the hub cache" in out.stderr
 
 
+def test_evaluate_scores_a_cached_hub_id_and_writes_outside_the_cache(hf_home, tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "exgrpo.evaluate", "--model", REPO, "--data", "builtin:arith"]
+        + ["--num", "4", "--n", "2", "--max-tokens", "8"],
+        env=offline_env(hf_home),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    written = json.loads((tmp_path / "eval-acme--tiny-math-arith.json").read_text())
+    assert written["model"] == str(hf_home / "hub" / "models--acme--tiny-math" / "snapshots" / COMMIT)
+    snapshot = hf_home / "hub" / "models--acme--tiny-math" / "snapshots" / COMMIT
+    assert not list(snapshot.glob("eval-*"))  # nothing written into the hub cache
+
+
 @pytest.mark.integration
 def test_a_run_from_a_hub_id_in_an_offline_cache_records_its_commit(hf_home, tmp_path):
     run = tmp_path / "run"
