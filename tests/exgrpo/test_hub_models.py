@@ -161,3 +161,44 @@ def test_a_run_from_a_hub_id_in_an_offline_cache_records_its_commit(hf_home, tmp
         record = json.loads((where / "base_model.json").read_text())
         assert record["repo_id"] == REPO and record["commit"] == COMMIT and record["path"] == snapshot
     assert (run / "final" / "model.safetensors").is_file()
+
+
+def test_an_uncached_id_online_is_downloaded_with_a_progress_bar(tmp_path, monkeypatch):
+    """No hub is reachable here: `snapshot_download` is replaced by one that lays the snapshot out in the cache,
+    to check what resolve_hub asks of it (cache first, then a download of that revision with the hub's progress
+    bars on, even after the quiet defaults turned them off) and how a failed download is reported."""
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.errors import LocalEntryNotFoundError
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    from exgrpo.models.resolve import HUB_IGNORE, ModelResolveError, resolve_hub
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    calls = []
+
+    def fake_snapshot_download(repo_id, *, revision=None, local_files_only=False, **kwargs):
+        calls.append((repo_id, revision, local_files_only, kwargs, are_progress_bars_disabled()))
+        if local_files_only:
+            raise LocalEntryNotFoundError("not cached")
+        if repo_id == "acme/absent":
+            raise OSError("Connection refused")
+        return str(build_hub_cache(tmp_path / "hf", repo=repo_id))
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    disable_progress_bars()  # as quiet_libraries leaves them
+    try:
+        hub = resolve_hub(f"{REPO}@v1.0")
+        assert hub.downloaded and hub.commit == COMMIT and hub.revision == "v1.0"
+        assert calls[0][:3] == (REPO, "v1.0", True)  # the cache first
+        repo, revision, local, kwargs, bars_off = calls[1]
+        assert (repo, revision, local, bars_off) == (REPO, "v1.0", False, False)  # downloaded, bars on
+        assert kwargs == {"ignore_patterns": HUB_IGNORE}
+        assert are_progress_bars_disabled()  # the quiet default again afterwards
+        with pytest.raises(
+            ModelResolveError, match="'acme/absent' could not be downloaded .*Connection refused"
+        ):
+            resolve_hub("acme/absent")
+    finally:
+        enable_progress_bars()
