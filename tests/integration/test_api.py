@@ -44,6 +44,45 @@ def test_a_closure_and_a_weighted_list_travel_by_value():
     assert out.returncode == 0 and out.stdout.strip() == "1.5", out.stderr[-2000:]
 
 
+def test_a_closure_gets_the_deadline_isolation_and_failure_counts_of_reward_fn():
+    import time
+
+    from exgrpo.core.records import Prompt
+    from exgrpo.verify.rewards import make_scorer
+
+    bad = {"raise", "hang"}
+
+    def flaky(prompt, completion, fields):
+        if completion == "raise" and completion in bad:
+            raise RuntimeError("boom")
+        if completion == "hang" and completion in bad:
+            time.sleep(60)
+        return 0.25 * len(completion)
+
+    scorer = make_scorer(closure.pack(flaky), mode="boxed", timeout_s=2.0, workers=1)
+    try:
+        scorer.start()
+        prompts = [Prompt(qid=str(i), question="q", answer="") for i in range(4)]
+        t0 = time.perf_counter()
+        assert scorer.score_prompts(prompts, ["ab", "raise", "hang", "abcd"]) == [0.5, 0.0, 0.0, 1.0]
+        assert time.perf_counter() - t0 < 30  # the hang was cut at the deadline
+        stats = scorer.stats()
+        assert (stats.scored, stats.errors, stats.timeouts) == (4, 1, 1)
+    finally:
+        scorer.close()
+
+
+def test_rows_may_be_a_datasets_dataset(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from exgrpo.api import _write_rows
+    from exgrpo.data.readers import read_prompts
+
+    ds = datasets.Dataset.from_list([{"question": f"q{i}", "answer": str(i), "w": [i, i]} for i in range(3)])
+    path = _write_rows(ds, tmp_path / "train.jsonl")
+    prompts = read_prompts(path, for_reward_fn=True).prompts
+    assert [p.answer for p in prompts] == ["0", "1", "2"] and prompts[2].fields == {"w": [2, 2]}
+
+
 def test_bad_reward_fns_are_refused_before_anything_starts(tmp_path):
     from exgrpo import train
 
