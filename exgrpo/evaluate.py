@@ -68,12 +68,14 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m exgrpo.evaluate", description=__doc__.split("\n")[0])
     p.add_argument(
         "--model",
-        help="HF model directory, or builtin:<name> (a run directory: its final/; default with --like-run: "
+        help="HF model directory, hub id org/name[@revision], or builtin:<name> (a run directory: its final/; "
+        "default with --like-run: "
         "RUN_DIR/final)",
     )
     p.add_argument(
         "--data",
-        help="parquet/jsonl file, or builtin:<task> (its held-out split) (default with --like-run: the run's "
+        help="parquet/jsonl file, save_to_disk dir[@split], hf:org/name[:config][@split], or builtin:<task> "
+        "(its held-out split) (default with --like-run: the run's "
         "held-out data)",
     )
     p.add_argument(
@@ -120,7 +122,11 @@ def _parser() -> argparse.ArgumentParser:
         help=f"response tokens (default: {DEFAULT_MAX_TOKENS}, capped by the model's context minus the longest prompt)",
     )
     p.add_argument("--template", choices=TEMPLATES, default=None, help="prompt template (default: plain)")
-    p.add_argument("--out", help="JSON output (default: <model dir>/eval-<data stem>.json)")
+    p.add_argument(
+        "--out",
+        help="JSON output (default: <model dir>/eval-<data stem>.json; for a hub id "
+        "./eval-<org>--<name>-<data stem>.json, never inside the hub cache)",
+    )
     p.add_argument(
         "--question-key", default=None, help="question column of a plain-layout file (default: question)"
     )
@@ -263,6 +269,15 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             parser.error(message)
 
 
+def default_out(model: str, model_dir: Path, data_name: str) -> Path:
+    """Where the JSON goes without --out: beside the model, or for a hub id in the current directory."""
+    from exgrpo.models.resolve import hub_id
+
+    if hub_id(model) is not None and not Path(model).expanduser().is_dir():
+        return Path(f"eval-{model.replace('/', '--').replace('@', '-')}-{data_name}.json")
+    return model_dir / f"eval-{data_name}.json"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -346,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         completions.close()
     wall_s = time.perf_counter() - t0
     print(format_table(report))
-    out = Path(args.out) if args.out else model_dir / f"eval-{data.name}.json"
+    out = Path(args.out) if args.out else default_out(args.model, model_dir, data.name)
     payload = {
         "model": str(model_dir),
         "data": args.data,

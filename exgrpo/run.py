@@ -8,7 +8,7 @@
     python -m exgrpo.run --verbose                        # the actors' own progress bars and warnings too
     python -m exgrpo.run logging.backends=[tensorboard,wandb]   # + TensorBoard and (offline) W&B
     python -m exgrpo.run --resume runs/<id> [trainer.steps=40]
-    ray job submit --address http://127.0.0.1:8265 --working-dir . -- python -m exgrpo.run --config tiny-cpu
+    ray job submit --address http://127.0.0.1:8275 --working-dir . -- python -m exgrpo.run --config tiny-cpu
 
 With RAY_ADDRESS set (as under `ray job submit`) it attaches to that cluster, otherwise it starts
 a local one.

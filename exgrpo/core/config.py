@@ -40,7 +40,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str = "builtin:tiny"  # HF model directory, or builtin:<name> (made locally and cached)
+    path: str = "builtin:tiny"  # HF model directory, hub id org/name[@revision] (snapshot_download on the driver), or builtin:<name> (made locally and cached)
     dtype: Dtype = "float32"  # parameter dtype on learners and engines
     max_prompt_len: int = (
         64  # prompt token budget (engine context = prompt + response); longer prompts: data.long_prompts
@@ -58,8 +58,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    train: str = "builtin:arith"  # parquet/jsonl path, or builtin:<task> (seeded generator)
-    eval: str = ""  # held-out file or builtin split; "" = the builtin task's held-out split
+    train: str = "builtin:arith"  # parquet/jsonl path, save_to_disk dir[@split], hf:org/name[:config][@split], or builtin:<task> (seeded generator)
+    eval: str = ""  # held-out set (the same kinds of spec as train) or builtin split; "" = the builtin task's held-out split
     question_key: str = "question"  # column holding the question text
     answer_key: str = "answer"  # column holding the gold answer
     on_bad_row: Literal["skip", "error"] = "skip"  # malformed rows: skip with a count, or fail
@@ -85,7 +85,10 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         where, sep, name = self.fn.rpartition(":")
-        if self.fn != "math" and not (sep and where and name.isidentifier()):
+        packed = self.fn.startswith(
+            "cloudpickle:"
+        )  # a callable given to the Python API (exgrpo.verify.closure)
+        if self.fn != "math" and not packed and not (sep and where and name.isidentifier()):
             raise ConfigError(
                 f"reward.fn={self.fn!r} must be 'math' or name a function as package.module:function or "
                 "path/to/file.py:function (docs/rewards.md)"
@@ -254,7 +257,7 @@ LOGGING_BACKENDS = ("jsonl", "tensorboard", "wandb")  # the choices of logging.b
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    run_dir: str = ""  # run directory ("" = runs/<timestamp>)
+    run_dir: str = ""  # run directory ("" = runs/<timestamp>; a job submitted with --working-dir: $EXGRPO_RUNS_DIR or ~/exgrpo-runs, /<timestamp>)
     progress: bool = True  # progress bar and phase lines in the terminal
     plots: bool = True  # PNG plots in the run directory at the end
     ray_metrics: bool = True  # export ray.util.metrics (exgrpo_ prefix) to the dashboard

@@ -103,12 +103,24 @@ def load_config(
             user = anchor_paths(user, PROJECT_ROOT)
         layers.append(_checked(user, f"config file {str(path)!r}"))
     layers += [_checked(parse_override(text), f"override {text!r}") for text in overrides]
+    return from_dict(_layered(data, layers))
+
+
+def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Config:
+    """`cfg` with dotted overrides applied (as on the command line), validated."""
+    layers = [_checked(parse_override(text), f"override {text!r}") for text in overrides]
+    return from_dict(_layered(cfg.to_dict(), layers)) if layers else cfg
+
+
+def _layered(data: dict[str, Any], layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """`data` with `layers` merged over it in order; a layer set that moves `data.train` without saying
+    `data.eval` evaluates on the new task's own held-out split."""
     touched: list[dict[str, Any]] = [d for layer in layers if isinstance(d := layer.get("data"), dict)]
     if any("train" in d for d in touched) and not any("eval" in d for d in touched):
-        layers.insert(0, {"data": {"eval": ""}})
+        layers = [{"data": {"eval": ""}}, *layers]
     for layer in layers:
         data = _merge(data, layer)
-    return from_dict(data)
+    return data
 
 
 def anchor_paths(data: dict[str, Any], root: Path) -> dict[str, Any]:

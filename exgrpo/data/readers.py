@@ -1,4 +1,6 @@
-"""Dataset readers: parquet and JSON-lines files into `Prompt` records (pyarrow + stdlib only).
+"""Dataset readers: parquet and JSON-lines files into `Prompt` records (pyarrow + stdlib only); a
+`Dataset.save_to_disk` directory or `hf:org/name[:config][@split]` is read through `datasets`
+(`exgrpo.data.hf_datasets`) into the same layouts.
 
 Layouts (`layout="auto"` picks one from the column names, in this order):
 
@@ -39,6 +41,7 @@ import pyarrow.parquet as pq
 
 from exgrpo.core.fileio import atomic_write, atomic_write_text
 from exgrpo.core.records import Prompt
+from exgrpo.data.errors import DataError
 from exgrpo.data.rows import Layout, RowError, to_prompt
 
 LayoutArg = Literal["auto", "plain", "verl", "openr1"]
@@ -47,10 +50,6 @@ BadRowPolicy = Literal["skip", "error"]
 PARQUET_SUFFIXES = (".parquet",)
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _MAX_LISTED = 5  # bad rows named in an error message
-
-
-class DataError(ValueError):
-    """An unreadable dataset: unknown format or layout, malformed rows (with their row numbers)."""
 
 
 @dataclass(frozen=True)
@@ -88,22 +87,29 @@ def read_prompts(
     Raises `DataError` for an unknown suffix, a missing file, a layout that does not fit the
     columns, a file with no valid row, or (with `on_bad_row="error"`) any bad row.
     """
-    path = Path(path)
+    from exgrpo.data import hf_datasets
+
+    spec, path = str(path), Path(path)
     if on_bad_row not in ("skip", "error"):
         raise DataError(f"on_bad_row={on_bad_row!r} must be 'skip' or 'error'")
-    if not path.is_file():
-        raise DataError(f"dataset file {str(path)!r} does not exist")
-    source = source_name or path.stem
+    dataset = hf_datasets.is_dataset_spec(spec)  # a save_to_disk directory or hf:org/name (datasets)
+    if not dataset and not path.is_file():
+        raise DataError(f"dataset file {spec!r} does not exist")
+    source = source_name or (hf_datasets.source_name(spec) if dataset else path.stem)
     suffix = path.suffix.lower()
     bad: list[BadRow] = []
-    if suffix in PARQUET_SUFFIXES:
+    rows: Iterable[tuple[int, dict[str, Any]]]
+    if dataset:
+        columns, rows = hf_datasets.load_rows(spec)
+        chosen = _choose_layout(layout, columns, question_key=question_key, path=path)
+    elif suffix in PARQUET_SUFFIXES:
         try:
             columns = pq.read_schema(path).names
         except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
             raise DataError(f"{str(path)!r} is not a readable parquet file: {err}") from err
         chosen = _choose_layout(layout, columns, question_key=question_key, path=path)
         needed = None if for_reward_fn else _needed_columns(chosen, columns)
-        rows: Iterable[tuple[int, dict[str, Any]]] = _parquet_rows(path, needed)
+        rows = _parquet_rows(path, needed)
     elif suffix in JSONL_SUFFIXES:
         records, bad = _read_jsonl(path)
         if not records:

@@ -73,7 +73,10 @@ def read_source(
         on_bad_row=on_bad_row,
         for_reward_fn=for_reward_fn,
     )
-    return SourceData(result.prompts, Path(spec).stem, result.skipped)
+    from exgrpo.data.hf_datasets import is_dataset_spec, source_name
+
+    name = source_name(spec) if is_dataset_spec(spec) else Path(spec).stem
+    return SourceData(result.prompts, name, result.skipped)
 
 
 def load_prompts(cfg: Config) -> tuple[list[Prompt], list[Prompt]]:

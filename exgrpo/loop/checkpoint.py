@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 PREFIX = "step-"
 TOKENIZER_FILES = ("tokenizer", "special_tokens", "chat_template", "vocab", "merges")
 CONFIG_FILE = "config.json"
+BASE_MODEL_FILE = "base_model.json"  # the base model a run started from (a hub id: repo, revision, commit)
 
 # Settings a resume may change: they size, pace, place or report the run but do not change what it
 # trains. Everything else (K, B, shards, model, data, algorithm, seeds, learner count) must match.
@@ -305,9 +306,12 @@ def copy_tokenizer(source: str | Path | dict[str, bytes], out_dir: Path) -> None
 class Checkpointer:
     """`checkpointer(driver)` drains in-flight requests and writes one checkpoint atomically."""
 
-    def __init__(self, run_dir: Path, *, model_path: str, keep: int) -> None:
+    def __init__(
+        self, run_dir: Path, *, model_path: str, keep: int, base_model: dict[str, Any] | None = None
+    ) -> None:
         self.root = checkpoint_dir(run_dir)
         self.model_path = model_path
+        self.base_model = base_model  # written as base_model.json (a hub id's repo, revision and commit)
         self.tokenizer = tokenizer_files(model_path)
         self.keep = max(1, keep)
         self.seconds: list[float] = []  # time of every write (for the overhead figure)
@@ -331,6 +335,8 @@ class Checkpointer:
                 )
             )
             (tmp / "driver.json").write_text(json.dumps(driver.state_dict()))
+            if self.base_model is not None:
+                (tmp / BASE_MODEL_FILE).write_text(json.dumps(self.base_model, indent=1))
         for old in sorted(self.root.glob(f"{PREFIX}*"))[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         self.seconds.append(time.perf_counter() - t0)

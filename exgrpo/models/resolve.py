@@ -1,4 +1,4 @@
-"""`resolve_model`: a model path or `builtin:<name>` -> an HF model directory.
+"""`resolve_model`: a model path, a hub model id or `builtin:<name>` -> an HF model directory.
 
 - `builtin:tiny`: a random tiny model (`exgrpo.models.tiny`).
 - `builtin:arith-base` / `builtin:arith-weak`: tiny models warmed up by supervised training on the
@@ -8,12 +8,20 @@
   data and verified against their sha256 (`exgrpo.models.shipped`); never trained on the user's machine.
 
 Any other `builtin:<name>` builds once into `<cache_dir>/models/<name>-<fingerprint>` (atomically, safe across
-processes) and reuses it; any other path must be an HF model directory with a `config.json`, weights and
+processes) and reuses it; an existing path must be an HF model directory with a `config.json`, weights and
 a tokenizer (`check_model_dir`: a missing piece fails here, before any actor starts).
+
+A hub model id, `org/name` or `org/name@revision` (that is not an existing directory), is resolved by
+`resolve_hub` with `huggingface_hub.snapshot_download` into the hub cache (`HF_HOME`, `HF_TOKEN` and
+`HF_HUB_OFFLINE` honoured): a snapshot already in the cache is used as it is (no network call), otherwise it is
+downloaded with a progress bar. The result is the snapshot directory of one commit
+(`.../models--org--name/snapshots/<commit>`), so everything that loads it loads the same revision.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +70,8 @@ def register_builtin(name: str, model: BuiltinModel) -> None:
 
 
 def resolve_model(path: str, *, cache_dir: str) -> Path:
-    """The HF model directory for `path`: a builtin (built once, then reused) or an existing directory.
+    """The HF model directory for `path`: a builtin (built once, then reused), an existing directory or a hub
+    model id (`resolve_hub`).
 
     Builtins are built in a temporary directory next to the target and renamed into place, so
     several processes may resolve at once: one rename wins, the others discard their build.
@@ -87,12 +96,132 @@ def resolve_model(path: str, *, cache_dir: str) -> Path:
             )
         return target
     model_dir = Path(path).expanduser()
+    if not model_dir.is_dir() and hub_id(path) is not None:
+        return resolve_hub(path).path
     if not model_dir.is_dir():
         raise ModelResolveError(
-            f"model path {path!r} does not exist; give an HF model directory or one of {_known()}"
+            f"model path {path!r} does not exist; give an HF model directory, a hub model id "
+            f"(org/name or org/name@revision) or one of {_known()}"
         )
     check_model_dir(model_dir, spec=path)
     return model_dir
+
+
+# org/name[@revision]: the hub's repo id rules (letters, digits, '-', '_', '.'), a revision is a branch, tag or commit
+HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?")
+# what a training run never reads from a model repo (other frameworks' weights, GGUF, original checkpoints)
+HUB_IGNORE = ["*.h5", "*.msgpack", "*.ot", "*.onnx", "*.gguf", "*.pth", "original/*", "onnx/*"]
+
+
+def hub_id(spec: str) -> tuple[str, str | None] | None:
+    """(repo id, revision or None) when `spec` reads as a hub model id `org/name[@revision]`, else None."""
+    if builtin_name(spec) is not None or spec.startswith(("/", ".", "~")):
+        return None
+    match = HUB_ID.fullmatch(spec)
+    return (match["repo"], match["revision"]) if match else None
+
+
+@dataclass(frozen=True)
+class HubModel:
+    """A hub model id resolved to one commit's snapshot directory in the local hub cache."""
+
+    spec: str  # as given: org/name or org/name@revision
+    repo_id: str
+    revision: str | None  # as given (None: the default branch)
+    commit: str  # the commit the snapshot holds (its directory name)
+    path: Path  # <hub cache>/models--org--name/snapshots/<commit>
+    downloaded: bool  # False: it was in the cache already
+
+
+def resolve_hub(spec: str) -> HubModel:
+    """The snapshot directory of hub model id `spec` (`org/name[@revision]`): from the hub cache when it holds
+    one (no network call), else downloaded with a progress bar. Offline (`HF_HUB_OFFLINE=1`) and not cached, or
+    any download failure, raises `ModelResolveError` naming the id and the fix."""
+    parsed = hub_id(spec)
+    if parsed is None:
+        raise ModelResolveError(f"{spec!r} is not a hub model id (org/name or org/name@revision)")
+    repo_id, revision = parsed
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    cache = constants.HF_HUB_CACHE
+    downloaded = False
+    try:
+        path = Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+    except LocalEntryNotFoundError:
+        if constants.HF_HUB_OFFLINE:
+            raise ModelResolveError(
+                f"model {spec!r} is not in the hub cache ({cache}) and HF_HUB_OFFLINE is set: download it "
+                f"first where the hub is reachable (`hf download {repo_id}"
+                f"{f' --revision {revision}' if revision else ''}` with the same HF_HOME), unset "
+                "HF_HUB_OFFLINE, or give a local model directory"
+            ) from None
+        path, downloaded = _download(spec, repo_id, revision, cache), True
+    except (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError, HfHubHTTPError) as err:
+        raise ModelResolveError(f"model {spec!r}: {err}") from err
+    check_model_dir(path, spec=spec)
+    return HubModel(
+        spec=spec, repo_id=repo_id, revision=revision, commit=path.name, path=path, downloaded=downloaded
+    )
+
+
+def _download(spec: str, repo_id: str, revision: str | None, cache: str) -> Path:
+    """snapshot_download with its progress bar on (the quiet defaults turn the hub's bars off)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    quiet = are_progress_bars_disabled()
+    if quiet and os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") != "1":
+        enable_progress_bars()
+    print(f"downloading {spec} into the hub cache {cache}", flush=True)
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, ignore_patterns=HUB_IGNORE))
+    except RepositoryNotFoundError as err:
+        raise ModelResolveError(
+            f"model {spec!r}: no such model on the hub, or it is private (set HF_TOKEN): {err}"
+        ) from err
+    except GatedRepoError as err:
+        raise ModelResolveError(
+            f"model {spec!r} is gated: accept its terms on the hub and set HF_TOKEN ({err})"
+        ) from err
+    except RevisionNotFoundError as err:
+        raise ModelResolveError(f"model {spec!r}: no such revision ({err})") from err
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as err:
+        raise ModelResolveError(
+            f"model {spec!r} could not be downloaded ({err}); check the network, HF_ENDPOINT and HF_TOKEN, "
+            "or give a local model directory"
+        ) from err
+    finally:
+        if quiet:
+            disable_progress_bars()
+
+
+def model_record(spec: str, path: str | Path) -> dict[str, str | None]:
+    """What a run records of its base model: the spec and the directory it resolved to; for a hub id, also the
+    repo id, the revision asked for and the commit of the snapshot (the snapshot directory's name)."""
+    parsed = hub_id(spec) if not Path(spec).expanduser().is_dir() else None
+    if parsed is None:
+        return {"model": spec, "path": str(path)}
+    return {
+        "model": spec,
+        "repo_id": parsed[0],
+        "revision": parsed[1],
+        "commit": Path(path).name,
+        "path": str(path),
+    }
 
 
 def _known() -> str:

@@ -97,7 +97,7 @@ def read_shape(path: str, *, name: str | None = None) -> Shape:
             qkv_bias=c.get("model_type") == "qwen2",
             max_positions=int(c.get("max_position_embeddings") or 0),
         )
-    key = (name or Path(path).name).lower()
+    key = (name or Path(path.partition("@")[0]).name).lower()  # a hub id: org/name[@revision]
     if key not in KNOWN:
         raise ValueError(
             f"no config.json at {cfg_file} and no known shape named {key!r}; "

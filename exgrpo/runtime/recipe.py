@@ -14,10 +14,12 @@ reaches the metrics logger, the progress bar, the sample log (a few completions 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import logging
 import os
+import platform
 import signal
 import sys
 import threading
@@ -78,6 +80,32 @@ def submitted_with_working_dir() -> bool:
     """Whether this driver is a `ray job submit --working-dir ...` entrypoint (it runs in Ray's copy of it)."""
     job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
     return bool((job.get("runtime_env") or {}).get("working_dir"))
+
+
+# where a submitted job's runs go when it sets no logging.run_dir (a directory on the driver's node)
+JOB_RUNS_ENV = "EXGRPO_RUNS_DIR"
+JOB_RUNS_DEFAULT = "~/exgrpo-runs"
+
+
+def job_run_dir(cfg: Config) -> Config:
+    """A job submitted with `--working-dir` that sets no `logging.run_dir` writes to `<root>/<time>`, an absolute
+    path that outlives the job's temporary copy of the working directory: root is `$EXGRPO_RUNS_DIR`, else
+    `~/exgrpo-runs` of the user running the driver. Any other config is returned as it is."""
+    if cfg.logging.run_dir or not submitted_with_working_dir():
+        return cfg
+    root = Path(os.environ.get(JOB_RUNS_ENV) or JOB_RUNS_DEFAULT).expanduser().resolve()
+    run_dir = str(root / f"{dt.datetime.now():%Y%m%d-%H%M%S}")
+    return dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, run_dir=run_dir))
+
+
+def shared_run_dir_note(run_dir: Path, *, nodes: int) -> str:
+    """On a cluster of several nodes: where checkpoints land and what every node must share."""
+    return (
+        f"{PREFIX} {nodes} nodes: checkpoints land in {run_dir.resolve()}/checkpoints; learner ranks on other "
+        f"nodes write their weights there on their own node, so {run_dir.resolve().parent} must be one directory "
+        f"every node mounts (else the first checkpoint fails, saying so): set {JOB_RUNS_ENV} or "
+        "logging.run_dir to shared storage (docs/operating.md, 'Two nodes')"
+    )
 
 
 def check_run_dir(cfg: Config, *, nodes: int = 1) -> None:
@@ -198,6 +226,7 @@ class TrainingRecipe:
         from exgrpo.data.sources import load_prompts
         from exgrpo.data.tasks import trace_checker
         from exgrpo.loop.checkpoint import (
+            BASE_MODEL_FILE,
             Checkpointer,
             checkpoint_step,
             fresh_run_dir_check,
@@ -207,9 +236,10 @@ class TrainingRecipe:
             tokenizer_files,
         )
         from exgrpo.loop.driver import Driver
-        from exgrpo.models.resolve import resolve_model
+        from exgrpo.models.resolve import model_record, resolve_model
 
-        cfg, phases = self.cfg, self.phases
+        defaulted = self.cfg is not (cfg := job_run_dir(self.cfg))  # a submitted job's default run dir
+        self.cfg, phases = cfg, self.phases
         quiet_libraries(verbose=cfg.logging.verbose)
         ckpt = self.ckpt = (
             resume_checkpoint(Path(cfg.logging.run_dir).expanduser(), cfg)
@@ -218,10 +248,20 @@ class TrainingRecipe:
         )
         check_reward(cfg)  # a reward.fn that cannot be imported fails before anything is written
         check_run_dir(cfg)  # before anything is written there
+        phases.start(Phase.BASE_MODEL, cfg.model.path)
+        # a fresh run's model (a hub id: from the hub cache or downloaded) before its run dir is made: a model
+        # that cannot be had leaves nothing behind
+        fresh_model = None if ckpt else str(resolve_model(cfg.model.path, cache_dir=cfg.model.cache_dir))
         fresh = not cfg.logging.run_dir or not Path(cfg.logging.run_dir).expanduser().exists()
         made = fresh and not self.resume and not self.attempt.recovery
         run_dir = self.run_dir = make_run_dir(cfg)
         self._made_run_dir = made
+        if defaulted:
+            print(
+                f"{PREFIX} run directory {run_dir} (a submitted job's default on the driver's node "
+                f"{platform.node()}; set logging.run_dir or {JOB_RUNS_ENV} to choose)",
+                flush=True,
+            )
         # the steps trained again: after the checkpoint, or all (the first evaluation too) when a recovery
         # restarts at step 0 over this job's own run dir
         again = checkpoint_step(ckpt) if ckpt is not None else -1 if self.attempt.recovery else None
@@ -230,10 +270,15 @@ class TrainingRecipe:
                 "metrics.jsonl: dropped %d records of steps >= %d (they are trained again)", dropped, again
             )
         self.job.rewind(max(again or 0, 0))
-        phases.start(Phase.BASE_MODEL, cfg.model.path)
         # a resumed run starts from its checkpoint's weights, pinned in the run dir: rotation deletes the checkpoint
-        start = str(pin_model(ckpt, run_dir)) if ckpt else cfg.model.path
-        model_path = self.model_path = str(resolve_model(start, cache_dir=cfg.model.cache_dir))
+        model_path = self.model_path = fresh_model or str(
+            resolve_model(str(pin_model(ckpt, run_dir)), cache_dir=cfg.model.cache_dir)
+        )
+        base_model = model_record(cfg.model.path, model_path)  # a hub id: its repo, revision and commit
+        if ckpt is None:
+            (run_dir / BASE_MODEL_FILE).write_text(json.dumps(base_model, indent=1))
+        elif (run_dir / BASE_MODEL_FILE).is_file():
+            base_model = json.loads((run_dir / BASE_MODEL_FILE).read_text())
         self.tokenizer = tokenizer_files(model_path)
         if (
             cfg.learners.lora_rank > 0
@@ -258,7 +303,10 @@ class TrainingRecipe:
         )
         phases.start(Phase.RAY)
         init_ray(cfg)
-        check_run_dir(cfg, nodes=len([n for n in ray.nodes() if n.get("Alive")]))
+        nodes = len([n for n in ray.nodes() if n.get("Alive")])
+        check_run_dir(cfg, nodes=nodes)
+        if nodes > 1:
+            print(shared_run_dir_note(run_dir, nodes=nodes), file=sys.stderr, flush=True)
         check_cluster(cfg, model_path=model_path)
         phases.start(
             Phase.ACTORS,
@@ -275,7 +323,9 @@ class TrainingRecipe:
             eval_key=f"eval(T {cfg.samplers.temperature}, n {cfg.trainer.eval_samples})",
         )
         self.checkpointer = (
-            Checkpointer(run_dir, model_path=model_path, keep=cfg.trainer.keep_checkpoints)
+            Checkpointer(
+                run_dir, model_path=model_path, keep=cfg.trainer.keep_checkpoints, base_model=base_model
+            )
             if self.checkpoints
             else None
         )

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exgrpo.verify import closure
+
 RewardFn = Callable[[str, str, dict[str, Any]], Any]
 
 
@@ -92,6 +94,12 @@ def _load_module(dotted: str) -> tuple[Any, str | None]:
 
 def resolve(spec: str) -> ResolvedReward:
     """Import the function a spec names and check it can be called as fn(prompt, completion, fields)."""
+    if spec.startswith(closure.PREFIX):  # a callable shipped by value (the Python API's reward_fn)
+        try:
+            fn: Any = closure.unpack(spec)
+        except Exception as err:
+            raise RewardError(f"reward.fn: cannot unpickle the reward function: {err!r}") from err
+        return ResolvedReward(spec=spec, fn=_checked_signature(fn, "reward_fn"), import_root=None)
     where, name = _split(spec)
     module, root = _load_file(where) if where.endswith(".py") else _load_module(where)
     fn = getattr(module, name, None)
@@ -102,13 +110,17 @@ def resolve(spec: str) -> ResolvedReward:
         )
     if not callable(fn):
         raise RewardError(f"reward.fn: {spec!r} is not a function")
+    return ResolvedReward(spec=spec, fn=_checked_signature(fn, repr(spec)), import_root=root)
+
+
+def _checked_signature(fn: RewardFn, name: str) -> RewardFn:
     try:
         inspect.signature(fn).bind("prompt", "completion", {})
     except TypeError as err:
         raise RewardError(
-            f"reward.fn: {spec!r} must accept (prompt, completion, fields); its signature is "
+            f"reward.fn: {name} must accept (prompt, completion, fields); its signature is "
             f"{inspect.signature(fn)} ({err})"
         ) from err
     except ValueError:  # a builtin without a signature: let the call decide
         pass
-    return ResolvedReward(spec=spec, fn=fn, import_root=root)
+    return fn

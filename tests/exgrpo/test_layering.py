@@ -38,9 +38,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "exgrpo.evaluate",
         "exgrpo.plan",
         "exgrpo.experiments",
-    ),  # the command lines
+        "exgrpo.api",
+    ),  # the command lines and the Python entry point
 )
-TOP_LEVEL = ("exgrpo",)  # `exgrpo/__init__.py`: imports nothing
+TOP_LEVEL = ("exgrpo",)  # `exgrpo/__init__.py`: imports nothing but, on first use, the Python entry point
+TOP_LEVEL_MAY_IMPORT = (
+    "exgrpo.api",
+)  # `from exgrpo import train` (a module __getattr__: `import exgrpo` stays light)
 
 
 def module_name(path: Path) -> str:
@@ -94,7 +98,10 @@ def direction_violations(graph: Mapping[str, set[str]]) -> list[str]:
     out = []
     for src, deps in sorted(graph.items()):
         if src in TOP_LEVEL:
-            out += [f"{src} -> {d}: the top-level package imports nothing" for d in sorted(deps)]
+            out += [
+                f"{src} -> {d}: the top-level package imports nothing"
+                for d in sorted(deps - set(TOP_LEVEL_MAY_IMPORT))
+            ]
             continue
         have = layer_of(src)
         if have is None:

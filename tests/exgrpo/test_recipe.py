@@ -8,9 +8,15 @@ from exgrpo.core.config_files import load_config
 from exgrpo.runtime.recipe import TrainingRecipe
 
 
+class _Scaling:
+    def current(self) -> int:
+        return 3  # the operator's count when the attempt stops (what a recovery starts with)
+
+
 class _System:
     def __init__(self) -> None:
         self.stopped = 0
+        self.scaling = _Scaling()
 
     def shutdown(self) -> None:
         self.stopped += 1
@@ -57,6 +63,7 @@ def test_a_failed_train_stops_the_actors_and_writes_no_report(tmp_path, monkeypa
     with pytest.raises(ValueError, match="a bug in a step"):
         recipe.run()
     assert system.stopped == 1 and logger.closed == 1 and progress.closed == 1
+    assert recipe.job.samplers == 3  # kept for a recovery: the controller's count when it stopped
 
 
 def test_a_setup_that_fails_before_anything_started_raises_its_own_error(tmp_path, monkeypatch):
@@ -78,3 +85,30 @@ def test_a_submitted_job_with_a_working_dir_is_recognised(monkeypatch):
     job = {"runtime_env": {"working_dir": "gcs://_ray_pkg_abc.zip"}, "metadata": {}}
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
     assert submitted_with_working_dir()
+
+
+def test_a_submitted_job_without_a_run_dir_gets_an_absolute_one_that_outlives_it(tmp_path, monkeypatch):
+    import json
+    from pathlib import Path
+
+    from exgrpo.core.config import ConfigError
+    from exgrpo.core.config_files import load_config
+    from exgrpo.runtime.recipe import check_run_dir, job_run_dir, shared_run_dir_note
+
+    cfg = load_config("tiny-cpu")
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert job_run_dir(cfg) is cfg  # a local run keeps runs/<time>
+    job = {"runtime_env": {"working_dir": "gcs://_ray_pkg_abc.zip"}}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
+    monkeypatch.setenv("EXGRPO_RUNS_DIR", str(tmp_path / "runs"))
+    run_dir = Path(job_run_dir(cfg).logging.run_dir)
+    assert run_dir.is_absolute() and run_dir.parent == tmp_path / "runs"
+    check_run_dir(job_run_dir(cfg))  # accepted, where the unset one was refused
+    monkeypatch.delenv("EXGRPO_RUNS_DIR")
+    assert Path(job_run_dir(cfg).logging.run_dir).parent == Path("~/exgrpo-runs").expanduser().resolve()
+    explicit = load_config("tiny-cpu", ["logging.run_dir=/data/runs/x"])
+    assert job_run_dir(explicit) is explicit  # a run dir the user set is kept
+    with pytest.raises(ConfigError, match="relative but this is a job submitted with --working-dir"):
+        check_run_dir(load_config("tiny-cpu", ["logging.run_dir=runs/x"]))
+    note = shared_run_dir_note(run_dir, nodes=2)
+    assert f"{run_dir}/checkpoints" in note and "every node mounts" in note and "EXGRPO_RUNS_DIR" in note
