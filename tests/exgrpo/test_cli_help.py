@@ -19,7 +19,7 @@ def _help(main, capsys) -> str:
 def test_evaluate_help_shows_the_defaults(capsys):
     text = _help(evaluate.main, capsys)
     assert "--n N samples per question for Avg@n and Pass@n (default: 32)" in text
-    assert "(default: 0.6)" in text and "(default: ~/.cache/exgrpo)" in text
+    assert "(default: 1.0, the run's" in text and "(default: ~/.cache/exgrpo)" in text
     assert f"(default: {evaluate.DEFAULT_MAX_TOKENS}," in text
     optional = [a for a in evaluate._parser()._actions if a.option_strings and not a.required]
     assert [a.dest for a in optional if "(default: " not in (a.help or "")] == ["help"]
