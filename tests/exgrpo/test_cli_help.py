@@ -22,7 +22,8 @@ def test_evaluate_help_shows_the_defaults(capsys):
     assert "(default: 1.0, the run's" in text and "(default: ~/.cache/exgrpo)" in text
     assert f"(default: {evaluate.DEFAULT_MAX_TOKENS}," in text
     optional = [a for a in evaluate._parser()._actions if a.option_strings and not a.required]
-    assert [a.dest for a in optional if "(default: " not in (a.help or "")] == ["help"]
+    missing = [a.dest for a in optional if "(default: " not in (a.help or "")]
+    assert missing == ["help", "model", "data", "like_run"]  # required unless --like-run gives them
 
 
 def test_compare_help_lists_the_variants_and_defaults(capsys):
