@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from exgrpo.models.resolve import ModelResolveError
 
     try:
-        result = launch.train(cfg, resume=bool(args.resume))
+        result = launch.train(cfg, resume=bool(args.resume), stop_on_signals=True)
     except (ConfigError, DataError, ModelResolveError, ResumeError, FileNotFoundError) as e:
         # bad input (config, resources, data, model, resume): nothing was trained, nothing is lost
         print(f"error: {e}", file=sys.stderr)

@@ -134,8 +134,10 @@ class TrainingRecipe:
         stall_timeout_s: float = 900.0,
         attempt: Attempt | None = None,
         job: Job | None = None,
+        stop_on_signals: bool = False,
     ) -> None:
         self.cfg = cfg
+        self.graceful_stop = stop_on_signals  # SIGINT / SIGTERM stop at a step boundary (the CLI's runs)
         self.attempt = attempt if attempt is not None else Attempt(resume=resume)
         self.job = job if job is not None else Job()
         self.resume, self.checkpoints, self.stall_timeout_s = resume, checkpoints, stall_timeout_s
@@ -174,7 +176,7 @@ class TrainingRecipe:
             raise
         failed = True
         try:
-            with self.stop_on_signals():
+            with self.stop_on_signals() if self.graceful_stop else contextlib.nullcontext():
                 self.train()
             stopped = getattr(self.driver, "stopped", None)
             if stopped is None:  # a stopped run keeps its checkpoint, no final model
@@ -469,11 +471,14 @@ def train(
     checkpoints: bool = True,
     observer: RunObserver | None = None,
     stall_timeout_s: float = 900.0,
+    stop_on_signals: bool = False,
 ) -> RunResult:
     """Run one training job end to end (or continue it from its latest checkpoint with `resume`):
     `TrainingRecipe(cfg, ...).run()`, and after a learner or shard death up to
     `trainer.max_failures` more, each a fresh recipe resuming this run dir (`exgrpo.runtime.healing`).
-    `observer` sees every attempt (`on_train_start` once per attempt)."""
+    `observer` sees every attempt (`on_train_start` once per attempt). `stop_on_signals` (the CLI sets it):
+    the first SIGINT / SIGTERM stops at the next step boundary with a checkpoint and a report
+    (`RunResult.stopped`), a second one at once."""
     job = Job()
 
     def start(a: Attempt) -> RunResult:
@@ -485,6 +490,7 @@ def train(
             stall_timeout_s=stall_timeout_s,
             attempt=a,
             job=job,
+            stop_on_signals=stop_on_signals,
         ).run()
 
     limit = resolve_max_failures(cfg)
