@@ -146,6 +146,7 @@ class TrainingRecipe:
         self.ckpt: Path | None = None  # the checkpoint a resumed run restores
         self.run_dir = Path()
         self._made_run_dir = False  # setup made the run directory (removed again when the start is refused)
+        self.long_prompts_skipped = 0  # prompts over model.max_prompt_len left out (data.long_prompts=skip)
         self.model_path = ""
         self.tokenizer: dict[str, bytes] = {}
         self.train_set: list[Prompt] = []
@@ -249,6 +250,7 @@ class TrainingRecipe:
         from exgrpo.runtime.preflight import enforce_prompt_lengths
 
         self.train_set, self.eval_set, skipped = enforce_prompt_lengths(cfg, model_path, train_set, eval_set)
+        self.long_prompts_skipped = len(train_set) + len(eval_set) - len(self.train_set) - len(self.eval_set)
         if skipped:
             log.warning("prompts%s", skipped)
         log.info(
@@ -376,6 +378,7 @@ class TrainingRecipe:
             eval_samples=cfg.trainer.eval_samples,
             reward_failure_notes=driver.reward_failure_notes,
             custom_reward=cfg.reward.fn != "math",
+            long_prompts_skipped=self.long_prompts_skipped,
         )
         logger.summary(summary)
         logger.close()
