@@ -252,7 +252,7 @@ class TrainingRecipe:
         self.train_set, self.eval_set, skipped = enforce_prompt_lengths(cfg, model_path, train_set, eval_set)
         self.long_prompts_skipped = len(train_set) + len(eval_set) - len(self.train_set) - len(self.eval_set)
         if skipped:
-            log.warning("prompts%s", skipped)
+            log.warning("%s", skipped)
         log.info(
             "run dir %s; model %s; %d train / %d eval questions",
             run_dir.resolve(),  # absolute: a submitted job (RAY_ADDRESS) runs in Ray's copy of the working dir
