@@ -194,8 +194,8 @@ def warnings(s: dict[str, Any]) -> list[str]:
         return []
     return [
         f"WARNING: the reward failed on {s['reward_failures']} of {s['rollouts']} rollouts ({share:.1%}, over "
-        f"{REWARD_FAILURE_WARN:.0%}); each scored 0 (first of each kind above, rollout/reward_failures in "
-        "metrics.jsonl; docs/rewards.md)"
+        f"{REWARD_FAILURE_WARN:.0%}); each scored 0. The 'first <kind>' rows show the first of each kind; "
+        "rollout/reward_failures in metrics.jsonl counts them per step (docs/rewards.md)"
     ]
 
 
