@@ -5,13 +5,15 @@
     python -m exgrpo.evaluate --model runs/X/final --data builtin:arith --save-completions completions.jsonl
     python -m exgrpo.evaluate --like-run runs/X          # the run's model, eval data, T, lengths, template, reward
 
-The scores are defined in `exgrpo/evaluation/scores.py`: fractions as the run prints them, Avg@n the mean reward
-as the run averages it (`eval/accuracy`), Correct@n the share of rewards above `--correct-above`. The defaults
-are the run's (T 1.0, the whole response budget the context leaves); `--like-run RUN_DIR` takes every setting
-from the run's config.yaml (explicit options still win). Rewards that fail (raise, return no number, time
-out) score 0 and are counted under the table and in the JSON (`reward_failures`, `first_reward_failures`). `--save-completions` also writes every sampled
-completion (the n per question behind Avg@n; not the greedy decode) as one JSON line, so the figures can
-be read back to the text that earned them.
+The scores are defined in `exgrpo/evaluation/scores.py`: fractions as the run prints them, Avg@n the mean
+reward as the run averages it (`eval/accuracy`), Correct@n the share of rewards above `--correct-above`.
+The default temperature is the run's (1.0); the default response length is what the context leaves (up to
+4096 tokens), not a run's `model.max_response_len`: `--like-run RUN_DIR` takes that and every other setting
+from the run's config.yaml (explicit options still win), so its figures are measured as the run's
+`eval/accuracy` is. Rewards that fail (raise, return no number, time out) score 0 and are counted under
+the table and in the JSON (`reward_failures`, `first_reward_failures`). `--save-completions` also writes
+every sampled completion (the n per question behind Avg@n; not the greedy decode) as one JSON line, so the
+figures can be read back to the text that earned them.
 """
 
 from __future__ import annotations

@@ -113,17 +113,17 @@ def main(argv: list[str] | None = None) -> int:
         from exgrpo.runtime.preflight import preflight
         from exgrpo.runtime.resources import dry_run_fit, placement_plan
 
-        try:  # what a start checks before Ray: the reward, the model, LoRA's targets, the data
-            print("\n".join(preflight(cfg, resume=bool(args.resume))))
-        except (ConfigError, DataError, ModelResolveError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
         print(placement_plan(cfg))
         memory, fits = dry_run_report(cfg)
         if memory:
             print(memory)
         if not fits:
             print("error: the memory plan does not fit (see its fix: lines)", file=sys.stderr)
+            return 2
+        try:  # what a start checks before Ray: the reward, the model, LoRA's targets, the data
+            print("\n".join(preflight(cfg, resume=bool(args.resume))))
+        except (ConfigError, DataError, ModelResolveError) as e:
+            print(f"error: {e}", file=sys.stderr)
             return 2
         try:  # the checks a real start makes before its first actor
             print(dry_run_fit(cfg))
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from exgrpo.models.resolve import ModelResolveError
 
     try:
-        result = launch.train(cfg, resume=bool(args.resume))
+        result = launch.train(cfg, resume=bool(args.resume), stop_on_signals=True)
     except (ConfigError, DataError, ModelResolveError, ResumeError, FileNotFoundError) as e:
         # bad input (config, resources, data, model, resume): nothing was trained, nothing is lost
         print(f"error: {e}", file=sys.stderr)

@@ -61,7 +61,8 @@ def check_prompt_lengths(
         )
     if long and not kept:
         raise DataError(
-            f"{what}: every prompt is longer than model.max_prompt_len={limit} tokens ({describe(long)})"
+            f"{what}: every prompt is longer than model.max_prompt_len={limit} tokens ({describe(long)}); "
+            "raise model.max_prompt_len"
         )
     return LongPrompts(kept, long)
 

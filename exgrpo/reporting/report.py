@@ -53,10 +53,12 @@ def summary(
     eval_samples: int | None = None,
     reward_failure_notes: dict[str, str] | None = None,
     custom_reward: bool = False,
+    long_prompts_skipped: int = 0,
 ) -> dict[str, Any]:
     """The run's figures; `eval_temperature` / `eval_samples`: how its held-out evaluations sampled;
     `reward_failure_notes`: the first reward failure of each kind; `custom_reward`: the reward is a user's
-    `reward.fn`, so the held-out figure is a mean reward, not an accuracy."""
+    `reward.fn`, so the held-out figure is a mean reward, not an accuracy; `long_prompts_skipped`: prompts left
+    out as longer than `model.max_prompt_len` (`data.long_prompts=skip`)."""
     last = records[-1] if records else {}
     buckets = {k: v for k, v in last.items() if k.startswith("replay/bucket_")}
 
@@ -86,6 +88,7 @@ def summary(
         "reward_failure_share": total(M.REWARD_FAILURES) / max(total(M.ROLLOUTS), 1.0),
         "reward_failure_notes": dict(reward_failure_notes or {}),
         "heldout_name": "held-out mean reward" if custom_reward else "held-out accuracy",
+        "long_prompts_skipped": long_prompts_skipped,  # over model.max_prompt_len (data.long_prompts=skip)
     }
     out.update(heldout_gain(evals))
     if phases:
@@ -161,6 +164,11 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
             else []
         ),
         *[(f"  first {kind}", text) for kind, text in s.get("reward_failure_notes", {}).items()],
+        *(
+            [("prompts skipped as too long", s["long_prompts_skipped"])]
+            if s.get("long_prompts_skipped")
+            else []
+        ),
         ("generated tokens", s["tokens"]),
         ("tokens/s (per step time)", f(s["tokens_per_s"])),
         ("replay started", s["replay_started"]),
@@ -186,8 +194,8 @@ def warnings(s: dict[str, Any]) -> list[str]:
         return []
     return [
         f"WARNING: the reward failed on {s['reward_failures']} of {s['rollouts']} rollouts ({share:.1%}, over "
-        f"{REWARD_FAILURE_WARN:.0%}); each scored 0 (first of each kind above, rollout/reward_failures in "
-        "metrics.jsonl; docs/rewards.md)"
+        f"{REWARD_FAILURE_WARN:.0%}); each scored 0. The 'first <kind>' rows show the first of each kind; "
+        "rollout/reward_failures in metrics.jsonl counts them per step (docs/rewards.md)"
     ]
 
 
@@ -212,6 +220,7 @@ def write_report(
     eval_samples: int | None = None,
     reward_failure_notes: dict[str, str] | None = None,
     custom_reward: bool = False,
+    long_prompts_skipped: int = 0,
 ) -> dict[str, Any]:
     """summary.json / summary.txt (printed), `plots/*.png` if `plots`, `report.html` if `html_report`.
 
@@ -229,6 +238,7 @@ def write_report(
         eval_samples=eval_samples,
         reward_failure_notes=reward_failure_notes,
         custom_reward=custom_reward,
+        long_prompts_skipped=long_prompts_skipped,
     )
     atomic_write_text(run_dir / "summary.json", json.dumps(s, indent=2))
     text = format_summary(s)

@@ -122,7 +122,9 @@ def check_data(cfg: Config, *, model_path: Path | None = None) -> str:
     if model_path is None:
         return line + "; prompt lengths checked at start (the model is built then)"
     train, evaluation, note = enforce_prompt_lengths(cfg, model_path, train, evaluation)
-    return f"{line}; prompts within model.max_prompt_len={cfg.model.max_prompt_len} tokens{note}"
+    return f"{line}; prompts within model.max_prompt_len={cfg.model.max_prompt_len} tokens" + (
+        f"; {note}" if note else ""
+    )
 
 
 def enforce_prompt_lengths(
@@ -152,5 +154,6 @@ def enforce_prompt_lengths(
         kept.append(got.kept if got else prompts)
         if got and got.long:
             notes.append(f"{what}: skipped {len(got.long)} of {len(prompts)} ({describe(got.long)})")
-    note = "; longer than model.max_prompt_len, data.long_prompts=skip: " + "; ".join(notes) if notes else ""
+    note = "prompts longer than model.max_prompt_len left out (data.long_prompts=skip): " + "; ".join(notes)
+    note = note if notes else ""
     return kept[0], kept[1], note

@@ -162,8 +162,10 @@ class TrainingRecipe:
         stall_timeout_s: float = 900.0,
         attempt: Attempt | None = None,
         job: Job | None = None,
+        stop_on_signals: bool = False,
     ) -> None:
         self.cfg = cfg
+        self.graceful_stop = stop_on_signals  # SIGINT / SIGTERM stop at a step boundary (the CLI's runs)
         self.attempt = attempt if attempt is not None else Attempt(resume=resume)
         self.job = job if job is not None else Job()
         self.resume, self.checkpoints, self.stall_timeout_s = resume, checkpoints, stall_timeout_s
@@ -172,6 +174,7 @@ class TrainingRecipe:
         self.ckpt: Path | None = None  # the checkpoint a resumed run restores
         self.run_dir = Path()
         self._made_run_dir = False  # setup made the run directory (removed again when the start is refused)
+        self.long_prompts_skipped = 0  # prompts over model.max_prompt_len left out (data.long_prompts=skip)
         self.model_path = ""
         self.tokenizer: dict[str, bytes] = {}
         self.train_set: list[Prompt] = []
@@ -202,7 +205,7 @@ class TrainingRecipe:
             raise
         failed = True
         try:
-            with self.stop_on_signals():
+            with self.stop_on_signals() if self.graceful_stop else contextlib.nullcontext():
                 self.train()
             stopped = getattr(self.driver, "stopped", None)
             if stopped is None:  # a stopped run keeps its checkpoint, no final model
@@ -292,8 +295,9 @@ class TrainingRecipe:
         from exgrpo.runtime.preflight import enforce_prompt_lengths
 
         self.train_set, self.eval_set, skipped = enforce_prompt_lengths(cfg, model_path, train_set, eval_set)
+        self.long_prompts_skipped = len(train_set) + len(eval_set) - len(self.train_set) - len(self.eval_set)
         if skipped:
-            log.warning("prompts%s", skipped)
+            log.warning("%s", skipped)
         log.info(
             "run dir %s; model %s; %d train / %d eval questions",
             run_dir.resolve(),  # absolute: a submitted job (RAY_ADDRESS) runs in Ray's copy of the working dir
@@ -425,6 +429,7 @@ class TrainingRecipe:
             eval_samples=cfg.trainer.eval_samples,
             reward_failure_notes=driver.reward_failure_notes,
             custom_reward=cfg.reward.fn != "math",
+            long_prompts_skipped=self.long_prompts_skipped,
         )
         logger.summary(summary)
         logger.close()
@@ -520,11 +525,14 @@ def train(
     checkpoints: bool = True,
     observer: RunObserver | None = None,
     stall_timeout_s: float = 900.0,
+    stop_on_signals: bool = False,
 ) -> RunResult:
     """Run one training job end to end (or continue it from its latest checkpoint with `resume`):
     `TrainingRecipe(cfg, ...).run()`, and after a learner or shard death up to
     `trainer.max_failures` more, each a fresh recipe resuming this run dir (`exgrpo.runtime.healing`).
-    `observer` sees every attempt (`on_train_start` once per attempt)."""
+    `observer` sees every attempt (`on_train_start` once per attempt). `stop_on_signals` (the CLI sets it):
+    the first SIGINT / SIGTERM stops at the next step boundary with a checkpoint and a report
+    (`RunResult.stopped`), a second one at once."""
     job = Job()
 
     def start(a: Attempt) -> RunResult:
@@ -536,6 +544,7 @@ def train(
             stall_timeout_s=stall_timeout_s,
             attempt=a,
             job=job,
+            stop_on_signals=stop_on_signals,
         ).run()
 
     limit = resolve_max_failures(cfg)

@@ -901,3 +901,18 @@ def test_a_stop_request_checkpoints_at_the_step_boundary_and_the_resume_loses_no
     assert [r[M.STEP] for r in records2] == [3, 4, 5, 6, 7]  # no step lost, none twice
     got = _summary(learners_b, records_b) + _summary(learners2, records2)
     assert got == want
+
+
+def test_a_scale_change_reaches_the_jobs_output_with_its_step(caplog):
+    """`python -m exgrpo.scale`: before, the change was an INFO line that a job's output (a warning level, or
+    the Python API without logging set up) did not show."""
+
+    class Desired:
+        def desired_samplers(self):
+            return 3
+
+    driver, rollouts, _, _ = build(config("trainer.steps=1"), lambda r, i, v: 0.0)
+    driver.scaling = Desired()
+    with caplog.at_level("WARNING", logger="exgrpo.loop.driver"):
+        driver.train()
+    assert "step 0: scaling samplers 1 -> 3" in [r.getMessage() for r in caplog.records]

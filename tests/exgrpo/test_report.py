@@ -293,3 +293,10 @@ def test_a_run_stopped_before_its_last_evaluation_has_no_after_figure():
     s = summary(records, evals[:1], 5.0)
     assert s["eval_accuracy_before"] == 0.2 and s["eval_accuracy_after"] is None
     assert re.search(r"held-out accuracy after +None", format_summary(s))
+
+
+def test_prompts_skipped_as_too_long_are_counted_in_the_summary():
+    records, evals = fake_run(2)
+    text = format_summary(summary(records, evals, 5.0, long_prompts_skipped=3))
+    assert re.search(r"prompts skipped as too long +3", text)
+    assert "too long" not in format_summary(summary(records, evals, 5.0))

@@ -90,7 +90,10 @@ def test_a_hanging_function_is_killed_at_the_deadline(reward_file):
 
 def test_the_first_failure_of_each_kind_keeps_its_text_and_qid(reward_file, caplog):
     """Before: the worker dropped the exception (a bare `e`), so nothing could say what went wrong."""
-    with FunctionReward(f"{reward_file}:raises") as reward, caplog.at_level("WARNING"):
+    with (
+        FunctionReward(f"{reward_file}:raises") as reward,
+        caplog.at_level("INFO", logger="exgrpo.verify.pool"),
+    ):
         reward.score_prompts(_prompts(3), ["x", "y", "z"])
         stats = reward.stats()
     assert stats.failures == {"raised": 3}
@@ -148,3 +151,14 @@ def test_rows_keep_their_columns_for_a_reward_function(tmp_path):
     assert len(result.skipped) == 1 and "missing question" in result.skipped[0].reason
     plain = read_prompts(data)  # the math verifier needs the answer and no other column
     assert [p.qid for p in plain.prompts] == ["rows:1"] and plain.prompts[0].fields == {}
+
+
+def test_a_sampler_sends_each_kind_of_failure_to_the_driver_once(reward_file):
+    from actors.sampler import new_failure_notes
+
+    noted: set[str] = set()
+    with FunctionReward(f"{reward_file}:raises") as reward:
+        reward.score_prompts(_prompts(2), ["x", "y"])
+        assert new_failure_notes(reward, noted) == (("raised", "RuntimeError: boom (qid q0)"),)
+        reward.score_prompts(_prompts(2), ["x", "y"])
+        assert new_failure_notes(reward, noted) == ()  # already sent

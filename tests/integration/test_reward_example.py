@@ -67,6 +67,14 @@ def test_a_non_math_task_learns_from_its_own_reward(ray_cluster, tmp_path):
     assert len({round(r, 3) for r in seen.rewards}) > 5
     failures = sum(r[M.REWARD_FAILURES] for r in result.records)
     assert failures > 0  # the questions asking for 7 characters
+    # in plain sight: the summary counts them and keeps the first one's text and row
+    import json
+
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["reward_failures"] == failures and summary["rollouts"] > failures
+    assert summary["reward_failure_notes"]["raised"].startswith(
+        "ValueError: a reward function with a bug (qid "
+    )
     before, after = result.evals[0], result.evals[-1]
     print(
         f"length task held-out mean reward: before {before[M.EVAL_ACCURACY]:.3f}, after {after[M.EVAL_ACCURACY]:.3f}"
