@@ -49,13 +49,8 @@ def run_reach(run_dir: Path, k_rollouts: int) -> dict[str, Any]:
             chosen[key] = (c["entropy"], age, c["qid"])
     per_q = Counter(qid for _, _, qid in chosen.values())
     ages = np.array([a for _, a, _ in chosen.values()], dtype=float)
-    ratios = np.array(
-        [
-            r[M.RATIO_REPLAY]
-            for r in records
-            if r.get(M.N_REPLAY) and np.isfinite(r.get(M.RATIO_REPLAY, np.nan))
-        ]
-    )
+    ratios = np.array([r.get(M.RATIO_REPLAY) for r in records if r.get(M.N_REPLAY)], dtype=float)  # None: NaN
+    ratios = ratios[np.isfinite(ratios)]
     by_step = {r[M.STEP]: r for r in records}
     last = max(by_step) if by_step else None
     return {

@@ -89,6 +89,7 @@ def test_reach_reads_replays_ages_ratios_and_buckets_from_a_run_directory(tmp_pa
          "replay/bucket_1": t, "replay/bucket_2": 5}
         for t in range(4)
     ]  # fmt: skip
+    records[2]["learner/ratio_replay"] = None  # logged as null when a step had no replayed token
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
     cands = [  # step 1: q1 (two candidates, the lower entropy one sampled at version 0), q2; step 2: q1 again
         {"step": 1, "request_id": 5, "qid": "q1", "candidate": 0, "entropy": 0.3, "policy_version": 1},
@@ -101,7 +102,8 @@ def test_reach_reads_replays_ages_ratios_and_buckets_from_a_run_directory(tmp_pa
     assert reach["replay_groups"] == 6 and reach["distinct_replayed"] == 2
     assert reach["replays_per_question"] == 1.5 and reach["max_replays_of_a_question"] == 2
     assert (reach["age_p50"], reach["age_max"]) == (0.0, 1.0)  # ages 1 (q1 at step 1), 0, 0
-    assert reach["ratio_p50"] == pytest.approx(1.2) and reach["retired"] == 3
+    assert reach["ratio_p50"] == pytest.approx(1.2) and reach["ratio_p90"] == pytest.approx(1.28)
+    assert reach["retired"] == 3
     assert reach["buckets"] == {"3": "1:3 2:5"}
 
 
