@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import textwrap
 
 import pytest
@@ -90,15 +91,20 @@ def test_a_hanging_function_is_killed_at_the_deadline(reward_file):
 
 def test_the_first_failure_of_each_kind_keeps_its_text_and_qid(reward_file, caplog):
     """Before: the worker dropped the exception (a bare `e`), so nothing could say what went wrong."""
-    with (
-        FunctionReward(f"{reward_file}:raises") as reward,
-        caplog.at_level("INFO", logger="exgrpo.verify.pool"),
-    ):
-        reward.score_prompts(_prompts(3), ["x", "y", "z"])
-        stats = reward.stats()
+    pool_log = logging.getLogger("exgrpo.verify.pool")
+    pool_log.addHandler(caplog.handler)  # directly: an earlier CLI test may have stopped "exgrpo" propagating
+    try:
+        with (
+            FunctionReward(f"{reward_file}:raises") as reward,
+            caplog.at_level("INFO", logger="exgrpo.verify.pool"),
+        ):
+            reward.score_prompts(_prompts(3), ["x", "y", "z"])
+            stats = reward.stats()
+    finally:
+        pool_log.removeHandler(caplog.handler)
     assert stats.failures == {"raised": 3}
     assert stats.first_failures == {"raised": "RuntimeError: boom (qid q0)"}
-    logged = [r.getMessage() for r in caplog.records if "boom" in r.getMessage()]
+    logged = list({id(r): r.getMessage() for r in caplog.records if "boom" in r.getMessage()}.values())
     assert len(logged) == 1 and "raised (qid q0): RuntimeError: boom" in logged[0]  # once, not per row
     with FunctionReward(f"{reward_file}:text") as reward:
         reward.score_prompts(_prompts(2), ["x", "y"])

@@ -204,7 +204,9 @@ def test_deep_parentheses_cost_at_most_the_timeout(strict_verifier):
     with Verifier(timeout_s=TIMEOUT_S) as limited:
         reward, wall = _timed(limited.score, rf"\boxed{{{answer}}}", "1")
         assert reward == 0.0 and wall < 0.5
-        assert limited.stats() == rewards.VerifierStats(scored=1, fast=1, timeouts=0)
+        assert limited.stats() == rewards.VerifierStats(
+            scored=1, fast=1, timeouts=0, failures={}, first_failures={}
+        )
 
 
 def test_megabyte_response(strict_verifier):
