@@ -297,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         given = [f"--{o.replace('_', '-')}" for o in paper.PAPER_OPTIONS if getattr(args, o) is not None]
         if given or not args.model:
             parser.error(f"--paper-table needs --model and sets {', '.join(given) or 'the data'} itself")
+        if args.save_completions:
+            parser.error("--save-completions is one file, --paper-table evaluates eight: give them apart")
         rest = [*(sys.argv[1:] if argv is None else argv), "--paper-table="]  # the last one given wins
         return paper.run(rest, Path(args.paper_table), Path(args.out or "paper-eval"), lambda a: main(a))
     _fill(parser, args)

@@ -310,7 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     width = max(len(n) for n in counts) + len(".parquet")
     for name, (rows, skipped) in counts.items():
         note = f"  ({skipped} skipped: empty question or answer)" if skipped else ""
-        print(f"{name + '.parquet':<{width}}  {rows:>6} rows  {BY_NAME[name].hub_id}{note}")
+        print(
+            f"{name + '.parquet':<{width}}  {rows:>6} {'row ' if rows == 1 else 'rows'}  {BY_NAME[name].hub_id}{note}"
+        )
     print(f"wrote {len(counts)} files to {out}")
     return 0
 

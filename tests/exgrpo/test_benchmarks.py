@@ -272,5 +272,8 @@ def test_paper_preset_refuses_its_own_settings_and_missing_files(tmp_path, capsy
     with pytest.raises(SystemExit):
         evaluate.main(["--model", "m", "--paper-table", str(tmp_path), "--n", "4"])
     assert "sets --n itself" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        evaluate.main(["--model", "m", "--paper-table", str(tmp_path), "--save-completions", "c.jsonl"])
+    assert "--save-completions is one file" in capsys.readouterr().err
     assert evaluate.main(["--model", "m", "--paper-table", str(tmp_path)]) == 2
     assert "missing aime24.parquet" in capsys.readouterr().err
