@@ -4,6 +4,7 @@
     python -m exgrpo.evaluate --model builtin:tiny --data builtin:arith --num 200 --max-tokens 32
     python -m exgrpo.evaluate --model runs/X/final --data builtin:arith --save-completions completions.jsonl
     python -m exgrpo.evaluate --like-run runs/X          # the run's model, eval data, T, lengths, template, reward
+    python -m exgrpo.evaluate --model runs/X/final --paper-table data/paper --template think  # the paper's table
 
 The scores are defined in `exgrpo/evaluation/scores.py`: fractions as the run prints them, Avg@n the mean
 reward as the run averages it (`eval/accuracy`), Correct@n the share of rewards above `--correct-above`.
@@ -164,6 +165,13 @@ def _parser() -> argparse.ArgumentParser:
         help="also write every sampled completion to this JSONL file "
         "(qid, data_source, prompt, completion, reward, sample) (default: not written)",
     )
+    p.add_argument(
+        "--paper-table",
+        metavar="DIR",
+        help="the ExGRPO paper's table over the eight files of `python -m exgrpo.data.benchmarks --out DIR`: "
+        "T 0.6, 8192 response tokens, Avg@32 for AIME24/AIME25/AMC, one sample (Pass@1) for the rest; --out is "
+        "then a directory, default paper-eval (exgrpo/evaluation/paper.py) (default: off)",
+    )
     return p
 
 
@@ -283,6 +291,16 @@ def default_out(model: str, model_dir: Path, data_name: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.paper_table:  # the preset sets data, n, T and length per file and calls main once per file
+        from exgrpo.evaluation import paper
+
+        given = [f"--{o.replace('_', '-')}" for o in paper.PAPER_OPTIONS if getattr(args, o) is not None]
+        if given or not args.model:
+            parser.error(f"--paper-table needs --model and sets {', '.join(given) or 'the data'} itself")
+        if args.save_completions:
+            parser.error("--save-completions is one file, --paper-table evaluates eight: give them apart")
+        rest = [*(sys.argv[1:] if argv is None else argv), "--paper-table="]  # the last one given wins
+        return paper.run(rest, Path(args.paper_table), Path(args.out or "paper-eval"), lambda a: main(a))
     _fill(parser, args)
     _check(parser, args)
     from exgrpo.data.readers import DataError
