@@ -13,7 +13,6 @@ rollouts (`questions-only`) log no candidates, so their reach shows only the gro
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import Counter, defaultdict
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from exgrpo.core import metric_names as M
+from exgrpo.experiments.tables import refuse_missing, sweeps_parser
 
 SNAPSHOTS = (25, 50, 75)  # steps whose bucket histogram is shown (and the last one)
 
@@ -110,17 +110,10 @@ def format_reach(name: str, reach: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m exgrpo.experiments.reach", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
-        "sweeps", nargs="+", type=Path, help="compare sweep directories (holding results.json)"
-    )
+    parser = sweeps_parser("python -m exgrpo.experiments.reach", __doc__)
     parser.add_argument("--json", type=Path, help="also write every run's reach here")
     args = parser.parse_args(argv)
-    missing = [str(s) for s in args.sweeps if not (s / "results.json").is_file()]
-    if missing:
-        print(f"error: no results.json in {', '.join(missing)}", file=sys.stderr)
+    if refuse_missing(args.sweeps):
         return 2
     everything = {str(s): sweep_reach(s) for s in args.sweeps}
     for name, reach in everything.items():

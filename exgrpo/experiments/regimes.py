@@ -10,7 +10,6 @@ the seeds, and the mean wall time of a run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -18,17 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from exgrpo.experiments.tables import _series_mean, paired
+from exgrpo.experiments.tables import _by, _series_mean, paired, refuse_missing, sweeps_parser
 
 
 def cell_row(sweep: Path, *, arm: str, base: str) -> dict[str, Any] | None:
     """The regime row of one sweep, or None when it holds no seed of both `arm` and `base`."""
     from exgrpo.core.config_files import load_config
 
-    results = json.loads((sweep / "results.json").read_text())
-    by: dict[str, dict[int, dict[str, Any]]] = {}
-    for r in results:
-        by.setdefault(r["variant"], {})[r["seed"]] = r
+    by = _by(json.loads((sweep / "results.json").read_text()))
     seeds = sorted(set(by.get(arm, {})) & set(by.get(base, {})))
     if not seeds:
         return None
@@ -72,18 +68,11 @@ def format_rows(rows: list[dict[str, Any]], *, arm: str, base: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m exgrpo.experiments.regimes", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
-        "sweeps", nargs="+", type=Path, help="compare sweep directories (holding results.json)"
-    )
+    parser = sweeps_parser("python -m exgrpo.experiments.regimes", __doc__)
     parser.add_argument("--arm", default="exgrpo", help="the variant compared (default: %(default)s)")
     parser.add_argument("--base", default="grpo", help="the variant it is paired with (default: %(default)s)")
     args = parser.parse_args(argv)
-    missing = [str(s) for s in args.sweeps if not (s / "results.json").is_file()]
-    if missing:
-        print(f"error: no results.json in {', '.join(missing)}", file=sys.stderr)
+    if refuse_missing(args.sweeps):
         return 2
     rows = [r for s in args.sweeps if (r := cell_row(s, arm=args.arm, base=args.base)) is not None]
     print(format_rows(rows, arm=args.arm, base=args.base))

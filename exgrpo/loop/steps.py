@@ -81,7 +81,6 @@ def rollout_metrics(
     """`rollout/` and the batch's mix (docs/metrics.md); `wall_s`: seconds since the previous step ended."""
     fresh = [t for g in groups for t in g.trajectories if not t.replayed]
     flat = [len({t.reward for t in g.trajectories}) == 1 for g in groups]
-    flat_fresh = [f for f, g in zip(flat, groups, strict=True) if g.kind == "fresh"]
     return {
         M.MEAN_REWARD: float(np.mean([t.reward for t in fresh])) if fresh else 0.0,
         M.SOLVE_RATIO: solve_ratio,
@@ -92,7 +91,7 @@ def rollout_metrics(
         M.TOKENS_PER_S: plan.tokens / max(wall_s, 1e-9),
         M.GROUPS_PER_S: len(groups) / max(wall_s, 1e-9),
         M.ZERO_VARIANCE_FRAC: float(np.mean(flat)),
-        M.FRESH_ZERO_VARIANCE_FRAC: float(np.mean(flat_fresh)) if flat_fresh else float("nan"),
+        M.FRESH_ZERO_VARIANCE_FRAC: zero_variance_share(groups, default=float("nan")),
         M.RESPONSE_LEN: float(np.mean([len(t.response_ids) for t in fresh])) if fresh else 0.0,
         M.N_FRESH: plan.n_fresh,
         M.N_REPLAY: plan.n_replay,
