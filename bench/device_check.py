@@ -9,6 +9,9 @@ Part ``learner``: the project's own ``learners.learner.Learner`` (DeepSpeed ZeRO
     response tokens (8192 per sequence) per update: tokens/s, MFU against 790 TFLOP/s, and peak memory
     against the memory plan's prediction (``bench/device_learner.py`` has the formulas). The device has
     no DeepSpeed, hjson or pydantic: carry them as wheels (``scripts/device_wheels.sh``).
+Part ``equality`` (``bench/device_equality.py``): the same three updates of a small random Qwen2 model under
+    ZeRO 0-3, chunked and whole lm_head log-probs, float32 and bfloat16, each against float32 ZeRO-0 with
+    whole logits: loss, grad norm and weights within the stated tolerances (world size 1 on the one device).
 Part ``broadcast``: the model's bf16 parameters (random values, tied embedding once) from rank 0 to
     rank 1, two processes on the one device, packed into uint8 chunks by vLLM's rule (a chunk closes
     once it exceeds ``--buffer-mb``, default 1 GiB as in vLLM), through torch.distributed over a
@@ -44,6 +47,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from bench.device_equality import GPU_EQ_SHAPE, check_equality  # noqa: E402
 from bench.device_learner import GPU_SHAPE, PEAK_TFLOPS, SMOKE_SHAPE, check_learner  # noqa: E402
 from bench.gpu_learner import Shape, _sync, build_model  # noqa: E402
 
@@ -443,9 +447,19 @@ def main(argv: list[str] | None = None) -> int:
         help="auto: nccl on CUDA, gloo on CPU (nccl with --cpu-smoke exercises the fallback)",
     )
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="JSON path or folder")
-    parser.add_argument("--parts", default="learner,broadcast", help="comma-separated: learner, broadcast")
+    parser.add_argument(
+        "--parts", default="equality,learner,broadcast", help="comma-separated: equality, learner, broadcast"
+    )
+    parser.add_argument("--equality-timeout-s", type=float, default=150.0, help="the equality part")
     parser.add_argument("--warm", type=int, default=None, help="untimed updates (GPU 2, smoke 1)")
     parser.add_argument("--timed", type=int, default=None, help="timed updates (GPU 4, smoke 2)")
+    parser.add_argument(
+        "--zero-stage",
+        type=int,
+        default=None,
+        choices=[0, 1, 2, 3],
+        help="learner part (default: the recipe's 2)",
+    )
     parser.add_argument("--no-checkpointing", action="store_true", help="gradient checkpointing off")
     parser.add_argument(
         "--micro-batch", type=int, default=None, help="sequences per micro-batch (GPU 8, as the recipe)"
@@ -504,11 +518,23 @@ def main(argv: list[str] | None = None) -> int:
 
     for part in parts:
         t0 = time.monotonic()
-        limit = min(args.learner_timeout_s if part == "learner" else args.broadcast_timeout_s, remaining())
+        timeouts = {"learner": args.learner_timeout_s, "equality": args.equality_timeout_s}
+        limit = min(timeouts.get(part, args.broadcast_timeout_s), remaining())
         try:
             if limit < 10:
                 raise TimeoutError(f"only {limit:.0f} s of the budget left")
-            if part == "learner":
+            if part == "equality":
+                kw = dict(
+                    shape=SMOKE_SHAPE if smoke else GPU_EQ_SHAPE, device="cuda:0" if kind == "cuda" else "cpu"
+                )
+                kw["deadline"] = time.monotonic() + limit - 20  # the child skips cells past it
+                got = run_processes(check_equality, [None], kw, limit, ctx)[None]
+                if got[0] != "ok":
+                    raise RuntimeError(got[2])
+                report["parts"][part] = got[1]
+                if not got[1]["all_ok"]:
+                    raise RuntimeError("a cell is out of tolerance or did not run (see parts.equality.cells)")
+            elif part == "learner":
                 kw = dict(
                     shape=shape,
                     device="cuda:0" if kind == "cuda" else "cpu",
@@ -517,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
                     timed=timed,
                     checkpointing=not args.no_checkpointing,
                     peak_flops=args.peak_tflops * 1e12,
+                    zero_stage=args.zero_stage,
                 )
                 # the child stops timing at its deadline; the kill comes 20 s later
                 kw["deadline"] = time.monotonic() + limit - 20

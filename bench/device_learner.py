@@ -55,8 +55,11 @@ SMOKE_SHAPE = TINY
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "qwen2.5-math-1.5b.yaml"
 
 
-def learner_config(shape: Shape, *, dtype: str, cuda: bool, checkpointing: bool) -> Config:
-    """The 1.5B recipe's learner and loss sections at one rank, with ``shape``'s sequence lengths."""
+def learner_config(
+    shape: Shape, *, dtype: str, cuda: bool, checkpointing: bool, zero_stage: int | None = None
+) -> Config:
+    """The 1.5B recipe's learner and loss sections at one rank, with ``shape``'s sequence lengths (and
+    ``zero_stage`` in place of the recipe's, when given)."""
     import yaml
 
     recipe = yaml.safe_load(RECIPE.read_text())
@@ -69,6 +72,8 @@ def learner_config(shape: Shape, *, dtype: str, cuda: bool, checkpointing: bool)
         "micro_batch_size": shape.micro_batch,
         "gradient_checkpointing": "on" if checkpointing else "off",
     }
+    if zero_stage is not None:
+        learners["zero_stage"] = zero_stage
     model = {"dtype": dtype, "max_prompt_len": shape.prompt_len, "max_response_len": shape.response_len}
     return from_dict({"model": model, "learners": learners, "loss": recipe["loss"]})
 
@@ -83,6 +88,7 @@ def check_learner(
     checkpointing: bool,
     peak_flops: float,
     deadline: float,
+    zero_stage: int | None = None,
 ) -> dict[str, Any]:
     """``warm`` + ``timed`` ``Learner.update`` calls; stops timing early at ``deadline`` (time.monotonic)."""
     from learners.learner import Learner
@@ -91,7 +97,7 @@ def check_learner(
     cuda = dev.type == "cuda"
     if cuda:
         torch.cuda.set_device(dev)
-    cfg = learner_config(shape, dtype=dtype, cuda=cuda, checkpointing=checkpointing)
+    cfg = learner_config(shape, dtype=dtype, cuda=cuda, checkpointing=checkpointing, zero_stage=zero_stage)
     t0 = time.perf_counter()
     torch.manual_seed(0)
     seq = shape.prompt_len + shape.response_len

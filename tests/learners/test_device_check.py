@@ -44,7 +44,7 @@ def _check_transfer(part: dict, nbytes: int) -> None:
 
 
 def test_cpu_smoke(tmp_path):
-    rc, report, log = _run(tmp_path)
+    rc, report, log = _run(tmp_path, "--parts", "learner,broadcast")
     assert rc == 0 and report["errors"] == {}, log
     learner = report["parts"]["learner"]
     assert learner["params"] > 0 and learner["dtype"] == "bfloat16"
@@ -71,6 +71,22 @@ def test_cpu_smoke(tmp_path):
     assert coll["receiver_seconds"] and min(coll["receiver_seconds"]) > 0
     _check_transfer(bc["ipc"], nbytes)
     assert bc["ipc"]["checksum"] == bc["ipc"]["checksum_sent"] == coll["checksum"]
+
+
+@pytest.mark.slow
+def test_cpu_smoke_equality_part(tmp_path):
+    # 12 DeepSpeed learners on CPU (~45 s): the suite checks the same equalities in test_learner.py and
+    # test_bf16.py; this checks the part's own logic and report
+    rc, report, log = _run(
+        tmp_path, "--parts", "equality", "--equality-timeout-s", "800", "--budget-s", "850"
+    )
+    assert rc == 0 and report["errors"] == {}, log
+    eq = report["parts"]["equality"]
+    cells = {(c["dtype"], c["zero_stage"], c["logits"]): c for c in eq["cells"]}
+    assert len(cells) == 12 and eq["all_ok"]
+    assert ("bfloat16", 0, "whole") not in cells  # refused by the config
+    assert cells[("float32", 0, "whole")]["max_weight_abs_diff"] == 0  # the reference itself
+    assert 0 < cells[("bfloat16", 3, "chunked")]["grad_norm_rel_diff"] < 1e-2
 
 
 def test_collective_failure_falls_back(tmp_path):
