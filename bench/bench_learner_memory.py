@@ -95,7 +95,7 @@ def one(args: argparse.Namespace, name: str, out: str) -> None:
         layers=args.layers,
         rows=args.rows,
         response=args.response,
-        dtype="float32",
+        dtype=args.dtype,
         checkpointing=ckpt,
     )
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -139,16 +139,19 @@ def tensor_peak_bytes(fn) -> int:  # noqa: ANN001
 
 
 def predicted_mb(args: argparse.Namespace, name: str) -> float:
-    """The plan's gradients + activations + logits for this shape and configuration, MB (2^20 bytes)."""
+    """The plan's gradients + activations + logits for this shape and configuration, MB (2^20 bytes). The
+    gradients are the model-dtype ones (P x bytes) that this plain backward makes: for bfloat16 the plan adds a
+    float32 partition (DeepSpeed's, ZeRO >= 1) that no DeepSpeed engine makes here."""
     from exgrpo.core.config import from_dict
-    from exgrpo.runtime.memory_plan import Shape, learner_terms
+    from exgrpo.runtime.memory_plan import DTYPE_BYTES, Shape, learner_terms
 
     chunk, ckpt = CONFIGS[name]
     cfg = from_dict(
         {
-            "model": {"dtype": "float32", "max_prompt_len": 16, "max_response_len": args.response},
+            "model": {"dtype": args.dtype, "max_prompt_len": 16, "max_response_len": args.response},
             "learners": {
                 "micro_batch_size": args.rows,
+                "zero_stage": 0 if args.dtype == "float32" else 1,  # bfloat16 needs ZeRO >= 1 (the config)
                 "gradient_checkpointing": "on" if ckpt else "off",
                 "logits_chunk_tokens": chunk or args.rows * (16 + args.response),
             },
@@ -166,7 +169,8 @@ def predicted_mb(args: argparse.Namespace, name: str) -> float:
         qkv_bias=True,
     )
     terms = learner_terms(cfg, shape, on_gpu=False, chunked=chunk is not None)
-    return (terms["gradients"] + terms["activations"] + terms["logits"]) / 2**20
+    gradients = shape.params * DTYPE_BYTES[args.dtype]
+    return (gradients + terms["activations"] + terms["logits"]) / 2**20
 
 
 def chunk_slope(dtype_name: str, *, vocab: int = 32000, hidden: int = 256, response: int = 512) -> None:
@@ -199,6 +203,7 @@ def main() -> None:
         action="store_true",
         help="also the tensors' own peak (torch profiler; slower, and the RSS then includes the profiler)",
     )
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="model and gradients")
     ap.add_argument("--slope", action="store_true", help="only the logits chunk's bytes per element")
     ap.add_argument("--one", choices=sorted(CONFIGS))
     ap.add_argument("--out")
@@ -222,7 +227,7 @@ def main() -> None:
                 cmd, check=True, cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)}
             )
             res[name] = torch.load(out)
-    shape = f"vocab {args.vocab}, hidden {args.hidden}, {args.layers} layers, {args.rows} rows x {args.response} tokens"
+    shape = f"{args.dtype}, vocab {args.vocab}, hidden {args.hidden}, {args.layers} layers, {args.rows} rows x {args.response} tokens"
     print(f"one update ({shape}), peak RSS in a fresh process (MB):")
     for name, (chunk, ckpt) in CONFIGS.items():
         r = res[name]
