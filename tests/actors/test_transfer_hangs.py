@@ -1,4 +1,4 @@
-"""Weight transfer that cannot hang (docs/architecture.md, "Failures"): the sampler's control calls.
+"""Weight transfer that cannot hang (docs/failures.md): the sampler's control calls.
 
 A fake vLLM engine (no model) stands behind the real `actors.sampler.Sampler`, so these run in seconds:
 
