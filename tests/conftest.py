@@ -5,9 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 from pathlib import Path
 
 import pytest
+
+# The role fakes of tests/exgrpo/fakes.py are imported as `fakes` by tests in every folder under
+# tests/exgrpo/ (pytest puts only a test file's own folder on sys.path; the folders have no __init__.py).
+sys.path.insert(0, str(Path(__file__).resolve().parent / "exgrpo"))
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path("~/.cache/exgrpo/torch_extensions").expanduser()))

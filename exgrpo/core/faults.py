@@ -38,7 +38,7 @@ FAULTS_VAR = "EXGRPO_FAULTS"
 FAULTS_DIR_VAR = "EXGRPO_FAULTS_DIR"
 
 # Every fault point in the code, and where it is. A new point is added here and documented in
-# docs/architecture.md ("Failures", the fault matrix).
+# docs/failures.md (the fault points, the fault matrix).
 POINTS = {
     "sampler.generate": "actors/sampler.py: engine output in hand, nothing scored or pushed yet",
     "sampler.push": "actors/sampler.py: the groups are in their shards, the result not yet returned",

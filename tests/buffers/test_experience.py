@@ -1,6 +1,6 @@
 """Tests of the pure experience pool: statistics, buckets, sampling (through `draw_plan`), snapshots.
 
-The weights, allocation and trajectory selection themselves are tested in tests/exgrpo/test_selection.py."""
+The weights, allocation and trajectory selection themselves are tested in tests/exgrpo/core/test_selection.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The fault matrix: every kind of actor killed at every named moment (`exgrpo.core.faults.POINTS`), one
 short run per cell on one shared local Ray cluster, each checked against the outcome its guarantee states
-(`EXPECTED`, docs/architecture.md "Failures").
+(`EXPECTED`, docs/failures.md).
 
 Every cell is the same 4-step run (configs/tiny-cpu.yaml: 2 HF samplers, 2 replay shards with their
 write-ahead log, 1 learner; eta = 0 and a checkpoint after every step, so it is deterministic) with one
@@ -17,7 +17,7 @@ The cells run with the local default `trainer.max_failures` = 0; with it above 0
 the job instead (tests/integration/test_self_healing.py).
 
 Each cell writes its measured row to $EXGRPO_FAULT_TABLE (a directory; default: the test's tmp dir);
-`python bench/fault_table.py DIR` prints them as the table in docs/architecture.md. Slow: a cell is a run
+`python bench/fault_table.py DIR` prints them as the table in docs/failures.md. Slow: a cell is a run
 (~0.5-2 min on 2 busy cores), so the whole matrix takes many minutes.
 """
 

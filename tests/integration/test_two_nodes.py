@@ -9,7 +9,7 @@
   handed, and a broadcast arrives intact;
 * a relative logging.run_dir is refused on this cluster.
 
-The whole vLLM path over gloo is tests/learners/test_transports.py (one node); NCCL across hosts is GPU-only.
+The whole vLLM path over gloo is tests/integration/test_transports.py (one node); NCCL across hosts is GPU-only.
 """
 
 from __future__ import annotations

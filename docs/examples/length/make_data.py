@@ -1,5 +1,5 @@
 """Writes the length example's data: `train.jsonl` and `eval.jsonl` next to this file (seeded, so the
-checked-in files are what it writes; tests/exgrpo/test_reward_example.py checks that).
+checked-in files are what it writes; tests/integration/test_reward_example.py checks that).
 
 Each row is a question asking for a reply of `length` characters and that `length` as its own column;
 there is no gold answer (the reward reads `length`). Held-out rows ask for the same lengths (2-12) in

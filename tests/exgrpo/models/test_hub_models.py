@@ -19,7 +19,7 @@ from exgrpo.models.tiny import TinyModelSpec, build_tiny_model
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 REPO = "acme/tiny-math"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def build_hub_cache(hf_home: Path, repo: str = REPO, commit: str = COMMIT) -> Path:

@@ -12,7 +12,7 @@ import pytest
 
 from exgrpo.core import faults
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # three arrivals at sampler.generate, printing after each one it survives
 PROGRAM = """
 from exgrpo.core.faults import fault_point

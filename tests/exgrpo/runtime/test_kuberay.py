@@ -14,7 +14,7 @@ import yaml
 from exgrpo.core.config_files import load_config
 from exgrpo.runtime.resources import plan_resources
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MANIFEST = ROOT / "deploy" / "kuberay" / "qwen2.5-math-7b-rayjob.yaml"
 
 

@@ -17,7 +17,7 @@ from exgrpo.data.readers import DataError, read_prompts
 from exgrpo.data.sources import read_source
 
 datasets = pytest.importorskip("datasets")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
 
 

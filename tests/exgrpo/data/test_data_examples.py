@@ -13,7 +13,7 @@ import pytest
 from exgrpo.data.readers import DataError, read_prompts
 from exgrpo.data.tasks import BUILTIN_TASKS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs" / "data"
 PAGE = ROOT / "docs" / "data.md"
 

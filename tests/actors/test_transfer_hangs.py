@@ -1,4 +1,4 @@
-"""Weight transfer that cannot hang (docs/architecture.md, "Failures"): the sampler's control calls.
+"""Weight transfer that cannot hang (docs/failures.md): the sampler's control calls.
 
 A fake vLLM engine (no model) stands behind the real `actors.sampler.Sampler`, so these run in seconds:
 
@@ -10,7 +10,7 @@ A fake vLLM engine (no model) stands behind the real `actors.sampler.Sampler`, s
 * on a real Ray actor, a sampler busy in long generate calls answers `start_weight_update` after at most
   the one call in flight, not after its whole queue (the control calls have their own concurrency group).
 
-The data plane with real vLLM samplers (gloo) and a sampler killed mid-way: tests/learners/test_transports.py.
+The data plane with real vLLM samplers (gloo) and a sampler killed mid-way: tests/integration/test_transports.py.
 """
 
 from __future__ import annotations
