@@ -109,9 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         from exgrpo.data.readers import DataError
         from exgrpo.loop.checkpoint import ResumeError, fresh_run_dir_check, resume_report
         from exgrpo.models.resolve import ModelResolveError
+        from exgrpo.runtime.clusters import dry_run_fit
         from exgrpo.runtime.memory_plan import dry_run_report
         from exgrpo.runtime.preflight import preflight
-        from exgrpo.runtime.resources import dry_run_fit, placement_plan
+        from exgrpo.runtime.resources import placement_plan
 
         print(placement_plan(cfg))
         memory, fits = dry_run_report(cfg)
