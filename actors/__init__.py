@@ -7,6 +7,7 @@
 - `sampling`: generate n, verify, and `build_groups`, the one place completions and rewards become `Group`s.
 - `sampler`: `Sampler`, one engine plus the answer verifier; turns generation requests into
   verified `Group`s tagged with the policy version that sampled them and reports `RolloutResult`s.
+- `sampler_common`: what both samplers share: `EngineSpec`, the request seeds, reward-failure counts.
 - `continuous_engine`, `continuous_sampler`, `coalesce`: the continuous-batching sampler (`samplers.continuous`)
   with in-flight weight updates and coalesced pushes to replay.
 - `pool`: `SamplerPool` (`exgrpo.core.roles.Rollouts`), the sampler actors, their in-flight requests and

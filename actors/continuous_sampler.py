@@ -19,7 +19,7 @@ actor's calls out of submission order, so a request could otherwise overtake the
 so the oldest version in every trajectory is still >= its admission version, and the driver's bound
 staleness <= eta holds as with the synchronous sampler.
 
-Shared with `Sampler`: the engine spec and context check, the seeds (`request_seed`), the reward
+Shared with `Sampler` (`actors.sampler_common`): the engine spec and context check, the seeds (`request_seed`), the reward
 (`make_scorer`: its worker pool takes calls from any thread; scoring runs in a thread, one request at a time,
 so the failure counts stay per request) and the group records (`actors.sampling.build_groups`).
 Seeds are fixed per request, but a run is not repeatable bit for bit: which tokens a version sampled
@@ -40,13 +40,13 @@ from actors.coalesce import CoalescedPush
 from actors.continuous_engine import ContinuousEngine
 from actors.engines import Completion
 from actors.factory import make_engine
-from actors.sampler import (
+from actors.sampler_common import (
     EngineSpec,
-    _engine_kwargs,
-    _failures,
     check_positions,
+    engine_kwargs,
     new_failure_notes,
     request_seed,
+    reward_failures,
 )
 from actors.sampling import build_groups, check_scoring
 from exgrpo.core.config import TemplateName
@@ -82,7 +82,7 @@ class ContinuousSampler:
                 "tensor_parallel_size=1) fed by the object-store transport (async.weight_sync=object_store)"
             )
         check_positions(engine)
-        vllm = make_engine("vllm", engine.model_path, dtype=engine.dtype, seed=seed, **_engine_kwargs(engine))
+        vllm = make_engine("vllm", engine.model_path, dtype=engine.dtype, seed=seed, **engine_kwargs(engine))
         self.engine = ContinuousEngine(vllm)  # type: ignore[arg-type]
         self.tokenizer = vllm.tokenizer
         self.template = template
@@ -164,9 +164,9 @@ class ContinuousSampler:
             return await asyncio.to_thread(self._score_now, prompts, [c.text for c in comps])
 
     def _score_now(self, prompts: Sequence[Prompt], texts: Sequence[str]) -> tuple[list[float], int]:
-        before = _failures(self.verifier)
+        before = reward_failures(self.verifier)
         rewards = self.verifier.score_prompts(prompts, texts)
-        return rewards, _failures(self.verifier) - before
+        return rewards, reward_failures(self.verifier) - before
 
     def _params(
         self, n: int, max_tokens: int, temperature: float, seed: int | None, *, ignore_eos: bool = False

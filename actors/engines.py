@@ -6,7 +6,7 @@ weights, tagged with the learner version that produced them.
 Contract of `generate(prompts, n=..., max_tokens=..., temperature=T, top_p=p, seed=...)`:
 
 - `seed`: None (unseeded), one int for the call, or one int per prompt (the sampler's per-request seeds,
-  `actors.sampler.request_seed`); the same seeds, prompts and counts give the same completions;
+  `actors.sampler_common.request_seed`); the same seeds, prompts and counts give the same completions;
 
 - per prompt, its n completions (n an int, or one count per prompt), in prompt order;
 - prompt ids are `tokenize(text)`: the text's tokens with no special tokens added (a template

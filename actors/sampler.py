@@ -32,7 +32,6 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -40,11 +39,18 @@ import torch
 
 from actors.engines import GenerationEngine
 from actors.factory import make_engine
+from actors.sampler_common import (
+    EngineSpec,
+    check_positions,
+    engine_kwargs,
+    new_failure_notes,
+    request_seed,
+    reward_failures,
+)
 from actors.sampling import build_groups, sample_rewards
-from exgrpo.core.config import Dtype, EngineKind, TemplateName
+from exgrpo.core.config import TemplateName
 from exgrpo.core.faults import fault_point
 from exgrpo.core.names import sampler_name
-from exgrpo.core.positions import OVERRIDE_HINT, position_limit, read_config
 from exgrpo.core.records import GenerationRequest, Prompt, RolloutResult
 from exgrpo.data.templates import render_prompt, reward_mode
 from exgrpo.transport.packed import PackedWeights, unpack_weights
@@ -52,24 +58,17 @@ from exgrpo.verify.rewards import MATH, make_scorer
 
 WEIGHTS = "weights"  # the concurrency group of the weight-transfer control calls (see below)
 
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """How a sampler builds its engine inside its own process (the sampling seed is the sampler's)."""
-
-    kind: EngineKind
-    model_path: str
-    dtype: Dtype = "float32"
-    gpu_memory_utilization: float = 0.85
-    weight_transfer: str | None = (
-        None  # vLLM weight-transfer backend ("nccl", "gloo") for the collective transport
-    )
-    max_model_len: int | None = (
-        None  # prompt + response tokens (vLLM's max_model_len); None = the model's own
-    )
-    tensor_parallel_size: int = 1  # vLLM workers (GPUs) of this engine
-    enforce_eager: bool | None = None  # vLLM without CUDA graphs; None = eager on CPU, CUDA graphs on GPU
-    gpus_per_worker: float = 1.0  # GPU share of each vLLM worker when tensor_parallel_size > 1
+# EngineSpec, check_positions, new_failure_notes and request_seed live in actors.sampler_common (shared with
+# the continuous sampler) and stay importable from here
+__all__ = [
+    "WEIGHTS",
+    "EngineSpec",
+    "LateWeightUpdate",
+    "Sampler",
+    "check_positions",
+    "new_failure_notes",
+    "request_seed",
+]
 
 
 class Sampler:
@@ -95,7 +94,7 @@ class Sampler:
         check_positions(engine)  # before minutes of engine start-up
         self.tp = engine.tensor_parallel_size
         self.engine: GenerationEngine = make_engine(
-            engine.kind, engine.model_path, dtype=engine.dtype, seed=seed, **_engine_kwargs(engine)
+            engine.kind, engine.model_path, dtype=engine.dtype, seed=seed, **engine_kwargs(engine)
         )
         self.template = template
         self.max_response_len = max_response_len
@@ -145,9 +144,9 @@ class Sampler:
         fault_point("sampler.generate")
         flat = [c for comps in outs for c in comps]
         asked = [r.prompt for r, comps in zip(requests, outs, strict=True) for _ in comps]
-        failed_before = _failures(self.verifier)
+        failed_before = reward_failures(self.verifier)
         rewards = self.verifier.score_prompts(asked, [c.text for c in flat])
-        failures = _failures(self.verifier) - failed_before
+        failures = reward_failures(self.verifier) - failed_before
         t2 = time.perf_counter()
         prompt_ids = [self.engine.tokenize(text) for text in texts]
         groups = build_groups(requests, prompt_ids, outs, rewards, versions=[version] * len(requests))
@@ -360,63 +359,3 @@ def _refuse_late(name: str, what: str, deadline: float | None) -> None:
             f"{name}: {what} arrived {time.time() - deadline:.1f} s after its deadline; refused (the learner "
             "has given up on this update)"
         )
-
-
-def _failures(scorer: Any) -> int:
-    """Rewards a scorer has scored 0 for want of a verdict: deadlines passed, reward functions that raised."""
-    stats = scorer.stats()
-    return stats.timeouts + getattr(stats, "errors", 0)
-
-
-def new_failure_notes(scorer: Any, noted: set[str]) -> tuple[tuple[str, str], ...]:
-    """The first failure of each kind the scorer saw that this sampler has not reported yet (adds them to `noted`)."""
-    first = getattr(scorer.stats(), "first_failures", None) or {}
-    new = tuple((kind, text) for kind, text in sorted(first.items()) if kind not in noted)
-    noted.update(kind for kind, _ in new)
-    return new
-
-
-SEED_SPAN = 2**40  # seeds of one run seed: request ids below 2**40 / K never reach the next run seed's
-
-
-def request_seed(run_seed: int, request_id: int, stride: int, *, n: int | None = None) -> int:
-    """Base sampling seed of a request: completion j of it is drawn with seed + j (vLLM's children).
-
-    seed = run_seed * 2**40 + request_id * stride, with stride = K (the most completions a request asks
-    for), so requests r != r' of one run never share a seed: [r*K, r*K + n) and [r'*K, r'*K + n') are
-    disjoint for n, n' <= K."""
-    if n is not None and n > stride:
-        raise ValueError(
-            f"request {request_id} asks for {n} completions, more than the seed stride {stride} "
-            "(trainer.rollouts_per_question): its seeds would overlap the next request's"
-        )
-    if request_id < 0 or (request_id + 1) * stride > SEED_SPAN:
-        raise ValueError(
-            f"request id {request_id} is outside the seed range of a run (0 <= id < 2**40 / {stride})"
-        )
-    return run_seed * SEED_SPAN + request_id * stride
-
-
-def check_positions(spec: EngineSpec) -> None:
-    """Refuse an engine whose context (`max_model_len`) exceeds its model's `max_position_embeddings`."""
-    config = read_config(spec.model_path) if spec.max_model_len is not None else None
-    limit = None if config is None else position_limit(config)
-    if limit is not None and spec.max_model_len is not None and spec.max_model_len > limit:
-        raise ValueError(
-            f"the samplers' context model.max_prompt_len + model.max_response_len = {spec.max_model_len} "
-            f"tokens exceeds max_position_embeddings={limit} of {spec.model_path}/config.json: responses would "
-            f"be cut short; {OVERRIDE_HINT}"
-        )
-
-
-def _engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
-    if spec.kind != "vllm":
-        return {}
-    return {
-        "gpu_memory_utilization": spec.gpu_memory_utilization,
-        "weight_transfer": spec.weight_transfer,
-        "max_model_len": spec.max_model_len,
-        "tensor_parallel_size": spec.tensor_parallel_size,
-        "enforce_eager": spec.enforce_eager,
-        "gpus_per_worker": spec.gpus_per_worker,
-    }

@@ -14,18 +14,23 @@ fsync each behind the other. What stays as with one call at a time:
 - Reads (`sample`, `stats`, ...) take the lock and see the calls applied so far.
 - A snapshot or compaction (`exclusive`) waits until every call in flight is applied and lets no new one in
   meanwhile: a self-snapshot never misses a frame of the log it replaces.
+
+`locked` and `alone` mark the shard's methods that run under its lock or with the shard alone; the shard
+keeps its `CallOrder` as `order`.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from buffers.wal import Ticket, WriteAheadLog
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class CallOrder:
@@ -84,3 +89,26 @@ class CallOrder:
             finally:
                 self._exclusive = False
                 self.lock.notify_all()
+
+
+def locked(method: F) -> F:
+    """Run under the lock of `self.order` (a `CallOrder`): the shard's state is shared by the threads that
+    serve concurrent calls."""
+
+    @functools.wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self.order.lock:
+            return method(self, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
+def alone(method: F) -> F:
+    """Run with the shard alone (`self.order.exclusive()`): snapshots, compaction, restore."""
+
+    @functools.wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self.order.exclusive():
+            return method(self, *args, **kwargs)
+
+    return run  # type: ignore[return-value]

@@ -25,81 +25,23 @@ float32 numpy arrays (8 bytes per token instead of ~60 for tuples of Python numb
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
+from buffers.pool_state import (
+    SNAPSHOT_FORMAT,
+    SNAPSHOT_SCHEMA,
+    QuestionState,
+    SnapshotRow,
+    SortedQids,
+    StoredTrajectory,
+    compact,
+)
 from buffers.records import GroupRows, ListColumn, list_array
 from exgrpo.core.records import Group, Trajectory
 from exgrpo.core.selection import check_rollouts
-
-SNAPSHOT_FORMAT = "exgrpo.experience_pool/1"  # schema metadata of to_arrow() tables
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class _Stored:
-    """One stored correct trajectory, compact."""
-
-    response_ids: np.ndarray  # (T,) int32
-    logprobs: np.ndarray  # (T,) float32
-    reward: float
-    policy_version: int
-    text: str
-    group_id: str
-
-    def fields(self) -> dict[str, object]:
-        return {f: getattr(self, f) for f in self.__slots__}
-
-    def key(self) -> tuple:
-        return tuple(v.tobytes() if isinstance(v, np.ndarray) else v for v in self.fields().values())
-
-    def to_trajectory(self, qid: str) -> Trajectory:
-        ids, lps = tuple(self.response_ids.tolist()), tuple(self.logprobs.tolist())
-        return Trajectory(
-            qid, ids, lps, self.reward, self.policy_version, text=self.text, group_id=self.group_id
-        )
-
-
-class _Question:
-    __slots__ = ("bucket", "indexed", "prompt_ids", "stored")
-
-    def __init__(self, prompt_ids: np.ndarray, bucket: int | None = None) -> None:
-        self.prompt_ids = prompt_ids  # (P,) int32
-        self.bucket = bucket  # statistical bucket 1..K-1, None before any 0 < k < K
-        self.stored: list[_Stored] = []  # oldest first
-        self.indexed: int | None = None  # the bucket index holding it (sampleable), else None
-
-
-class _SortedSet:
-    """Members kept sorted by qid: O(log n) search plus one memmove to add or remove, O(n) uniform draws.
-
-    Sorted, not insertion-ordered, so a draw depends only on which questions a bucket holds, never on the
-    order in which concurrent samplers' pushes arrived (a run with eta = 0 repeats its draws with any
-    number of samplers)."""
-
-    __slots__ = ("items", "members")
-
-    def __init__(self) -> None:
-        self.items: list[str] = []
-        self.members: set[str] = set()
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __contains__(self, qid: str) -> bool:
-        return qid in self.members
-
-    def add(self, qid: str) -> None:
-        bisect.insort(self.items, qid)
-        self.members.add(qid)
-
-    def remove(self, qid: str) -> None:
-        del self.items[bisect.bisect_left(self.items, qid)]
-        self.members.remove(qid)
 
 
 class ExperiencePool:
@@ -114,8 +56,8 @@ class ExperiencePool:
         self.k_rollouts = k_rollouts
         self.max_trajectories_per_question = max_trajectories_per_question
         self.retire = retire  # False: a K/K group only takes the question out of its bucket (never retired)
-        self._questions: dict[str, _Question] = {}
-        self._buckets = {k: _SortedSet() for k in range(1, k_rollouts)}  # sampleable qids
+        self._questions: dict[str, QuestionState] = {}
+        self._buckets = {k: SortedQids() for k in range(1, k_rollouts)}  # sampleable qids
         self._retired: set[str] = set()
         self._num_trajectories = 0
 
@@ -127,7 +69,7 @@ class ExperiencePool:
         for t in group.trajectories:
             if t.qid != group.qid:
                 raise ValueError(f"trajectory of {t.qid!r} in the group of {group.qid!r}")
-        keep = (_compact(t) for t in group.trajectories if t.correct and not t.replayed)
+        keep = (compact(t) for t in group.trajectories if t.correct and not t.replayed)
         prompt = lambda: np.asarray(group.prompt_ids, dtype=np.int32)  # noqa: E731
         self._update(group.qid, group.num_correct, group.group_size, prompt, keep if collect else ())
 
@@ -135,15 +77,16 @@ class ExperiencePool:
         """`record` of group j of a table of groups (`buffers/records.py`), read from its columns: a shard
         records a push without building its `Group`s."""
         keep = (
-            _Stored(rows.responses.array(i, np.int32), rows.logprobs.array(i, np.float32), rows.reward[i],
-                    rows.policy_version[i], rows.text[i] or "", rows.traj_group_id[i] or "")
+            StoredTrajectory(rows.responses.array(i, np.int32), rows.logprobs.array(i, np.float32),
+                             rows.reward[i], rows.policy_version[i], rows.text[i] or "",
+                             rows.traj_group_id[i] or "")
             for i in rows.kept(j)
         )  # fmt: skip
         prompt = lambda: rows.prompts.array(int(rows.starts[j]), np.int32)  # noqa: E731
         self._update(rows.qids[j], rows.num_correct[j], rows.sizes[j], prompt, keep if collect else ())
 
     def _update(
-        self, qid: str, k: int, size: int, prompt: Callable[[], np.ndarray], keep: Iterable[_Stored]
+        self, qid: str, k: int, size: int, prompt: Callable[[], np.ndarray], keep: Iterable[StoredTrajectory]
     ) -> None:
         if size != self.k_rollouts:
             raise ValueError(
@@ -162,7 +105,7 @@ class ExperiencePool:
             return  # a group with no correct rollout has nothing to collect either
         q = self._questions.get(qid)
         if q is None:
-            q = self._questions[qid] = _Question(prompt())
+            q = self._questions[qid] = QuestionState(prompt())
         q.bucket = k
         for s in keep:
             self._store(q, s)
@@ -176,7 +119,7 @@ class ExperiencePool:
             if q.indexed is not None:
                 self._buckets[q.indexed].remove(qid)
 
-    def _store(self, q: _Question, s: _Stored) -> None:
+    def _store(self, q: QuestionState, s: StoredTrajectory) -> None:
         n = len(s.response_ids)
         for old in q.stored:  # the length first: most stored responses differ in it, and it costs nothing
             if len(old.response_ids) == n and np.array_equal(old.response_ids, s.response_ids):
@@ -187,7 +130,7 @@ class ExperiencePool:
             del q.stored[0]
             self._num_trajectories -= 1
 
-    def _reindex(self, qid: str, q: _Question) -> None:
+    def _reindex(self, qid: str, q: QuestionState) -> None:
         target = q.bucket if q.stored else None
         if target != q.indexed:
             if q.indexed is not None:
@@ -204,7 +147,7 @@ class ExperiencePool:
         """Up to counts[k] distinct sampleable qids from each bucket k (ascending k), uniformly without
         replacement, never one in `exclude`. A bucket smaller than its count gives all it has (the
         caller redistributes the shortfall): bucket sizes read earlier may be stale under concurrent
-        pushes, and a draw must never fail because of it. Buckets are kept in qid order (`_SortedSet`), so
+        pushes, and a draw must never fail because of it. Buckets are kept in qid order (`SortedQids`), so
         the draw does not depend on the order pushes arrived in. Cost O(size of the buckets drawn from)."""
         out: list[str] = []
         for k in sorted(counts):
@@ -310,12 +253,12 @@ class ExperiencePool:
         return order + [qid for qid, q in self._questions.items() if q.indexed is None]
 
     def _table(self, order: Sequence[str], retired: Sequence[str]) -> pa.Table:
-        rows: list[_Row] = []
+        rows: list[SnapshotRow] = []
         for qid in order:
             q = self._questions[qid]
-            rows.append(_Row("question", qid, bucket=q.bucket, prompt_ids=q.prompt_ids))
-            rows += [_Row("trajectory", qid, **s.fields()) for s in q.stored]
-        rows += [_Row("retired", qid) for qid in retired]
+            rows.append(SnapshotRow("question", qid, bucket=q.bucket, prompt_ids=q.prompt_ids))
+            rows += [SnapshotRow("trajectory", qid, **s.fields()) for s in q.stored]
+        rows += [SnapshotRow("retired", qid) for qid in retired]
         columns = list(zip(*rows, strict=True)) if rows else [()] * len(SNAPSHOT_SCHEMA)
         arrays = [
             list_array(values, f.type.value_type) if pa.types.is_list(f.type) else pa.array(values, f.type)
@@ -372,53 +315,17 @@ class ExperiencePool:
                     raise ValueError(
                         f"row {first + i}: bucket {bucket} of {qid!r} is outside 1..{k_rollouts - 1}"
                     )
-                self._questions[qid] = _Question(prompts.array(i, np.int32), bucket)
+                self._questions[qid] = QuestionState(prompts.array(i, np.int32), bucket)
             elif kind == "trajectory":
                 if qid not in self._questions:
                     raise ValueError(f"row {first + i}: trajectory of {qid!r} before its question row")
                 ids, lps = responses.array(i, np.int32), logprobs.array(i, np.float32)
                 if len(ids) != len(lps):
                     raise ValueError(f"row {first + i}: {len(ids)} response ids but {len(lps)} log-probs")
-                s = _Stored(ids, lps, col["reward"][i], col["policy_version"][i], col["text"][i] or "",
-                            col["group_id"][i] or "")  # fmt: skip
+                s = StoredTrajectory(ids, lps, col["reward"][i], col["policy_version"][i],
+                                     col["text"][i] or "", col["group_id"][i] or "")  # fmt: skip
                 self._store(self._questions[qid], s)
             elif kind == "retired":
                 self._retired.add(qid)
             else:
                 raise ValueError(f"row {first + i}: unknown row kind {kind!r}")
-
-
-class _Row(NamedTuple):
-    """One snapshot row; fields in SNAPSHOT_SCHEMA order."""
-
-    row: str
-    qid: str
-    bucket: int | None = None
-    prompt_ids: np.ndarray | None = None
-    response_ids: np.ndarray | None = None
-    logprobs: np.ndarray | None = None
-    reward: float | None = None
-    policy_version: int | None = None
-    text: str | None = None
-    group_id: str | None = None
-
-
-SNAPSHOT_SCHEMA = pa.schema(
-    [
-        ("row", pa.string()),  # "question" | "trajectory" | "retired"
-        ("qid", pa.string()),
-        ("bucket", pa.int16()),  # question rows: statistical bucket (null: none yet)
-        ("prompt_ids", pa.list_(pa.int32())),  # question rows
-        ("response_ids", pa.list_(pa.int32())),  # trajectory rows, (T,)
-        ("logprobs", pa.list_(pa.float32())),  # trajectory rows, (T,) behaviour log-probs
-        ("reward", pa.float64()),  # trajectory rows
-        ("policy_version", pa.int64()),  # trajectory rows
-        ("text", pa.string()),  # trajectory rows
-        ("group_id", pa.string()),  # trajectory rows
-    ]
-)
-
-
-def _compact(t: Trajectory) -> _Stored:
-    ids, lps = np.asarray(t.response_ids, dtype=np.int32), np.asarray(t.logprobs, dtype=np.float32)
-    return _Stored(ids, lps, float(t.reward), int(t.policy_version), t.text, t.group_id)

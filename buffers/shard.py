@@ -32,18 +32,17 @@ Guarantees:
 
 from __future__ import annotations
 
-import functools
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from buffers import snapshots
-from buffers.commit import CallOrder
+from buffers.commit import CallOrder, alone, locked
 from buffers.experience import ExperiencePool
 from buffers.records import (
     OP,
@@ -61,30 +60,7 @@ from exgrpo.core.faults import fault_point
 from exgrpo.core.records import Group, PulledBatch, ReplayPick, ReplayStats
 
 TAKE_ID = b"exgrpo.take_id"
-F = TypeVar("F", bound=Callable[..., Any])
 _NONE = object()
-
-
-def _locked(method: F) -> F:
-    """Run under the shard's lock: its state is shared by the threads that serve concurrent calls."""
-
-    @functools.wraps(method)
-    def run(self: ReplayShard, *args: Any, **kwargs: Any) -> Any:
-        with self._order.lock:
-            return method(self, *args, **kwargs)
-
-    return run  # type: ignore[return-value]
-
-
-def _alone(method: F) -> F:
-    """Run with the shard alone (`CallOrder.exclusive`): snapshots, compaction, restore."""
-
-    @functools.wraps(method)
-    def run(self: ReplayShard, *args: Any, **kwargs: Any) -> Any:
-        with self._order.exclusive():
-            return method(self, *args, **kwargs)
-
-    return run  # type: ignore[return-value]
 
 
 class ReplayShard:
@@ -112,9 +88,9 @@ class ReplayShard:
         self.compact_bytes = compact_bytes
         self.compact_growth = compact_growth
         self._snapshot_bytes = 0  # size of the shard's last self-snapshot (its log directory's snap-<gen>)
-        self._order = CallOrder()  # the lock, and the order of state-changing calls (buffers/commit.py)
+        self.order = CallOrder()  # the lock, and the order of state-changing calls (buffers/commit.py)
         self._pending: dict[int, Ticket | None] = {}  # request id -> the frame of the push applying it next
-        self.wal = WriteAheadLog(wal_dir, lock=self._order.lock) if wal_dir else None
+        self.wal = WriteAheadLog(wal_dir, lock=self.order.lock) if wal_dir else None
         self.recovery: dict[str, Any] = {"snapshot": False, "frames": 0, "seconds": 0.0}
         if self.wal is not None:
             t0 = time.perf_counter()
@@ -140,16 +116,16 @@ class ReplayShard:
         """The process id (the chaos tests SIGKILL it)."""
         return os.getpid()
 
-    @_locked
+    @locked
     def recovered(self) -> dict[str, Any]:
         """What this process restored at start: snapshot?, log frames replayed, seconds, and the stats then."""
         return dict(self.recovery)
 
     def set_collect(self, *, on: bool) -> None:
         """Start (or stop) storing correct trajectories; the driver flips it at the delayed start."""
-        with self._order.lock:
-            seq, ticket = self._order.begin(lambda: self._log(pa.table({"on": [on]}), op="collect"))
-        self._order.finish(seq, ticket, self.wal, lambda: setattr(self, "collect", on))
+        with self.order.lock:
+            seq, ticket = self.order.begin(lambda: self._log(pa.table({"on": [on]}), op="collect"))
+        self.order.finish(seq, ticket, self.wal, lambda: setattr(self, "collect", on))
 
     def push(self, *, groups: Sequence[Group]) -> int:
         """Record finished groups and queue them for the learner; returns how many were new."""
@@ -169,7 +145,7 @@ class ReplayShard:
                 "push_payload takes the bytes of buffers.records.push_payload (marked as a push)"
             )
         rows = GroupRows(table.replace_schema_metadata(None))
-        with self._order.lock:
+        with self.order.lock:
             new = self._new_groups(rows)
             if len(new) == len(rows) and self.wal is not None:
                 write = lambda: self.wal.write(payload)  # noqa: E731
@@ -179,7 +155,7 @@ class ReplayShard:
                 write = self.wal.barrier if self.wal is not None else lambda: None
             if new:
                 fault_point("shard.push.before_log")
-            seq, ticket = self._order.begin(write)
+            seq, ticket = self.order.begin(write)
             for j in new:
                 self._pending[rows.request_ids[j]] = ticket
 
@@ -189,9 +165,9 @@ class ReplayShard:
             return self._apply_push(rows, new)
 
         try:
-            n = self._order.finish(seq, ticket, self.wal, apply)
+            n = self.order.finish(seq, ticket, self.wal, apply)
         finally:
-            with self._order.lock:
+            with self.order.lock:
                 for j in new:
                     if self._pending.get(rows.request_ids[j], _NONE) is ticket:
                         del self._pending[rows.request_ids[j]]
@@ -250,18 +226,18 @@ class ReplayShard:
         same `take_id` (a retry) returns the first call's answer again.
         """
         ids = [int(r) for r in request_ids]
-        with self._order.lock:
+        with self.order.lock:
             if take_id is not None and self._last_take is not None and self._last_take[0] == take_id:
                 return self._last_take[1]
             frame = pa.table({"request_id": pa.array(ids, pa.int64())})
             fault_point("shard.take.before_log")
-            seq, ticket = self._order.begin(lambda: self._log(frame, op="take", take_id=take_id))
+            seq, ticket = self.order.begin(lambda: self._log(frame, op="take", take_id=take_id))
 
         def apply() -> Taken:
             fault_point("shard.take.logged")  # durable, not yet applied nor answered
             return self._apply_take(ids, take_id)
 
-        return self._order.finish(seq, ticket, self.wal, apply)
+        return self.order.finish(seq, ticket, self.wal, apply)
 
     def _apply_take(self, request_ids: Sequence[int], take_id: str | None) -> Taken:
         parts, dropped = [], []
@@ -278,12 +254,12 @@ class ReplayShard:
             self._last_take = (take_id, out)
         return out
 
-    @_locked
+    @locked
     def ready_groups(self) -> list[Group]:
         """The finished groups waiting for the learner, in request-id order (for inspection and tests)."""
         return groups_from_arrow(gather([self._ready[r] for r in sorted(self._ready)]))
 
-    @_locked
+    @locked
     def sample(
         self, *, counts: Mapping[int, int], seed: int, exclude: Sequence[str] = ()
     ) -> tuple[list[ReplayPick], dict[int, int]]:
@@ -298,15 +274,15 @@ class ReplayShard:
         picks = [ReplayPick(qid=q, candidates=tuple(self.pool.candidates(q))) for q in qids]
         return picks, self.pool.bucket_sizes(exclude=skip | set(qids))
 
-    @_locked
+    @locked
     def bucket_sizes(self) -> dict[int, int]:
         return self.pool.bucket_sizes()
 
-    @_locked
+    @locked
     def retired(self) -> frozenset[str]:
         return self.pool.retired()
 
-    @_locked
+    @locked
     def stats(self) -> ReplayStats:
         return ReplayStats(
             bucket_sizes=self.pool.bucket_sizes(),
@@ -349,12 +325,12 @@ class ReplayShard:
         if self._over_threshold():
             self._compact_if_over()
 
-    @_alone
+    @alone
     def _compact_if_over(self) -> None:
         if self._over_threshold():  # a concurrent call may have compacted first
             self._rotate(self._write_local)
 
-    @_alone
+    @alone
     def compact(self) -> None:
         """Snapshot this shard into its log directory and start an empty log (no-op without a log)."""
         self._rotate(self._write_local)
@@ -377,7 +353,7 @@ class ReplayShard:
         self.collect, self._last_take = snapshots.read_state(directory)
 
     # -- snapshots ---------------------------------------------------------------------------------
-    @_alone
+    @alone
     def snapshot(self, *, path: str) -> int:
         """Write the pool to `<path>`, the finished groups to `<path>.ready` and the pushed request ids
         (and whether each retired its question) to `<path>.seen` (parquet, each written atomically).
@@ -387,13 +363,13 @@ class ReplayShard:
         self._rotate(lambda d: self._write_local(d, files_of=path))
         return written
 
-    @_locked
+    @locked
     def snapshot_files(self, *, path: str) -> int:
         return snapshots.write_files(
             path, self.pool, gather(list(self._ready.values())), self._seen, self._retirers
         )
 
-    @_alone
+    @alone
     def restore(self, *, path: str) -> None:
         """Load what `snapshot` wrote (and, with a log, make it the state a restart recovers)."""
         self._load(path)

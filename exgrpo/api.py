@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.core.config import Config
-from exgrpo.runtime.recipe import RunResult, job_run_dir
+from exgrpo.runtime.healing import RunResult
+from exgrpo.runtime.run_dir import job_run_dir
 
 __all__ = ["RunResult", "train"]
 

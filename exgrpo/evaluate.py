@@ -21,22 +21,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, get_args
+from typing import Any, get_args
 
-from actors.sampling import Samples
 from exgrpo.core.config import Dtype, EngineKind
 from exgrpo.core.fileio import atomic_write_text
 from exgrpo.core.records import Prompt
 from exgrpo.data.templates import TEMPLATES, render_prompt, reward_mode
+from exgrpo.evaluation.completions import CompletionWriter
+from exgrpo.evaluation.like_run import default_out, like_run, run_model_dir
 from exgrpo.evaluation.scores import evaluate, format_table, load_data
-
-if TYPE_CHECKING:  # the engines import torch; evaluate itself only calls `generate`
-    pass
-
 
 # --------------------------------------------------------------------------- CLI
 
@@ -69,6 +65,14 @@ RUN_DEFAULTS = {  # the options' defaults without --like-run (what a run uses by
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m exgrpo.evaluate", description=__doc__.split("\n")[0])
+    _what_options(p)
+    _sampling_options(p)
+    _run_options(p)
+    return p
+
+
+def _what_options(p: argparse.ArgumentParser) -> None:
+    """What is evaluated (the model, the data, or a run's), what counts as correct, the engine."""
     p.add_argument(
         "--model",
         help="HF model directory, hub id org/name[@revision], or builtin:<name> (a run directory: its final/; "
@@ -106,6 +110,10 @@ def _parser() -> argparse.ArgumentParser:
         default="hf",
         help="generation engine (default: %(default)s)",
     )
+
+
+def _sampling_options(p: argparse.ArgumentParser) -> None:
+    """How each question is sampled: n samples, temperature, top-p, response length, template."""
     p.add_argument(
         "--n", type=int, default=None, help="samples per question for Avg@n and Pass@n (default: 32)"
     )
@@ -125,6 +133,10 @@ def _parser() -> argparse.ArgumentParser:
         help=f"response tokens (default: {DEFAULT_MAX_TOKENS}, capped by the model's context minus the longest prompt)",
     )
     p.add_argument("--template", choices=TEMPLATES, default=None, help="prompt template (default: plain)")
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    """Where the results go, the data's columns, seed and dtype, the reward, the paper's preset."""
     p.add_argument(
         "--out",
         help="JSON output (default: <model dir>/eval-<data stem>.json; for a hub id "
@@ -172,79 +184,6 @@ def _parser() -> argparse.ArgumentParser:
         "T 0.6, 8192 response tokens, Avg@32 for AIME24/AIME25/AMC, one sample (Pass@1) for the rest; --out is "
         "then a directory, default paper-eval (exgrpo/evaluation/paper.py) (default: off)",
     )
-    return p
-
-
-class CompletionWriter:
-    """`--save-completions`: one JSON line per sampled completion, written to `<path>.tmp` as the
-    evaluation goes and moved to `path` when it ends, so a failed evaluation leaves no partial file."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.tmp = path.with_name(path.name + ".tmp")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] = self.tmp.open("w")
-
-    def __call__(self, prompt: Prompt, samples: Samples) -> None:
-        for j, (text, reward) in enumerate(zip(samples.texts, samples.rewards, strict=True)):
-            row = {
-                "qid": prompt.qid,
-                "data_source": prompt.data_source,
-                "prompt": prompt.question,
-                "completion": text,
-                "reward": reward,
-                "sample": j,
-            }
-            self._file.write(json.dumps(row) + "\n")
-
-    def close(self) -> None:
-        self._file.close()
-        os.replace(self.tmp, self.path)
-
-
-def like_run(run_dir: Path) -> dict[str, object]:
-    """The options a run's own evaluation used, from its config.yaml (`--like-run`)."""
-    from exgrpo.core.config_files import load_config
-
-    config = run_dir / "config.yaml"
-    if not config.is_file():
-        raise ValueError(f"--like-run {run_dir}: no config.yaml there (give a run directory, runs/<id>)")
-    cfg = load_config(str(config), [])
-    return {
-        "model": str(run_dir / "final"),
-        "data": cfg.data.eval or cfg.data.train,
-        "num": cfg.data.num_eval,
-        "n": cfg.trainer.eval_samples,
-        "temperature": cfg.samplers.temperature,
-        "top_p": cfg.samplers.top_p,
-        "max_tokens": cfg.model.max_response_len,
-        "template": cfg.model.template,
-        "question_key": cfg.data.question_key,
-        "answer_key": cfg.data.answer_key,
-        "seed": cfg.data.seed,
-        "dtype": cfg.model.dtype,
-        "verify_timeout": cfg.samplers.verify_timeout_s,
-        "reward_fn": cfg.reward.fn,
-    }
-
-
-def run_model_dir(model: str) -> tuple[str, str | None]:
-    """`--model` as given, or a run directory's final model with a note saying so."""
-    path = Path(model).expanduser()
-    if path.is_dir() and not (path / "config.json").is_file():
-        if (path / "final" / "config.json").is_file():
-            return str(
-                path / "final"
-            ), f"{model} is a run directory; evaluating its final model {path / 'final'}"
-        if (path / "run.json").is_file() or (path / "config.yaml").is_file():
-            from exgrpo.loop.checkpoint import latest_checkpoint
-
-            ckpt = latest_checkpoint(path)
-            use = (
-                f"its latest checkpoint's model: --model {ckpt / 'model'}" if ckpt else "it has no checkpoint"
-            )
-            raise ValueError(f"--model {model} is a run directory without a final model (unfinished); {use}")
-    return model, None
 
 
 def _fill(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -279,30 +218,71 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             parser.error(message)
 
 
-def default_out(model: str, model_dir: Path, data_name: str) -> Path:
-    """Where the JSON goes without --out: beside the model, or for a hub id in the current directory."""
-    from exgrpo.models.resolve import hub_id
-
-    if hub_id(model) is not None and not Path(model).expanduser().is_dir():
-        return Path(f"eval-{model.replace('/', '--').replace('@', '-')}-{data_name}.json")
-    return model_dir / f"eval-{data_name}.json"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.paper_table:  # the preset sets data, n, T and length per file and calls main once per file
-        from exgrpo.evaluation import paper
-
-        given = [f"--{o.replace('_', '-')}" for o in paper.PAPER_OPTIONS if getattr(args, o) is not None]
-        if given or not args.model:
-            parser.error(f"--paper-table needs --model and sets {', '.join(given) or 'the data'} itself")
-        if args.save_completions:
-            parser.error("--save-completions is one file, --paper-table evaluates eight: give them apart")
-        rest = [*(sys.argv[1:] if argv is None else argv), "--paper-table="]  # the last one given wins
-        return paper.run(rest, Path(args.paper_table), Path(args.out or "paper-eval"), lambda a: main(a))
+        return _paper_table(parser, args, argv)
     _fill(parser, args)
     _check(parser, args)
+    loaded = _load(args)
+    if isinstance(loaded, int):
+        return loaded
+    scorer, model_dir, data = loaded
+    from actors.factory import make_engine
+
+    engine = make_engine(args.engine, model_dir, dtype=args.dtype, seed=args.seed)
+    tokenizer = getattr(engine, "tokenizer", None)
+    max_tokens = _max_tokens(args, engine, model_dir, data.prompts)
+    print(
+        f"evaluating {model_dir} on {len(data.prompts)} questions from {args.data}: engine {args.engine}, "
+        f"template {args.template}, n {args.n}, temperature {args.temperature}, max_tokens {max_tokens}, "
+        f"reward {args.reward_fn}" + (f" (as run {args.like_run})" if args.like_run else ""),
+        file=sys.stderr,
+    )
+    t0 = time.perf_counter()
+    completions = CompletionWriter(Path(args.save_completions)) if args.save_completions else None
+    with scorer as v:
+        report = evaluate(
+            engine,
+            data.prompts,
+            template=args.template,
+            tokenizer=tokenizer,
+            n=args.n,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            max_tokens=max_tokens,
+            verifier=v,
+            seed=args.seed,
+            progress=lambda done, total: print(f"  {done}/{total} questions", file=sys.stderr),
+            on_samples=completions,
+            correct_above=args.correct_above,
+        )
+    if completions is not None:
+        completions.close()
+    wall_s = time.perf_counter() - t0
+    print(format_table(report))
+    _write(args, model_dir, data, {"wall_s": wall_s, **report.to_dict()})
+    if completions is not None:
+        print(f"wrote {completions.path} ({len(data.prompts) * args.n} completions)", file=sys.stderr)
+    return 0
+
+
+def _paper_table(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None) -> int:
+    """`--paper-table DIR`: `main` once per file of the paper's table, with its settings."""
+    from exgrpo.evaluation import paper
+
+    given = [f"--{o.replace('_', '-')}" for o in paper.PAPER_OPTIONS if getattr(args, o) is not None]
+    if given or not args.model:
+        parser.error(f"--paper-table needs --model and sets {', '.join(given) or 'the data'} itself")
+    if args.save_completions:
+        parser.error("--save-completions is one file, --paper-table evaluates eight: give them apart")
+    rest = [*(sys.argv[1:] if argv is None else argv), "--paper-table="]  # the last one given wins
+    return paper.run(rest, Path(args.paper_table), Path(args.out or "paper-eval"), lambda a: main(a))
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, Path, Any] | int:
+    """The scorer, the model directory and the data; or 2 (the error printed) when one cannot be had."""
     from exgrpo.data.readers import DataError
     from exgrpo.models.resolve import ModelResolveError, resolve_model
     from exgrpo.verify.plugin import RewardError
@@ -338,49 +318,27 @@ def main(argv: list[str] | None = None) -> int:
     if data.skipped:
         shown = "; ".join(f"row {b.row}: {b.reason}" for b in data.skipped[:5])
         print(f"skipped {len(data.skipped)} of {data.rows_read} rows ({shown})", file=sys.stderr)
+    return scorer, model_dir, data
 
-    from actors.factory import make_engine
 
-    engine = make_engine(args.engine, model_dir, dtype=args.dtype, seed=args.seed)
-    tokenizer = getattr(engine, "tokenizer", None)
+def _max_tokens(args: argparse.Namespace, engine: Any, model_dir: Path, prompts: list[Prompt]) -> int:
+    """`--max-tokens`, or what the model's context leaves after the longest prompt (at most the default)."""
     max_tokens = args.max_tokens
     if max_tokens is None:
         max_tokens = DEFAULT_MAX_TOKENS
         context = _context_length(model_dir)
         if context is not None:
+            tokenizer = getattr(engine, "tokenizer", None)
             longest = max(
                 len(engine.tokenize(render_prompt(p.question, template=args.template, tokenizer=tokenizer)))
-                for p in data.prompts
+                for p in prompts
             )
             max_tokens = max(1, min(max_tokens, context - longest))
-    print(
-        f"evaluating {model_dir} on {len(data.prompts)} questions from {args.data}: engine {args.engine}, "
-        f"template {args.template}, n {args.n}, temperature {args.temperature}, max_tokens {max_tokens}, "
-        f"reward {args.reward_fn}" + (f" (as run {args.like_run})" if args.like_run else ""),
-        file=sys.stderr,
-    )
-    t0 = time.perf_counter()
-    completions = CompletionWriter(Path(args.save_completions)) if args.save_completions else None
-    with scorer as v:
-        report = evaluate(
-            engine,
-            data.prompts,
-            template=args.template,
-            tokenizer=tokenizer,
-            n=args.n,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            max_tokens=max_tokens,
-            verifier=v,
-            seed=args.seed,
-            progress=lambda done, total: print(f"  {done}/{total} questions", file=sys.stderr),
-            on_samples=completions,
-            correct_above=args.correct_above,
-        )
-    if completions is not None:
-        completions.close()
-    wall_s = time.perf_counter() - t0
-    print(format_table(report))
+    return max_tokens
+
+
+def _write(args: argparse.Namespace, model_dir: Path, data: Any, results: dict[str, Any]) -> None:
+    """The JSON of the evaluation: its settings, the rows read, evaluated and skipped, then `results`."""
     out = Path(args.out) if args.out else default_out(args.model, model_dir, data.name)
     payload = {
         "model": str(model_dir),
@@ -396,14 +354,10 @@ def main(argv: list[str] | None = None) -> int:
             "skipped": len(data.skipped),
             "skipped_rows": [{"row": b.row, "reason": b.reason} for b in data.skipped],
         },
-        "wall_s": wall_s,
-        **report.to_dict(),
+        **results,
     }
     atomic_write_text(out, json.dumps(payload, indent=2) + "\n")
     print(f"wrote {out}", file=sys.stderr)
-    if completions is not None:
-        print(f"wrote {completions.path} ({len(data.prompts) * args.n} completions)", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

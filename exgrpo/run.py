@@ -21,12 +21,30 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
-from exgrpo.core.config import ConfigError
+from exgrpo.core.config import Config, ConfigError
 from exgrpo.core.config_files import load_config
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_intermixed_args(argv)  # overrides may come before or after the options
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = _config(parser, args)
+    if isinstance(cfg, int):  # --help-config, or an error already printed
+        return cfg
+    if args.print_config:
+        print(cfg.to_yaml(), end="")
+        return 0
+    from exgrpo.runtime import recipe as launch
+
+    if args.dry_run:
+        return _dry_run(cfg, resume=args.resume)
+    return _train(launch, cfg, resume=args.resume)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m exgrpo.run", description=__doc__.split("\n")[0])
     parser.add_argument("--config", help="YAML file or packaged config name (default: the embedded default)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -64,8 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "overrides", nargs="*", help="dotted overrides, e.g. replay.rho=0.25 trainer.steps=10"
     )
-    args = parser.parse_intermixed_args(argv)  # overrides may come before or after the options
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return parser
+
+
+def _config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Config | int:
+    """The run's config (its file, --resume's, the flags and overrides); or the exit code when there is none:
+    0 after --help-config, 2 after an error (printed)."""
     if args.help_config is not None:
         from exgrpo.core.config_reference import plain_text
 
@@ -100,47 +122,52 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.print_config:
-        print(cfg.to_yaml(), end="")
-        return 0
-    from exgrpo.runtime import recipe as launch
+    return cfg
 
-    if args.dry_run:
-        from exgrpo.data.readers import DataError
-        from exgrpo.loop.checkpoint import ResumeError, fresh_run_dir_check, resume_report
-        from exgrpo.models.resolve import ModelResolveError
-        from exgrpo.runtime.memory_plan import dry_run_report
-        from exgrpo.runtime.preflight import preflight
-        from exgrpo.runtime.resources import dry_run_fit, placement_plan
 
-        print(placement_plan(cfg))
-        memory, fits = dry_run_report(cfg)
-        if memory:
-            print(memory)
-        if not fits:
-            print("error: the memory plan does not fit (see its fix: lines)", file=sys.stderr)
-            return 2
-        try:  # what a start checks before Ray: the reward, the model, LoRA's targets, the data
-            print("\n".join(preflight(cfg, resume=bool(args.resume))))
-        except (ConfigError, DataError, ModelResolveError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        try:  # the checks a real start makes before its first actor
-            print(dry_run_fit(cfg))
-            if args.resume:
-                print(resume_report(Path(args.resume), cfg))
-            else:
-                fresh_run_dir_check(cfg)  # a fresh run must not write over another run's checkpoints
-        except (ConfigError, ResumeError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        return 0
+def _dry_run(cfg: Config, *, resume: str | None) -> int:
+    """--dry-run: the placement plan, the memory plan, a start's checks before Ray and its cluster fit."""
+    from exgrpo.data.readers import DataError
+    from exgrpo.loop.checkpoint import ResumeError, fresh_run_dir_check, resume_report
+    from exgrpo.models.resolve import ModelResolveError
+    from exgrpo.runtime.clusters import dry_run_fit
+    from exgrpo.runtime.memory_plan import dry_run_report
+    from exgrpo.runtime.preflight import preflight
+    from exgrpo.runtime.resources import placement_plan
+
+    print(placement_plan(cfg))
+    memory, fits = dry_run_report(cfg)
+    if memory:
+        print(memory)
+    if not fits:
+        print("error: the memory plan does not fit (see its fix: lines)", file=sys.stderr)
+        return 2
+    try:  # what a start checks before Ray: the reward, the model, LoRA's targets, the data
+        print("\n".join(preflight(cfg, resume=bool(resume))))
+    except (ConfigError, DataError, ModelResolveError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:  # the checks a real start makes before its first actor
+        print(dry_run_fit(cfg))
+        if resume:
+            print(resume_report(Path(resume), cfg))
+        else:
+            fresh_run_dir_check(cfg)  # a fresh run must not write over another run's checkpoints
+    except (ConfigError, ResumeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _train(launch: Any, cfg: Config, *, resume: str | None) -> int:
+    """The run (`exgrpo.runtime.recipe.train`, `launch`); its exit code: 0, 2 for bad input, 1 when it stopped
+    interrupted past its recoveries, 130 after Ctrl-C (at a step boundary: checkpointed)."""
     from exgrpo.data.readers import DataError
     from exgrpo.loop.checkpoint import ResumeError, RunInterrupted, latest_checkpoint
     from exgrpo.models.resolve import ModelResolveError
 
     try:
-        result = launch.train(cfg, resume=bool(args.resume), stop_on_signals=True)
+        result = launch.train(cfg, resume=bool(resume), stop_on_signals=True)
     except (ConfigError, DataError, ModelResolveError, ResumeError, FileNotFoundError) as e:
         # bad input (config, resources, data, model, resume): nothing was trained, nothing is lost
         print(f"error: {e}", file=sys.stderr)

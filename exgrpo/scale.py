@@ -15,7 +15,8 @@ import os
 import sys
 
 from exgrpo.core.names import CONTROLLER, NAMESPACE
-from exgrpo.runtime.resources import probe_address, samplers_that_fit
+from exgrpo.runtime.clusters import probe_address
+from exgrpo.runtime.resources import samplers_that_fit
 
 
 def main(argv: list[str] | None = None) -> int:

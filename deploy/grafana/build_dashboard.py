@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -141,7 +142,8 @@ PANELS: list[tuple[str, str, str, bool, list[tuple[str, str]]]] = [
 ]
 
 
-def variable(name: str, description: str, query: str, hide: int = 0) -> dict:
+def variable(name: str, description: str, query: str, hide: int = 0) -> dict[str, Any]:
+    """A multi-value query variable of the dashboard (`SessionName`, `RunId`), "All" selected."""
     return {
         "allValue": ".+",
         "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
@@ -170,7 +172,8 @@ def variable(name: str, description: str, query: str, hide: int = 0) -> dict:
 
 def panel(
     index: int, title: str, description: str, unit: str, stack: bool, targets: list[tuple[str, str]]
-) -> dict:
+) -> dict[str, Any]:
+    """Graph panel `index` (12x8, two columns) of one `PANELS` row, in the style of Ray's own panels."""
     return {
         "aliasColors": {},
         "bars": False,
@@ -253,7 +256,8 @@ def panel(
     }
 
 
-def dashboard() -> dict:
+def dashboard() -> dict[str, Any]:
+    """The whole dashboard: its variables (data source, session, run) and one panel per `PANELS` row."""
     anchor = series(M.VERSION)
     return {
         "title": "ExGRPO Dashboard",
@@ -322,6 +326,7 @@ def dashboard() -> dict:
 
 
 def main() -> None:
+    """Write `OUT` and say how many panels it has."""
     OUT.write_text(json.dumps(dashboard(), indent=4) + "\n")
     print(f"wrote {OUT.relative_to(ROOT)} ({len(PANELS)} panels)")
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from exgrpo.core.config import BOUNDS, LOGGING_BACKENDS, Config, _did_you_mean, _yaml_key
+from exgrpo.core.config import BOUNDS, LOGGING_BACKENDS, Config, did_you_mean, yaml_key
 from exgrpo.core.config_files import PACKAGED_CONFIGS, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +130,7 @@ def sections() -> dict[str, list[Setting]]:
     for sec in fields(Config):
         cls = hints[sec.name]
         types, comments, code = get_type_hints(cls), field_comments(cls), cls()
-        name = _yaml_key(sec.name)
+        name = yaml_key(sec.name)
         out[name] = [
             Setting(
                 key=f"{name}.{f.name}",
@@ -256,7 +256,7 @@ def plain_text(section: str | None = None) -> str:
     """The reference for the terminal, for every section or one; raises KeyError naming the valid ones."""
     found = _documented()
     if section is not None and section not in found:
-        raise KeyError(f"unknown config section {section!r}{_did_you_mean(section, list(found))}")
+        raise KeyError(f"unknown config section {section!r}{did_you_mean(section, list(found))}")
     out = []
     for name, rows in found.items():
         if section is not None and name != section:

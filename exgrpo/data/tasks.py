@@ -30,7 +30,8 @@ import numpy as np
 
 from exgrpo.core.config import builtin_name
 from exgrpo.core.records import Prompt
-from exgrpo.data.scratchpad import SCRATCHPAD_TASKS, trace_valid
+from exgrpo.data.scratchpad import SCRATCHPAD_TASKS
+from exgrpo.data.scratchpad_trace import trace_valid
 from exgrpo.verify.answers import boxed  # the response format the tasks expect (re-exported)
 
 Split = Literal["train", "eval"]

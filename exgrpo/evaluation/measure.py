@@ -18,7 +18,7 @@ from actors.engines import HFEngine
 from actors.sampling import sample_rewards
 from exgrpo.core.config import TemplateName
 from exgrpo.core.records import Prompt
-from exgrpo.data.scratchpad import TraceCheck, check_trace
+from exgrpo.data.scratchpad_trace import TraceCheck, check_trace
 from exgrpo.data.templates import render_prompt, reward_mode
 from exgrpo.verify.verifier import Verifier
 

@@ -17,14 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from exgrpo.experiments.tables import _by, _series_mean, paired, refuse_missing, sweeps_parser
+from exgrpo.experiments.tables import by_variant, paired, refuse_missing, series_mean, sweeps_parser
 
 
 def cell_row(sweep: Path, *, arm: str, base: str) -> dict[str, Any] | None:
     """The regime row of one sweep, or None when it holds no seed of both `arm` and `base`."""
     from exgrpo.core.config_files import load_config
 
-    by = _by(json.loads((sweep / "results.json").read_text()))
+    by = by_variant(json.loads((sweep / "results.json").read_text()))
     seeds = sorted(set(by.get(arm, {})) & set(by.get(base, {})))
     if not seeds:
         return None
@@ -36,7 +36,7 @@ def cell_row(sweep: Path, *, arm: str, base: str) -> dict[str, Any] | None:
         return float(run["curve"][-1][key])
 
     diffs = {k: paired([final(by[arm][s], k) - final(by[base][s], k) for s in seeds]) for k in ("id", "ood")}
-    zero_var = [_series_mean(by[base][s], "fresh_zero_var") for s in seeds]
+    zero_var = [series_mean(by[base][s], "fresh_zero_var") for s in seeds]
     return {
         "cell": sweep.name,
         "epochs": draws / cfg.data.num_train,

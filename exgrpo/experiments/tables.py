@@ -96,7 +96,8 @@ def refuse_missing(sweeps: list[Path]) -> bool:
 
 
 # -- aggregation ----------------------------------------------------------------------------------------
-def _by(results: list[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
+def by_variant(results: list[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
+    """A sweep's results as {variant: {seed: result}}."""
     table: dict[str, dict[int, dict[str, Any]]] = {}
     for r in results:
         table.setdefault(r["variant"], {})[r["seed"]] = r
@@ -127,7 +128,7 @@ def paired(diffs: list[float]) -> tuple[float, float, int]:
 
 
 def format_report(results: list[dict[str, Any]]) -> str:
-    by = _by(results)
+    by = by_variant(results)
     steps = sorted({p["step"] for r in results for p in r["curve"]})
     last = steps[-1] if steps else 0
     lines = ["## Held-out accuracy (Avg@n), mean ± std over seeds, at equal learner steps", ""]
@@ -188,7 +189,7 @@ def format_report(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _series_mean(run: dict[str, Any], name: str, *, last: int | None = None) -> float:
+def series_mean(run: dict[str, Any], name: str, *, last: int | None = None) -> float:
     """NaN-aware mean of one per-step series of a run (over its last `last` steps when given)."""
     values = [v for v in run.get("series", {}).get(name, []) if v is not None]
     values = values[-last:] if last else values
@@ -217,10 +218,10 @@ def mechanism_table(results: list[dict[str, Any]]) -> list[str]:
         "| variant | seeds | " + " | ".join(c for _, _, c in MECHANISM) + " |",
         "|---|---|" + "---|" * len(MECHANISM),
     ]
-    for v, runs in _by(results).items():
+    for v, runs in by_variant(results).items():
         cells = []
         for name, last, _ in MECHANISM:
-            vals = [x for x in (_series_mean(r, name, last=last) for r in runs.values()) if np.isfinite(x)]
+            vals = [x for x in (series_mean(r, name, last=last) for r in runs.values()) if np.isfinite(x)]
             cells.append(f"{np.mean(vals):.3f}" if vals else "-")
         lines.append(f"| {v} | {len(runs)} | " + " | ".join(cells) + " |")
     return lines
@@ -232,7 +233,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    by = _by(results)
+    by = by_variant(results)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=False)
     for ax, key, label in ((axes[0], "id", "ID"), (axes[1], "ood", "OOD")):
         for v, runs in by.items():
@@ -267,7 +268,7 @@ def plot_mechanism(results: list[dict[str, Any]], path: Path, *, window: int = 1
     )
     fig, axes = plt.subplots(1, len(panels), figsize=(15, 4))
     for ax, (name, label) in zip(axes, panels, strict=True):
-        for v, runs in _by(results).items():
+        for v, runs in by_variant(results).items():
             rows = [
                 [np.nan if x is None else float(x) for x in r.get("series", {}).get(name, [])]
                 for r in runs.values()

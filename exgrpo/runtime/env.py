@@ -18,7 +18,7 @@ import ray
 
 from exgrpo.core.config import Config
 from exgrpo.core.faults import fault_env
-from exgrpo.runtime.resources import local_cluster_cpus
+from exgrpo.runtime.clusters import local_cluster_cpus
 
 # Environment every actor starts with (one torch thread per process: two on two cores made generation 5-70x slower; vLLM CPU
 # settings: the in-process engine core, dropped by `init_ray` for GPU samplers).

@@ -103,6 +103,21 @@ class Job(Observer):
         return time.perf_counter() - self.t_start
 
 
+@dataclass
+class RunResult:
+    """What one `train()` call ends with, over all its attempts (the recipe's `report` stage builds it)."""
+
+    run_dir: Path
+    records: list[dict[str, Any]]
+    evals: list[dict[str, float]]
+    wall_s: float  # the whole job, every attempt
+    # seconds of every checkpoint write (of the last attempt)
+    checkpoint_s: list[float] = field(default_factory=list)
+    recoveries: int = 0  # in-job restarts from a checkpoint (trainer.max_failures)
+    stopped: str | None = None  # stopped early by SIGINT / SIGTERM at a step boundary (checkpointed)
+    resume_command: str | None = None  # how to continue a stopped run
+
+
 def stop(err: RunInterrupted, why: str) -> RunInterrupted:
     """`err` as the run's final RunInterrupted: the usual message and resume command, and why it stopped."""
     message = interrupted_message(err.run_dir, what=err.what, step=err.step, why=why)

@@ -7,7 +7,7 @@ config.json on the meta device: no weights are read), and the data (every file e
 prompts under `data.on_bad_row`, as the start reads them; every prompt fits `model.max_prompt_len` under
 `data.long_prompts`, `exgrpo.data.lengths`). It returns one line per check, or raises the
 error a start would raise (`ConfigError`, `DataError`, `ModelResolveError`), so `--dry-run` passes exactly
-what a start passes, up to the cluster (`exgrpo.runtime.resources.dry_run_fit` checks that).
+what a start passes, up to the cluster (`exgrpo.runtime.clusters.dry_run_fit` checks that).
 """
 
 from __future__ import annotations

@@ -14,33 +14,32 @@ reaches the metrics logger, the progress bar, the sample log (a few completions 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import datetime as dt
-import json
 import logging
-import os
-import platform
-import signal
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import ray
 
-from exgrpo.core.config import Config, ConfigError
+from exgrpo.core.config import Config
 from exgrpo.core.roles import RunObserver
 from exgrpo.loop.observer import Observers
 from exgrpo.reporting.console import PREFIX, Phase, Phases, Progress, quiet_libraries
-from exgrpo.reporting.loggers import CandidateLog, MetricsLogger
-from exgrpo.reporting.samples import SampleLog
+from exgrpo.reporting.loggers import MetricsLogger
+from exgrpo.runtime import signals
 from exgrpo.runtime.assembly import System, build_system
 from exgrpo.runtime.env import init_ray
-from exgrpo.runtime.healing import Attempt, Job, resolve_max_failures, supervise
+from exgrpo.runtime.healing import Attempt, Job, RunResult, resolve_max_failures, supervise
 from exgrpo.runtime.resources import check_cluster
+from exgrpo.runtime.run_dir import (
+    check_run_dir,
+    closing_lines,
+    job_run_dir,
+    open_run_dir,
+    shared_run_dir_note,
+)
+from exgrpo.runtime.start import check_reward, run_observers, start_model, start_prompts
 
 if TYPE_CHECKING:
     from exgrpo.core.records import Prompt
@@ -49,95 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("exgrpo")
 T = TypeVar("T")
-
-
-@dataclass
-class RunResult:
-    run_dir: Path
-    records: list[dict[str, Any]]
-    evals: list[dict[str, float]]
-    wall_s: float  # the whole job, every attempt
-    # seconds of every checkpoint write (of the last attempt)
-    checkpoint_s: list[float] = field(default_factory=list)
-    recoveries: int = 0  # in-job restarts from a checkpoint (trainer.max_failures)
-    stopped: str | None = None  # stopped early by SIGINT / SIGTERM at a step boundary (checkpointed)
-    resume_command: str | None = None  # how to continue a stopped run
-
-
-def check_reward(cfg: Config) -> None:
-    """Import `reward.fn` here, in the driver, so a bad spec fails with its reason before any actor starts."""
-    from exgrpo.verify.plugin import RewardError, resolve
-    from exgrpo.verify.rewards import MATH
-
-    if cfg.reward.fn != MATH:
-        try:
-            resolve(cfg.reward.fn)
-        except RewardError as err:
-            raise ConfigError(str(err)) from err
-
-
-def submitted_with_working_dir() -> bool:
-    """Whether this driver is a `ray job submit --working-dir ...` entrypoint (it runs in Ray's copy of it)."""
-    job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
-    return bool((job.get("runtime_env") or {}).get("working_dir"))
-
-
-# where a submitted job's runs go when it sets no logging.run_dir (a directory on the driver's node)
-JOB_RUNS_ENV = "EXGRPO_RUNS_DIR"
-JOB_RUNS_DEFAULT = "~/exgrpo-runs"
-
-
-def job_run_dir(cfg: Config) -> Config:
-    """A job submitted with `--working-dir` that sets no `logging.run_dir` writes to `<root>/<time>`, an absolute
-    path that outlives the job's temporary copy of the working directory: root is `$EXGRPO_RUNS_DIR`, else
-    `~/exgrpo-runs` of the user running the driver. Any other config is returned as it is."""
-    if cfg.logging.run_dir or not submitted_with_working_dir():
-        return cfg
-    root = Path(os.environ.get(JOB_RUNS_ENV) or JOB_RUNS_DEFAULT).expanduser().resolve()
-    run_dir = str(root / f"{dt.datetime.now():%Y%m%d-%H%M%S}")
-    return dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, run_dir=run_dir))
-
-
-def shared_run_dir_note(run_dir: Path, *, nodes: int) -> str:
-    """On a cluster of several nodes: where checkpoints land and what every node must share."""
-    return (
-        f"{PREFIX} {nodes} nodes: checkpoints land in {run_dir.resolve()}/checkpoints; learner ranks on other "
-        f"nodes write their weights there on their own node, so {run_dir.resolve().parent} must be one directory "
-        f"every node mounts (else the first checkpoint fails, saying so): set {JOB_RUNS_ENV} or "
-        "logging.run_dir to shared storage (docs/operating.md, 'Two nodes')"
-    )
-
-
-def check_run_dir(cfg: Config, *, nodes: int = 1) -> None:
-    """Refuse a relative `logging.run_dir` on a cluster (RAY_ADDRESS, a submitted job, or more than one node).
-
-    On a cluster, learner ranks on other nodes write checkpoints and replay logs under the run dir: it must be
-    one absolute path on storage every node mounts (a relative one lands in Ray's per-job temporary copy of
-    the working directory, or in a different directory on every node). See docs/operating.md, "Two nodes".
-    """
-    if Path(cfg.logging.run_dir or "runs").expanduser().is_absolute():
-        return
-    why = (
-        "this is a job submitted with --working-dir (its copy is deleted after the job)"
-        if submitted_with_working_dir()
-        else "RAY_ADDRESS is set (an existing cluster)"
-        if os.environ.get("RAY_ADDRESS")
-        else f"the Ray cluster has {nodes} nodes"
-        if nodes > 1
-        else ""
-    )
-    if why:
-        raise ConfigError(
-            f"logging.run_dir={cfg.logging.run_dir or '(unset: runs/<time>)'} is relative but {why}; set "
-            "logging.run_dir to an absolute path on storage every node shares (docs/operating.md, 'Two nodes')"
-        )
-
-
-def make_run_dir(cfg: Config) -> Path:
-    run_dir = Path(cfg.logging.run_dir or f"runs/{dt.datetime.now():%Y%m%d-%H%M%S}").expanduser()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(cfg.to_yaml())
-    return run_dir
 
 
 class TrainingRecipe:
@@ -226,100 +136,82 @@ class TrainingRecipe:
         A bad resume (or a fresh run over another run's checkpoints) is refused before anything is
         written. The train-loop phase starts before the driver is built.
         """
-        from exgrpo.data.sources import load_prompts
-        from exgrpo.data.tasks import trace_checker
-        from exgrpo.loop.checkpoint import (
-            BASE_MODEL_FILE,
-            Checkpointer,
-            checkpoint_step,
-            fresh_run_dir_check,
-            pin_model,
-            resume_checkpoint,
-            rewind_metrics,
-            tokenizer_files,
-        )
-        from exgrpo.loop.driver import Driver
-        from exgrpo.models.resolve import model_record, resolve_model
+        from exgrpo.loop.checkpoint import fresh_run_dir_check, resume_checkpoint
 
         defaulted = self.cfg is not (cfg := job_run_dir(self.cfg))  # a submitted job's default run dir
-        self.cfg, phases = cfg, self.phases
+        self.cfg = cfg
         quiet_libraries(verbose=cfg.logging.verbose)
-        ckpt = self.ckpt = (
+        self.ckpt = (
             resume_checkpoint(Path(cfg.logging.run_dir).expanduser(), cfg)
             if self.resume
             else fresh_run_dir_check(cfg)
         )
         check_reward(cfg)  # a reward.fn that cannot be imported fails before anything is written
         check_run_dir(cfg)  # before anything is written there
-        phases.start(Phase.BASE_MODEL, cfg.model.path)
+        base_model = self._open_run(defaulted=defaulted)
+        self._load_data()
+        self._start_actors()
+        self._build_driver(base_model)
+
+    def _open_run(self, *, defaulted: bool) -> dict[str, Any]:
+        """The base model, the run dir, the model this start loads (a resumed run's checkpoint, pinned), its
+        tokenizer and its LoRA targets checked (`exgrpo.runtime.start.start_model`); returns the base model's
+        record."""
+        from exgrpo.models.resolve import resolve_model
+
+        cfg, ckpt = self.cfg, self.ckpt
+        self.phases.start(Phase.BASE_MODEL, cfg.model.path)
         # a fresh run's model (a hub id: from the hub cache or downloaded) before its run dir is made: a model
         # that cannot be had leaves nothing behind
         fresh_model = None if ckpt else str(resolve_model(cfg.model.path, cache_dir=cfg.model.cache_dir))
-        fresh = not cfg.logging.run_dir or not Path(cfg.logging.run_dir).expanduser().exists()
-        made = fresh and not self.resume and not self.attempt.recovery
-        run_dir = self.run_dir = make_run_dir(cfg)
-        self._made_run_dir = made
-        if defaulted:
-            print(
-                f"{PREFIX} run directory {run_dir} (a submitted job's default on the driver's node "
-                f"{platform.node()}; set logging.run_dir or {JOB_RUNS_ENV} to choose)",
-                flush=True,
-            )
-        # the steps trained again: after the checkpoint, or all (the first evaluation too) when a recovery
-        # restarts at step 0 over this job's own run dir
-        again = checkpoint_step(ckpt) if ckpt is not None else -1 if self.attempt.recovery else None
-        if again is not None and (dropped := rewind_metrics(run_dir, again)):
-            log.info(
-                "metrics.jsonl: dropped %d records of steps >= %d (they are trained again)", dropped, again
-            )
-        self.job.rewind(max(again or 0, 0))
-        # a resumed run starts from its checkpoint's weights, pinned in the run dir: rotation deletes the checkpoint
-        model_path = self.model_path = fresh_model or str(
-            resolve_model(str(pin_model(ckpt, run_dir)), cache_dir=cfg.model.cache_dir)
+        new = not self.resume and not self.attempt.recovery
+        run_dir, self._made_run_dir = open_run_dir(cfg, new=new, defaulted=defaulted)
+        self.run_dir = run_dir
+        model = start_model(
+            cfg,
+            ckpt=ckpt,
+            fresh_model=fresh_model,
+            run_dir=run_dir,
+            recovery=self.attempt.recovery,
+            job=self.job,
         )
-        base_model = model_record(cfg.model.path, model_path)  # a hub id: its repo, revision and commit
-        if ckpt is None:
-            (run_dir / BASE_MODEL_FILE).write_text(json.dumps(base_model, indent=1))
-        elif (run_dir / BASE_MODEL_FILE).is_file():
-            base_model = json.loads((run_dir / BASE_MODEL_FILE).read_text())
-        self.tokenizer = tokenizer_files(model_path)
-        if (
-            cfg.learners.lora_rank > 0
-        ):  # before Ray: a target that matches nothing fails here, naming the choices
-            from exgrpo.runtime.preflight import check_lora_targets
+        self.model_path, self.tokenizer = model.path, model.tokenizer
+        return model.base_model
 
-            check_lora_targets(Path(model_path), cfg.learners.lora_target_modules)
-        phases.start(Phase.DATA, cfg.data.train)
-        train_set, eval_set = load_prompts(cfg)
-        # model.max_prompt_len under data.long_prompts, before any engine sees a prompt
-        from exgrpo.runtime.preflight import enforce_prompt_lengths
-
-        self.train_set, self.eval_set, skipped = enforce_prompt_lengths(cfg, model_path, train_set, eval_set)
-        self.long_prompts_skipped = len(train_set) + len(eval_set) - len(self.train_set) - len(self.eval_set)
-        if skipped:
-            log.warning("%s", skipped)
-        log.info(
-            "run dir %s; model %s; %d train / %d eval questions",
-            run_dir.resolve(),  # absolute: a submitted job (RAY_ADDRESS) runs in Ray's copy of the working dir
-            model_path,
-            len(self.train_set),
-            len(self.eval_set),
+    def _load_data(self) -> None:
+        """The train and held-out prompts, under model.max_prompt_len and data.long_prompts."""
+        self.phases.start(Phase.DATA, self.cfg.data.train)
+        self.train_set, self.eval_set, self.long_prompts_skipped = start_prompts(
+            self.cfg, model_path=self.model_path, run_dir=self.run_dir
         )
+
+    def _start_actors(self) -> None:
+        """Ray (the run dir and the resources checked against the cluster), then the actors."""
+        cfg, phases = self.cfg, self.phases
         phases.start(Phase.RAY)
         init_ray(cfg)
         nodes = len([n for n in ray.nodes() if n.get("Alive")])
         check_run_dir(cfg, nodes=nodes)
         if nodes > 1:
-            print(shared_run_dir_note(run_dir, nodes=nodes), file=sys.stderr, flush=True)
-        check_cluster(cfg, model_path=model_path)
+            print(shared_run_dir_note(self.run_dir, nodes=nodes), file=sys.stderr, flush=True)
+        check_cluster(cfg, model_path=self.model_path)
         phases.start(
             Phase.ACTORS,
             f"{cfg.samplers.num} samplers, {cfg.learners.num} learners, {cfg.replay.num_shards} replay shards",
         )
-        system = self.system = build_system(cfg, model_path=model_path, run_dir=run_dir)
-        phases.start(Phase.LOGGERS, ", ".join(cfg.logging.backends))
+        self.system = build_system(cfg, model_path=self.model_path, run_dir=self.run_dir)
+
+    def _build_driver(self, base_model: dict[str, Any]) -> None:
+        """The loggers, the progress bar, the checkpointer, the observers and the driver over the actors."""
+        from exgrpo.data.tasks import trace_checker
+        from exgrpo.loop.checkpoint import Checkpointer
+        from exgrpo.loop.driver import Driver
+
+        cfg, run_dir, system = self.cfg, self.run_dir, self._built(self.system)
+        self.phases.start(Phase.LOGGERS, ", ".join(cfg.logging.backends))
         self.logger = MetricsLogger.from_config(run_dir, cfg)  # metrics.jsonl + logging.backends + Ray gauges
-        phases.start(Phase.TRAIN_LOOP, announce=False)  # evaluations, steps, final save: the bar shows them
+        # evaluations, steps, final save: the bar shows them
+        self.phases.start(Phase.TRAIN_LOOP, announce=False)
         self.progress = Progress(
             total=cfg.trainer.steps,
             enabled=cfg.logging.progress,
@@ -328,27 +220,21 @@ class TrainingRecipe:
         )
         self.checkpointer = (
             Checkpointer(
-                run_dir, model_path=model_path, keep=cfg.trainer.keep_checkpoints, base_model=base_model
+                run_dir, model_path=self.model_path, keep=cfg.trainer.keep_checkpoints, base_model=base_model
             )
             if self.checkpoints
             else None
         )
         trace_check = trace_checker(cfg.data.train)
-        candidates = CandidateLog(run_dir / "candidates.jsonl") if trace_check is not None else None
-        lc = cfg.logging
-        samples = (
-            SampleLog(
-                run_dir / "samples.jsonl",
-                questions={p.qid: p.question for p in self.train_set},
-                every=lc.samples_every,
-                per_step=lc.samples_per_step,
-                sink=self.logger.log_samples,
-            )
-            if lc.samples_every and lc.samples_per_step
-            else None
-        )
-        self.observers = Observers(
-            self.logger, self.progress, samples, candidates, self.job, self.caller_observer
+        self.observers = run_observers(
+            cfg,
+            run_dir=run_dir,
+            logger=self.logger,
+            progress=self.progress,
+            train_set=self.train_set,
+            job=self.job,
+            caller=self.caller_observer,
+            trace_check=trace_check,
         )
         self.driver = Driver(
             cfg=cfg,
@@ -434,18 +320,8 @@ class TrainingRecipe:
         logger.summary(summary)
         logger.close()
         self.phases.end()
-        where = f"{PREFIX} run directory {self.run_dir.resolve()}"
-        stopped, resume = driver.stopped, None
-        if stopped is not None:
-            from exgrpo.loop.checkpoint import latest_checkpoint
-
-            ckpt = latest_checkpoint(self.run_dir)
-            resume = f"python -m exgrpo.run --resume {self.run_dir}" if ckpt else None
-            where += f"\n{PREFIX} {stopped}; " + (
-                f"checkpoint {ckpt.name}; continue with: {resume}" if ckpt else "no checkpoint was written"
-            )
-        if (self.run_dir / "report.html").is_file():
-            where += f"\n{PREFIX} report {(self.run_dir / 'report.html').resolve()}"
+        stopped = driver.stopped
+        where, resume = closing_lines(self.run_dir, stopped=stopped)
         print(where, flush=True)
         return RunResult(
             run_dir=self.run_dir,
@@ -459,39 +335,10 @@ class TrainingRecipe:
         )
 
     # -- helpers -----------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def stop_on_signals(self) -> Iterator[None]:
-        """While training: the first SIGINT (Ctrl-C) or SIGTERM asks the driver to stop at the next step
-        boundary (checkpoint, summary, report, the resume command); a second one stops at once
-        (KeyboardInterrupt). Only in the main thread (signal handlers live there)."""
-        driver = self.driver
-        if driver is None or threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        signals = (signal.SIGINT, signal.SIGTERM)
-        previous = {sig: signal.getsignal(sig) for sig in signals}
-
-        def handler(signum: int, frame: Any) -> None:
-            if driver.stop_requested is not None:  # the second one: at once
-                for sig, old in previous.items():
-                    signal.signal(sig, old)
-                raise KeyboardInterrupt
-            driver.stop_requested = signal.Signals(signum).name
-            print(
-                f"\n{PREFIX} {driver.stop_requested}: stopping at the next step boundary to write a checkpoint, "
-                "the summary and the report (Ctrl-C again to stop at once, losing the steps since the last "
-                "checkpoint)",
-                file=sys.stderr,
-                flush=True,
-            )
-
-        for sig in signals:
-            signal.signal(sig, handler)
-        try:
-            yield
-        finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
+    def stop_on_signals(self) -> contextlib.AbstractContextManager[None]:
+        """While training: SIGINT / SIGTERM stop the driver at the next step boundary, a second one at once
+        (`exgrpo.runtime.signals.stop_on_signals`)."""
+        return signals.stop_on_signals(self.driver)
 
     def forget_run_dir(self) -> None:
         """Remove the run directory this start made, when its setup failed (nothing was trained)."""

@@ -17,8 +17,9 @@ are held by someone else (`ray.available_resources()`) are waited for briefly (a
 are released asynchronously), then reported the same way. An autoscaling cluster that grows on demand
 can skip the check with `EXGRPO_SKIP_RESOURCE_CHECK=1`.
 
-`dry_run_fit(cfg)` (`python -m exgrpo.run --dry-run`) makes the same check before anything starts:
-against the cluster at RAY_ADDRESS, or against the resources Ray would give a local cluster here.
+`exgrpo.runtime.clusters.dry_run_fit(cfg)` (`python -m exgrpo.run --dry-run`) makes the same check before
+anything starts: against the cluster at RAY_ADDRESS, or against the resources Ray would give a local
+cluster here.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,7 +35,6 @@ from typing import Any
 
 from exgrpo.core.config import Config, ConfigError
 from exgrpo.core.names import CONTROLLER, learner_name, replay_name, sampler_name
-from exgrpo.core.positions import check_context
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +273,8 @@ def check_fits(
         raise ResourceError("the run cannot be placed on this Ray cluster:\n  - " + "\n  - ".join(problems))
 
 
-def _alive_nodes(ray: Any) -> list[dict[str, float]]:
+def alive_nodes(ray: Any) -> list[dict[str, float]]:
+    """The resources of each alive node of the connected cluster ([] when they cannot be listed)."""
     try:
         return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
     except Exception:  # noqa: BLE001 - node listing is an aid to the message, never a reason to fail
@@ -294,7 +294,7 @@ def check_cluster(cfg: Config, *, model_path: str | Path | None = None, wait_s: 
         log.warning("EXGRPO_SKIP_RESOURCE_CHECK is set: not checking the plan against the cluster")
         return plan
     total = ray.cluster_resources()
-    check_fits(cfg, plan, total, _alive_nodes(ray))
+    check_fits(cfg, plan, total, alive_nodes(ray))
     deadline = time.monotonic() + wait_s
     logged = False
     while True:
@@ -316,101 +316,6 @@ def check_cluster(cfg: Config, *, model_path: str | Path | None = None, wait_s: 
             log.warning("waiting up to %.0f s for cluster resources: %s", wait_s, "; ".join(busy))
             logged = True
         time.sleep(0.25)
-
-
-def local_cluster_cpus(cfg: Config) -> int:
-    """The logical CPUs `init_ray` gives a local cluster: the machine's, or as many as the plan reserves
-    when that is more (the actors then share the cores)."""
-    s, lr = cfg.samplers, cfg.learners
-    needed = s.num * s.num_cpus + lr.num * lr.num_cpus
-    return max(machine_cpus(), int(needed + 0.999))
-
-
-def machine_cpus() -> int:
-    """The CPUs a local Ray cluster offers by default: Ray's own count, which honours the container's CPU
-    quota and affinity (os.cpu_count() gives the host's, e.g. 48 on a 2-core container)."""
-    try:
-        from ray._private.utils import get_num_cpus
-
-        return max(1, int(get_num_cpus()))
-    except Exception:  # a Ray without that helper: the CPUs this process may run on
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def local_resources(cfg: Config) -> dict[str, float]:
-    """The resources a local cluster started by `init_ray` would have, resolved the way Ray resolves them
-    when it starts one (its GPU detection, memory and object store sizes), without starting it."""
-    from ray._private.resource_and_label_spec import ResourceAndLabelSpec
-
-    spec = ResourceAndLabelSpec(num_cpus=local_cluster_cpus(cfg)).resolve(
-        is_head=True, node_ip_address="127.0.0.1"
-    )
-    return {
-        "CPU": float(spec.num_cpus),
-        "GPU": float(spec.num_gpus),
-        "memory": float(spec.memory),
-        "object_store_memory": float(spec.object_store_memory),
-    }
-
-
-def probe_address(address: str, timeout_s: float = 5.0) -> None:
-    """A plain TCP connection to a `host:port` Ray address (other forms, such as `auto`, pass): `ray.init`
-    retries an address where nothing answers for minutes. Raises ConnectionError when nothing answers."""
-    host, _, port = address.split("://")[-1].rpartition(":")
-    if host and port.isdigit():
-        try:
-            socket.create_connection((host, int(port)), timeout=timeout_s).close()
-        except OSError as err:
-            raise ConnectionError(f"nothing answers at {host}:{port}: {err}") from err
-
-
-def cluster_totals(address: str) -> tuple[dict[str, float], list[dict[str, float]]]:
-    """The total resources and alive nodes of the running cluster at `address` (connects as a driver,
-    starts no actor, disconnects).
-
-    A `host:port` address is first probed (`probe_address`). Raises ConnectionError when nothing answers.
-    """
-    probe_address(address)
-    import ray
-
-    ray.init(address=address, namespace="exgrpo", configure_logging=False, log_to_driver=False)
-    try:
-        return dict(ray.cluster_resources()), _alive_nodes(ray)
-    finally:
-        ray.shutdown()
-
-
-def dry_run_fit(cfg: Config) -> str:
-    """Whether the plan fits the cluster a run would use (`python -m exgrpo.run --dry-run`), checked as at
-    start (`shortfalls`): the cluster at RAY_ADDRESS when it is set and reachable, else a local cluster on
-    this machine. One line when it fits; a `ResourceError` naming what is missing and the fix when not."""
-    if os.environ.get("EXGRPO_SKIP_RESOURCE_CHECK"):
-        return "resources not checked: EXGRPO_SKIP_RESOURCE_CHECK is set"
-    if Path(cfg.model.path).is_dir():  # a builtin model is checked when it is built (`build_system`)
-        check_context(cfg.model, cfg.model.path)
-    plan = plan_resources(cfg, model_bytes=model_weight_bytes(cfg.model.path))
-    address = os.environ.get("RAY_ADDRESS")
-    nodes: list[dict[str, float]] = []
-    if address:
-        try:
-            total, nodes = cluster_totals(address)
-            where, have = f"the Ray cluster at {address}", "the cluster has {n}"
-        except (ConnectionError, TimeoutError, RuntimeError, ValueError) as err:
-            raise ResourceError(
-                f"RAY_ADDRESS={address} is not reachable ({err}): a run would fail to attach; start the "
-                "cluster (ray start --head) or unset RAY_ADDRESS to run on a local cluster"
-            ) from err
-    else:
-        total = local_resources(cfg)
-        where = f"a local cluster on this machine ({local_cluster_cpus(cfg)} logical CPUs)"
-        have = "a local cluster here would have {n}"
-    problems = shortfalls(cfg, plan, total, nodes, have=have)
-    if problems:
-        raise ResourceError(f"the run cannot be placed on {where}:\n  - " + "\n  - ".join(problems))
-    return (
-        f"fits {where}: the plan needs {_num(plan.cpus)} of {_num(total.get('CPU', 0))} CPUs and "
-        f"{_num(plan.gpus)} of {_num(total.get('GPU', 0))} GPUs"
-    )
 
 
 def placement_plan(cfg: Config) -> str:

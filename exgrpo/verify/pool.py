@@ -3,10 +3,9 @@
 This module holds the processes, the scheduling and the deadlines; what is verified (the answer, the
 gold, the equation rule) is decided by `exgrpo.verify.verifier` and `exgrpo.verify.answers`, which hand it `Job`s.
 
-Workers: each is `python -c "from exgrpo.verify.worker import worker_main; ..."`, so nothing depends
-on how the host process was started. A worker reads one JSON line per job on stdin,
-`[kind, payloads, gold, timeout_s, fields]`, and writes `1` or `0` on stdout; math-verify parses the LaTeX
-into sympy and compares (`exgrpo/verify/worker.py`). A pool made with `reward_fn` runs a user's reward
+Workers (`exgrpo.verify.worker_handle.Worker`, one process each): a worker reads one JSON line per job
+on stdin and writes `1` or `0` on stdout; math-verify parses the LaTeX into sympy and compares
+(`exgrpo/verify/worker.py`). A pool made with `reward_fn` runs a user's reward
 function in the same workers instead (`exgrpo.verify.plugin`); its replies are floats, or `e` for a
 function that failed: `e [kind, text]`, scored 0 and counted in `errors` and `failures` by kind ("raised",
 "not a number"; a job past its deadline is "timed out"). The first failure of each kind is kept in `first_failures`
@@ -34,8 +33,6 @@ import contextlib
 import json
 import logging
 import os
-import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -43,80 +40,15 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from typing import Any, Literal
 
-from exgrpo.verify.worker import ERROR, RAISED, READY, REWARD_FN_ENV, TIMED_OUT
+from exgrpo.verify.worker import ERROR, RAISED, READY, TIMED_OUT
+from exgrpo.verify.worker_handle import Job, Worker
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Job", "Pool"]
 
 _STARTUP_TIMEOUT_S = 120.0  # a worker imports sympy and math-verify (~1 s idle, more under load)
-
-
-@dataclass(frozen=True)
-class Job:
-    """One verification: "values": every payload must verify against gold; "text": math-verify's
-    extraction finds the stated answer in payloads[0] (a response tail with no box); "reward": a user's
-    reward function scores payloads = [prompt, completion] with the row's `fields`."""
-
-    kind: Literal["values", "text", "reward"]
-    payloads: list[str]
-    gold: str
-    fields: dict[str, Any] | None = None
-
-
-class _Worker:
-    """One verification process (started at construction; `ready` once math-verify is loaded)."""
-
-    def __init__(self, *, max_memory_mb: int | None, reward_fn: str | None, import_root: str | None) -> None:
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = dict(os.environ, EXGRPO_VERIFY_MAX_MEMORY_MB=str(max_memory_mb or 0))
-        env.pop(REWARD_FN_ENV, None)
-        if reward_fn is not None:
-            env[REWARD_FN_ENV] = reward_fn
-        paths = (package_root, import_root, env.get("PYTHONPATH"))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", "from exgrpo.verify.worker import worker_main; worker_main()"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-        )
-        self.ready = False
-        self.started = time.monotonic()
-
-    def fileno(self) -> int:  # lets multiprocessing.connection.wait select on the reply pipe
-        return self.process.stdout.fileno()
-
-    def send(self, job: Job, timeout_s: float) -> bool:
-        """Hand the worker a job; False if it is dead."""
-        try:
-            self.process.stdin.write(
-                json.dumps([job.kind, job.payloads, job.gold, timeout_s, job.fields]).encode() + b"\n"
-            )
-            self.process.stdin.flush()
-        except (OSError, ValueError):
-            return False
-        return True
-
-    def recv(self) -> bytes | None:
-        """The worker's next reply line (without newline), or None if it died."""
-        try:
-            line = self.process.stdout.readline()
-        except (OSError, ValueError):
-            return None
-        return line.rstrip(b"\n") if line.endswith(b"\n") else None
-
-    def kill(self) -> None:
-        """SIGKILL the process and reap it (no zombie)."""
-        with contextlib.suppress(OSError):
-            self.process.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=10)
-        for pipe in (self.process.stdin, self.process.stdout):
-            with contextlib.suppress(OSError):
-                pipe.close()
 
 
 @dataclass(eq=False)
@@ -179,10 +111,10 @@ class Pool:
 
     def _reset(self) -> None:
         """Fresh state (at construction, and in a forked child: the workers are the parent's)."""
-        self._workers: list[_Worker] = []
+        self._workers: list[Worker] = []
         self._lock = threading.Lock()
         self._queue: deque[_Batch] = deque()  # batches with undispatched jobs, served in turn
-        self._busy: dict[_Worker, tuple[_Batch, int, float]] = {}  # worker -> (batch, job, deadline)
+        self._busy: dict[Worker, tuple[_Batch, int, float]] = {}  # worker -> (batch, job, deadline)
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -277,7 +209,7 @@ class Pool:
                         return
                     if self._wake_r in ready:
                         os.read(self._wake_r, 4096)
-                    self._handle([w for w in ready if isinstance(w, _Worker)])
+                    self._handle([w for w in ready if isinstance(w, Worker)])
         except BaseException as error:  # a bug here must not leave callers waiting forever
             with self._lock:
                 self._fail_all(f"the verifier's dispatcher failed: {error!r}")
@@ -297,7 +229,7 @@ class Pool:
                     self._queue.appendleft(batch)
                 self._replace(worker)
 
-    def _handle(self, ready: list[_Worker]) -> None:
+    def _handle(self, ready: list[Worker]) -> None:
         """Replies, workers ready, deadlines passed (lock held)."""
         for worker in ready:
             if worker not in self._workers:
@@ -369,7 +301,7 @@ class Pool:
             # INFO: the run logs the first of each kind once as a warning (the driver); --verbose shows each pool's
             logger.info("%s %s%s: %s; scored 0 (first of its kind here)", who, kind, where, text)
 
-    def _start_failed(self, worker: _Worker, message: str) -> None:
+    def _start_failed(self, worker: Worker, message: str) -> None:
         worker.kill()
         self._workers.remove(worker)  # not replaced: the next call tries again
         self._start_error = message
@@ -389,7 +321,7 @@ class Pool:
             batch.pending.clear()
             batch.done.set()
 
-    def _replace(self, worker: _Worker) -> None:
+    def _replace(self, worker: Worker) -> None:
         """Kill a worker and start its successor now, so it loads while others work."""
         worker.kill()
         if worker in self._workers:
@@ -397,8 +329,8 @@ class Pool:
         if not self._closed:
             self._workers.append(self._new_worker())
 
-    def _new_worker(self) -> _Worker:
-        return _Worker(
+    def _new_worker(self) -> Worker:
+        return Worker(
             max_memory_mb=self._max_memory_mb, reward_fn=self._reward_fn, import_root=self._import_root
         )
 

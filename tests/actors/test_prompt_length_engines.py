@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from actors.factory import make_engine
-from actors.sampler import EngineSpec, _engine_kwargs
+from actors.sampler_common import EngineSpec, engine_kwargs
 from exgrpo.core.config import EngineKind, ModelConfig
 from exgrpo.core.positions import context_len
 from exgrpo.core.records import Prompt
@@ -35,7 +35,7 @@ MODEL = ModelConfig(max_prompt_len=32, max_response_len=16)  # context 48, as th
 def engine(kind: EngineKind, path: Path) -> Any:
     """The engine a sampler of this run builds (`Sampler.__init__`): `make_engine` with the run's context."""
     spec = EngineSpec(kind=kind, model_path=str(path), dtype=MODEL.dtype, max_model_len=context_len(MODEL))
-    return make_engine(spec.kind, spec.model_path, dtype=spec.dtype, seed=0, **_engine_kwargs(spec))
+    return make_engine(spec.kind, spec.model_path, dtype=spec.dtype, seed=0, **engine_kwargs(spec))
 
 
 def test_hf_and_vllm_give_the_same_response_lengths_for_prompts_at_the_limit(tmp_path: Path) -> None:

@@ -171,7 +171,7 @@ def test_two_nodes_placement_env_and_gloo_rendezvous(two_nodes, monkeypatch):
 
     from exgrpo.core.config import Config, ConfigError
     from exgrpo.runtime.env import init_ray
-    from exgrpo.runtime.recipe import check_run_dir
+    from exgrpo.runtime.run_dir import check_run_dir
 
     t0 = time.perf_counter()
     monkeypatch.setenv("RAY_ADDRESS", two_nodes["address"])
@@ -234,7 +234,7 @@ def test_a_relative_run_dir_is_refused_on_a_cluster(monkeypatch):
     import dataclasses
 
     from exgrpo.core.config import Config, ConfigError
-    from exgrpo.runtime.recipe import check_run_dir
+    from exgrpo.runtime.run_dir import check_run_dir
 
     cfg = Config()
     cfg = dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, run_dir="runs/x"))

@@ -140,7 +140,7 @@ def test_dry_run_prints_plan():
 
 
 def test_literal_types_are_defined_once():
-    """Engine kind, template, dtype and reward mode: one Literal each, in exgrpo.core.config."""
+    """Engine kind, template, dtype and reward mode: one Literal each, in exgrpo.core.config_sections."""
     import re
     from typing import get_args, get_type_hints
 
@@ -166,7 +166,7 @@ def test_literal_types_are_defined_once():
     copies = [
         str(p.relative_to(package))
         for p in package.rglob("*.py")
-        if p.name != "config.py" and spelt.search(p.read_text())
+        if p.name != "config_sections.py" and spelt.search(p.read_text())
     ]
     assert copies == []
 

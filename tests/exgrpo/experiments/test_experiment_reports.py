@@ -9,7 +9,7 @@ import pytest
 
 from exgrpo.experiments.compare import VARIANTS
 from exgrpo.experiments.probe import format_probe
-from exgrpo.experiments.tables import _series_mean, format_report, mechanism_table, paired
+from exgrpo.experiments.tables import format_report, mechanism_table, paired, series_mean
 
 
 def _run(variant: str, seed: int, final_id: float, *, series: dict | None = None) -> dict:
@@ -45,8 +45,8 @@ def test_format_report_pairs_questions_only_with_grpo_by_seed():
 def test_mechanism_table_means_series_over_steps_then_seeds_skipping_nan():
     a = _run("exgrpo", 0, 0.5, series={"fresh_zero_var": [0.5, float("nan"), 0.3], "clipped": [1.0, 0.0]})
     b = _run("exgrpo", 1, 0.5, series={"fresh_zero_var": [0.2, None], "clipped": [0.0, 0.0]})
-    assert _series_mean(a, "fresh_zero_var") == pytest.approx(0.4)
-    assert math.isnan(_series_mean(a, "share_stored"))
+    assert series_mean(a, "fresh_zero_var") == pytest.approx(0.4)
+    assert math.isnan(series_mean(a, "share_stored"))
     row = next(line for line in mechanism_table([a, b]) if line.startswith("| exgrpo |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[:3] == ["exgrpo", "2", "0.300"]  # (0.4 + 0.2) / 2

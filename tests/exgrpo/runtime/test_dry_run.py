@@ -11,7 +11,7 @@ import pytest
 from exgrpo import run
 from exgrpo.core.config_files import load_config
 from exgrpo.loop.checkpoint import CONFIG_FILE, config_fingerprint
-from exgrpo.runtime import resources
+from exgrpo.runtime import clusters
 
 
 @pytest.fixture(autouse=True)
@@ -24,7 +24,7 @@ def test_a_plan_that_fits_this_machine_says_so(capsys):
     assert run.main(["--dry-run", "--config", "tiny-cpu"]) == 0
     out = capsys.readouterr().out
     assert "exgrpo-learner-0" in out
-    cpus = resources.local_cluster_cpus(load_config("tiny-cpu"))
+    cpus = clusters.local_cluster_cpus(load_config("tiny-cpu"))
     assert (
         f"fits a local cluster on this machine ({cpus} logical CPUs): the plan needs 2 of {cpus} CPUs" in out
     )
@@ -46,7 +46,7 @@ def test_more_cpus_than_the_cluster_has_exits_2(monkeypatch, capsys):
         return {"CPU": 2.0, "GPU": 0.0}, [{"CPU": 2.0, "GPU": 0.0}]
 
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
-    monkeypatch.setattr(resources, "cluster_totals", two_cpus)
+    monkeypatch.setattr(clusters, "cluster_totals", two_cpus)
     assert run.main(["--dry-run", "samplers.num=4", "samplers.num_cpus=1"]) == 2
     err = capsys.readouterr().err
     assert asked == ["10.0.0.1:6379"]
@@ -61,7 +61,7 @@ def test_an_unreachable_cluster_is_named(monkeypatch, capsys):
         raise ConnectionError(f"could not connect to {address}")
 
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
-    monkeypatch.setattr(resources, "cluster_totals", unreachable)
+    monkeypatch.setattr(clusters, "cluster_totals", unreachable)
     assert run.main(["--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "RAY_ADDRESS=10.0.0.1:6379 is not reachable (could not connect to 10.0.0.1:6379)" in err
@@ -125,4 +125,4 @@ def test_an_address_where_nothing_listens_fails_at_once():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(ConnectionError, match=f"nothing answers at 127.0.0.1:{port}"):
-        resources.cluster_totals(f"127.0.0.1:{port}")
+        clusters.cluster_totals(f"127.0.0.1:{port}")

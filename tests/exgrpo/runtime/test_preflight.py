@@ -8,7 +8,7 @@ import pytest
 from exgrpo import run
 from exgrpo.core.config_files import load_config
 from exgrpo.data.readers import DataError
-from exgrpo.runtime import resources
+from exgrpo.runtime import clusters
 
 
 @pytest.fixture(autouse=True)
@@ -72,4 +72,4 @@ def test_local_cpus_are_the_ones_ray_would_offer(monkeypatch):
 
     monkeypatch.setattr("os.cpu_count", lambda: 48)
     monkeypatch.setattr(ray_utils, "get_num_cpus", lambda *a, **k: 2)
-    assert resources.local_cluster_cpus(load_config("tiny-cpu")) == 2
+    assert clusters.local_cluster_cpus(load_config("tiny-cpu")) == 2

@@ -76,7 +76,7 @@ def test_a_setup_that_fails_before_anything_started_raises_its_own_error(tmp_pat
 def test_a_submitted_job_with_a_working_dir_is_recognised(monkeypatch):
     import json
 
-    from exgrpo.runtime.recipe import submitted_with_working_dir
+    from exgrpo.runtime.run_dir import submitted_with_working_dir
 
     monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
     assert not submitted_with_working_dir()
@@ -93,7 +93,7 @@ def test_a_submitted_job_without_a_run_dir_gets_an_absolute_one_that_outlives_it
 
     from exgrpo.core.config import ConfigError
     from exgrpo.core.config_files import load_config
-    from exgrpo.runtime.recipe import check_run_dir, job_run_dir, shared_run_dir_note
+    from exgrpo.runtime.run_dir import check_run_dir, job_run_dir, shared_run_dir_note
 
     cfg = load_config("tiny-cpu")
     monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
