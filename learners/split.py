@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TypeVar
 
 from exgrpo.core import metric_names as M
-from exgrpo.core.records import ReplayCandidate, UpdateResult
+from exgrpo.core.records import UpdateResult
 
 T = TypeVar("T")
 
@@ -32,7 +32,7 @@ def split_groups(groups: Sequence[T], num: int) -> list[Sequence[T]]:
     return [groups[i * per : (i + 1) * per] for i in range(num)]
 
 
-def split_candidates(candidates: Sequence[ReplayCandidate], num: int) -> list[list[ReplayCandidate]]:
+def split_candidates(candidates: Sequence[T], num: int) -> list[list[T]]:
     """`num` contiguous chunks of ceil(n / num) candidates (the last ones shorter or empty), in order."""
     n, size = len(candidates), math.ceil(len(candidates) / num) if candidates else 0
     return [list(candidates[i * size : min((i + 1) * size, n)]) for i in range(num)]

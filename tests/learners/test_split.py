@@ -18,10 +18,10 @@ def test_split_groups_into_equal_contiguous_slices():
 
 
 def test_split_candidates_in_ceil_chunks_and_back_in_order():
-    chunks = split_candidates(list("abcde"), 3)  # type: ignore[arg-type]
+    chunks = split_candidates(list("abcde"), 3)
     assert chunks == [["a", "b"], ["c", "d"], ["e"]]
     assert split_candidates([], 2) == [[], []]
-    assert split_candidates(list("ab"), 4) == [["a"], ["b"], [], []]  # type: ignore[arg-type]
+    assert split_candidates(list("ab"), 4) == [["a"], ["b"], [], []]
     assert concat([[1.0, 2.0], [], [3.0]]) == [1.0, 2.0, 3.0]
 
 
