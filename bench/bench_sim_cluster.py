@@ -137,7 +137,8 @@ def stale_share(run, k: int) -> float:
     return run.staleness.get(k, 0) / total if total else 0.0
 
 
-def main() -> None:
+def make_parser() -> argparse.ArgumentParser:
+    """The command line (module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--update-real-s", type=float, default=1.0, help="real seconds of one update (sets the scale)"
@@ -180,7 +181,11 @@ def main() -> None:
     parser.add_argument(
         "--diagnostics", action="store_true", help="then the DIAGNOSTICS rows (about 5 min more)"
     )
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = make_parser().parse_args()
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray

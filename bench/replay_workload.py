@@ -39,7 +39,7 @@ class Pusher:
     def pid(self) -> int:
         return os.getpid()
 
-    def _group(self, q: int):
+    def group(self, q: int):
         from exgrpo.core.records import Group, Trajectory
 
         r = self.rng.random()
@@ -77,7 +77,7 @@ class Pusher:
         pending: list[int] = []
         t_all = time.perf_counter()
         for start in range(0, len(qids), push_batch):
-            groups = [self._group(q) for q in qids[start : start + push_batch]]
+            groups = [self.group(q) for q in qids[start : start + push_batch]]
             t0 = time.perf_counter()
             self.replay.push(groups=groups)
             push_s += time.perf_counter() - t0

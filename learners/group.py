@@ -8,16 +8,16 @@ port on bundle 0's node for the torch.distributed rendezvous, starts the actors 
 It implements ``exgrpo.core.roles.Learners`` (``entropies``, ``update``, ``save``, ``load``) plus what the weight
 transports need (``rank0``, ``get_weights_ref``, ``push_weights``, ``version``).
 
-A batch is split into L equal contiguous slices of whole groups, one per rank, in the order given (the
-driver shuffles the batch with its seeded generator before ``update``; the group never reorders). Every rank must run the
-same number of micro-batches (ZeRO reduces gradients inside backward), so the slices must hold the same
-number of rows per mini-batch; ``update`` checks this before dispatching. With ``minibatches`` > 1,
+A batch is split into L equal contiguous slices of whole groups, one per rank, in the order given
+(``learners/split.py``, shared with the simulated group; the driver shuffles the batch with its seeded
+generator before ``update``; the group never reorders). Every rank must run the same number of
+micro-batches (ZeRO reduces gradients inside backward), so the slices must hold the same number of rows
+per mini-batch; ``update`` checks this before dispatching. With ``minibatches`` > 1,
 optimiser step m uses the m-th mini-batch of every rank's slice (not the m-th contiguous part of the batch).
 """
 
 from __future__ import annotations
 
-import math
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
@@ -26,15 +26,13 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from exgrpo.core import metric_names as M
 from exgrpo.core.config import LearnerConfig, LossConfig
 from exgrpo.core.names import learner_name
 from exgrpo.core.records import Group, ReplayCandidate, TrainBatch, UpdateResult
 from learners.learner import Learner
+from learners.split import combine_updates, concat, split_candidates, split_groups
 
 T = TypeVar("T")
-
-SUMMED_METRICS = (M.LEARNER_TOKENS,)  # summed over ranks; every other metric is averaged (NaN-aware)
 
 
 class _Rendezvous:
@@ -101,25 +99,6 @@ def _failed(ref: Any) -> bool:
     except Exception:  # noqa: BLE001 - reported by ``result``
         return True
     return False
-
-
-def _mean_metrics(results: Sequence[dict[str, float]]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for key in results[0]:
-        values = [r[key] for r in results if not math.isnan(r[key])]
-        if key in SUMMED_METRICS:
-            out[key] = float(sum(values))
-        else:
-            out[key] = sum(values) / len(values) if values else math.nan
-    return out
-
-
-def _selected(results: Sequence[tuple[list[float], dict[str, float]]]) -> UpdateResult:
-    """The ranks' `select_update` results as one: entropies in rank (= batch) order, metrics averaged."""
-    return UpdateResult(
-        metrics=_mean_metrics([m for _, m in results]),
-        entropies=tuple(e for ent, _ in results for e in ent),
-    )
 
 
 def _minibatch_rows(groups: Sequence[Group], minibatches: int) -> tuple[int, ...]:
@@ -198,24 +177,17 @@ class LearnerGroup:
 
     def start_entropies(self, *, candidates: Sequence[ReplayCandidate]) -> RayPending[list[float]]:
         """Mean response-token entropy of each candidate, computed in L contiguous chunks, in order."""
-        n, size = len(candidates), math.ceil(len(candidates) / self.num) if candidates else 0
-        chunks = [list(candidates[i * size : min((i + 1) * size, n)]) for i in range(self.num)]
+        chunks = split_candidates(candidates, self.num)
         refs = [a.entropies.remote(candidates=c) for a, c in zip(self.actors, chunks, strict=True)]
-        return RayPending(refs, lambda results: [e for r in results for e in r])
+        return RayPending(refs, concat)
 
     def start_update(self, *, batch: TrainBatch) -> RayPending[UpdateResult]:
         """One step: batch.groups split into L equal contiguous slices; rank metrics averaged. With
         `batch.select`, each rank scores and picks the candidates of its own slice's replay groups first
         (`Learner.select_update`, which passes a filled batch straight to `update`); their entropies come back
         in batch order."""
-        groups = batch.groups
-        if len(groups) % self.num:
-            raise ValueError(
-                f"a batch of {len(groups)} groups cannot be split into whole groups across {self.num} learners; "
-                f"make questions_per_step a multiple of learners.num={self.num}"
-            )
-        per = len(groups) // self.num
-        slices = [groups[i * per : (i + 1) * per] for i in range(self.num)]
+        slices = split_groups(batch.groups, self.num)
+        per = len(slices[0])
         if per % self.cfg.minibatches:
             raise ValueError(
                 f"{per} groups per learner cannot form learners.minibatches={self.cfg.minibatches}"
@@ -230,7 +202,7 @@ class LearnerGroup:
             a.select_update.remote(groups=s, clip=batch.clip, version=batch.version, select=batch.select)
             for a, s in zip(self.actors, slices, strict=True)
         ]
-        return RayPending(refs, _selected)
+        return RayPending(refs, combine_updates)
 
     def get_weights_ref(self) -> ray.ObjectRef:
         """Rank 0's packed weights (``PackedWeights``), left in the object store (all ranks gather under ZeRO-3)."""

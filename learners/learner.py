@@ -4,7 +4,8 @@ A plain class (``ray.remote`` is applied by the caller, so it also runs in-proce
 
 One ``update`` is ``learners.update.update`` (rows and advantages, the proximal log-probs and their reuse
 rule, mini-batches of whole groups in micro-batches of ``micro_batch_size`` sequences, the exact gradient
-accumulation weights, the metrics) run on this rank's DeepSpeed engine: it is the model, its ``backward``
+accumulation weights, the metrics) run on this rank's DeepSpeed engine, through ``learners.engine.RankEngine``
+(the update's ``UpdateEngine``): it is the model, its ``backward``
 accumulates (DeepSpeed averages gradients over ranks; its own division by
 ``gradient_accumulation_steps`` is off: that config value is 1 and the accumulation boundary is set by
 hand on the last micro-batch) and its ``step`` is one optimiser step. Under ZeRO-3 every rank runs the
@@ -44,6 +45,7 @@ from exgrpo.transport.packed import PackedWeights, Packer
 from learners import batches, logits, lora
 from learners import update as U
 from learners.diagnostics import gradient_shares
+from learners.engine import RankEngine
 from learners.optim import deepspeed_config, make_optimizer
 from learners.reference import Reference, checksum, restore_initial
 
@@ -230,12 +232,6 @@ class Learner:
             chunk_tokens=self._chunk_tokens,
         )
 
-    def _step(self) -> tuple[float, bool]:
-        """One engine step (the accumulation boundary): (grad norm, skipped) from ``GuardedAdamW``."""
-        self.optimizer.begin()
-        self.engine.step()
-        return self.optimizer.last_grad_norm, self.optimizer.overflow
-
     # ---------------------------------------------------------------- public verbs
     def entropies(self, *, candidates: Sequence[ReplayCandidate]) -> list[float]:
         """Mean token entropy (T = 1) of each candidate's response under the current weights (0 if empty)."""
@@ -287,26 +283,24 @@ class Learner:
                 device=self.device,
                 chunk_tokens=self._chunk_tokens,
             )
-        out = U.update(
+        engine = RankEngine(
             self.engine,
+            self.optimizer,
+            device=self.device,
+            world_size=self.world_size,
+            micro_batches=self._slices,
+            chunk_tokens=self._chunk_tokens,
+            reference=self._reference_logprobs if self._reference is not None else None,
+        )
+        out = U.update(
+            engine,
             groups,
             loss=self.loss_cfg,
             minibatches=self.cfg.minibatches,
             max_response_len=self.max_response_len,
             clip=clip,
-            device=self.device,
-            micro_slices=self._micro_slices,
-            backward=lambda objective: self.engine.backward(objective, scale_wrt_gas=False),
-            step=self._step,
-            proximal_pass=lambda rows, r_max: self._per_token(rows, r_max, "logp"),
-            boundary=self.engine.set_gradient_accumulation_boundary,
-            all_reduce=dist.all_reduce if self.world_size > 1 else None,
-            world_size=self.world_size,
             reuse_proximal=self.reuse_proximal,
             grad_clip=self.cfg.grad_clip,
-            reference=self._reference_logprobs if self._reference is not None else None,
-            chunk_tokens=self._chunk_tokens,
-            token_slices=self._token_slices if self.cfg.max_tokens_per_micro_batch is not None else None,
         )
         fault_point("learner.update")
         self._version = version + 1

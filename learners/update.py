@@ -1,6 +1,6 @@
-"""The ExGRPO update as plain torch functions: a model (any ``torch.nn.Module`` whose output has
-``.logits``), the batch's groups and config values in; gradients, optimiser steps (through the caller's
-``backward`` / ``step``) and ``learner/*`` metrics out. Nothing here imports Ray, DeepSpeed or vLLM, so
+"""The ExGRPO update as plain torch functions: an update engine (``learners/engine.py::UpdateEngine``: the
+model's forward module, backward, optimiser step, ...), the batch's groups and config values in; gradients,
+optimiser steps and ``learner/*`` metrics out. Nothing here imports Ray, DeepSpeed or vLLM, so
 ``bench/device_check.py`` runs the very update ``learners.learner.Learner`` runs (on its DeepSpeed engine).
 
 One ``update`` (docs/architecture.md, "The algorithm"):
@@ -11,8 +11,8 @@ One ``update`` (docs/architecture.md, "The algorithm"):
        with one mini-batch and no tis the no-grad pass is skipped: the mini-batch's own forward runs at the
        same weights, so its detached log-probs are exactly the proximal ones (fresh ratio 1, at any eta).
     3. The rows are split into ``minibatches`` of whole groups (``minibatch_slices``, one optimiser step
-       each) and each mini-batch into micro-batches (``micro_slices``: gradient accumulation);
-       ``minibatch_backward`` hands each micro-batch's objective to ``backward``.
+       each) and each mini-batch into micro-batches (the engine's ``micro_batches``: gradient accumulation);
+       ``minibatch_backward`` hands each micro-batch's objective to the engine's ``backward``.
     4. ``minibatch_metrics`` per optimiser step, ``update_metrics`` over the update.
 
 Gradient accumulation is exact. With W ranks the caller's backward averages gradients over ranks (no
@@ -46,6 +46,7 @@ from exgrpo.core.algorithm import (
 from exgrpo.core.config import LossConfig
 from exgrpo.core.records import Group
 from learners.batches import PADDING_ROW, Encoded, Row, build_rows, encode, pad
+from learners.engine import UpdateEngine
 from learners.logits import per_token, response_stats
 
 Part = tuple[dict[str, float], int, int]  # one micro-batch: exgrpo_loss metrics, rows, response tokens
@@ -216,47 +217,28 @@ def update_metrics(history: Sequence[dict[str, float]]) -> dict[str, float]:
 
 
 def update(
-    model: torch.nn.Module,
+    engine: UpdateEngine,
     groups: Sequence[Group],
     *,
     loss: LossConfig,
     minibatches: int,
     max_response_len: int,
     clip: bool,
-    device: torch.device,
-    micro_slices: Callable[[int], list[slice]],
-    backward: Callable[[Tensor], object],
-    step: Callable[[], tuple[float, bool]],
-    proximal_pass: Callable[[list[Row], int], Tensor] | None = None,
-    boundary: Callable[[bool], object] | None = None,
-    all_reduce: Callable[[Tensor], object] | None = None,
-    world_size: int = 1,
     reuse_proximal: bool = True,
     grad_clip: float | None = None,
-    reference: Callable[[Encoded], Tensor] | None = None,
-    chunk_tokens: int | None = None,
-    token_slices: Callable[[Sequence[Row]], list[slice]] | None = None,
 ) -> dict[str, float]:
     """One ExGRPO update of this process's whole groups; returns ``learner/*`` metrics.
 
-    The caller supplies what differs between a DeepSpeed rank and a plain model: ``micro_slices(n)``
-    (micro-batches of n rows), ``backward(objective)`` (accumulate its gradient), ``step()`` (one optimiser
-    step: (grad norm, skipped)), optionally ``boundary(last)`` before each micro-batch's forward,
-    ``all_reduce`` (sums a tensor over ranks, when ``world_size`` > 1) and ``proximal_pass(rows, r_max)``
-    ((N, R) no-grad log-probs; default ``per_token`` over ``micro_slices``). ``reuse_proximal=False``
-    always runs the no-grad pass (tests compare the two paths). ``grad_clip``: the caller's clip threshold,
-    to count the optimiser steps it scaled down (``learner/clipped_steps``). ``reference``: exactly when
-    ``loss.kl_coef`` > 0, the reference's log-probs for the KL penalty (``minibatch_backward``).
-    ``chunk_tokens``: response positions per lm_head + log-softmax chunk (``response_stats``; None = full logits).
-    ``token_slices(rows)``: when given, the micro-batches of ``rows`` in place of ``micro_slices(len(rows))``
-    (token-budget micro-batches, ``budget_slices``; the accumulation weights stay exact: they are per
-    micro-batch rows and tokens over the mini-batch's totals, whatever the split)."""
+    ``engine`` (``learners.engine.UpdateEngine``) is what differs between a DeepSpeed rank and a plain model:
+    the forward module, the micro-batches of a mini-batch, the accumulation boundary, backward, the optimiser
+    step (grad norm, skipped), the sum over ranks and, exactly when ``loss.kl_coef`` > 0, the reference's
+    log-probs for the KL penalty (``minibatch_backward``). The proximal pass is ``per_token`` over the
+    engine's module and micro-batches. ``reuse_proximal=False`` always runs that no-grad pass (tests compare
+    the two paths). ``grad_clip``: the caller's clip threshold, to count the optimiser steps it scaled down
+    (``learner/clipped_steps``). The accumulation weights stay exact whatever the micro-batches (row or
+    token-budget ones): they are per micro-batch rows and tokens over the mini-batch's totals."""
     start = time.perf_counter()
-
-    def slices_of(rs: Sequence[Row]) -> list[slice]:
-        return token_slices(rs) if token_slices is not None else micro_slices(len(rs))
-
-    if (reference is not None) != (loss.kl_coef > 0):
+    if engine.has_reference != (loss.kl_coef > 0):
         raise ValueError(f"loss.kl_coef={loss.kl_coef} needs a reference policy exactly when it is > 0")
     if not groups or len(groups) % minibatches:
         raise ValueError(
@@ -267,20 +249,22 @@ def update(
     r_max = max(max(len(r.response_ids) for r in rows), 1)
     current = reuses_proximal(minibatches=minibatches, tis_cap=loss.tis_cap, reuse=reuse_proximal)
     proximal = None
-    if not current:
-        if proximal_pass is None:
-            proximal = per_token(
-                model, rows, r_max, "logp", slices=slices_of(rows), device=device, chunk_tokens=chunk_tokens
-            )
-        else:
-            proximal = proximal_pass(rows, r_max)  # (N, R) current weights, no grad
+    if not current:  # (N, R) current weights, no grad
+        proximal = per_token(
+            engine.module,
+            rows,
+            r_max,
+            "logp",
+            slices=engine.micro_batches(rows),
+            device=engine.device,
+            chunk_tokens=engine.chunk_tokens,
+        )
     old_logp, tis = old_logprobs(rows, r_max, proximal, tis_cap=loss.tis_cap)  # (N, R) each
     history = []
     for sl in minibatch_slices(bounds, minibatches):
         mb = rows[sl]
-        totals = minibatch_totals(mb, device=device, all_reduce=all_reduce)
         parts = minibatch_backward(
-            model,
+            engine.module,
             mb,
             old_logp[sl],
             tis[sl] if tis is not None else None,
@@ -288,17 +272,17 @@ def update(
             clip=clip,
             loss=loss,
             max_response_len=max_response_len,
-            totals=totals,
-            slices=slices_of(mb),
-            backward=backward,
-            boundary=boundary,
-            world_size=world_size,
+            totals=minibatch_totals(mb, device=engine.device, all_reduce=engine.all_reduce),
+            slices=engine.micro_batches(mb),
+            backward=engine.backward,
+            boundary=engine.boundary,
+            world_size=engine.world_size,
             proximal_is_current=current,
-            reference=reference,
-            device=device,
-            chunk_tokens=chunk_tokens,
+            reference=engine.reference_logprobs if engine.has_reference else None,
+            device=engine.device,
+            chunk_tokens=engine.chunk_tokens,
         )
-        grad_norm, skipped = step()
+        grad_norm, skipped = engine.step()
         history.append(
             minibatch_metrics(
                 parts,

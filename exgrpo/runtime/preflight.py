@@ -8,6 +8,10 @@ prompts under `data.on_bad_row`, as the start reads them; every prompt fits `mod
 `data.long_prompts`, `exgrpo.data.lengths`). It returns one line per check, or raises the
 error a start would raise (`ConfigError`, `DataError`, `ModelResolveError`), so `--dry-run` passes exactly
 what a start passes, up to the cluster (`exgrpo.runtime.clusters.dry_run_fit` checks that).
+
+`check_start(cfg, model_path=, run_dir=)` is the start's own checks once the model is built, right before
+its actors (`exgrpo.runtime.assembly.build_system`): the context against the model's positions, the
+cluster against the plan, the GPU memory plan; it returns the model directory the roles load.
 """
 
 from __future__ import annotations
@@ -28,6 +32,28 @@ def preflight(cfg: Config, *, resume: bool = False) -> list[str]:
     path = None if resume else model_dir(cfg)
     lines = [check_reward(cfg), *model, check_data(cfg, model_path=path)]
     return [line for line in lines if line]
+
+
+def check_start(cfg: Config, *, model_path: str, run_dir: str | Path | None = None) -> str:
+    """The checks right before a start's actors; returns the model directory the roles load (with the
+    position override of `model.*`, written under `run_dir`, else under the model cache). Raises
+    `ConfigError` (or the cluster check's error) now rather than in a placement group that waits forever."""
+    from exgrpo.core.positions import check_context, positioned_model
+    from exgrpo.runtime.memory_plan import dry_run_report
+    from exgrpo.runtime.resources import check_cluster
+
+    check_context(cfg.model, model_path)  # prompt + response must fit the model's positions (or the override)
+    # the position override lives in the config.json of the directory both learners and samplers load
+    model_path = positioned_model(
+        cfg.model,
+        model_path,
+        out_root=Path(run_dir) if run_dir is not None else Path(cfg.model.cache_dir) / "models",
+    )
+    check_cluster(cfg, model_path=model_path)
+    memory, fits = dry_run_report(cfg, model_path=str(model_path))  # GPU runs: the memory plan must fit
+    if not fits:
+        raise ConfigError(f"the memory plan does not fit:\n{memory}")
+    return model_path
 
 
 def check_reward(cfg: Config) -> str:

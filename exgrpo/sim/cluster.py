@@ -1,7 +1,8 @@
 """Runs of the simulated cluster (`exgrpo/sim/roles.py`) under the real driver, with what they measured.
 
-`SimCluster` builds one system through `exgrpo.runtime.assembly.build_system` (real replay shards, sampler pool and
-object-store transport; `SimSampler`s and a `SimLearnerGroup` in place of the engines and DeepSpeed ranks)
+`sim_system` builds one system from the builder parts of `exgrpo.runtime.parts` (real replay shards, sampler pool,
+object-store transport and controller; `SimSampler`s and a `SimLearnerGroup` in place of the engines and DeepSpeed
+ranks); `SimCluster` keeps it
 and runs a fresh real `exgrpo.loop.driver.Driver` over it per configuration (eta, replay on/off), resetting the
 shards and versions in between. A run reports its steady-state step time against the cost model's ideal,
 the learners' idle share, the staleness of every trained group, the seconds the driver spent inside each
@@ -13,19 +14,24 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from exgrpo.core import metric_names as M
+from exgrpo.core.config import Config
+from exgrpo.loop.observer import Observer
 from exgrpo.sim.roles import (
     CostModel,
     Difficulty,
+    SimLearnerGroup,
     busy_fraction,
-    learners_factory,
     sampler_factory,
     sim_prompts,
 )
+
+if TYPE_CHECKING:
+    from exgrpo.runtime.assembly import System
 
 
 @dataclass
@@ -103,6 +109,82 @@ def _cpu_s(pids: Sequence[int]) -> float:
     return total
 
 
+DRIVER_KEYS = {  # SimRun.driver: the driver's step-record keys averaged over the steady state
+    "wait": M.WAIT_TIME,
+    "entropy": M.ENTROPY_TIME,
+    "update": M.UPDATE_TIME,
+    "gap": M.UPDATE_GAP,
+    "sync": M.SYNC_TIME,
+    "idle": M.IDLE_TIME,
+}
+CPU_KEYS = ("driver", "shards", "samplers", "learners", "ray", "machine")
+
+
+class Measure(Observer):
+    """Every batch's composition and staleness; CPU and role-verb seconds (`seconds`, filled by the
+    `_Timed` roles) at the ends of the steady-state window (the steps `warmup - 1` and `steps - 1`)."""
+
+    def __init__(
+        self, *, warmup: int, steps: int, pids: dict[str, list[int]], seconds: dict[str, float]
+    ) -> None:
+        import psutil
+
+        self.warmup, self.steps, self.pids, self.seconds = warmup, steps, pids, seconds
+        self.me = psutil.Process()
+        ours = {p for v in pids.values() for p in v}
+        self.ray_pids = [p.pid for p in self.me.children(recursive=True) if p.pid not in ours]  # raylet, gcs
+        self.marks: dict[int, dict[str, Any]] = {}
+        self.staleness: dict[int, int] = {}
+        self.sizes: list[int] = []
+        self.rollouts: list[int] = []
+        self.replayed: list[int] = []
+
+    def on_batch(self, *, batch: Any) -> None:
+        self.sizes.append(len(batch.groups))
+        self.rollouts.append(sum(len(g.trajectories) - (g.kind == "replay") for g in batch.groups))
+        self.replayed.append(sum(g.kind == "replay" for g in batch.groups))
+        for g in batch.groups:
+            lag = batch.version - g.policy_version
+            self.staleness[lag] = self.staleness.get(lag, 0) + 1
+
+    def on_step(self, *, record: dict[str, Any]) -> None:
+        import psutil
+
+        step = int(record[M.STEP])
+        if step in (self.warmup - 1, self.steps - 1):
+            c = psutil.cpu_times()
+            self.marks[step] = {
+                "t": time.monotonic(),
+                "seconds": dict(self.seconds),
+                "driver": _cpu_s([self.me.pid]),
+                "shards": _cpu_s(self.pids["shards"]),
+                "samplers": _cpu_s(self.pids["samplers"]),
+                "learners": _cpu_s(self.pids["learners"]),
+                "ray": _cpu_s(self.ray_pids),
+                "machine": c.user + c.system + getattr(c, "nice", 0.0),
+            }
+
+
+def sim_system(
+    cfg: Config, *, cost: CostModel, difficulty: Difficulty, response_len: int, seed: int
+) -> System:
+    """The run's real parts (`make_replay`, `make_samplers`, `make_transport`, `make_controller`) around
+    simulated samplers and learners. No start checks (`exgrpo.runtime.preflight.check_start`): the
+    simulated roles load no model and reserve no CPU or GPU."""
+    from exgrpo.runtime.assembly import System
+    from exgrpo.runtime.env import remote_actor
+    from exgrpo.runtime.parts import make_controller, make_replay, make_samplers, make_transport
+
+    replay = make_replay(cfg)
+    learners = SimLearnerGroup(num=cfg.learners.num, cost=cost, make_actor=remote_actor)
+    spawn = sampler_factory(cost, replay=replay, difficulty=difficulty, response_len=response_len, seed=seed)
+    samplers = make_samplers(cfg, spawn=spawn)
+    weights = make_transport(cfg, learners=learners, samplers=samplers)
+    return System(
+        replay=replay, samplers=samplers, learners=learners, weights=weights, scaling=make_controller(cfg)
+    )
+
+
 class SimCluster:
     """One simulated system (real shards, pool, transport; simulated samplers and learners) for many runs.
 
@@ -129,8 +211,6 @@ class SimCluster:
     ) -> None:
         import tempfile
 
-        from exgrpo.runtime.assembly import build_system
-
         self.cost, self.samplers, self.learners = cost, samplers, learners
         self.base = [
             f"trainer.questions_per_step={questions_per_step}",
@@ -153,13 +233,12 @@ class SimCluster:
             *overrides,
         ]
         self.prompts = sim_prompts(questions)
-        self.system = build_system(
+        self.system: Any = sim_system(
             self.config(eta=1, replay=True, steps=1),
-            model_path="",
-            make_sampler=sampler_factory(
-                cost, difficulty=difficulty or Difficulty(), response_len=response_len, seed=seed
-            ),
-            make_learners=learners_factory(cost),
+            cost=cost,
+            difficulty=difficulty or Difficulty(),
+            response_len=response_len,
+            seed=seed,
         )
         self._empty = tempfile.mkdtemp(prefix="sim-empty-replay-")
         self.system.replay.snapshot(path=self._empty)
@@ -224,10 +303,8 @@ class SimCluster:
         overlap: bool = True,
         select_on_learners: bool = True,
     ) -> SimRun:
-        import psutil
-
+        """A fresh real `Driver` over the system for `steps` steps; what its steady state measured."""
         from exgrpo.loop.driver import Driver
-        from exgrpo.loop.observer import Observer
 
         if steps <= warmup:
             raise ValueError(
@@ -237,80 +314,49 @@ class SimCluster:
         cfg = self.config(
             eta=eta, replay=replay, steps=steps, overlap=overlap, select_on_learners=select_on_learners
         )
-        pids = self.pids()
-        me = psutil.Process()
-        ours = {p for v in pids.values() for p in v}
-        ray_pids = [p.pid for p in me.children(recursive=True) if p.pid not in ours]  # raylet, gcs, ...
-        marks: dict[int, dict[str, float]] = {}
-        staleness: dict[int, int] = {}
-        sizes: list[int] = []
-        rollouts: list[int] = []
-        replayed: list[int] = []
-
-        class Measure(Observer):
-            """Every batch's composition and staleness; CPU and role-verb seconds at the window's ends."""
-
-            def on_batch(self, *, batch: Any) -> None:
-                sizes.append(len(batch.groups))
-                rollouts.append(sum(len(g.trajectories) - (g.kind == "replay") for g in batch.groups))
-                replayed.append(sum(g.kind == "replay" for g in batch.groups))
-                for g in batch.groups:
-                    staleness[batch.version - g.policy_version] = (
-                        staleness.get(batch.version - g.policy_version, 0) + 1
-                    )
-
-            def on_step(self, *, record: dict[str, Any]) -> None:
-                step = int(record[M.STEP])
-                if step in (warmup - 1, steps - 1):
-                    c = psutil.cpu_times()
-                    marks[step] = {
-                        "t": time.monotonic(),
-                        "seconds": dict(seconds),
-                        "driver": _cpu_s([me.pid]),
-                        "shards": _cpu_s(pids["shards"]),
-                        "samplers": _cpu_s(pids["samplers"]),
-                        "learners": _cpu_s(pids["learners"]),
-                        "ray": _cpu_s(ray_pids),
-                        "machine": c.user + c.system + getattr(c, "nice", 0.0),
-                    }
-
-        s = self.system
-        seconds: dict[str, float] = {}
-        rollouts_ = _Timed(s.samplers, ("submit", "poll"), seconds)
-        replay_ = _Timed(s.replay, ("sample_questions", "pull_batch"), seconds)
-        learners_ = _Timed(s.learners, ("start_entropies", "start_update"), seconds)
-        weights_ = _Timed(s.weights, ("broadcast",), seconds)
+        s, seconds = self.system, dict[str, float]()
+        measure = Measure(warmup=warmup, steps=steps, pids=self.pids(), seconds=seconds)
         driver = Driver(
             cfg=cfg,
-            rollouts=rollouts_,
-            replay=replay_,
-            learners=learners_,
-            weights=weights_,
+            rollouts=_Timed(s.samplers, ("submit", "poll"), seconds),
+            replay=_Timed(s.replay, ("sample_questions", "pull_batch"), seconds),
+            learners=_Timed(s.learners, ("start_entropies", "start_update"), seconds),
+            weights=_Timed(s.weights, ("broadcast",), seconds),
             train=self.prompts,
-            observer=Measure(),
+            observer=measure,
             stall_timeout_s=120.0,
         )
         records = driver.train()
-        a, b = marks[warmup - 1], marks[steps - 1]
+        return self._result(
+            records,
+            measure,
+            eta=eta,
+            replay=replay,
+            overlap=overlap,
+            select_on_learners=select_on_learners,
+        )
+
+    def _result(
+        self,
+        records: list[dict[str, Any]],
+        m: Measure,
+        *,
+        eta: int,
+        replay: bool,
+        overlap: bool,
+        select_on_learners: bool,
+    ) -> SimRun:
+        """The run's `SimRun`: its window runs from the start of update warmup - 1 to the start of update
+        steps - 1 (n updates)."""
+        s, warmup, steps = self.system, m.warmup, m.steps
+        a, b = m.marks[warmup - 1], m.marks[steps - 1]
         n = steps - warmup
-        # the window: from the start of update warmup - 1 to the start of update steps - 1 (n updates)
         starts = s.learners.update_starts()
         t_a, t_b = starts[warmup - 1], starts[steps - 1]
-        busy = s.learners.busy()
-        idle = 1.0 - float(np.mean([busy_fraction(iv, t_a, t_b) for iv in busy]))
+        idle = 1.0 - float(np.mean([busy_fraction(iv, t_a, t_b) for iv in s.learners.busy()]))
         steady = records[warmup:]
-        roll = float(np.mean(rollouts[warmup:]))
-        gen = self.cost.rollout_real_s(1) * roll / self.samplers
-        upd = self.cost.update_real_s(self.learners)
+        roll = float(np.mean(m.rollouts[warmup:]))
         stats = s.replay.stats()
-        keys = {
-            "wait": M.WAIT_TIME,
-            "entropy": M.ENTROPY_TIME,
-            "update": M.UPDATE_TIME,
-            "gap": M.UPDATE_GAP,
-            "sync": M.SYNC_TIME,
-            "idle": M.IDLE_TIME,
-        }
         return SimRun(
             samplers=self.samplers,
             learners=self.learners,
@@ -322,24 +368,22 @@ class SimCluster:
             warmup=warmup,
             step_s=(t_b - t_a) / n,
             record_step_s=(b["t"] - a["t"]) / n,
-            gen_s=gen,
-            update_s=upd,
+            gen_s=self.cost.rollout_real_s(1) * roll / self.samplers,
+            update_s=self.cost.update_real_s(self.learners),
             ideal_s=self.cost.ideal_step_s(
                 samplers=self.samplers, learners=self.learners, rollouts=roll, eta=eta
             ),
             learner_idle=idle,
-            staleness=dict(sorted(staleness.items())),
-            groups_per_step=sizes,
+            staleness=dict(sorted(m.staleness.items())),
+            groups_per_step=m.sizes,
             rollouts_per_step=roll,
-            replayed_per_step=float(np.mean(replayed[warmup:])),
+            replayed_per_step=float(np.mean(m.replayed[warmup:])),
             replaced=int(sum(r[M.REPLACED] for r in records)),
             trajectories=stats.trajectories,
             active=stats.active,
-            driver={k: float(np.mean([r[v] for r in steady])) for k, v in keys.items()},
+            driver={k: float(np.mean([r[v] for r in steady])) for k, v in DRIVER_KEYS.items()},
             calls={k: (b["seconds"].get(k, 0.0) - a["seconds"].get(k, 0.0)) / n for k in b["seconds"]},
-            cpu={
-                k: (b[k] - a[k]) / n for k in ("driver", "shards", "samplers", "learners", "ray", "machine")
-            },
+            cpu={k: (b[k] - a[k]) / n for k in CPU_KEYS},
         )
 
     def shutdown(self) -> None:

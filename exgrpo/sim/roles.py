@@ -5,8 +5,10 @@ What is real: the driver (`exgrpo/loop/driver.py::Driver`), the replay shards (`
 object-store weight transport (`exgrpo/transport/broadcast.py`) and every Ray call between them. What is
 simulated: the engine (a `SimSampler.generate` sleeps for the rollouts it was asked for, then builds
 verified-looking `Group`s and pushes them to the real shards) and the learners (`SimLearner.update` sleeps
-for its share of the update). `exgrpo.runtime.assembly.build_system(make_sampler=..., make_learners=...)` wires them
-in place of the real roles; `bench/bench_sim_cluster.py` and `tests/integration/test_sim_cluster.py` use it.
+for its share of the update). `exgrpo/sim/cluster.py::sim_system` wires them with the builder parts of
+`exgrpo.runtime.parts` in place of the real roles; `bench/bench_sim_cluster.py` and
+`tests/integration/test_sim_cluster.py` use it. The simulated groups are built and split as the real ones
+are (`actors/sampling.py::build_groups`, `learners/split.py`).
 
 Rewards are drawn from a seeded per-question difficulty (a logit per qid, rising slowly with the policy
 version), so buckets fill, questions retire and replay on/off changes what is scheduled. Both actors take
@@ -26,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from actors.sampling import build_groups
 from exgrpo.core import metric_names as M
 from exgrpo.core.names import learner_name, sampler_name
 from exgrpo.core.records import (
@@ -34,10 +37,9 @@ from exgrpo.core.records import (
     Prompt,
     ReplayCandidate,
     RolloutResult,
-    Trajectory,
-    UpdateResult,
 )
 from exgrpo.core.selection import fill_replay_slots, replay_candidates
+from learners.split import combine_updates, concat, split_candidates, split_groups
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,17 @@ class Difficulty:
         return 1.0 / (1.0 + math.exp(-(z + self.gain * version)))
 
 
+@dataclass(frozen=True)
+class SimCompletion:
+    """The fields `build_groups` reads of an `actors.engines.Completion` (whose module imports torch, which
+    64 sleeping sampler processes need not load)."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str
+    version_spans: tuple[tuple[int, int], ...] = ()
+
+
 def _tokens(rng: np.random.Generator, n: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
     ids = rng.integers(3, 30000, size=n)
     logprobs = -rng.exponential(0.7, size=n)
@@ -152,38 +165,19 @@ class SimSampler:
         )
 
     def _group(self, req: GenerationRequest, version: int) -> Group:
+        """The request's group, built as the real samplers build theirs (`actors/sampling.py::build_groups`)."""
         rng = np.random.default_rng([self._seed, req.request_id])  # a re-issued request repeats its group
         p = self.difficulty.p_correct(req.prompt.qid, version)
-        gid = f"r{req.request_id}"
-        trajs = []
+        completions, rewards = [], []
         for _ in range(req.n):
             correct = bool(rng.random() < p)
             ids, logprobs = _tokens(rng, self.response_len)
             answer = req.prompt.answer if correct else f"{req.prompt.answer}1"
-            trajs.append(
-                Trajectory(
-                    qid=req.prompt.qid,
-                    response_ids=ids,
-                    logprobs=logprobs,
-                    reward=float(correct),
-                    policy_version=version,
-                    text=f"... so the answer is \\boxed{{{answer}}}",
-                    group_id=gid,
-                )
-            )
+            completions.append(SimCompletion(ids, logprobs, f"... so the answer is \\boxed{{{answer}}}"))
+            rewards.append(float(correct))
         prompt_ids = tuple(int(b) for b in hashlib.blake2b(req.prompt.qid.encode(), digest_size=16).digest())
-        return Group(
-            qid=req.prompt.qid,
-            prompt_ids=prompt_ids,
-            trajectories=tuple(trajs),
-            kind=req.kind,
-            gold=req.prompt.answer,
-            group_id=gid,
-            request_id=req.request_id,
-            policy_version=version,
-            admitted_version=req.admitted_version,
-            candidates=req.candidates,
-        )
+        outs = [completions]  # build_groups reads the four fields a SimCompletion has
+        return build_groups([req], [prompt_ids], outs, rewards, versions=[version])[0]  # type: ignore[arg-type]
 
     def evaluate(
         self,
@@ -291,8 +285,9 @@ class SimLearner:
 class SimLearnerGroup:
     """L `SimLearner` actors (`exgrpo.core.roles.Learners` plus `rank0`, `get_weights_ref`, `version` for the transports).
 
-    Like `learners/group.py::LearnerGroup`, the batch is split into L equal contiguous slices of whole groups
-    and the ranks run concurrently; an update is finished when the slowest rank has finished.
+    The batch is split and the ranks' metrics combined as `learners/group.py::LearnerGroup` does it (one
+    definition: `learners/split.py`); the ranks run concurrently; an update is finished when the slowest
+    rank has finished.
     """
 
     def __init__(self, *, num: int, cost: CostModel, make_actor: Callable[..., Any]) -> None:
@@ -314,30 +309,18 @@ class SimLearnerGroup:
     def start_entropies(self, *, candidates: Sequence[ReplayCandidate]) -> Any:
         from learners.group import RayPending
 
-        size = math.ceil(len(candidates) / self.num) if candidates else 0
-        chunks = [list(candidates[i * size : (i + 1) * size]) for i in range(self.num)]
+        chunks = split_candidates(candidates, self.num)
         refs = [a.entropies.remote(candidates=c) for a, c in zip(self.actors, chunks, strict=True)]
-        return RayPending(refs, lambda parts: [e for part in parts for e in part])
+        return RayPending(refs, concat)
 
     def start_update(self, *, batch: Any) -> Any:
         from learners.group import RayPending
 
-        groups = batch.groups
-        if len(groups) % self.num:
-            raise ValueError(f"a batch of {len(groups)} groups cannot be split across {self.num} learners")
-        per = len(groups) // self.num
-        slices = [groups[i * per : (i + 1) * per] for i in range(self.num)]
         refs = [
             a.select_update.remote(groups=s, clip=batch.clip, version=batch.version, select=batch.select)
-            for a, s in zip(self.actors, slices, strict=True)
+            for a, s in zip(self.actors, split_groups(batch.groups, self.num), strict=True)
         ]
-        return RayPending(
-            refs,
-            lambda results: UpdateResult(
-                metrics=_combine([m for _, m in results]),
-                entropies=tuple(e for ent, _ in results for e in ent),
-            ),
-        )
+        return RayPending(refs, combine_updates)
 
     def get_weights_ref(self) -> Any:
         return self.rank0.get_weights.remote()
@@ -372,20 +355,18 @@ class SimLearnerGroup:
         self.actors = []
 
 
-def _combine(results: Sequence[dict[str, float]]) -> dict[str, float]:
-    """The ranks' metrics as one: means, tokens summed."""
-    out = {k: float(np.mean([r[k] for r in results])) for k in results[0]}
-    out[M.LEARNER_TOKENS] = float(sum(r[M.LEARNER_TOKENS] for r in results))
-    return out
-
-
 def sampler_factory(
-    cost: CostModel, *, difficulty: Difficulty = Difficulty(), response_len: int = 32, seed: int = 0
-) -> Callable[[int, Any], Any]:
-    """`build_system(make_sampler=...)`: (index, replay client) -> a `SimSampler` actor (num_cpus=0)."""
+    cost: CostModel,
+    *,
+    replay: Any,
+    difficulty: Difficulty = Difficulty(),
+    response_len: int = 32,
+    seed: int = 0,
+) -> Callable[[int], Any]:
+    """`make_samplers(spawn=...)`: index -> a `SimSampler` actor (num_cpus=0) pushing to `replay`."""
     from exgrpo.runtime.env import remote_actor
 
-    def make(index: int, replay: Any) -> Any:
+    def make(index: int) -> Any:
         return remote_actor(
             SimSampler,
             name=sampler_name(index),
@@ -399,13 +380,6 @@ def sampler_factory(
         )
 
     return make
-
-
-def learners_factory(cost: CostModel) -> Callable[[Any], SimLearnerGroup]:
-    """`build_system(make_learners=...)`: cfg -> a `SimLearnerGroup` of `learners.num` ranks."""
-    from exgrpo.runtime.env import remote_actor
-
-    return lambda cfg: SimLearnerGroup(num=cfg.learners.num, cost=cost, make_actor=remote_actor)
 
 
 def sim_prompts(n: int, *, prefix: str = "sim") -> list[Prompt]:

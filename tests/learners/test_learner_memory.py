@@ -13,6 +13,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 import learners.update as U
 from exgrpo.core.config import LossConfig
 from learners import batches, logits
+from learners.engine import ModelEngine
 from learners.learner import checkpointing_on, set_checkpointing
 from learners.optim import squared_sum
 
@@ -191,15 +192,8 @@ def test_update_with_token_budget_equals_plain_micro_batches():
             )
         groups.append(Group(qid=f"q{q}", prompt_ids=prompt, trajectories=tuple(trajs)))
     results, grads = [], []
-    for token_slices, chunk in (
-        (None, None),
-        (
-            lambda rs: batches.budget_slices(
-                [len(r.prompt_ids) + len(r.response_ids) for r in rs], 25, max_rows=16
-            ),
-            3,
-        ),
-    ):
+    # rows of 4 per micro-batch, full logits; token-budget micro-batches (at most 16 rows, 25 tokens), chunks of 3
+    for size, max_tokens, chunk in ((4, None, None), (16, 25, 3)):
         model = _model()
         model.eval()
         seen = []
@@ -211,19 +205,19 @@ def test_update_with_token_budget_equals_plain_micro_batches():
 
         results.append(
             U.update(
-                model,
+                ModelEngine(
+                    model,
+                    micro_batch_size=size,
+                    max_tokens_per_micro_batch=max_tokens,
+                    step=step,
+                    chunk_tokens=chunk,
+                ),
                 groups,
                 loss=LossConfig(entropy_coef=0.01),
                 minibatches=1,
                 max_response_len=MAX_LEN,
                 clip=True,
-                device=torch.device("cpu"),
-                micro_slices=lambda n: batches.chunks(n, 4),
-                backward=lambda o: o.backward(),
-                step=step,
                 reuse_proximal=False,
-                chunk_tokens=chunk,
-                token_slices=token_slices,
             )
         )
         grads.append(seen[0])

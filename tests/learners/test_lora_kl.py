@@ -28,6 +28,7 @@ from learners import (
 )
 from learners import update as U  # noqa: E402
 from learners.diagnostics import gradient_shares  # noqa: E402
+from learners.engine import ModelEngine  # noqa: E402
 from learners.learner import Learner  # noqa: E402
 
 torch.set_num_threads(1)
@@ -192,18 +193,14 @@ def test_kl_term_is_in_the_accumulated_gradient(model_path):
 
     def grads(kl_coef: float) -> list[torch.Tensor]:
         model.zero_grad()
+        engine = ModelEngine(model, micro_batch_size=3, reference=reference if kl_coef else None)
         U.update(
-            model,
+            engine,
             groups,
             loss=LossConfig(kl_coef=kl_coef),
             minibatches=1,
             max_response_len=MAX_LEN,
             clip=True,
-            device=torch.device("cpu"),
-            micro_slices=lambda n: batches.chunks(n, 3),
-            backward=lambda objective: objective.backward(),
-            step=lambda: (0.0, False),
-            reference=reference if kl_coef else None,
         )
         return [p.grad.clone() for p in model.parameters()]
 

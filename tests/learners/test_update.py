@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import math
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/exgrpo/torch_extensions"))
@@ -26,6 +27,7 @@ from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
 from exgrpo.core.records import Group, Trajectory  # noqa: E402
 from learners import batches  # noqa: E402
 from learners.diagnostics import gradient_shares  # noqa: E402
+from learners.engine import UpdateEngine  # noqa: E402
 from learners.learner import Learner  # noqa: E402
 from learners.optim import make_optimizer  # noqa: E402
 
@@ -83,6 +85,47 @@ def _groups(seed: int) -> tuple[Group, ...]:
     return tuple(out)
 
 
+class FakeEngine:
+    """A small `UpdateEngine` over the bare model on one process: micro-batches of `size` rows, the plain
+    backward, the caller's `step`; records the accumulation boundaries it is told."""
+
+    world_size = 1
+    has_reference = False
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        size: int,
+        step: Callable[[], tuple[float, bool]],
+        chunk_tokens: int | None = None,
+    ) -> None:
+        self.module, self.device, self.chunk_tokens = model, torch.device("cpu"), chunk_tokens
+        self.size, self._step = size, step
+        self.boundaries: list[bool] = []
+
+    def micro_batches(self, rows: Sequence[batches.Row]) -> list[slice]:
+        return batches.chunks(len(rows), self.size)
+
+    def boundary(self, last: bool) -> None:
+        self.boundaries.append(last)
+
+    def backward(self, objective: torch.Tensor) -> None:
+        objective.backward()
+
+    def step(self) -> tuple[float, bool]:
+        return self._step()
+
+    def all_reduce(self, tensor: torch.Tensor) -> None:
+        pass
+
+    def reference_logprobs(self, enc: batches.Encoded) -> torch.Tensor:
+        raise AssertionError("no reference policy: loss.kl_coef is 0")
+
+
+_: UpdateEngine = FakeEngine(torch.nn.Linear(1, 1), size=1, step=lambda: (0.0, False))  # the fake is one
+
+
 def _record_grads(optimizer, seen: list[list[torch.Tensor]]) -> None:
     """Wrap ``optimizer.step`` to record the gradients it is handed (before the grad-norm rule)."""
     inner = optimizer.step
@@ -137,19 +180,13 @@ def test_pure_update_matches_learner(model_path, case):
     for version in range(2):  # the second update starts from moved weights and Adam moments
         groups = _groups(version)
         want = learner.update(groups=groups, clip=clip, version=version)
+        # the learner's logits path (bit-equal only on the same one)
+        engine = FakeEngine(model, size=cfg.micro_batch_size, step=step, chunk_tokens=cfg.logits_chunk_tokens)
         got = U.update(
-            model,
-            groups,
-            loss=loss,
-            minibatches=cfg.minibatches,
-            max_response_len=MAX_LEN,
-            clip=clip,
-            device=torch.device("cpu"),
-            micro_slices=lambda n: batches.chunks(n, cfg.micro_batch_size),
-            backward=lambda objective: objective.backward(),
-            step=step,
-            chunk_tokens=cfg.logits_chunk_tokens,  # the learner's logits path (bit-equal only on the same one)
+            engine, groups, loss=loss, minibatches=cfg.minibatches, max_response_len=MAX_LEN, clip=clip
         )
+        # one boundary per micro-batch forward, the last of each mini-batch marked
+        assert engine.boundaries.count(True) == cfg.minibatches and engine.boundaries[-1]
         assert set(got) == set(want)
         for key in METRICS:
             a, b = got[key], want[key]
@@ -221,18 +258,8 @@ def test_gradient_shares_split_the_policy_gradient_exactly(model_path):
         model, groups, loss=loss, max_response_len=8, clip=False, device=torch.device("cpu")
     )
     assert all(p.grad is None for p in model.parameters())  # nothing accumulated
-    U.update(
-        model,
-        groups,
-        loss=loss,
-        minibatches=1,
-        max_response_len=8,
-        clip=False,
-        device=torch.device("cpu"),
-        micro_slices=lambda n: batches.chunks(n, 5),
-        backward=lambda objective: objective.backward(),
-        step=lambda: (0.0, False),  # keep the accumulated gradient, take no step
-    )
+    engine = FakeEngine(model, size=5, step=lambda: (0.0, False))  # keep the accumulated gradient, no step
+    U.update(engine, groups, loss=loss, minibatches=1, max_response_len=8, clip=False)
     full = torch.cat([p.grad.reshape(-1).double() for p in model.parameters()])
     assert shares[M.GRAD_NORM_PG] == pytest.approx(float(full.norm()), rel=1e-5)
     parts = (M.GRAD_SHARE_STORED, M.GRAD_SHARE_REPLAY_FRESH, M.GRAD_SHARE_FRESH)

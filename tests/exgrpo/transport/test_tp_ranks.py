@@ -99,7 +99,7 @@ def test_a_tp_sampler_is_placed_in_a_group_of_tp_gpu_bundles_and_released(tmp_pa
 
     import ray
 
-    from exgrpo.runtime.assembly import place_sampler
+    from exgrpo.runtime.parts import place_sampler
 
     here = Path(__file__).resolve()
     path = os.pathsep.join([str(here.parent), str(here.parents[3]), os.environ.get("PYTHONPATH", "")])

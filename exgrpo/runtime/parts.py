@@ -1,0 +1,277 @@
+"""Builder parts: each starts one role of a run from the config and what that role needs, and returns it
+typed by the Protocols of `exgrpo/core/roles.py` (with the few verbs a run's owner needs beyond them:
+`shutdown`, the replay's shard handles).
+
+    make_replay      the replay shards (named actors, write-ahead log) and the `ShardedReplay` client
+    make_learners    the `LearnerGroup` (DeepSpeed ranks in one placement group)
+    SamplerSpawner   index -> a sampler actor (plain, continuous or tensor-parallel), and its release
+    make_samplers    the `SamplerPool` over a spawner
+    make_transport   the weight transport, hooked to the pool's newcomers
+    make_controller  the scaling controller actor and its non-blocking client
+
+`exgrpo.runtime.assembly.build_system` composes them after the start's checks
+(`exgrpo.runtime.preflight.check_start`); the simulated cluster (`exgrpo/sim/cluster.py`) composes the
+same parts around its sleeping samplers and learners, and `bench/bench_replay_scale.py` starts its shards
+with `make_replay`. Actor names come from `exgrpo/core/names.py`.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from exgrpo.core.config import Config
+from exgrpo.core.names import CONTROLLER, replay_name, sampler_name
+from exgrpo.core.positions import context_len
+from exgrpo.core.roles import Learners, Replay, Rollouts, WeightTransport
+from exgrpo.runtime.controller import Controller, ControllerClient
+from exgrpo.runtime.env import remote_actor
+from exgrpo.runtime.resources import sampler_bundles
+
+if TYPE_CHECKING:
+    from actors.pool import SamplerPool
+    from buffers.sharded import ShardedReplay
+    from learners.group import LearnerGroup
+
+
+class ShardedReplayRole(Replay, Protocol):
+    """`Replay` over shard actors (the owner kills them at the end)."""
+
+    shards: list[Any]
+
+
+class SamplerPoolRole(Rollouts, Protocol):
+    """`Rollouts` that the owner stops at the end."""
+
+    def shutdown(self) -> None: ...
+
+
+class LearnerGroupRole(Learners, Protocol):
+    """`Learners` that the owner stops at the end."""
+
+    def shutdown(self) -> None: ...
+
+
+def make_replay(
+    cfg: Config, *, run_dir: str | Path | None = None, shard_cls: type | None = None
+) -> ShardedReplay:
+    """`replay.num_shards` shard actors named `exgrpo-replay-<i>` (num_cpus=0, `replay.shard_concurrency`
+    calls at once) and their client. With `run_dir` and `replay.wal`, each logs to
+    `<run_dir>/replay-wal/shard-<i>` (emptied first: new shards start empty, a resume restores them from its
+    checkpoint) and Ray restarts a dead one up to `replay.shard_max_restarts` times, its client retrying
+    for 120 s. `shard_cls`: a `ReplayShard` subclass in its place (a benchmark's instrumented shard)."""
+    import ray
+
+    from buffers.shard import ReplayShard
+    from buffers.sharded import RayInvoke, ShardedReplay
+
+    K, r = cfg.trainer.rollouts_per_question, cfg.replay
+    wal = Path(run_dir) / "replay-wal" if run_dir is not None and r.wal else None
+    if wal is not None:
+        shutil.rmtree(wal, ignore_errors=True)
+    restarts = r.shard_max_restarts if wal is not None else 0
+    shards = [
+        remote_actor(
+            shard_cls or ReplayShard,
+            name=replay_name(i),
+            num_cpus=0,
+            max_restarts=restarts,
+            max_concurrency=r.shard_concurrency,
+            k_rollouts=K,
+            max_trajectories_per_question=r.max_trajectories_per_question,
+            wal_dir=str(wal / f"shard-{i}") if wal is not None else None,
+            compact_bytes=int(r.wal_compact_mb * 2**20),
+            retire=r.retires,
+        )
+        for i in range(r.num_shards)
+    ]
+    ray.get([h.ping.remote() for h in shards])
+    return ShardedReplay(
+        shards=shards,
+        k_rollouts=K,
+        mu=r.mu,
+        sigma=r.sigma,
+        uniform=r.question_selection == "uniform",
+        invoke=RayInvoke(retry_s=120.0 if restarts else 0.0),
+    )
+
+
+def make_learners(cfg: Config, *, model_path: str) -> LearnerGroup:
+    """`learners.num` DeepSpeed ranks named `exgrpo-learner-<i>` in one placement group."""
+    from learners.group import LearnerGroup
+
+    return LearnerGroup(
+        num=cfg.learners.num,
+        make_actor=remote_actor,
+        model_path=model_path,
+        learner_cfg=cfg.learners,
+        loss_cfg=cfg.loss,
+        max_response_len=cfg.model.max_response_len,
+        seed=cfg.trainer.seed,
+        dtype=cfg.model.dtype,
+    )
+
+
+def transfer_backend(cfg: Config) -> str | None:
+    """vLLM's weight-transfer backend of the samplers: NCCL on GPUs, gloo on CPU; None without the collective."""
+    if cfg.async_.weight_sync != "collective":
+        return None
+    from exgrpo.transport.vllm_api import backend_for
+
+    return backend_for("cuda" if cfg.samplers.num_gpus > 0 else "cpu")
+
+
+def place_sampler(
+    cls: type,
+    *,
+    name: str,
+    num_cpus: float,
+    num_gpus: float,
+    tensor_parallel_size: int = 1,
+    **init_kwargs: Any,
+) -> tuple[Any, Any]:
+    """Start a sampler actor; returns (handle, its placement group or None).
+
+    One GPU per sampler (tensor_parallel_size 1): a plain actor reserving (num_cpus, num_gpus), as always.
+    Tensor-parallel (tp > 1): a STRICT_PACK placement group of `sampler_bundles` (tp bundles of
+    {GPU: num_gpus}, the first also holding the actor's CPUs); the actor takes bundle 0's CPUs and no GPU
+    and captures child tasks, so vLLM's Ray executor finds the group and puts one worker on each GPU
+    bundle. The caller removes the group when the sampler goes (`SamplerPool(on_removed=...)`)."""
+    if tensor_parallel_size == 1:
+        handle = remote_actor(cls, name=name, num_cpus=num_cpus, num_gpus=num_gpus, **init_kwargs)
+        return handle, None
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    group = ray.util.placement_group(
+        sampler_bundles(num_cpus=num_cpus, num_gpus=num_gpus, tensor_parallel_size=tensor_parallel_size),
+        strategy="STRICT_PACK",  # one node: tensor-parallel ranks talk over NVLink/PCIe
+        name=f"{name}-tp",
+    )
+    strategy = PlacementGroupSchedulingStrategy(
+        placement_group=group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
+    )
+    handle = remote_actor(
+        cls, name=name, num_cpus=num_cpus, num_gpus=0, scheduling_strategy=strategy, **init_kwargs
+    )
+    return handle, group
+
+
+class SamplerSpawner:
+    """`SamplerPool(spawn=...)`: index -> a `Sampler` (or `ContinuousSampler`) actor named
+    `exgrpo-sampler-<index>` over one engine of `model_path`, pushing to `replay`; `release(handle)`
+    (`SamplerPool(on_removed=...)`) removes a tensor-parallel sampler's placement group."""
+
+    def __init__(self, cfg: Config, *, model_path: str, replay: Any) -> None:
+        from actors.sampler import EngineSpec
+
+        s = cfg.samplers
+        self.cfg, self.replay = cfg, replay
+        self.spec = EngineSpec(
+            kind=s.engine,
+            model_path=model_path,
+            dtype=cfg.model.dtype,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            weight_transfer=transfer_backend(cfg),
+            max_model_len=context_len(cfg.model),
+            tensor_parallel_size=s.tensor_parallel_size,
+            enforce_eager=s.enforce_eager,
+            gpus_per_worker=s.num_gpus,
+        )
+        self.groups: dict[int, Any] = {}  # id(sampler handle) -> its placement group (tensor-parallel)
+
+    def __call__(self, index: int) -> Any:
+        from actors.continuous_sampler import ContinuousSampler
+        from actors.sampler import Sampler
+
+        cfg, s = self.cfg, self.cfg.samplers
+        # a continuous sampler is an asyncio actor serving up to continuous_max_requests generate calls at
+        # once, plus its weight loads, evaluations and pings
+        extra = {"max_concurrency": s.continuous_max_requests + 8} if s.continuous else {}
+        handle, group = place_sampler(
+            ContinuousSampler if s.continuous else Sampler,
+            name=sampler_name(index),
+            num_cpus=s.num_cpus,
+            num_gpus=s.num_gpus,
+            tensor_parallel_size=s.tensor_parallel_size,
+            index=index,
+            engine=self.spec,
+            template=cfg.model.template,
+            max_response_len=cfg.model.max_response_len,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            verify_timeout_s=s.verify_timeout_s,
+            reward_fn=cfg.reward.fn,
+            replay=self.replay,
+            seed=cfg.trainer.seed,
+            rollouts_per_question=cfg.trainer.rollouts_per_question,
+            **extra,
+        )
+        if group is not None:
+            self.groups[id(handle)] = group
+        return handle
+
+    def release(self, handle: Any) -> None:
+        group = self.groups.pop(id(handle), None)
+        if group is not None:
+            import ray
+
+            ray.util.remove_placement_group(group)
+
+
+def make_samplers(
+    cfg: Config, *, spawn: Callable[[int], Any], on_removed: Callable[[Any], None] | None = None
+) -> SamplerPool:
+    """The `SamplerPool` of `samplers.num` samplers from `spawn(index)` (a `SamplerSpawner`, or a
+    simulated sampler's), with the in-flight limit that keeps every admitted request on its way."""
+    from actors.pool import SamplerPool
+
+    s = cfg.samplers
+    # every admitted request can be on its way at once: the pool dispatches only inside submit/poll, so a
+    # sampler limited to fewer chunks than it is given per step runs dry while the driver waits in
+    # update/broadcast (measured in the simulated cluster: 16 samplers, eta 1, 1.73x the ideal step)
+    in_flight = math.ceil(
+        (cfg.async_.max_staleness + 1) * cfg.trainer.questions_per_step / (s.num * s.requests_per_call)
+    )
+    # a continuous sampler takes one request per call, each reported as soon as it is done, and up to
+    # continuous_max_requests of them at once (it batches them itself)
+    return SamplerPool(
+        spawn=spawn,
+        num=s.num,
+        requests_per_call=1 if s.continuous else s.requests_per_call,
+        max_in_flight_per_sampler=s.continuous_max_requests if s.continuous else max(2, in_flight),
+        on_removed=on_removed,
+    )
+
+
+def make_transport(cfg: Config, *, learners: Any, samplers: SamplerPool) -> WeightTransport:
+    """The transport `async.weight_sync` names, from the learners' weights to the pool's samplers; a
+    sampler the pool adds later catches up through it (`SamplerPool.on_new`)."""
+    from exgrpo.transport import broadcast
+
+    weights = broadcast.make_transport(
+        cfg.async_.weight_sync, learners=learners, samplers=samplers, timeout_s=cfg.async_.weight_timeout_s
+    )
+    samplers.on_new = weights.catch_up
+    return weights
+
+
+def make_controller(cfg: Config) -> ControllerClient:
+    """The scaling controller actor `exgrpo-controller`, holding `samplers.num`, and its client (which
+    starts a new one holding the last count read if it dies)."""
+    s = cfg.samplers
+
+    def start(n: int) -> Any:
+        return remote_actor(
+            Controller,
+            name=CONTROLLER,
+            num_cpus=0,
+            samplers=n,
+            sampler_cpus=s.num_cpus,
+            sampler_gpus=s.num_gpus * s.tensor_parallel_size,
+        )
+
+    return ControllerClient(start(s.num), start=start, samplers=s.num)
