@@ -226,7 +226,7 @@ def test_delayed_start_latches_and_clip_is_removed_from_the_next_step(remove_cli
     assert [r[M.REPLAY_STARTED] for r in records] == [0, 0, 1, 1, 1, 1]
     clip = [b.clip for b in learners.batches]
     assert clip == ([True, True, True, False, False, False] if remove_clip else [True] * 6)
-    assert driver.delayed_start.started and all(s.collect for s in shards)
+    assert driver.scheduler.delayed_start.started and all(s.collect for s in shards)
     # trajectories are stored from step 3's groups on (collection switched on after step 2's update);
     # step 3 is scheduled after the switch but the pool is still empty, so replay begins at step 4
     assert [r[M.TRAJECTORIES] > 0 for r in records] == [False, False, False, True, True, True]
@@ -479,10 +479,10 @@ def test_checkpoint_round_trip_continues_identically(tmp_path, eta):
     restore_checkpoint(ckpt, driver=driver2)
     assert learners2.loaded == {"updates": 4} and driver2.weights.broadcasts == [4]
     assert driver2.step == 4 and driver2.version == 4
-    assert set(driver2.plans) == set(
+    assert set(driver2.scheduler.plans) == set(
         range(4, 4 + eta)
     )  # admitted steps come back (their groups wait in replay)
-    assert driver2.delayed_start.started and all(s.collect for s in shards2)
+    assert driver2.scheduler.delayed_start.started and all(s.collect for s in shards2)
     records2 = driver2.train()
     assert [r[M.STEP] for r in records2] == [4, 5, 6, 7]
     got = first_half + _summary(learners2, records2)
@@ -504,7 +504,7 @@ def test_fresh_take_batch_draws_b_questions_every_step_like_the_official_stream(
         records = driver.train()
         n_fresh = [r[M.N_FRESH] for r in records]
         assert sum(r[M.N_REPLAY] for r in records) > 0
-        position = driver.stream.state_dict()
+        position = driver.scheduler.stream.state_dict()
         used = sum(n_fresh)
         drawn = driver.cfg.trainer.questions_per_step * len(records) if take == "batch" else used
         assert _stream_drawn(position) == drawn, (take, position, n_fresh)
@@ -620,7 +620,7 @@ def test_fresh_per_step_caps_the_fresh_questions_and_the_stream_draw():
     records = driver.train()
     assert [r[M.N_FRESH] for r in records] == [3] * len(records)
     assert records[0][M.N_REPLAY] == 0 and any(r[M.N_REPLAY] == B // 2 for r in records)
-    assert _stream_drawn(driver.stream.state_dict()) == 3 * len(records)
+    assert _stream_drawn(driver.scheduler.stream.state_dict()) == 3 * len(records)
 
 
 def test_the_evaluation_before_the_first_step_is_a_record_of_its_own():
@@ -794,7 +794,7 @@ def test_checkpoint_steps_finish_their_update_before_the_checkpoint(tmp_path):
     seen: list[tuple[int, int, bool]] = []
 
     def checkpointer(d):
-        seen.append((d.step, d.version, not d._inflight))
+        seen.append((d.step, d.version, not d.pipeline.in_flight))
 
     _overlap_run(1, overlap=True, checkpointer=checkpointer, overrides=("trainer.checkpoint_every=2",))
     assert seen == [(2, 2, True), (4, 4, True), (6, 6, True)]
@@ -834,7 +834,7 @@ def test_reward_failures_are_counted_per_step_and_the_first_of_each_kind_logged_
     driver, _, _, _ = build(
         config("trainer.steps=2", "replay.enabled=false"), lambda r, i, v: 0.0, failures=failures
     )
-    with caplog.at_level("WARNING", logger="exgrpo.loop.driver"):
+    with caplog.at_level("WARNING", logger="exgrpo.loop.scheduler"):
         records = driver.train()
     assert [r[M.REWARD_FAILURES] for r in records] == [B, B]
     assert [r[M.ROLLOUTS] for r in records] == [B * K, B * K]
