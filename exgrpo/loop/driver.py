@@ -68,19 +68,9 @@ POLL_S = 0.01
 
 # The keys of a checkpoint's driver.json, in the order written (`state_dict`; older checkpoints may lack
 # pick_rng, eval_history and fresh_zero_var).
-STATE_KEYS = (
-    "step",
-    "next_schedule",
-    "version",
-    "next_request_id",
-    "rng",
-    "shuffle_rng",
-    "pick_rng",
-    "stream",
-    "delayed_start",
-    "plans",
-    "eval_history",
-    "fresh_zero_var",
+STATE_KEYS = tuple(
+    "step next_schedule version next_request_id rng shuffle_rng pick_rng stream delayed_start plans eval_history "
+    "fresh_zero_var".split()
 )
 
 
