@@ -1,17 +1,13 @@
 """The training loop (docs/architecture.md, "One step"): `Driver.train` reads top to bottom. Typed by
 `exgrpo/core/roles.py`; imports no Ray.
 
-Per step t (each verb's module says how):
-  1-2. admit and schedule (`exgrpo.loop.scheduler.Scheduler`): step t's requests are issued once the learner
-       version v >= t - eta; replay questions after the delayed start, fresh ones for the rest;
-  3. wait for step t's requests and pull their groups by request id (`Scheduler.pull`; a replay request whose
-     question retired in flight is re-issued as a fresh one, waited for and pulled in turn);
-  4. mix: each replayed question's stored trajectory with the lowest entropy under the current learner weights
-     goes into slot 0 of its group (`exgrpo.loop.mixing.Mixer`): by default the learners score and pick inside
-     the update call (`TrainBatch.select`, `async.select_on_learners`), so nothing waits for the previous
-     update here;
-  5. update (`exgrpo.loop.pipeline.UpdatePipeline`): shuffle the batch (seeded, checkpointed) and start the
-     learners' update; it lands later (version += 1), then the version is broadcast and the step recorded.
+Per step t: 1-2. admit and schedule step t's requests once the learner version v >= t - eta, replay questions
+after the delayed start (`exgrpo.loop.scheduler.Scheduler`); 3. wait for them and pull their groups by request
+id (a replay request whose question retired in flight is re-issued as a fresh one, waited for and pulled in
+turn); 4. mix: each replay group's slot 0 gets its lowest-entropy stored trajectory (`exgrpo.loop.mixing.Mixer`;
+by default the learners pick inside the update call, `async.select_on_learners`); 5. update: shuffle the batch
+(seeded, checkpointed) and start the learners' update (`exgrpo.loop.pipeline.UpdatePipeline`); it lands later
+(version += 1), then the version is broadcast and the step recorded.
 
 With `async.overlap_update=true` the update does not block the loop: update t + 1 is started as soon as step
 t + 1's groups are pulled, queued on the learners behind update t (learner calls run in the order they were
@@ -66,11 +62,20 @@ log = logging.getLogger(__name__)
 # 0.01 s: ~5 ms). A poll costs the driver ~0.1 ms of CPU, so 100 polls/s stay under 1% of a core.
 POLL_S = 0.01
 
-# The keys of a checkpoint's driver.json, in the order written (`state_dict`; older checkpoints may lack
-# pick_rng, eval_history and fresh_zero_var).
-STATE_KEYS = tuple(
-    "step next_schedule version next_request_id rng shuffle_rng pick_rng stream delayed_start plans eval_history "
-    "fresh_zero_var".split()
+# driver.json's keys, in the order written; older checkpoints may lack pick_rng, eval_history, fresh_zero_var
+STATE_KEYS = (
+    "step",
+    "next_schedule",
+    "version",
+    "next_request_id",
+    "rng",
+    "shuffle_rng",
+    "pick_rng",
+    "stream",
+    "delayed_start",
+    "plans",
+    "eval_history",
+    "fresh_zero_var",
 )
 
 
@@ -159,12 +164,8 @@ class Driver:
 
     # -- the loop --------------------------------------------------------------------------------------
     def train(self) -> list[dict[str, Any]]:
-        """Run (or, after `load_state_dict`, continue) until `trainer.steps`; returns this call's records.
-
-        With `async.overlap_update` an update is started and left running: the next step's wait and pull
-        happen while it runs, and the next update is queued behind it. An update is landed (version,
-        broadcast, record) once it is seen done.
-        """
+        """Run (or, after `load_state_dict`, continue) until `trainer.steps`; returns this call's records. With
+        `async.overlap_update` the next step's wait and pull run while an update runs (module docstring)."""
         sched, self._records = self.scheduler, []
         sched.steps = self.cfg.trainer.steps
         if self.step == 0 and not self.eval_history and (before := self.evaluate()):
