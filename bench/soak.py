@@ -167,8 +167,8 @@ class Soak(Observer):
 
     def account(self, *, step: int) -> dict[str, Any]:
         driver = self.driver
-        issued = driver.next_request_id  # ids 1..issued
-        open_ids = {r for s, p in driver.plans.items() if s != step for r in p.request_ids}
+        issued = driver.scheduler.next_request_id  # ids 1..issued
+        open_ids = {r for s, p in driver.scheduler.plans.items() if s != step for r in p.request_ids}
         replaced = int(sum(r.get(M.REPLACED, 0) for r in self.records))
         trained = set(self.trained)
         pushed: set[int] = set()

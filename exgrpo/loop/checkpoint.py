@@ -348,7 +348,7 @@ def restore_checkpoint(ckpt: Path, *, driver: Driver) -> None:
     driver.learners.load(path=str(ckpt / "model"))
     driver.replay.restore(path=str(ckpt / "replay"))
     driver.load_state_dict(json.loads((ckpt / "driver.json").read_text()))
-    driver.replay.set_collect(on=driver.delayed_start.started)
+    driver.replay.set_collect(on=driver.scheduler.delayed_start.started)
     driver.weights.broadcast(
         version=driver.version
     )  # samplers loaded the checkpoint's model; tag its version

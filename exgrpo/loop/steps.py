@@ -1,10 +1,13 @@
-"""One step's plan (`StepPlan`: the requests admitted for it, and its checkpoint form) and the metrics of a step,
-as plain functions of what the driver holds: `rollout/` of the batch, `replay/` occupancy, `eval/` of a held-out
+"""One step's plan (`StepPlan`: the requests admitted for it, and its checkpoint form), what its record needs
+from the moment its update started (`StepNotes`) and its driver timings (`StepTimes`, mapped to metric names in
+`StepTimes.metrics`), the cadence rules (`checkpoint_due`, `eval_due`), and the metrics of a step as plain
+functions of what the driver holds: `rollout/` of the batch, `replay/` occupancy, `eval/` of a held-out
 evaluation (docs/metrics.md), and the rows of the replay candidates a trace check scored.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from exgrpo.core import metric_names as M
+from exgrpo.core.config import TrainerConfig
 from exgrpo.core.records import (
     Group,
     Prompt,
@@ -62,6 +66,70 @@ class StepPlan:
             done=set(ids),
             tokens=state["tokens"],
         )
+
+
+@dataclass
+class StepNotes:
+    """What a step's record takes from the moment its update started (its update may finish steps later)."""
+
+    plan: StepPlan
+    solve: float  # the fresh solve ratio
+    replay: dict[str, float]  # replay/ metrics as the step's groups were pulled
+    staleness: list[int]  # per group: the batch's version minus the group's oldest version
+    mix: dict[str, float]  # the mix's (trace shares)
+
+
+@dataclass
+class StepTimes:
+    """A step's driver timings in seconds (docs/metrics.md), filled as the step goes: `metrics` is the one place
+    that names them. The `*_at` fields are `time.perf_counter()` instants."""
+
+    started_at: float  # when the step started
+    wait_s: float  # from the step's start until its groups were pulled
+    entropy_s: float  # the driver's scoring of the replay candidates
+    issued_at: float = math.nan  # when its update started
+    landed_at: float | None = None  # when the update was first seen finished
+    gap_s: float = math.nan  # the learners' idle time before this update (NaN for the first)
+    sync_s: float = 0.0  # the broadcast of the weights it made
+    step_s: float = 0.0  # wall time since the previous step's record
+
+    @property
+    def loop_s(self) -> float:
+        """From the step's start until its update started: the driver's own time."""
+        return self.issued_at - self.started_at
+
+    @property
+    def update_s(self) -> float:
+        assert self.landed_at is not None, "an update's time before it was seen finished"
+        return self.landed_at - self.issued_at
+
+    def metrics(self) -> dict[str, float]:
+        """The `system/` timing metrics of the step's record."""
+        return {
+            M.STEP_TIME: self.step_s,
+            M.WAIT_TIME: self.wait_s,
+            M.ENTROPY_TIME: self.entropy_s,
+            M.UPDATE_TIME: self.update_s,
+            M.UPDATE_GAP: self.gap_s,
+            M.SYNC_TIME: self.sync_s,
+            M.IDLE_TIME: max(0.0, self.loop_s - self.wait_s - self.entropy_s),
+        }
+
+
+def _every_and_last(every: int, *, done: int, steps: int) -> bool:
+    return bool(every and done % every == 0) or done == steps
+
+
+def checkpoint_due(trainer: TrainerConfig, *, done: int, steps: int) -> bool:
+    """Whether a checkpoint follows the step that completes `done` steps of `steps`: every
+    `trainer.checkpoint_every` steps (0: none on the way) and after the last."""
+    return _every_and_last(trainer.checkpoint_every, done=done, steps=steps)
+
+
+def eval_due(trainer: TrainerConfig, *, done: int, steps: int) -> bool:
+    """Whether the held-out evaluation runs with the record of the step that completes `done` steps of `steps`:
+    every `trainer.eval_every` steps (0: none on the way) and after the last."""
+    return _every_and_last(trainer.eval_every, done=done, steps=steps)
 
 
 def solve_ratio(groups: Sequence[Group]) -> float:

@@ -110,13 +110,12 @@ def driver(*extra: str) -> Driver:
 
 
 def test_replay_max_age_counts_the_oldest_token():
-    d = driver("replay.max_age=1")
-    d.version = 3
-    qid = next(iter(d.prompts))
+    scheduler = driver("replay.max_age=1").scheduler
+    qid = next(iter(scheduler.prompts))
     mixed = traj(((0, 1), (3, 3)))  # newest tokens at 3 (age 0), oldest at 1 (age 2 > max_age)
     young = traj(((0, 2), (3, 3)))  # oldest at 2: age 1
-    assert d._replay_request(ReplayPick(qid=qid, candidates=(mixed,))).kind == "fresh"
-    req = d._replay_request(ReplayPick(qid=qid, candidates=(mixed, young)))
+    assert scheduler.replay_request(ReplayPick(qid=qid, candidates=(mixed,)), version=3).kind == "fresh"
+    req = scheduler.replay_request(ReplayPick(qid=qid, candidates=(mixed, young)), version=3)
     assert req.kind == "replay" and req.candidates == (young,)
 
 
