@@ -1,5 +1,5 @@
 """Ctrl-C keeps the work: the first SIGINT / SIGTERM during training asks the driver to stop at the next step
-boundary (it then checkpoints; tests/exgrpo/test_driver.py checks the resume loses no step), a second one stops at
+boundary (it then checkpoints; tests/exgrpo/loop/test_checkpoint_resume.py checks the resume loses no step), a second one stops at
 once, and the handlers are put back afterwards. Before, the first Ctrl-C raised KeyboardInterrupt mid-step."""
 
 from __future__ import annotations
