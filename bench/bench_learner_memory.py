@@ -35,7 +35,7 @@ def workload(
     import learners.update as U
     from exgrpo.core.config import LossConfig
     from learners import batches
-    from learners.learner import set_checkpointing
+    from learners.modeling import set_checkpointing
 
     cfg = Qwen2Config(
         vocab_size=vocab,

@@ -2,6 +2,7 @@
 ``exgrpo.transport`` (packed buffers, the object store, vLLM's weight-transfer API and its gloo engine).
 
 - ``learner.Learner``: one DeepSpeed engine rank (a plain class; Ray is applied by the caller).
+- ``modeling``: dtype names, a rank's torch.distributed start, gradient checkpointing with dropout off.
 - ``update``: the ExGRPO update as plain torch functions (rows -> advantages -> loss -> steps, metrics).
 - ``engine``: ``engine.UpdateEngine``, the model calls the update needs (``engine.RankEngine``: a DeepSpeed
   rank's, ``engine.ModelEngine``: a bare model's).

@@ -46,52 +46,15 @@ from learners import batches, logits, lora
 from learners import update as U
 from learners.diagnostics import gradient_shares
 from learners.engine import RankEngine
+from learners.modeling import (
+    DEFAULT_TORCH_EXTENSIONS_DIR,
+    DTYPES,
+    checkpointing_on,
+    init_distributed,
+    set_checkpointing,
+)
 from learners.optim import deepspeed_config, make_optimizer
 from learners.reference import Reference, checksum, restore_initial
-
-DEFAULT_TORCH_EXTENSIONS_DIR = "~/.cache/exgrpo/torch_extensions"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-DROPOUT_FIELDS = (
-    "attention_dropout",
-    "hidden_dropout",
-    "resid_pdrop",
-    "embd_pdrop",
-    "attn_pdrop",
-    "dropout",
-    "hidden_dropout_prob",
-    "attention_probs_dropout_prob",
-    "activation_dropout",
-)
-
-
-def checkpointing_on(setting: str, device: torch.device) -> bool:
-    """``learners.gradient_checkpointing``: "on", "off", or "auto" = on exactly for a CUDA learner."""
-    return setting == "on" or (setting == "auto" and device.type == "cuda")
-
-
-def set_checkpointing(model: Any, on: bool) -> None:
-    """Gradient checkpointing on or off, keeping old_logp == logp at the first micro-batch.
-
-    Off: ``model.eval()`` (dropout off). On: transformers recomputes only in train mode, so the model is
-    put in ``train()`` with non-reentrant checkpointing; the rule is that train mode must be
-    deterministic, so every dropout probability of the model's config (``DROPOUT_FIELDS``) and every
-    ``torch.nn.Dropout`` module are forced to 0 (Qwen2/Llama have none; a model with dropout > 0 trains
-    without it, as it does in eval mode without checkpointing)."""
-    if not on:
-        model.eval()
-        return
-    for field in DROPOUT_FIELDS:
-        if getattr(model.config, field, None):
-            setattr(model.config, field, 0.0)
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        if hasattr(module, "attention_dropout") and isinstance(module.attention_dropout, float):
-            module.attention_dropout = 0.0
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
 
 
 class Learner:
@@ -133,29 +96,13 @@ class Learner:
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser(DEFAULT_TORCH_EXTENSIONS_DIR))
         torch.set_num_threads(max(1, int(self.cfg.num_cpus)))
         torch.manual_seed(self.seed)
-        backend = self.cfg.backend
-        if backend == "auto":
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-        self.device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        os.environ.update(
-            MASTER_ADDR=self.master_addr,
-            MASTER_PORT=str(self.master_port),
-            RANK=str(self.rank),
-            WORLD_SIZE=str(self.world_size),
-            LOCAL_RANK="0",
+        self.device = init_distributed(
+            self.cfg.backend,
+            rank=self.rank,
+            world_size=self.world_size,
+            master_addr=self.master_addr,
+            master_port=self.master_port,
         )
-        if not dist.is_initialized():
-            dist.init_process_group(
-                backend,
-                init_method=f"tcp://{self.master_addr}:{self.master_port}",
-                rank=self.rank,
-                world_size=self.world_size,
-                device_id=self.device if self.device.type == "cuda" else None,
-            )
-        elif (dist.get_rank(), dist.get_world_size()) != (self.rank, self.world_size):
-            raise RuntimeError("torch.distributed is already initialised with another rank/world size")
 
         import deepspeed
         from transformers import AutoModelForCausalLM

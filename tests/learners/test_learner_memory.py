@@ -14,7 +14,7 @@ import learners.update as U
 from exgrpo.core.config import LossConfig
 from learners import batches, logits
 from learners.engine import ModelEngine
-from learners.learner import checkpointing_on, set_checkpointing
+from learners.modeling import checkpointing_on, set_checkpointing
 from learners.optim import squared_sum
 
 torch.set_num_threads(1)

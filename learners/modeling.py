@@ -1,0 +1,84 @@
+"""The model as a learner rank loads it: dtype names, the torch.distributed start of one rank, and gradient
+checkpointing with dropout forced off (so the first micro-batch's log-probs equal the proximal ones)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TORCH_EXTENSIONS_DIR = "~/.cache/exgrpo/torch_extensions"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+DROPOUT_FIELDS = (
+    "attention_dropout",
+    "hidden_dropout",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "dropout",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "activation_dropout",
+)
+
+
+def checkpointing_on(setting: str, device: torch.device) -> bool:
+    """``learners.gradient_checkpointing``: "on", "off", or "auto" = on exactly for a CUDA learner."""
+    return setting == "on" or (setting == "auto" and device.type == "cuda")
+
+
+def set_checkpointing(model: Any, on: bool) -> None:
+    """Gradient checkpointing on or off, keeping old_logp == logp at the first micro-batch.
+
+    Off: ``model.eval()`` (dropout off). On: transformers recomputes only in train mode, so the model is
+    put in ``train()`` with non-reentrant checkpointing; the rule is that train mode must be
+    deterministic, so every dropout probability of the model's config (``DROPOUT_FIELDS``) and every
+    ``torch.nn.Dropout`` module are forced to 0 (Qwen2/Llama have none; a model with dropout > 0 trains
+    without it, as it does in eval mode without checkpointing)."""
+    if not on:
+        model.eval()
+        return
+    for field in DROPOUT_FIELDS:
+        if getattr(model.config, field, None):
+            setattr(model.config, field, 0.0)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if hasattr(module, "attention_dropout") and isinstance(module.attention_dropout, float):
+            module.attention_dropout = 0.0
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+
+
+def init_distributed(
+    backend: str, *, rank: int, world_size: int, master_addr: str, master_port: int
+) -> torch.device:
+    """Join (or check) the learner group's torch.distributed world; returns this rank's device (``backend``
+    "auto": NCCL and the first GPU when CUDA is there, else gloo on the CPU)."""
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    os.environ.update(
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK="0",
+    )
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=rank,
+            world_size=world_size,
+            device_id=device if device.type == "cuda" else None,
+        )
+    elif (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
+        raise RuntimeError("torch.distributed is already initialised with another rank/world size")
+    return device
