@@ -48,7 +48,7 @@ CELLS = [("float32", 0, "whole")] + [
 ]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:
@@ -76,7 +76,7 @@ def _run_cell(
         learner=cfg,
         loss=LossConfig(norm="token_mean", entropy_coef=0.01),
         max_response_len=shape.response_len,
-        master_port=_free_port(),
+        master_port=free_port(),
         dtype=dtype,
     )
     learner.setup()

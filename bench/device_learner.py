@@ -37,11 +37,11 @@ from bench.gpu_learner import (
     FULL,
     TINY,
     Shape,
-    _free_port,
-    _peak_gib,
-    _reset_peak,
-    _sync,
     build_model,
+    free_port,
+    peak_gib,
+    reset_peak,
+    sync,
     synthetic_groups,
 )
 from exgrpo.core import metric_names as M
@@ -78,6 +78,49 @@ def learner_config(
     return from_dict({"model": model, "learners": learners, "loss": recipe["loss"]})
 
 
+def _updates(
+    learner: Any,
+    shape: Shape,
+    dev: torch.device,
+    *,
+    warm: int,
+    timed: int,
+    deadline: float,
+    response_tokens: int,
+) -> tuple[list[float], list[float], list[float], int]:
+    """``warm`` + ``timed`` updates on synthetic groups: the timed ones' seconds, every update's grad norm and
+    loss, and the skipped optimiser steps; stops timing at ``deadline`` (time.monotonic) once one was timed."""
+    times: list[float] = []
+    norms: list[float] = []
+    losses: list[float] = []
+    skipped = 0
+    for step in range(warm + timed):
+        if step >= warm and times and time.monotonic() > deadline:
+            print(f"[learner] deadline: stopping after {len(times)} timed updates", flush=True)
+            break
+        groups = synthetic_groups(shape, step=step)
+        if step == warm:
+            reset_peak(dev)
+        sync(dev)
+        s0 = time.perf_counter()
+        m = learner.update(groups=groups, clip=False, version=step)
+        sync(dev)
+        seconds = time.perf_counter() - s0
+        if int(m[M.LEARNER_TOKENS]) != response_tokens:
+            raise RuntimeError(f"trained {m[M.LEARNER_TOKENS]} response tokens, expected {response_tokens}")
+        norms.append(float(m[M.GRAD_NORM]))
+        losses.append(float(m[M.LOSS]))
+        skipped += int(m[M.SKIPPED_STEPS])
+        if step >= warm:
+            times.append(seconds)
+        print(
+            f"[learner] update {step}{'' if step >= warm else ' (warm-up)'}: {seconds:.3f} s, "
+            f"grad norm {norms[-1]:.4g}, loss {losses[-1]:.4g}",
+            flush=True,
+        )
+    return times, norms, losses, skipped
+
+
 def check_learner(
     *,
     shape: Shape,
@@ -112,7 +155,7 @@ def check_learner(
             learner=cfg.learners,
             loss=cfg.loss,
             max_response_len=shape.response_len,
-            master_port=_free_port(),
+            master_port=free_port(),
             dtype=dtype,
         )
         learner.setup()
@@ -125,41 +168,16 @@ def check_learner(
         f"{params / 1e9:.3f} B params, {rows} x {seq} tokens per update, setup {setup_s:.1f} s",
         flush=True,
     )
-    times: list[float] = []
-    norms: list[float] = []
-    losses: list[float] = []
-    skipped = 0
-    for step in range(warm + timed):
-        if step >= warm and times and time.monotonic() > deadline:
-            print(f"[learner] deadline: stopping after {len(times)} timed updates", flush=True)
-            break
-        groups = synthetic_groups(shape, step=step)
-        if step == warm:
-            _reset_peak(dev)
-        _sync(dev)
-        s0 = time.perf_counter()
-        m = learner.update(groups=groups, clip=False, version=step)
-        _sync(dev)
-        seconds = time.perf_counter() - s0
-        if int(m[M.LEARNER_TOKENS]) != response_tokens:
-            raise RuntimeError(f"trained {m[M.LEARNER_TOKENS]} response tokens, expected {response_tokens}")
-        norms.append(float(m[M.GRAD_NORM]))
-        losses.append(float(m[M.LOSS]))
-        skipped += int(m[M.SKIPPED_STEPS])
-        if step >= warm:
-            times.append(seconds)
-        print(
-            f"[learner] update {step}{'' if step >= warm else ' (warm-up)'}: {seconds:.3f} s, "
-            f"grad norm {norms[-1]:.4g}, loss {losses[-1]:.4g}",
-            flush=True,
-        )
+    times, norms, losses, skipped = _updates(
+        learner, shape, dev, warm=warm, timed=timed, deadline=deadline, response_tokens=response_tokens
+    )
     if not times:
         raise RuntimeError("no timed update finished")
     t = sum(times) / len(times)
     model_flops = 6 * params * tokens
     attn_flops = 6 * shape.layers * shape.hidden * rows * seq * seq  # 3 (fwd+bwd) x 2 matmuls x 2 S^2 d / 2
     hw_flops = (8 + 2 * int(checkpointing)) * params * tokens
-    peak = _peak_gib(dev)
+    peak = peak_gib(dev)
     predicted = sum(plan.values()) / GIB
     out = {
         "device": torch.cuda.get_device_name(dev) if cuda else "cpu",

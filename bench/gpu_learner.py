@@ -103,21 +103,21 @@ class Summary:
     learner: LearnerResult
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _peak_gib(device: torch.device) -> float | None:
+def peak_gib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
 
 
-def _reset_peak(device: torch.device) -> None:
+def reset_peak(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -156,8 +156,8 @@ def bench_generate(model: torch.nn.Module, shape: Shape, *, device: torch.device
     mask = torch.ones_like(ids)
     kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=0)
     model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, **kwargs)
-    _sync(device)
-    _reset_peak(device)
+    sync(device)
+    reset_peak(device)
     start = time.perf_counter()
     out = model.generate(
         input_ids=ids,
@@ -166,7 +166,7 @@ def bench_generate(model: torch.nn.Module, shape: Shape, *, device: torch.device
         min_new_tokens=shape.gen_new,
         **kwargs,
     )
-    _sync(device)
+    sync(device)
     seconds = time.perf_counter() - start
     new = out.shape[1] - shape.gen_prompt_len
     return GenerateResult(
@@ -175,7 +175,7 @@ def bench_generate(model: torch.nn.Module, shape: Shape, *, device: torch.device
         new_tokens=new,
         seconds=seconds,
         tokens_per_s=shape.gen_batch * new / seconds,
-        peak_mem_gib=_peak_gib(device),
+        peak_mem_gib=peak_gib(device),
     )
 
 
@@ -227,7 +227,7 @@ def bench_learner(
         learner=cfg,
         loss=LossConfig(),
         max_response_len=shape.response_len,
-        master_port=_free_port(),
+        master_port=free_port(),
         dtype=dtype,
     )
     start = time.perf_counter()
@@ -239,11 +239,11 @@ def bench_learner(
     for step in range(warm + timed):
         groups = synthetic_groups(shape, step=step)
         if step == warm:
-            _reset_peak(device)
-        _sync(device)
+            reset_peak(device)
+        sync(device)
         t0 = time.perf_counter()
         metrics = learner.update(groups=groups, clip=False, version=step)
-        _sync(device)
+        sync(device)
         seconds = time.perf_counter() - t0
         if metrics["learner/tokens"] != tokens:
             raise RuntimeError(f"trained {metrics['learner/tokens']} tokens, expected {tokens}")
@@ -255,7 +255,7 @@ def bench_learner(
             f"update {step}: {seconds:.2f} s, grad norm {norms[-1]:.4g}, loss {metrics['learner/loss']:.4g}",
             flush=True,
         )
-    peak = _peak_gib(device)
+    peak = peak_gib(device)
     total = sum(times)
     result = LearnerResult(
         zero_stage=zero_stage,

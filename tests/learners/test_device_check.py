@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "device_check.py"
 sys.path.insert(0, str(ROOT))
 
-from bench import device_check as dc  # noqa: E402
+from bench import device_broadcast as dc  # noqa: E402
 from bench.gpu_learner import TINY  # noqa: E402
 
 
