@@ -1,14 +1,16 @@
 """Experience-pool micro-benchmark: sampling time and memory per stored trajectory.
 
-    .venv/bin/python bench/bench_pool.py
+    .venv/bin/python -m bench.replay.bench_pool [--questions 50000] [--repeats 2000] [--memory-questions 200]
+        [--length 1000]
 
-Prints the time of drawing 64 questions (`draw_plan` + `sample_from_buckets`, one shard's draw) on a pool of 50,000 sampleable questions (K = 8), and the
-bytes per stored trajectory of 1,000 tokens, in memory (tracemalloc, numpy buffers included) and
+Prints the time of drawing 64 questions (`draw_plan` + `sample_from_buckets`, one shard's draw) on a pool of
+50,000 sampleable questions (K = 8), and the bytes per stored trajectory of 1,000 tokens, in memory (tracemalloc, numpy buffers included) and
 in a parquet snapshot (pyarrow defaults: snappy; random token ids and log-probs barely compress).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -18,11 +20,9 @@ import tracemalloc
 import numpy as np
 import pyarrow.parquet as pq
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
 from buffers.experience import ExperiencePool
-from exgrpo.core.records import Group, Trajectory  # noqa: E402
-from exgrpo.core.selection import draw_plan  # noqa: E402
+from exgrpo.core.records import Group, Trajectory
+from exgrpo.core.selection import draw_plan
 
 K = 8
 
@@ -99,6 +99,24 @@ def bench_memory(n_questions: int = 200, length: int = 1000) -> None:
     print(f"  for comparison, the same trajectory as Python tuples: ~{as_tuples:,} bytes")
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--questions", type=int, default=50_000, help="sampleable questions in the draw's pool"
+    )
+    parser.add_argument("--repeats", type=int, default=2000, help="draws timed")
+    parser.add_argument("--memory-questions", type=int, default=200, help="questions of the memory pool")
+    parser.add_argument("--length", type=int, default=1000, help="tokens per trajectory of the memory pool")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    bench_sampling(args.questions, args.repeats)
+    bench_memory(args.memory_questions, args.length)
+
+
 if __name__ == "__main__":
-    bench_sampling()
-    bench_memory()
+    main()
