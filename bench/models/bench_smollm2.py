@@ -21,11 +21,10 @@ threads it ran on, and the step split generation / verification / update.
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import env_defaults, free_port, in_child
+from bench.common import env_defaults, free_port, in_child, stopwatch
 
 env_defaults(vllm_cpu=True, tokenizers=True, torch_extensions=True)
 
@@ -65,26 +64,25 @@ class EngineResult:
 
 def model_dir(cfg: Config) -> Path:
     """Where `builtin:smollm2-135m` resolves to, converted once (`resolve_model`)."""
-    t0 = time.perf_counter()
-    target = resolve_model("builtin:smollm2-135m", cache_dir=cfg.model.cache_dir)
-    print(f"model: {target} (ready in {time.perf_counter() - t0:.1f} s)")
+    with stopwatch() as ready:
+        target = resolve_model("builtin:smollm2-135m", cache_dir=cfg.model.cache_dir)
+    print(f"model: {target} (ready in {ready.s:.1f} s)")
     return target
 
 
 def run_engine(kind: EngineKind, path: Path, prompts: list[Prompt], *, cfg: Config) -> EngineResult:
     torch.set_num_threads(1)
-    t0 = time.perf_counter()
-    sampler = Sampler(
-        index=0,
-        engine=EngineSpec(kind=kind, model_path=str(path), dtype=cfg.model.dtype),
-        template=cfg.model.template,
-        max_response_len=cfg.model.max_response_len,
-        temperature=cfg.samplers.temperature,
-        top_p=cfg.samplers.top_p,
-        verify_timeout_s=cfg.samplers.verify_timeout_s,
-        seed=cfg.trainer.seed,
-    )
-    load_s = time.perf_counter() - t0
+    with stopwatch() as load:
+        sampler = Sampler(
+            index=0,
+            engine=EngineSpec(kind=kind, model_path=str(path), dtype=cfg.model.dtype),
+            template=cfg.model.template,
+            max_response_len=cfg.model.max_response_len,
+            temperature=cfg.samplers.temperature,
+            top_p=cfg.samplers.top_p,
+            verify_timeout_s=cfg.samplers.verify_timeout_s,
+            seed=cfg.trainer.seed,
+        )
     sampler.verifier.start()
     sampler.engine.generate([sampler.render(prompts[0])], n=1, max_tokens=8)  # warm-up
     k = cfg.trainer.rollouts_per_question
@@ -94,7 +92,7 @@ def run_engine(kind: EngineKind, path: Path, prompts: list[Prompt], *, cfg: Conf
     trajectories = [t for g in result.groups for t in g.trajectories]
     return EngineResult(
         engine=kind,
-        load_s=load_s,
+        load_s=load.s,
         gen_s=result.gen_time_s,
         tokens=result.tokens,
         verify_s=result.verify_time_s,
@@ -121,10 +119,9 @@ def run_update(path: Path, groups: tuple[Group, ...], *, cfg: Config) -> tuple[f
         seed=cfg.trainer.seed,
         dtype=cfg.model.dtype,
     )
-    t0 = time.perf_counter()
-    learner.setup()
-    setup_s = time.perf_counter() - t0
-    return setup_s, learner.update(groups=groups, clip=True, version=0)
+    with stopwatch() as setup:
+        learner.setup()
+    return setup.s, learner.update(groups=groups, clip=True, version=0)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,10 +13,9 @@ are warm-up and not counted.
 from __future__ import annotations
 
 import argparse
-import time
 from typing import TYPE_CHECKING, cast
 
-from bench.common import env_defaults
+from bench.common import env_defaults, stopwatch
 
 env_defaults(ray=True)
 
@@ -60,12 +59,12 @@ def main(argv: list[str] | None = None) -> None:
     for i in range(2 * (args.repeats + WARMUP)):
         path = ("direct", "reload")[i % 2]
         engine.weight_path = path
-        t0 = time.perf_counter()
-        engine.load_weights(views, version=i + 1)
-        times[path].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        np.copyto(copy, buffer)
-        times["memcpy"].append(time.perf_counter() - t0)
+        with stopwatch() as load:
+            engine.load_weights(views, version=i + 1)
+        times[path].append(load.s)
+        with stopwatch() as memcpy:
+            np.copyto(copy, buffer)
+        times["memcpy"].append(memcpy.s)
     med = {k: float(np.median(v[WARMUP:])) for k, v in times.items()}
     print(
         f"{SPEC_100M.num_layers}-layer model, {buffer.nbytes / 1e6:.0f} MB packed, {args.repeats} repeats each"

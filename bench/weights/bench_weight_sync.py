@@ -24,7 +24,7 @@ import argparse
 import json
 import time
 
-from bench.common import OUT_DIR, env_defaults, write_json
+from bench.common import OUT_DIR, env_defaults, stopwatch, write_json
 
 env_defaults(ray=True)
 
@@ -50,9 +50,9 @@ def memcpy_s(nbytes: int, repeats: int = 5) -> float:
     dst = np.empty_like(src)
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - t0)
+        with stopwatch() as copy:
+            np.copyto(dst, src)
+        times.append(copy.s)
     return float(np.median(times))
 
 
