@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 from bench.common import OUT_DIR, env_defaults, stopwatch, write_json
 
@@ -80,7 +81,10 @@ def sync_case(
     )
     model_path = str(resolve_model(cfg.model.path, cache_dir=cfg.model.cache_dir))
     system = build_system(cfg, model_path=model_path)
-    handles = list(system.samplers.members().values())
+    # the concrete SamplerPool and LearnerGroup: members() and num_parameters() are no role verbs
+    samplers: Any = system.samplers
+    learners: Any = system.learners
+    handles = list(samplers.members().values())
     ray.get([h.ping.remote() for h in handles])
     turns: tuple[str | None, ...] = weight_paths or (None,)
     runs: dict[str | None, dict[str, list]] = {
@@ -107,7 +111,7 @@ def sync_case(
                 run["export"].append(t1 - t0)
                 run["apply"].append(float(np.mean(ray.get([h.apply.remote(_last_load) for h in handles]))))
             del metrics
-        params = system.learners.num_parameters()
+        params = learners.num_parameters()
         served = ray.get([h.apply.remote(_weight_path) for h in handles])
     finally:
         system.shutdown()
