@@ -82,9 +82,9 @@ def sync_case(
     model_path = str(resolve_model(cfg.model.path, cache_dir=cfg.model.cache_dir))
     system = build_system(cfg, model_path=model_path)
     # the concrete SamplerPool and LearnerGroup: members() and num_parameters() are no role verbs
-    samplers: Any = system.samplers
-    learners: Any = system.learners
-    handles = list(samplers.members().values())
+    pool: Any = system.samplers
+    group: Any = system.learners
+    handles = list(pool.members().values())
     ray.get([h.ping.remote() for h in handles])
     turns: tuple[str | None, ...] = weight_paths or (None,)
     runs: dict[str | None, dict[str, list]] = {
@@ -111,7 +111,7 @@ def sync_case(
                 run["export"].append(t1 - t0)
                 run["apply"].append(float(np.mean(ray.get([h.apply.remote(_last_load) for h in handles]))))
             del metrics
-        params = learners.num_parameters()
+        params = group.num_parameters()
         served = ray.get([h.apply.remote(_weight_path) for h in handles])
     finally:
         system.shutdown()
