@@ -1,9 +1,9 @@
 """What a base model can do, measured the way the RL samplers see it: `HFEngine` sampling, the project's Verifier.
 
 - `solve_counts` / `evaluate_solve_rate`: per prompt, how many of n sampled responses verify (the warm-up
-  tests and `bench/bench_learnability.py`);
+  tests and `bench/models/bench_learnability.py`);
 - `measure_traces`: the same on the scratchpad task, with the validity of each response's trace
-  (`bench/bench_scratchpad_base.py`).
+  (`bench/models/bench_scratchpad_base.py`).
 
 The builders in `exgrpo/models/` train and save; they never measure (that would make them import the engines).
 """

@@ -11,7 +11,7 @@ weights travel with the package, and every figure in the docs is measured on the
 - `python -m exgrpo.models.shipped --verify` checks every shipped model.
 - `python -m exgrpo.models.shipped --rebuild scratchpad-base --out DIR` rebuilds one from its recipe on
   this machine (about 2 minutes) and says whether the weights are bit-identical to the shipped ones.
-  A different CPU usually gives different bytes; `bench/bench_scratchpad_base.py --model DIR` then
+  A different CPU usually gives different bytes; `python -m bench.models.bench_scratchpad_base --model DIR` then
   measures what the rebuild can do, and `model.path=DIR` trains on it.
 """
 

@@ -262,7 +262,7 @@ def test_importing_a_task_does_not_start_the_verifier():
 
 
 def test_trl_is_a_bench_baseline_only():
-    """trl (the optional `bench` extra) is the peer baseline of bench/bench_trl.py, never a runtime import."""
+    """trl (the optional `bench` extra) is the peer baseline of bench/peers/bench_trl.py, never a runtime import."""
     pattern = re.compile(r"^\s*(import|from)\s+trl\b", re.M)
     offenders = [
         str(p.relative_to(ROOT))
@@ -271,4 +271,6 @@ def test_trl_is_a_bench_baseline_only():
         if pattern.search(p.read_text())
     ]
     assert offenders == []
-    assert pattern.search((ROOT / "bench" / "bench_trl.py").read_text())  # the pattern does find an import
+    assert pattern.search(
+        (ROOT / "bench" / "peers" / "bench_trl.py").read_text()
+    )  # the pattern does find an import

@@ -17,7 +17,7 @@ The cells run with the local default `trainer.max_failures` = 0; with it above 0
 the job instead (tests/integration/test_self_healing.py).
 
 Each cell writes its measured row to $EXGRPO_FAULT_TABLE (a directory; default: the test's tmp dir);
-`python bench/fault_table.py DIR` prints them as the table in docs/failures.md. Slow: a cell is a run
+`python -m bench.system.fault_table DIR` prints them as the table in docs/failures.md. Slow: a cell is a run
 (~0.5-2 min on 2 busy cores), so the whole matrix takes many minutes.
 """
 

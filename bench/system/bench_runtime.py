@@ -1,30 +1,28 @@
 """Runtime figures for issue 3, measured side by side in one local Ray cluster.
 
-    .venv/bin/python bench/bench_runtime.py [--steps 8]
+    .venv/bin/python -m bench.system.bench_runtime [--steps 8] [--out bench/out/runtime.json]
 
 1. steps/s and generated tokens/s of the tiny config with each engine (hf, vllm);
 2. per-step time split (generation wait, entropy scoring, update, sync, idle);
 3. wall time for the same number of steps with eta = 0 vs eta = 1.
 
-Weight-sync time per transport against the memory floor: bench/bench_weight_sync.py.
+Weight-sync time per transport against the memory floor: bench/weights/bench_weight_sync.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-from pathlib import Path
 
-import numpy as np
+from bench.common import OUT_DIR, STEP_SPLIT, env_defaults, write_json
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+env_defaults(ray=True)
+
+import numpy as np  # noqa: E402
 
 from exgrpo.core.config_files import load_config  # noqa: E402
 from exgrpo.runtime.env import init_ray  # noqa: E402
 from exgrpo.runtime.recipe import train  # noqa: E402
-
-SPLIT = ["system/wait_s", "system/entropy_s", "system/update_s", "system/sync_s", "system/idle_s"]
 
 
 def make_cfg(overrides: list[str]):
@@ -54,15 +52,21 @@ def train_run(overrides: list[str]) -> dict:
         "steps_per_s": len(records) / wall,
         "tokens_per_s": tokens / wall,
         "median_step_s": float(np.median([r["system/step_time_s"] for r in records])),
-        "split_s_per_step": {k.split("/")[1]: float(np.mean([r[k] for r in records])) for k in SPLIT},
+        "split_s_per_step": {k.split("/")[1]: float(np.mean([r[k] for r in records])) for k in STEP_SPLIT},
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--out", default="bench/out/runtime.json")
-    args = parser.parse_args()
+    parser.add_argument("--out", default=str(OUT_DIR / "runtime.json"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     init_ray(make_cfg([]))
     steps = [f"trainer.steps={args.steps}"]
     out: dict = {}
@@ -72,8 +76,7 @@ def main() -> None:
     for eta in (0, 1):
         out[f"eta={eta}"] = train_run([*steps, f"async.max_staleness={eta}"])
         print(f"eta={eta}", json.dumps(out[f"eta={eta}"]), flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
+    write_json(args.out, out)
     print(f"eta=0 / eta=1 wall-time ratio: {out['eta=0']['wall_s'] / out['eta=1']['wall_s']:.2f}")
     print(
         f"vllm / hf tokens/s ratio: {out['engine=vllm']['tokens_per_s'] / out['engine=hf']['tokens_per_s']:.2f}"

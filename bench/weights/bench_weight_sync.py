@@ -1,6 +1,6 @@
 """Weight sync of a ~100M-parameter fp32 model to 2 samplers, against the memory-bandwidth floor of the same run.
 
-    .venv/bin/python bench/bench_weight_sync.py [--repeats 7] [--warmup 5] [--samplers 2] [--skip-vllm]
+    .venv/bin/python -m bench.weights.bench_weight_sync [--repeats 7] [--warmup 5] [--samplers 2] [--skip-vllm]
         [--only direct reload gloo HF]
 
 The vLLM object-store case compares the samplers' direct load (`actors/vllm_load.py`) with vLLM's own
@@ -22,37 +22,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
-from pathlib import Path
+from typing import Any
 
-import numpy as np
-import ray
+from bench.common import OUT_DIR, env_defaults, stopwatch, write_json
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+env_defaults(ray=True)
 
+import numpy as np  # noqa: E402
+import ray  # noqa: E402
+
+from bench.weights.model_100m import MODEL  # noqa: E402  (registers builtin:bench-100m)
 from exgrpo.core.config_files import load_config  # noqa: E402
-from exgrpo.models.resolve import BuiltinModel, register_builtin, resolve_model  # noqa: E402
-from exgrpo.models.tiny import TinyModelSpec, build_tiny_model  # noqa: E402
+from exgrpo.models.resolve import resolve_model  # noqa: E402
 from exgrpo.runtime.assembly import build_system  # noqa: E402
 from exgrpo.runtime.env import init_ray  # noqa: E402
 
-SPEC_100M = TinyModelSpec(
-    hidden_size=768,
-    num_layers=14,
-    num_heads=12,
-    num_kv_heads=4,
-    head_dim=64,
-    intermediate_size=2304,
-    max_position=256,
-)
-register_builtin(
-    "bench-100m",
-    BuiltinModel(
-        build=lambda out_dir, *, cache_dir: build_tiny_model(out_dir, spec=SPEC_100M),
-        fingerprint=SPEC_100M.fingerprint(),
-    ),
-)
 CASES = {  # name: (engine, transport, the vLLM engines' weight paths: None = their own choice)
     "object_store, HF samplers": ("hf", "object_store", None),
     "object_store, vLLM samplers": ("vllm", "object_store", ("direct", "reload")),
@@ -66,9 +51,9 @@ def memcpy_s(nbytes: int, repeats: int = 5) -> float:
     dst = np.empty_like(src)
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - t0)
+        with stopwatch() as copy:
+            np.copyto(dst, src)
+        times.append(copy.s)
     return float(np.median(times))
 
 
@@ -87,7 +72,7 @@ def sync_case(
         "tiny-cpu",
         [
             "logging.progress=false",
-            "model.path=builtin:bench-100m",
+            f"model.path={MODEL}",
             f"samplers.engine={engine}",
             f"async.weight_sync={transport}",
             f"samplers.num={samplers}",
@@ -96,7 +81,10 @@ def sync_case(
     )
     model_path = str(resolve_model(cfg.model.path, cache_dir=cfg.model.cache_dir))
     system = build_system(cfg, model_path=model_path)
-    handles = list(system.samplers.members().values())
+    # the concrete SamplerPool and LearnerGroup: members() and num_parameters() are no role verbs
+    pool: Any = system.samplers
+    group: Any = system.learners
+    handles = list(pool.members().values())
     ray.get([h.ping.remote() for h in handles])
     turns: tuple[str | None, ...] = weight_paths or (None,)
     runs: dict[str | None, dict[str, list]] = {
@@ -123,7 +111,7 @@ def sync_case(
                 run["export"].append(t1 - t0)
                 run["apply"].append(float(np.mean(ray.get([h.apply.remote(_last_load) for h in handles]))))
             del metrics
-        params = system.learners.num_parameters()
+        params = group.num_parameters()
         served = ray.get([h.apply.remote(_weight_path) for h in handles])
     finally:
         system.shutdown()
@@ -154,8 +142,10 @@ def _weight_path(sampler) -> str:
     return getattr(sampler.engine, "weight_path", "hf")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--samplers", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=5)
@@ -163,8 +153,12 @@ def main() -> None:
     parser.add_argument(
         "--only", nargs="*", default=[], help="run the cases whose name contains one of these"
     )
-    parser.add_argument("--out", default="bench/out/weight_sync.json")
-    args = parser.parse_args()
+    parser.add_argument("--out", default=str(OUT_DIR / "weight_sync.json"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     init_ray(load_config("tiny-cpu", []))
     out: dict = {}
     copies = []
@@ -203,8 +197,7 @@ def main() -> None:
                 f"{name:<56} {r['sync_s'] * 1e3:>10.0f} {r['sync_s'] / floor:>8.2f} {r['best_s'] / floor:>13.2f} "
                 f"{r['driver_blocked_s'] * 1e3:>12.0f} ms {r['sampler_apply_s'] * 1e3:>11.0f} ms"
             )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
+    write_json(args.out, out)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Soak: train for --minutes on a real local Ray cluster while samplers and replay shards are SIGKILLed at
 random (seeded) intervals, and account for every request.
 
-    python bench/soak.py --minutes 20 --out soak-results.json [--seed 0] [--kill-every 20 40] [--kill-learners]
+    python -m bench.system.soak --minutes 20 --out soak-results.json [--seed 0] [--kill-every 20 40] [--kill-learners]
 
 What it records (and prints as a summary; the JSON holds every kill):
   - steps trained, and every step's group count (each must be B = trainer.questions_per_step);
@@ -26,7 +26,6 @@ last --quiet-s seconds (a replacement sampler can take minutes to start on a loa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import re
@@ -40,6 +39,7 @@ from typing import Any
 import psutil
 import ray
 
+from bench.common import write_json
 from exgrpo.core import metric_names as M
 from exgrpo.core.config_files import load_config
 from exgrpo.loop.observer import Observer
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         **soak.accounting,
         "kills": killer.kills,
     }
-    out.write_text(json.dumps(result, indent=1))
+    write_json(out, result, indent=1)
     ok = (
         error is None
         and not soak.bad_steps

@@ -1,6 +1,6 @@
 """What the scratchpad base models can do before RL: build time, solve rates, k histogram, trace quality.
 
-    .venv/bin/python bench/bench_scratchpad_base.py [--model builtin:scratchpad-base] [--n 200] [--k 8]
+    .venv/bin/python -m bench.models.bench_scratchpad_base [--model builtin:scratchpad-base] [--n 200] [--k 8]
 
 Builds (or reuses) the model, samples K responses per question at temperature 1.0 with the HF engine
 (as the RL samplers do), scores them with the project's Verifier and checks every trace step by step.
@@ -12,38 +12,42 @@ Prints per split (train, val, eval, ood-eval): the solve rate, by operand length
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections import Counter
 
 import numpy as np
 import torch
 
+from bench.common import print_json
 from exgrpo.data.scratchpad import ScratchpadTask, solution_steps
 from exgrpo.evaluation.measure import measure_traces
 from exgrpo.models.resolve import resolve_model
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="builtin:scratchpad-base")
     parser.add_argument("--n", type=int, default=200, help="questions per split")
     parser.add_argument("--k", type=int, default=8, help="samples per question")
     parser.add_argument("--cache-dir", default="~/.cache/exgrpo")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (the questions stay the same)")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     model = resolve_model(args.model, cache_dir=args.cache_dir)
-    print(
-        json.dumps(
-            {
-                "model": str(model),
-                "resolve_s": round(time.perf_counter() - t0, 1),
-                "seed": args.seed,
-                "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            }
-        )
+    print_json(
+        {
+            "model": str(model),
+            "resolve_s": round(time.perf_counter() - t0, 1),
+            "seed": args.seed,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        }
     )
     task = ScratchpadTask()
     for split in ("train", "val", "eval", "ood-eval"):
@@ -62,19 +66,16 @@ def main() -> None:
         ]
         flawed = sum(not c.valid for c in correct)
         unparsed = sum(not c.parsed for row in s.checks for c in row)
-        print(
-            json.dumps(
-                {
-                    "split": split,
-                    "questions": len(prompts),
-                    "solve_rate": round(float(rewards.mean()), 3),
-                    "by_digits": {d: round(float(np.mean(v)), 3) for d, v in sorted(by_len.items())},
-                    "k_histogram": [Counter(k.tolist()).get(i, 0) for i in range(args.k + 1)],
-                    "correct_with_flawed_trace": f"{flawed}/{len(correct)}",
-                    "unparsed_share": round(unparsed / rewards.size, 3),
-                }
-            ),
-            flush=True,
+        print_json(
+            {
+                "split": split,
+                "questions": len(prompts),
+                "solve_rate": round(float(rewards.mean()), 3),
+                "by_digits": {d: round(float(np.mean(v)), 3) for d, v in sorted(by_len.items())},
+                "k_histogram": [Counter(k.tolist()).get(i, 0) for i in range(args.k + 1)],
+                "correct_with_flawed_trace": f"{flawed}/{len(correct)}",
+                "unparsed_share": round(unparsed / rewards.size, 3),
+            }
         )
 
 

@@ -1,24 +1,26 @@
 """Blocking Ray round trips per step in the driver process, and the median step time.
 
-    .venv/bin/python bench/bench_roundtrips.py [--config default] [--steps 20 40] [overrides ...]
+    .venv/bin/python -m bench.system.bench_roundtrips [--config default] [--steps 20 40] [overrides ...]
 
 Counts `ray.get` calls made in the driver process while `python -m exgrpo.run` trains (a list
 counts once), and among them the blocking ones (some object not ready when the call starts: the
 driver waits for remote work, one round trip), for two step counts; the difference divided by the
 difference in steps is the per-step figure (start-up, the first and last evaluation and shutdown
-cancel out). Run from another checkout's root to measure that checkout (the script only needs its
-`exgrpo.run.main`). Prints one JSON line per run and the per-step result.
+cancel out). To measure another checkout, run it from that checkout's root with this one on PYTHONPATH
+(`cd OTHER && PYTHONPATH=<this checkout> python -m bench.system.bench_roundtrips`: the working directory
+comes first on sys.path, so its `exgrpo.run.main` is the one timed). Prints one JSON line per run and the
+per-step result.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
+
+from bench.common import env_defaults, print_json
 
 
 def count_run(config: str, steps: int, overrides: list[str]) -> dict:
@@ -66,27 +68,30 @@ def count_run(config: str, steps: int, overrides: list[str]) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", default="default")
     parser.add_argument("--steps", type=int, nargs=2, default=(20, 40))
     parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    sys.path.insert(0, os.getcwd())
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    env_defaults(ray=True)
     a = count_run(args.config, args.steps[0], args.overrides)
-    print(json.dumps(a), flush=True)
+    print_json(a)
     b = count_run(args.config, args.steps[1], args.overrides)
-    print(json.dumps(b), flush=True)
+    print_json(b)
     steps = b["steps"] - a["steps"]
-    print(
-        json.dumps(
-            {
-                "driver_ray_get_per_step": (b["ray_get_calls"] - a["ray_get_calls"]) / steps,
-                "driver_blocking_gets_per_step": (b["blocking_gets"] - a["blocking_gets"]) / steps,
-                "median_step_s": [a["median_step_s"], b["median_step_s"]],
-            }
-        )
+    print_json(
+        {
+            "driver_ray_get_per_step": (b["ray_get_calls"] - a["ray_get_calls"]) / steps,
+            "driver_blocking_gets_per_step": (b["blocking_gets"] - a["blocking_gets"]) / steps,
+            "median_step_s": [a["median_step_s"], b["median_step_s"]],
+        }
     )
 
 

@@ -1,6 +1,6 @@
 """One ExGRPO step of SmolLM2-135M on gsm, timed part by part, with both generation engines.
 
-    .venv/bin/python bench/bench_smollm2.py [--config configs/smollm2-135m-cpu.yaml] [--engines hf,vllm]
+    .venv/bin/python -m bench.models.bench_smollm2 [--config configs/smollm2-135m-cpu.yaml] [--engines hf,vllm]
 
 Takes B, K, max_response_len, template, temperature and the learner settings from the config.
 Converts the model once into the cache path that `builtin:smollm2-135m` resolves to
@@ -21,22 +21,12 @@ threads it ran on, and the step split generation / verification / update.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
-import os
-import socket
-import sys
-import time
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path("~/.cache/exgrpo/torch_extensions").expanduser()))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import env_defaults, free_port, in_child, stopwatch
+
+env_defaults(vllm_cpu=True, tokenizers=True, torch_extensions=True)
 
 import torch  # noqa: E402
 
@@ -49,7 +39,6 @@ from exgrpo.models.resolve import resolve_model  # noqa: E402
 from exgrpo.verify.answers import BOX_COMMAND  # noqa: E402
 
 torch.set_num_threads(1)
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -75,32 +64,25 @@ class EngineResult:
 
 def model_dir(cfg: Config) -> Path:
     """Where `builtin:smollm2-135m` resolves to, converted once (`resolve_model`)."""
-    t0 = time.perf_counter()
-    target = resolve_model("builtin:smollm2-135m", cache_dir=cfg.model.cache_dir)
-    print(f"model: {target} (ready in {time.perf_counter() - t0:.1f} s)")
+    with stopwatch() as ready:
+        target = resolve_model("builtin:smollm2-135m", cache_dir=cfg.model.cache_dir)
+    print(f"model: {target} (ready in {ready.s:.1f} s)")
     return target
-
-
-def in_child(func: Callable[..., T], *args: object, **kwargs: object) -> T:
-    """func(*args, **kwargs) run in a fresh spawned process."""
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(func, *args, **kwargs).result()
 
 
 def run_engine(kind: EngineKind, path: Path, prompts: list[Prompt], *, cfg: Config) -> EngineResult:
     torch.set_num_threads(1)
-    t0 = time.perf_counter()
-    sampler = Sampler(
-        index=0,
-        engine=EngineSpec(kind=kind, model_path=str(path), dtype=cfg.model.dtype),
-        template=cfg.model.template,
-        max_response_len=cfg.model.max_response_len,
-        temperature=cfg.samplers.temperature,
-        top_p=cfg.samplers.top_p,
-        verify_timeout_s=cfg.samplers.verify_timeout_s,
-        seed=cfg.trainer.seed,
-    )
-    load_s = time.perf_counter() - t0
+    with stopwatch() as load:
+        sampler = Sampler(
+            index=0,
+            engine=EngineSpec(kind=kind, model_path=str(path), dtype=cfg.model.dtype),
+            template=cfg.model.template,
+            max_response_len=cfg.model.max_response_len,
+            temperature=cfg.samplers.temperature,
+            top_p=cfg.samplers.top_p,
+            verify_timeout_s=cfg.samplers.verify_timeout_s,
+            seed=cfg.trainer.seed,
+        )
     sampler.verifier.start()
     sampler.engine.generate([sampler.render(prompts[0])], n=1, max_tokens=8)  # warm-up
     k = cfg.trainer.rollouts_per_question
@@ -110,7 +92,7 @@ def run_engine(kind: EngineKind, path: Path, prompts: list[Prompt], *, cfg: Conf
     trajectories = [t for g in result.groups for t in g.trajectories]
     return EngineResult(
         engine=kind,
-        load_s=load_s,
+        load_s=load.s,
         gen_s=result.gen_time_s,
         tokens=result.tokens,
         verify_s=result.verify_time_s,
@@ -128,32 +110,32 @@ def run_update(path: Path, groups: tuple[Group, ...], *, cfg: Config) -> tuple[f
     from learners.learner import Learner
 
     torch.set_num_threads(1)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     learner = Learner(
         model_path=str(path),
         learner=cfg.learners,
         loss=cfg.loss,
         max_response_len=cfg.model.max_response_len,
-        master_port=port,
+        master_port=free_port(),
         seed=cfg.trainer.seed,
         dtype=cfg.model.dtype,
     )
-    t0 = time.perf_counter()
-    learner.setup()
-    setup_s = time.perf_counter() - t0
-    return setup_s, learner.update(groups=groups, clip=True, version=0)
+    with stopwatch() as setup:
+        learner.setup()
+    return setup.s, learner.update(groups=groups, clip=True, version=0)
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="configs/smollm2-135m-cpu.yaml")
     parser.add_argument(
         "--engines", default="hf,vllm", help="comma-separated engine kinds, run in this order"
     )
     parser.add_argument("--no-update", action="store_true", help="skip the learner update")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     cfg = load_config(args.config)
     b, k, r = cfg.trainer.questions_per_step, cfg.trainer.rollouts_per_question, cfg.model.max_response_len
     path = model_dir(cfg)

@@ -13,7 +13,7 @@ at temperature 1.0, a fixed sampling seed) is measured before, every `--eval-eve
 the end; "no answer" is the share of rollouts in which the verifier finds no final answer.
 This is what configs/default.yaml's learners.lr, B, K and steps are chosen from.
 
-    .venv/bin/python bench/bench_learnability.py --model builtin:arith-base --lrs 3e-5,1e-4,2e-4
+    .venv/bin/python -m bench.models.bench_learnability --model builtin:arith-base --lrs 3e-5,1e-4,2e-4
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def run_lr(
     )
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -147,7 +147,11 @@ def main() -> None:
     parser.add_argument("--num-eval", type=int, default=200)
     parser.add_argument("--eval-n", type=int, default=4, help="samples per eval question")
     parser.add_argument("--eval-every", type=int, default=10)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     model_dir = resolve_model(args.model, cache_dir=args.cache_dir)
     train = list(read_source(args.data, split="train", num=args.num_train, seed=0).prompts)
     evaluation = list(read_source(args.data, split="eval", num=args.num_eval, seed=0).prompts)

