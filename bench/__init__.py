@@ -4,7 +4,10 @@
 - `sampling/`: a sampler's generation throughput and the verifier's;
 - `weights/`: moving the learner's weights into the samplers;
 - `replay/`: the experience pool and the replay shards;
-- `system/`: whole runs (steps/s, driver round trips, a soak under kills, the fault matrix's table);
+- `learner/`: the learner's memory and, on a GPU, its speed, equality across ZeRO stages and dtypes (the device
+  check);
+- `system/`: whole runs (steps/s, driver round trips, a soak under kills, the fault matrix's table, the
+  simulated cluster);
 - `models/`: what a base model can do (solve rates, learnability, a pretrained model's step on CPU);
 - `peers/`: the project against other trainers on the same work.
 

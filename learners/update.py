@@ -1,7 +1,7 @@
 """The ExGRPO update as plain torch functions: an update engine (``learners/engine.py::UpdateEngine``: the
 model's forward module, backward, optimiser step, ...), the batch's groups and config values in; gradients,
 optimiser steps and ``learner/*`` metrics out. Nothing here imports Ray, DeepSpeed or vLLM, so
-``bench/device_check.py`` runs the very update ``learners.learner.Learner`` runs (on its DeepSpeed engine).
+``bench/learner/device_check.py`` runs the very update ``learners.learner.Learner`` runs (on its DeepSpeed engine).
 
 One ``update`` (docs/architecture.md, "The algorithm"):
     1. ``build_rows``: the groups' trajectories as rows; A = group_advantages(rewards) per group.

@@ -6,7 +6,7 @@
 #   bash scripts/device_wheels.sh
 #   # then, on the device, with .whl carried:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
-#   PYTHONUNBUFFERED=1 python3 bench/device_check.py --out $OUT
+#   PYTHONUNBUFFERED=1 python3 -m bench.learner.device_check --out $OUT
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

@@ -4,8 +4,8 @@ abs diff of the loss and the gradients between them, and the memory plan's predi
 (``exgrpo.runtime.memory_plan.learner_terms``: gradients + activations + logits; the weights and inputs are
 in the baseline, and one backward makes no optimiser state).
 
-    python bench/bench_learner_memory.py [--vocab 32000 --hidden 256 --layers 2 --rows 4 --response 1024] [--tensors]
-    python bench/bench_learner_memory.py --slope   # bytes per position x vocabulary entry of a logits chunk
+    python -m bench.learner.bench_learner_memory [--vocab 32000 --hidden 256 --layers 2 --rows 4 --response 1024] [--tensors]
+    python -m bench.learner.bench_learner_memory --slope   # bytes per position x vocabulary entry of a logits chunk
 """
 
 from __future__ import annotations
@@ -21,6 +21,11 @@ from pathlib import Path
 from typing import Any
 
 CONFIGS = {"before": (None, False), "after": (1024, True)}  # (logits_chunk_tokens, checkpointing)
+
+
+def _record_and_backward(objective: Any, losses: list[float]) -> None:
+    losses.append(float(objective.detach()))
+    objective.backward()
 
 
 def workload(
@@ -75,7 +80,7 @@ def workload(
             max_response_len=response,
             totals=U.minibatch_totals(data, device=cpu),
             slices=batches.chunks(rows, rows),
-            backward=lambda o: (losses.append(float(o.detach())), o.backward()),
+            backward=lambda o: _record_and_backward(o, losses),
             proximal_is_current=True,
             device=cpu,
             chunk_tokens=chunk_tokens,
@@ -217,12 +222,20 @@ def main() -> None:
         return
     import torch
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     res = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in CONFIGS:
             out = f"{tmp}/{name}.pt"
-            cmd = [sys.executable, __file__, "--one", name, "--out", out] + sys.argv[1:]
+            cmd = [
+                sys.executable,
+                "-m",
+                "bench.learner.bench_learner_memory",
+                "--one",
+                name,
+                "--out",
+                out,
+            ] + sys.argv[1:]
             subprocess.run(
                 cmd, check=True, cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)}
             )

@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
-from bench.device_procs import run_processes
-from bench.gpu_learner import Shape, build_model, sync
+from bench.common import synchronize
+from bench.learner.device_procs import run_processes
+from bench.learner.gpu_learner import Shape, build_model
 
 GB = 1e9
 
@@ -87,10 +88,10 @@ def memcpy_floor(nbytes: int, device: torch.device, reps: int) -> dict[str, Any]
     dst.copy_(src)
     times = []
     for _ in range(reps):
-        sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         dst.copy_(src)
-        sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - t0)
     del src, dst
     if device.type == "cuda":
@@ -134,11 +135,11 @@ def broadcast_rank(
         out["memcpy_floor"] = memcpy_floor(nbytes, dev, reps)
         report(out)  # the floor survives a failure below
         tensors = _random_state(specs, dev)
-        sync(dev)
+        synchronize(dev)
         t0 = time.perf_counter()
         for c in plan:
             _pack(tensors, c)
-        sync(dev)
+        synchronize(dev)
         out["pack_s"] = time.perf_counter() - t0
     else:
         bufs = [torch.empty(n, dtype=torch.uint8, device=dev) for n in sizes]
@@ -155,15 +156,15 @@ def broadcast_rank(
         dist.all_reduce(
             torch.ones(1, device=dev)
         )  # the communicator is up (NCCL's same-device refusal shows here)
-        sync(dev)
+        synchronize(dev)
         times = []
         for _ in range(reps):
             dist.all_reduce(torch.zeros(1, device=dev))  # start together
-            sync(dev)
+            synchronize(dev)
             t0 = time.perf_counter()
             for j, c in enumerate(plan):
                 dist.broadcast(_pack(tensors, c) if rank == 0 else bufs[j], src=0)
-            sync(dev)
+            synchronize(dev)
             times.append(time.perf_counter() - t0)
         if rank == 0:
             out.update(sent_bytes=nbytes, checksum=_digest([checksum(_pack(tensors, c)) for c in plan]))
@@ -206,22 +207,22 @@ def ipc_rank(
         del tensors
         nbytes = sum(f.numel() for f in flats)
         out.update(sent_bytes=nbytes, bytes=nbytes, checksum=_digest([checksum(f) for f in flats]))
-        sync(dev)
+        synchronize(dev)
         chan.put(flats)
         ack.get(timeout=timeout_s)  # keep the memory alive until rank 1 is done with it
         return out
     t0 = time.perf_counter()
     src = chan.get(timeout=timeout_s)  # opens the IPC handles
-    sync(dev)
+    synchronize(dev)
     out["open_s"] = time.perf_counter() - t0
     dst = [torch.empty_like(s) for s in src]
     times = []
     for _ in range(reps):
-        sync(dev)
+        synchronize(dev)
         t0 = time.perf_counter()
         for d, s in zip(dst, src, strict=True):
             d.copy_(s)
-        sync(dev)
+        synchronize(dev)
         times.append(time.perf_counter() - t0)
     nbytes = sum(d.numel() for d in dst)
     out.update(

@@ -1,15 +1,15 @@
 """Device check: one command for a GPU session, under 8 minutes, every figure into one JSON.
 
-    python3 bench/device_check.py --out $OUT               # on the H200: 1.5B shape, bf16, CUDA
-    .venv/bin/python bench/device_check.py --cpu-smoke --out /tmp/dc   # tiny shape on CPU (gloo): the logic
+    python3 -m bench.learner.device_check --out $OUT               # on the H200: 1.5B shape, bf16, CUDA
+    .venv/bin/python -m bench.learner.device_check --cpu-smoke --out /tmp/dc   # tiny shape on CPU (gloo): the logic
 
 Part ``learner``: the project's own ``learners.learner.Learner`` (DeepSpeed ZeRO-2 at world size 1, the
     1.5B recipe's learner section, gradient checkpointing on unless ``--no-checkpointing``) on a
     Qwen2.5-1.5B-shaped random model (no download), bf16, 2 groups x 8 rollouts of 512 prompt + 7680
     response tokens (8192 per sequence) per update: tokens/s, MFU against 790 TFLOP/s, and peak memory
-    against the memory plan's prediction (``bench/device_learner.py`` has the formulas). The device has
+    against the memory plan's prediction (``bench/learner/device_learner.py`` has the formulas). The device has
     no DeepSpeed, hjson or pydantic: carry them as wheels (``scripts/device_wheels.sh``).
-Part ``equality`` (``bench/device_equality.py``): the same three updates of a small random Qwen2 model under
+Part ``equality`` (``bench/learner/device_equality.py``): the same three updates of a small random Qwen2 model under
     ZeRO 0-3, chunked and whole lm_head log-probs, float32 and bfloat16, each against float32 ZeRO-0 with
     whole logits: loss, grad norm and weights within the stated tolerances (world size 1 on the one device).
 Part ``broadcast``: the model's bf16 parameters (random values, tied embedding once) from rank 0 to
@@ -39,12 +39,10 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from bench.device_broadcast import check_broadcast  # noqa: E402
-from bench.device_equality import GPU_EQ_SHAPE, check_equality  # noqa: E402
-from bench.device_learner import GPU_SHAPE, PEAK_TFLOPS, SMOKE_SHAPE, check_learner  # noqa: E402
-from bench.device_procs import run_processes  # noqa: E402
+from bench.learner.device_broadcast import check_broadcast
+from bench.learner.device_equality import GPU_EQ_SHAPE, check_equality
+from bench.learner.device_learner import GPU_SHAPE, PEAK_TFLOPS, SMOKE_SHAPE, check_learner
+from bench.learner.device_procs import run_processes
 
 
 def _nccl_version() -> str | None:

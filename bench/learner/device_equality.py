@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.gpu_learner import Shape, build_model, synthetic_groups
+from bench.common import free_port
+from bench.learner.gpu_learner import Shape, build_model, synthetic_groups
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import LearnerConfig, LossConfig
 
@@ -46,14 +47,6 @@ CELLS = [("float32", 0, "whole")] + [
     for logits in ("whole", "chunked")
     if (dtype, stage, logits) != ("float32", 0, "whole")
 ]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _run_cell(
@@ -86,6 +79,7 @@ def _run_cell(
         losses.append(float(m[M.LOSS]))
         norms.append(float(m[M.GRAD_NORM]))
     packed = learner.get_weights()
+    assert packed is not None  # rank 0 of one rank: the full weights
     sent = {s.dtype for s in packed.layout}
     if sent != {dtype}:
         raise RuntimeError(f"{dtype} learner sent weights of dtypes {sorted(sent)}")
@@ -129,22 +123,23 @@ def check_equality(*, shape: Shape, device: str, deadline: float) -> dict[str, A
                 ref = (losses, norms, weights)
             w_diff = max(float((weights[k] - ref[2][k]).abs().max()) for k in ref[2])
             tol = TOL[dtype]
-            row = {
+            rel_loss, rel_norm = _rel(losses, ref[0]), _rel(norms, ref[1])
+            row: dict[str, Any] = {
                 "dtype": dtype,
                 "zero_stage": stage,
                 "logits": logits,
                 "losses": losses,
                 "grad_norms": norms,
-                "loss_rel_diff": _rel(losses, ref[0]),
-                "grad_norm_rel_diff": _rel(norms, ref[1]),
+                "loss_rel_diff": rel_loss,
+                "grad_norm_rel_diff": rel_norm,
                 "max_weight_abs_diff": w_diff,
                 "seconds": time.perf_counter() - t0,
             }
             row["ok"] = (
                 all(math.isfinite(x) for x in norms)
-                and row["grad_norm_rel_diff"] <= tol["rel"]
+                and rel_norm <= tol["rel"]
                 and w_diff <= tol["weights"]
-                and (dtype == "bfloat16" or row["loss_rel_diff"] <= tol["rel"])
+                and (dtype == "bfloat16" or rel_loss <= tol["rel"])
             )
             rows.append(row)
             print(

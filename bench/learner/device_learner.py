@@ -1,10 +1,10 @@
 """The device check's learner part: the project's own ``learners.learner.Learner`` on one device.
 
-``check_learner`` saves a randomly initialised Qwen2 model of ``shape`` (``bench.gpu_learner.build_model``:
+``check_learner`` saves a randomly initialised Qwen2 model of ``shape`` (``bench.learner.gpu_learner.build_model``:
 no download) as safetensors, starts ``Learner`` on it exactly as a run's learner rank does (DeepSpeed
 ZeRO-2 at world size 1, ``GuardedAdamW``, gradient checkpointing on, lm_head log-probs in chunks of
 ``learners.logits_chunk_tokens``), and times ``Learner.update`` on synthetic groups
-(``bench.gpu_learner.synthetic_groups``: half of them replay groups, no clipping) — the update a run
+(``bench.learner.gpu_learner.synthetic_groups``: half of them replay groups, no clipping) — the update a run
 trains, DeepSpeed included. The learner config is the 1.5B recipe's learner section
 (``configs/qwen2.5-math-1.5b.yaml``) at one rank; only the sequence shape comes from ``shape``.
 
@@ -33,15 +33,14 @@ from typing import Any
 
 import torch
 
-from bench.gpu_learner import (
+from bench.common import free_port, synchronize
+from bench.learner.gpu_learner import (
     FULL,
     TINY,
     Shape,
     build_model,
-    free_port,
     peak_gib,
     reset_peak,
-    sync,
     synthetic_groups,
 )
 from exgrpo.core import metric_names as M
@@ -52,7 +51,7 @@ PEAK_TFLOPS = 790.0  # bf16 dense, 8192^3 matmul measured on an H200
 # the 1.5B shape at 8k tokens per sequence: 2 groups x 8 rollouts of 512 prompt + 7680 response tokens
 GPU_SHAPE = dataclasses.replace(FULL, groups=2, rollouts=8, prompt_len=512, response_len=7680, micro_batch=8)
 SMOKE_SHAPE = TINY
-RECIPE = Path(__file__).resolve().parents[1] / "configs" / "qwen2.5-math-1.5b.yaml"
+RECIPE = Path(__file__).resolve().parents[2] / "configs" / "qwen2.5-math-1.5b.yaml"
 
 
 def learner_config(
@@ -101,10 +100,10 @@ def _updates(
         groups = synthetic_groups(shape, step=step)
         if step == warm:
             reset_peak(dev)
-        sync(dev)
+        synchronize(dev)
         s0 = time.perf_counter()
         m = learner.update(groups=groups, clip=False, version=step)
-        sync(dev)
+        synchronize(dev)
         seconds = time.perf_counter() - s0
         if int(m[M.LEARNER_TOKENS]) != response_tokens:
             raise RuntimeError(f"trained {m[M.LEARNER_TOKENS]} response tokens, expected {response_tokens}")

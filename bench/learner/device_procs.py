@@ -1,6 +1,6 @@
 """Run a device-check function in spawned processes under a hard time limit: each reports ("ok" or "error",
 its result or partial result, the error text); what has not reported by the limit is killed and recorded as
-failed, so one stuck part never stops the others (``bench/device_check.py``)."""
+failed, so one stuck part never stops the others (``bench/learner/device_check.py``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """GPU benchmark: DeepSpeed learner update throughput and HF ``generate`` throughput on one device.
 
-    python bench/gpu_learner.py                  # Qwen2.5-1.5B-shaped random model, on the GPU
-    .venv/bin/python bench/gpu_learner.py --tiny # tiny shape on CPU (gloo, float32): checks the logic
+    python -m bench.learner.gpu_learner                  # Qwen2.5-1.5B-shaped random model, on the GPU
+    .venv/bin/python -m bench.learner.gpu_learner --tiny # tiny shape on CPU (gloo, float32): checks the logic
 
 Steps:
     1. a randomly initialised Qwen2 model (1.5B shape: hidden 1536, 28 layers, 12 heads, 2 KV heads,
@@ -23,8 +23,6 @@ import gc
 import json
 import math
 import os
-import socket
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -32,10 +30,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
-from exgrpo.core.records import Group, Trajectory  # noqa: E402
+from bench.common import free_port, synchronize
+from exgrpo.core.config import LearnerConfig, LossConfig
+from exgrpo.core.records import Group, Trajectory
 
 GIB = 2**30
 
@@ -103,11 +100,6 @@ class Summary:
     learner: LearnerResult
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def peak_gib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
 
@@ -115,12 +107,6 @@ def peak_gib(device: torch.device) -> float | None:
 def reset_peak(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def build_model(
@@ -156,7 +142,7 @@ def bench_generate(model: torch.nn.Module, shape: Shape, *, device: torch.device
     mask = torch.ones_like(ids)
     kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=0)
     model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, **kwargs)
-    sync(device)
+    synchronize(device)
     reset_peak(device)
     start = time.perf_counter()
     out = model.generate(
@@ -166,7 +152,7 @@ def bench_generate(model: torch.nn.Module, shape: Shape, *, device: torch.device
         min_new_tokens=shape.gen_new,
         **kwargs,
     )
-    sync(device)
+    synchronize(device)
     seconds = time.perf_counter() - start
     new = out.shape[1] - shape.gen_prompt_len
     return GenerateResult(
@@ -213,9 +199,10 @@ def bench_learner(
     model_path: str, shape: Shape, *, zero_stage: int, dtype: str, device: torch.device, warm: int, timed: int
 ) -> LearnerResult:
     """``warm`` + ``timed`` updates of the DeepSpeed learner at world size 1 (no clipping: replay has started)."""
-    from learners.learner import Learner  # here, not at the top: bench/device_check.py imports this module
+    # imported here, not at the top: bench/learner/device_check.py imports this module where Ray and DeepSpeed
+    # are missing
+    from learners.learner import Learner
 
-    # where Ray and DeepSpeed are missing
     cfg = LearnerConfig(
         zero_stage=zero_stage,
         backend="nccl" if device.type == "cuda" else "gloo",
@@ -240,10 +227,10 @@ def bench_learner(
         groups = synthetic_groups(shape, step=step)
         if step == warm:
             reset_peak(device)
-        sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         metrics = learner.update(groups=groups, clip=False, version=step)
-        sync(device)
+        synchronize(device)
         seconds = time.perf_counter() - t0
         if metrics["learner/tokens"] != tokens:
             raise RuntimeError(f"trained {metrics['learner/tokens']} tokens, expected {tokens}")

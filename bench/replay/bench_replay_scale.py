@@ -3,14 +3,14 @@ real `ReplayShard` Ray actors driven through `ShardedReplay`. The defaults are t
 tokens per trajectory, the write-ahead log on, 4 pushing samplers of 32 groups per call); the before/after
 figures of docs/benchmarks.md come from
 
-    RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python bench/bench_replay_scale.py \
+    RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python -m bench.replay.bench_replay_scale \
         --questions 200000 --checkpoints 0.25,1 --no-snapshot --recovery 2000 --profile --baseline 0e32440
 
 The shards are started by the run's own builder part (`exgrpo.runtime.parts.make_replay`, from a config of
 this script's options: named `exgrpo-replay-<i>`, num_cpus=0, with a write-ahead log:
 `max_restarts=replay.shard_max_restarts` and `compact_bytes=replay.wal_compact_mb`), as an instrumented shard
-with call counters and a profiler (`bench/replay_workload.py`; the actors and the floor:
-`bench/replay_fleet.py`, the measurements: `bench/replay_modes.py`).
+with call counters and a profiler (`bench/replay/replay_workload.py`; the actors and the floor:
+`bench/replay/replay_fleet.py`, the measurements: `bench/replay/replay_modes.py`).
 Collection is on. Each question is pushed once, as one fresh group of K=8 trajectories (response lengths
 uniform in [--min-len, --max-len] tokens, a 128-token prompt) with k correct drawn over 0..K (every bucket
 populated, a few questions retired at K/K, a few k=0 ignored). `--pushers` actors play the samplers: each
@@ -32,8 +32,8 @@ rest is Ray's task handling and (de)serialisation).
 
 `--in-process N` first times one shard without Ray (push + take per group, compactions, snapshot, restore,
 restart from the log). `--baseline REV` runs everything twice, one after the other: on a git worktree of REV
-(its buffers/ and the rest, with this script and its workload), then on this tree; REV must have
-`exgrpo.runtime.parts.make_replay` (the shards' builder part) for the modes on Ray. Figures on the shared
+(its own copy of this script, buffers/ and the rest), then on this tree; REV must have this script at
+bench/replay/ and `exgrpo.runtime.parts.make_replay` (the shards' builder part). Figures on the shared
 2-core machine move with its load: compare the CPU per group more than wall times.
 
 Memory: a stored trajectory of ~290 tokens costs ~2.5 KB in a shard (int32 ids + float32 log-probs + object
@@ -50,11 +50,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-TREE = os.environ.get("BENCH_TREE") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, TREE)  # the tree whose buffers/ is measured (--baseline runs an older commit's too)
+from bench.replay.replay_fleet import run_floor
+from bench.replay.replay_modes import in_process, run_mode
 
-from replay_fleet import run_floor  # noqa: E402 - after the tree is on sys.path
-from replay_modes import in_process, run_mode  # noqa: E402
+TREE = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 
 def compare(rev: str) -> None:
@@ -75,10 +74,10 @@ def compare(rev: str) -> None:
         for label, tree in ((f"BEFORE: buffers/ at {rev}", base), ("AFTER: this tree", here)):
             print(f"\n######## {label}", flush=True)
             subprocess.run(
-                [sys.executable, os.path.abspath(__file__), *argv],
+                [sys.executable, "-m", "bench.replay.bench_replay_scale", *argv],
                 cwd=tree,
                 check=True,
-                env={**os.environ, "BENCH_TREE": tree, "PYTHONPATH": tree},
+                env={**os.environ, "PYTHONPATH": tree},
             )
     finally:
         subprocess.run(["git", "-C", here, "worktree", "remove", "--force", base], check=False)
@@ -147,7 +146,7 @@ def main() -> None:
     from exgrpo.runtime.env import ACTOR_ENV
 
     print(
-        "command: RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python bench/bench_replay_scale.py "
+        "command: RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python -m bench.replay.bench_replay_scale "
         + " ".join(sys.argv[1:])
     )
     root = Path(args.dir or tempfile.mkdtemp(prefix="replay-scale-"))

@@ -1,4 +1,4 @@
-"""The actors of `bench/bench_replay_scale.py`: the replay shards, started by the run's own builder part
+"""The actors of `bench/replay/bench_replay_scale.py`: the replay shards, started by the run's own builder part
 (`exgrpo.runtime.parts.make_replay`, from a config of the bench's options, with the instrumented shard of
 `replay_workload.py`), the stand-in samplers that push to them, and the processes whose CPU and memory the
 bench reads; plus the null-shard floor (`run_floor`) and the measuring helpers the modes share.
@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from replay_workload import K, NullShard, Pusher
+
+from bench.replay.replay_workload import K, NullShard, Pusher
 
 
 def dir_bytes(path: Path) -> int:
@@ -73,7 +74,8 @@ class Fleet:
         with call counters and a profiler; `--pushers` stand-in samplers pushing through the client."""
         import psutil
         import ray
-        from replay_workload import instrumented_shard
+
+        from bench.replay.replay_workload import instrumented_shard
 
         try:
             from exgrpo.runtime.parts import make_replay

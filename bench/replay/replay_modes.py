@@ -1,4 +1,4 @@
-"""The measurements of `bench/bench_replay_scale.py`: the fill of real shards checkpoint by checkpoint
+"""The measurements of `bench/replay/bench_replay_scale.py`: the fill of real shards checkpoint by checkpoint
 (`run_mode`: push throughput and CPU, sampling latency, snapshot and restore into new shards, a shard's
 recovery after SIGKILL) and the client's share and one shard in-process, without Ray (`in_process`). Each step prints its lines.
 """
@@ -10,11 +10,14 @@ import dataclasses
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from replay_fleet import Fleet, bench_config, cpu_s, dir_bytes, pct, peak_rss
-from replay_workload import K, Pusher
+
+from bench.replay.replay_fleet import Fleet, bench_config, cpu_s, dir_bytes, pct, peak_rss
+from bench.replay.replay_workload import K, Pusher
 
 
 def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
@@ -209,6 +212,12 @@ def recovery(fleet: Fleet, extra: list[int], args: argparse.Namespace) -> None:
     )
 
 
+def _keep_payloads(calls: Sequence[tuple[Any, str, dict[str, Any]]], payloads: list[bytes]) -> list[Any]:
+    """An ``invoke`` for `ShardedReplay` that keeps each push call's payload and sends nothing."""
+    payloads.extend(kw["payload"] for _, _, kw in calls)
+    return [None] * len(calls)
+
+
 def in_process(args: argparse.Namespace, root: Path) -> None:
     """One ReplayShard in this process (no Ray): the buffers/ code's own cost per group and per snapshot."""
     from buffers.records import decode_payload, groups_from_arrow
@@ -224,7 +233,7 @@ def in_process(args: argparse.Namespace, root: Path) -> None:
     client = ShardedReplay(
         shards=range(args.shards),
         k_rollouts=K,
-        invoke=lambda calls: payloads.extend(kw["payload"] for _, _, kw in calls),
+        invoke=lambda calls: _keep_payloads(calls, payloads),
     )
     t = time.perf_counter()
     for i in range(0, n, args.push_batch):
@@ -256,7 +265,7 @@ def in_process(args: argparse.Namespace, root: Path) -> None:
                 shard.take(request_ids=pending, take_id=f"t{i}")
                 pending = []
         push = time.perf_counter() - t
-        compactions = shard.wal.gen if wal else 0
+        compactions = shard.wal.gen if shard.wal is not None else 0
         t = time.perf_counter()
         shard.snapshot(path=str(d / "ckpt.parquet"))
         snap = time.perf_counter() - t
@@ -274,7 +283,8 @@ def in_process(args: argparse.Namespace, root: Path) -> None:
             t = time.perf_counter()
             again = ReplayShard(k_rollouts=K, wal_dir=str(d / "wal"), compact_bytes=compact)
             line += f", restart (snapshot + {again.recovery['frames']} log frames) {time.perf_counter() - t:.2f} s"
-            again.wal.close()
-            shard.wal.close()
+            for log in (again.wal, shard.wal):
+                assert log is not None  # both were started with a wal_dir
+                log.close()
         print(line, flush=True)
         shutil.rmtree(d, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""The workload of `bench/bench_replay_scale.py`: stand-in samplers (`Pusher`) and a replay shard that counts
+"""The workload of `bench/replay/bench_replay_scale.py`: stand-in samplers (`Pusher`) and a replay shard that counts
 its calls and can profile itself (`instrumented_shard`). Kept apart so the script stays readable; both work
 against the `buffers/` of any tree on `sys.path` (the script's --baseline runs an older commit's too).
 """

@@ -1,7 +1,7 @@
 """Simulated cluster: the real driver, replay shards, sampler pool and weight transport with sleeping samplers
 and learners (`exgrpo/sim/roles.py`), measured against the cost model's ideal step.
 
-    RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python bench/bench_sim_cluster.py [--diagnostics]
+    RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python -m bench.system.bench_sim_cluster [--diagnostics]
         [--update-real-s 1.0] [--steps 8] [--warmup 2] [--full] [--json out.jsonl]
         [--samplers 64 16] [--learners 8] [--etas 0 1] [--replay on off] [--requests-per-call 2] [--shards 2]
         [--overlap on off] [--select learners driver] [--variants ovl+lrn ser+drv] [--repeat 1]
@@ -39,8 +39,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from typing import Any
 
 GEN_S, UPDATE_S = 800.0, 440.0
 # variant label -> (async.overlap_update, async.select_on_learners)
@@ -69,7 +68,7 @@ def grid(args: argparse.Namespace) -> list[tuple[int, int, int, bool]]:
 
 
 # (label, samplers, etas, replay, changed settings), all with L = 8
-DIAGNOSTICS = [
+DIAGNOSTICS: list[tuple[str, int, tuple[int, ...], tuple[bool, ...], dict[str, Any]]] = [
     ("rpc=B/S", 16, (0, 1), (True,), {"requests_per_call": 8}),  # one chunk per sampler per step
     ("rpc=B/S", 4, (0, 1), (True,), {"requests_per_call": 32}),
     ("8 shards", 64, (0, 1), (True, False), {"shards": 8}),
@@ -195,8 +194,9 @@ def main() -> None:
     from exgrpo.sim.roles import CostModel
 
     logging_quiet()
-    cmd = "RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python bench/bench_sim_cluster.py " + " ".join(
-        sys.argv[1:]
+    cmd = (
+        "RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python -m bench.system.bench_sim_cluster "
+        + " ".join(sys.argv[1:])
     )
     print(f"# {cmd.strip()}")
     print(
@@ -331,7 +331,7 @@ def code_version() -> str:
     """HEAD and any uncommitted change to the real roles this bench runs (driver, pool, shards, transport)."""
     import subprocess
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     paths = ["exgrpo/loop/driver.py", "exgrpo/runtime", "actors/pool.py", "buffers", "exgrpo/transport"]
     try:
         head = subprocess.run(

@@ -21,7 +21,7 @@ Learner rank (P parameters, b bytes per parameter of ``model.dtype``, N = learne
                  output, its float32 copy, the log-softmax and probabilities the entropy keeps, and their
                  gradients), measured on CPU with torch's profiler as the slope of the tensors' peak over C:
                  20.0 bytes per position and vocabulary entry for float32 and for bfloat16 models
-                 (``bench/bench_learner_memory.py --slope``; ``--tensors`` prints plan and measurement side by side).
+                 (``bench/learner/bench_learner_memory.py --slope``; ``--tensors`` prints plan and measurement side by side).
                  ``chunked=False`` models the path that computes all of them at once: C V (b + 16) over every
                  token (it matched the one H200 figure within 1%; on CPU an update's tensors peaked 16% above the plan's terms).
 Sampler GPU (vLLM, tp = samplers.tensor_parallel_size): the engine may take gpu_memory_utilization x the

@@ -11,7 +11,7 @@ typed by the Protocols of `exgrpo/core/roles.py` (with the few verbs a run's own
 
 `exgrpo.runtime.assembly.build_system` composes them after the start's checks
 (`exgrpo.runtime.preflight.check_start`); the simulated cluster (`exgrpo/sim/cluster.py`) composes the
-same parts around its sleeping samplers and learners, and `bench/bench_replay_scale.py` starts its shards
+same parts around its sleeping samplers and learners, and `bench/replay/bench_replay_scale.py` starts its shards
 with `make_replay`. Actor names come from `exgrpo/core/names.py`.
 """
 

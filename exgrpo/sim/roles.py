@@ -6,7 +6,7 @@ object-store weight transport (`exgrpo/transport/broadcast.py`) and every Ray ca
 simulated: the engine (a `SimSampler.generate` sleeps for the rollouts it was asked for, then builds
 verified-looking `Group`s and pushes them to the real shards) and the learners (`SimLearner.update` sleeps
 for its share of the update). `exgrpo/sim/cluster.py::sim_system` wires them with the builder parts of
-`exgrpo.runtime.parts` in place of the real roles; `bench/bench_sim_cluster.py` and
+`exgrpo.runtime.parts` in place of the real roles; `bench/system/bench_sim_cluster.py` and
 `tests/integration/test_sim_cluster.py` use it. The simulated groups are built and split as the real ones
 are (`actors/sampling.py::build_groups`, `learners/split.py`).
 

@@ -51,10 +51,7 @@ def bench_modules() -> list[str]:
 
 MODULES = bench_modules()
 # Scripts that do not run as modules yet, each with why; their owners make them modules as they move them.
-NOT_YET = {
-    "bench.bench_replay_scale": "imports replay_workload as a top-level module (bench/ on sys.path) until it "
-    "moves into bench/replay/",
-}
+NOT_YET: dict[str, str] = {}  # module -> why its --help cannot run yet (xfail, strict)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""bench/device_check.py on CPU: the --cpu-smoke run end to end (the project's DeepSpeed learner and the
+"""bench/learner/device_check.py on CPU: the --cpu-smoke run end to end (the project's DeepSpeed learner and the
 broadcast pair), the collective-failure fallback, and that it imports without Ray, DeepSpeed or vLLM (the
 H200 has none of them: DeepSpeed travels as a wheel, and the learner part imports it in its own process)."""
 
@@ -14,18 +14,17 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "device_check.py"
 sys.path.insert(0, str(ROOT))
 
-from bench import device_broadcast as dc  # noqa: E402
-from bench.gpu_learner import TINY  # noqa: E402
+from bench.learner import device_broadcast as dc  # noqa: E402
+from bench.learner.gpu_learner import TINY  # noqa: E402
 
 
 def _run(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
     out = tmp_path / "dc.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--cpu-smoke", "--out", str(out), *args],
+        [sys.executable, "-m", "bench.learner.device_check", "--cpu-smoke", "--out", str(out), *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -103,7 +102,7 @@ def test_collective_failure_falls_back(tmp_path):
 def test_imports_without_ray_deepspeed_vllm():
     code = (
         "import sys; sys.modules.update(ray=None, deepspeed=None, vllm=None); "
-        f"sys.path.insert(0, {str(ROOT)!r}); import bench.device_check"
+        f"sys.path.insert(0, {str(ROOT)!r}); import bench.learner.device_check"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
 

@@ -224,9 +224,9 @@ def test_old_logprobs_follows_the_reuse_rule():
 
 
 def test_device_check_runs_the_projects_learner():
-    """bench/device_check.py's learner part (bench/device_learner.py) trains through learners.learner.Learner
+    """bench/learner/device_check.py's learner part (bench/learner/device_learner.py) trains through learners.learner.Learner
     and defines or calls no loss of its own."""
-    files = [ROOT / "bench" / "device_check.py", ROOT / "bench" / "device_learner.py"]
+    files = [ROOT / "bench" / "learner" / "device_check.py", ROOT / "bench" / "learner" / "device_learner.py"]
     trees = [ast.parse(f.read_text()) for f in files]
     imported = {
         (node.module, a.name)
@@ -236,7 +236,7 @@ def test_device_check_runs_the_projects_learner():
         for a in node.names
     }
     assert ("learners.learner", "Learner") in imported
-    assert ("bench.device_learner", "check_learner") in imported
+    assert ("bench.learner.device_learner", "check_learner") in imported
     assert not any(m in ("exgrpo.core.algorithm", "learners.update") for m, _ in imported)
     called = {
         node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
