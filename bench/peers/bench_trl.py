@@ -123,13 +123,62 @@ def run_project(
 
 
 # -------------------------------------------------------------------------------- TRL
+def grpo_config(cfg: Any, *, out_dir: str, max_steps: int) -> Any:
+    """TRL's GRPOConfig for the project's config: the same B x K, micro-batches, optimiser, loss and sampling,
+    on the CPU in the model's dtype, one optimiser step per generation of B x K completions."""
+    import torch
+    from trl import GRPOConfig
+
+    b, k, lc, lr = cfg.trainer.questions_per_step, cfg.trainer.rollouts_per_question, cfg.loss, cfg.learners
+    micro = min(lr.micro_batch_size, b * k)
+    if (b * k) % micro:
+        raise ValueError(f"B*K={b * k} is not a multiple of the micro-batch size {micro}")
+    return GRPOConfig(
+        output_dir=out_dir,
+        max_steps=max_steps,
+        seed=cfg.trainer.seed,
+        data_seed=cfg.data.seed,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=b * k // micro,
+        steps_per_generation=b * k // micro,  # one generation of B x K completions per optimiser step
+        num_generations=k,
+        max_completion_length=cfg.model.max_response_len,
+        num_iterations=1,
+        learning_rate=lr.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        adam_beta1=lr.betas[0],
+        adam_beta2=lr.betas[1],
+        weight_decay=lr.weight_decay,
+        max_grad_norm=lr.grad_clip,
+        beta=0.0,
+        epsilon=lc.clip_eps,
+        loss_type="dr_grpo" if lc.norm == "constant" else "dapo",
+        scale_rewards="group" if lc.std_normalize else "none",
+        entropy_coef=lc.entropy_coef,
+        temperature=cfg.samplers.temperature,
+        top_p=cfg.samplers.top_p,
+        top_k=0,
+        disable_dropout=True,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        log_completions=False,
+        model_init_kwargs={"dtype": getattr(torch, cfg.model.dtype)},
+    )
+
+
 def run_trl(smollm2: bool, steps: int, warmup: int, out_dir: str) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
     from datasets import Dataset
     from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from exgrpo.data.sources import load_prompts
     from exgrpo.data.templates import render_prompt, reward_mode
@@ -169,47 +218,7 @@ def run_trl(smollm2: bool, steps: int, warmup: int, out_dir: str) -> dict[str, A
         def on_step_end(self, args, state, control, **kw):  # noqa: ANN001, ANN003
             ends.append(time.perf_counter())
 
-    b, k, lc, lr = cfg.trainer.questions_per_step, cfg.trainer.rollouts_per_question, cfg.loss, cfg.learners
-    micro = min(lr.micro_batch_size, b * k)
-    if (b * k) % micro:
-        raise ValueError(f"B*K={b * k} is not a multiple of the micro-batch size {micro}")
-    args = GRPOConfig(
-        output_dir=out_dir,
-        max_steps=warmup + steps,
-        seed=cfg.trainer.seed,
-        data_seed=cfg.data.seed,
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=b * k // micro,
-        steps_per_generation=b * k // micro,  # one generation of B x K completions per optimiser step
-        num_generations=k,
-        max_completion_length=cfg.model.max_response_len,
-        num_iterations=1,
-        learning_rate=lr.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        adam_beta1=lr.betas[0],
-        adam_beta2=lr.betas[1],
-        weight_decay=lr.weight_decay,
-        max_grad_norm=lr.grad_clip,
-        beta=0.0,
-        epsilon=lc.clip_eps,
-        loss_type="dr_grpo" if lc.norm == "constant" else "dapo",
-        scale_rewards="group" if lc.std_normalize else "none",
-        entropy_coef=lc.entropy_coef,
-        temperature=cfg.samplers.temperature,
-        top_p=cfg.samplers.top_p,
-        top_k=0,
-        disable_dropout=True,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        log_completions=False,
-        model_init_kwargs={"dtype": getattr(torch, cfg.model.dtype)},
-    )
+    args = grpo_config(cfg, out_dir=out_dir, max_steps=warmup + steps)
     trainer = GRPOTrainer(
         model=model_dir,
         reward_funcs=reward,

@@ -81,7 +81,7 @@ def resolve_model(path: str, *, cache_dir: str) -> Path:
         return shipped_model(name)
     if name is not None:
         if name not in BUILTIN_MODELS:
-            raise ModelResolveError(f"unknown builtin model {path!r}; known: {_known()}")
+            raise ModelResolveError(f"unknown builtin model {path!r}; known: {known_models()}")
         builtin = BUILTIN_MODELS[name]
         cache = Path(cache_dir).expanduser()
         target = cache / "models" / f"{name}-{builtin.fingerprint}"
@@ -101,7 +101,7 @@ def resolve_model(path: str, *, cache_dir: str) -> Path:
     if not model_dir.is_dir():
         raise ModelResolveError(
             f"model path {path!r} does not exist; give an HF model directory, a hub model id "
-            f"(org/name or org/name@revision) or one of {_known()}"
+            f"(org/name or org/name@revision) or one of {known_models()}"
         )
     check_model_dir(model_dir, spec=path)
     return model_dir
@@ -224,7 +224,8 @@ def model_record(spec: str, path: str | Path) -> dict[str, str | None]:
     }
 
 
-def _known() -> str:
+def known_models() -> str:
+    """The builtin model names a `model.path` may give, for error messages."""
     return ", ".join(BUILTIN_PREFIX + n for n in sorted({*BUILTIN_MODELS, *MANIFEST}))
 
 

@@ -77,8 +77,8 @@ def model_dir(cfg: Config) -> Path | None:
         BUILTIN_MODELS,
         MANIFEST,
         ModelResolveError,
-        _known,
         check_model_dir,
+        known_models,
         shipped_model,
     )
 
@@ -87,7 +87,7 @@ def model_dir(cfg: Config) -> Path | None:
         if name in MANIFEST:
             return shipped_model(name)
         if name not in BUILTIN_MODELS:
-            raise ModelResolveError(f"unknown builtin model {cfg.model.path!r}; known: {_known()}")
+            raise ModelResolveError(f"unknown builtin model {cfg.model.path!r}; known: {known_models()}")
         built = (
             Path(cfg.model.cache_dir).expanduser() / "models" / f"{name}-{BUILTIN_MODELS[name].fingerprint}"
         )
@@ -95,7 +95,7 @@ def model_dir(cfg: Config) -> Path | None:
     path = Path(cfg.model.path).expanduser()
     if not path.is_dir():
         raise ModelResolveError(
-            f"model path {cfg.model.path!r} does not exist; give an HF model directory or one of {_known()}"
+            f"model path {cfg.model.path!r} does not exist; give an HF model directory or one of {known_models()}"
         )
     check_model_dir(path, spec=cfg.model.path)
     return path

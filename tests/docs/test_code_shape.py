@@ -1,0 +1,73 @@
+"""The code's shape, kept: every module of the packages, bench/ and deploy/ is at most 400 lines, every function
+at most 100 lines besides its docstring, and no module imports another module's private (underscore) name.
+A file or function that outgrows the limit is split along a role, not mechanically (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDERS = ("exgrpo", "actors", "learners", "buffers", "bench", "deploy")
+PROJECT = ("exgrpo", "actors", "learners", "buffers", "bench")  # import roots whose private names are private
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 100
+
+
+def _modules() -> list[Path]:
+    return sorted(p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py"))
+
+
+def _function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines from ``def`` to the end, less the docstring's."""
+    assert node.end_lineno is not None
+    lines = node.end_lineno - node.lineno + 1
+    first = node.body[0]
+    if (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+    ):
+        assert first.end_lineno is not None
+        lines -= first.end_lineno - first.lineno + 1
+    return lines
+
+
+def test_the_folders_hold_modules():
+    assert len(_modules()) > 100  # the walk found the tree: the checks below can fail
+
+
+def test_files_and_functions_stay_within_their_limits():
+    too_long = []
+    for path in _modules():
+        text = path.read_text()
+        rel = path.relative_to(ROOT)
+        if (n := len(text.splitlines())) > MAX_FILE_LINES:
+            too_long.append(f"{rel}: {n} lines (at most {MAX_FILE_LINES})")
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if (n := _function_lines(node)) > MAX_FUNCTION_LINES:
+                too_long.append(f"{rel}:{node.lineno} {node.name}: {n} lines (at most {MAX_FUNCTION_LINES})")
+    assert not too_long, "\n".join(too_long)
+
+
+def test_no_module_imports_another_modules_private_name():
+    private = []
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PROJECT:
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        rel = path.relative_to(ROOT)
+                        private.append(f"{rel}:{node.lineno}: from {node.module} import {alias.name}")
+    assert not private, "\n".join(private)
+
+
+def test_the_check_sees_a_long_function_and_a_private_import():
+    long_fn = "def f():\n    '''doc\n    more'''\n" + "    x = 1\n" * (MAX_FUNCTION_LINES - 1)
+    node = ast.parse(long_fn).body[0]
+    assert (
+        isinstance(node, ast.FunctionDef) and _function_lines(node) == MAX_FUNCTION_LINES
+    )  # docstring excluded
+    imp = ast.parse("from exgrpo.models.resolve import _known").body[0]
+    assert isinstance(imp, ast.ImportFrom) and imp.names[0].name.startswith("_")
