@@ -33,17 +33,15 @@ from typing import Any
 
 import torch
 
-from bench.common import free_port, synchronize
+from bench.common import free_port
 from bench.learner.gpu_learner import (
     FULL,
     TINY,
     Shape,
     build_model,
     peak_gib,
-    reset_peak,
-    synthetic_groups,
+    timed_updates,
 )
-from exgrpo.core import metric_names as M
 from exgrpo.core.config import Config, from_dict
 from exgrpo.runtime.memory_plan import GIB, learner_terms, read_shape
 
@@ -75,49 +73,6 @@ def learner_config(
         learners["zero_stage"] = zero_stage
     model = {"dtype": dtype, "max_prompt_len": shape.prompt_len, "max_response_len": shape.response_len}
     return from_dict({"model": model, "learners": learners, "loss": recipe["loss"]})
-
-
-def _updates(
-    learner: Any,
-    shape: Shape,
-    dev: torch.device,
-    *,
-    warm: int,
-    timed: int,
-    deadline: float,
-    response_tokens: int,
-) -> tuple[list[float], list[float], list[float], int]:
-    """``warm`` + ``timed`` updates on synthetic groups: the timed ones' seconds, every update's grad norm and
-    loss, and the skipped optimiser steps; stops timing at ``deadline`` (time.monotonic) once one was timed."""
-    times: list[float] = []
-    norms: list[float] = []
-    losses: list[float] = []
-    skipped = 0
-    for step in range(warm + timed):
-        if step >= warm and times and time.monotonic() > deadline:
-            print(f"[learner] deadline: stopping after {len(times)} timed updates", flush=True)
-            break
-        groups = synthetic_groups(shape, step=step)
-        if step == warm:
-            reset_peak(dev)
-        synchronize(dev)
-        s0 = time.perf_counter()
-        m = learner.update(groups=groups, clip=False, version=step)
-        synchronize(dev)
-        seconds = time.perf_counter() - s0
-        if int(m[M.LEARNER_TOKENS]) != response_tokens:
-            raise RuntimeError(f"trained {m[M.LEARNER_TOKENS]} response tokens, expected {response_tokens}")
-        norms.append(float(m[M.GRAD_NORM]))
-        losses.append(float(m[M.LOSS]))
-        skipped += int(m[M.SKIPPED_STEPS])
-        if step >= warm:
-            times.append(seconds)
-        print(
-            f"[learner] update {step}{'' if step >= warm else ' (warm-up)'}: {seconds:.3f} s, "
-            f"grad norm {norms[-1]:.4g}, loss {losses[-1]:.4g}",
-            flush=True,
-        )
-    return times, norms, losses, skipped
 
 
 def check_learner(
@@ -167,7 +122,7 @@ def check_learner(
         f"{params / 1e9:.3f} B params, {rows} x {seq} tokens per update, setup {setup_s:.1f} s",
         flush=True,
     )
-    times, norms, losses, skipped = _updates(
+    times, norms, losses, skipped = timed_updates(
         learner, shape, dev, warm=warm, timed=timed, deadline=deadline, response_tokens=response_tokens
     )
     if not times:

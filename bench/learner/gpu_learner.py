@@ -26,11 +26,13 @@ import os
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from bench.common import free_port, synchronize
+from exgrpo.core import metric_names as M
 from exgrpo.core.config import LearnerConfig, LossConfig
 from exgrpo.core.records import Group, Trajectory
 
@@ -195,6 +197,51 @@ def synthetic_groups(shape: Shape, *, step: int) -> list[Group]:
     return out
 
 
+def timed_updates(
+    learner: Any,
+    shape: Shape,
+    dev: torch.device,
+    *,
+    warm: int,
+    timed: int,
+    deadline: float = math.inf,
+    response_tokens: int,
+) -> tuple[list[float], list[float], list[float], int]:
+    """``warm`` + ``timed`` ``learner.update`` calls on ``synthetic_groups`` (no clipping: replay has started),
+    each between device synchronisations: the timed ones' seconds, every update's grad norm and loss, and the
+    skipped optimiser steps; stops timing at ``deadline`` (time.monotonic) once one was timed. The one update
+    loop of this script and of the device check's learner part (``bench.learner.device_learner``)."""
+    times: list[float] = []
+    norms: list[float] = []
+    losses: list[float] = []
+    skipped = 0
+    for step in range(warm + timed):
+        if step >= warm and times and time.monotonic() > deadline:
+            print(f"[learner] deadline: stopping after {len(times)} timed updates", flush=True)
+            break
+        groups = synthetic_groups(shape, step=step)
+        if step == warm:
+            reset_peak(dev)
+        synchronize(dev)
+        s0 = time.perf_counter()
+        m = learner.update(groups=groups, clip=False, version=step)
+        synchronize(dev)
+        seconds = time.perf_counter() - s0
+        if int(m[M.LEARNER_TOKENS]) != response_tokens:
+            raise RuntimeError(f"trained {m[M.LEARNER_TOKENS]} response tokens, expected {response_tokens}")
+        norms.append(float(m[M.GRAD_NORM]))
+        losses.append(float(m[M.LOSS]))
+        skipped += int(m[M.SKIPPED_STEPS])
+        if step >= warm:
+            times.append(seconds)
+        print(
+            f"[learner] update {step}{'' if step >= warm else ' (warm-up)'}: {seconds:.3f} s, "
+            f"grad norm {norms[-1]:.4g}, loss {losses[-1]:.4g}",
+            flush=True,
+        )
+    return times, norms, losses, skipped
+
+
 def bench_learner(
     model_path: str, shape: Shape, *, zero_stage: int, dtype: str, device: torch.device, warm: int, timed: int
 ) -> LearnerResult:
@@ -222,26 +269,9 @@ def bench_learner(
     setup_s = time.perf_counter() - start
     rows = shape.groups * shape.rollouts
     tokens = rows * shape.response_len
-    norms, times, skipped = [], [], 0
-    for step in range(warm + timed):
-        groups = synthetic_groups(shape, step=step)
-        if step == warm:
-            reset_peak(device)
-        synchronize(device)
-        t0 = time.perf_counter()
-        metrics = learner.update(groups=groups, clip=False, version=step)
-        synchronize(device)
-        seconds = time.perf_counter() - t0
-        if metrics["learner/tokens"] != tokens:
-            raise RuntimeError(f"trained {metrics['learner/tokens']} tokens, expected {tokens}")
-        norms.append(metrics["learner/grad_norm"])
-        skipped += int(metrics["learner/skipped_steps"])
-        if step >= warm:
-            times.append(seconds)
-        print(
-            f"update {step}: {seconds:.2f} s, grad norm {norms[-1]:.4g}, loss {metrics['learner/loss']:.4g}",
-            flush=True,
-        )
+    times, norms, _, skipped = timed_updates(
+        learner, shape, device, warm=warm, timed=timed, response_tokens=tokens
+    )
     peak = peak_gib(device)
     total = sum(times)
     result = LearnerResult(
