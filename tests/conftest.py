@@ -7,6 +7,7 @@ import os
 import re
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -113,14 +114,14 @@ def _module_uses_cluster(module: pytest.Module) -> bool:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _shared_cluster_lifetime():
+def _shared_cluster_lifetime() -> Iterator[None]:
     """Shuts the shared cluster down at the end of the session (the process ends without atexit handlers)."""
     yield
     _stop_cluster()
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _cluster_boundary(request: pytest.FixtureRequest):
+def _cluster_boundary(request: pytest.FixtureRequest) -> Iterator[None]:
     """Before a module: stop the shared cluster where the module must not find one (see above)."""
     module = request.node
     fresh = module.get_closest_marker("fresh_ray_cluster") is not None
@@ -133,7 +134,7 @@ def _cluster_boundary(request: pytest.FixtureRequest):
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster() -> dict[str, int]:
     """The shared local Ray cluster (4 logical CPUs on the 2-core machine) with a metrics port: started, or
     restarted when the last module left actors or held CPUs in it."""
     if _CLUSTER and not _cluster_is_clean():
