@@ -1,11 +1,14 @@
-"""Shared fixtures: one real local Ray cluster per test module that asks for it."""
+"""Shared fixtures: one real local Ray cluster shared by the test modules that ask for it, a warm model, data."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,8 +52,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
+# ------------------------------------------------------------------------------------------ the shared cluster
+# Starting a local Ray cluster costs 3-10 s (more under load), and about twenty modules ask for one. They share
+# one: it starts for the first module that asks for `ray_cluster` and stays up for the next ones that ask,
+# while modules that touch Ray in-process without it (their own `ray.init`, an in-process `train`) start
+# with none, as before. A module marked `fresh_ray_cluster` gets a new one (e.g. it reads the metrics port,
+# where an earlier module's gauges would still be). A cluster that a module left with live named actors or
+# held CPUs is replaced before the next module uses it.
+_CLUSTER: dict[str, int] = {}  # the shared cluster's {"metrics_port"} while it is up
+_IN_PROCESS_RAY = re.compile(
+    r"\bray\b|import train\b|exgrpo\.api|exgrpo import train|recipe import|run import main"
+)
+
+
+def _start_cluster() -> dict[str, int]:
     """A private local Ray cluster (4 logical CPUs on the 2-core machine) with a metrics port."""
     import ray
 
@@ -66,8 +81,70 @@ def ray_cluster():
         configure_logging=False,
         _metrics_export_port=port,
     )
-    yield {"metrics_port": port}
-    ray.shutdown()
+    _CLUSTER.update(metrics_port=port)
+    return dict(_CLUSTER)
+
+
+def _stop_cluster() -> None:
+    if _CLUSTER:
+        import ray
+
+        ray.shutdown()
+        _CLUSTER.clear()
+
+
+def _cluster_is_clean(wait_s: float = 10.0) -> bool:
+    """The shared cluster is up, and holds no named actor and no CPU (actors being killed are waited for)."""
+    import ray
+
+    if not (_CLUSTER and ray.is_initialized()):
+        return False
+    deadline = time.monotonic() + wait_s
+    while True:
+        named = ray.util.list_named_actors(all_namespaces=True)
+        held = ray.cluster_resources().get("CPU", 0.0) - ray.available_resources().get("CPU", 0.0)
+        if not named and held < 1e-6:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
+def _module_uses_cluster(module: pytest.Module) -> bool:
+    return any(
+        "ray_cluster" in getattr(item, "fixturenames", ())
+        for item in module.session.items
+        if item.nodeid.split("::")[0] == module.nodeid
+    )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_cluster_lifetime() -> Iterator[None]:
+    """Shuts the shared cluster down at the end of the session (the process ends without atexit handlers)."""
+    yield
+    _stop_cluster()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cluster_boundary(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Before a module: stop the shared cluster where the module must not find one (see above)."""
+    module = request.node
+    fresh = module.get_closest_marker("fresh_ray_cluster") is not None
+    in_process = not _module_uses_cluster(module) and _IN_PROCESS_RAY.search(module.path.read_text())
+    if _CLUSTER and (fresh or in_process):
+        _stop_cluster()
+    yield
+    if fresh:
+        _stop_cluster()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> dict[str, int]:
+    """The shared local Ray cluster (4 logical CPUs on the 2-core machine) with a metrics port: started, or
+    restarted when the last module left actors or held CPUs in it."""
+    if _CLUSTER and not _cluster_is_clean():
+        _stop_cluster()
+    return dict(_CLUSTER) if _CLUSTER else _start_cluster()
 
 
 # A warm-started tiny model for runtime tests: 700 supervised steps on single-digit sums (40% of

@@ -105,7 +105,7 @@ def live_run(tmp_path_factory):
                 info.update(url=url.group(1).rstrip("/"), metrics_port=int(port.group(1)))
                 break
             assert proc.poll() is None, f"the run exited early:\n{text[-3000:]}"
-            time.sleep(1)
+            time.sleep(0.25)
         else:
             pytest.fail(f"no dashboard URL / steps within 300 s:\n{info['stderr'].read_text()[-3000:]}")
         yield info
@@ -186,7 +186,7 @@ def test_prometheus_scrapes_live_run_and_every_panel_has_data(live_run, tmp_path
                 pass
             if wanted <= names and any("bucket" in n for n in names):
                 break
-            time.sleep(2)
+            time.sleep(0.5)
         log = (tmp_path / "prometheus.log").read_text()[-2000:]
         assert wanted <= names, f"missing series {sorted(wanted - names)}; prometheus log:\n{log}"
         print(f"\n{len(names)} ray_exgrpo_ series scraped: {' '.join(sorted(names))}")

@@ -22,7 +22,8 @@ from exgrpo.loop.observer import Observer
 from exgrpo.reporting.loggers import read_jsonl
 from exgrpo.runtime.recipe import train
 
-pytestmark = pytest.mark.integration
+# fresh: the metrics endpoint must show this module's gauges, not those of an earlier module's runs
+pytestmark = [pytest.mark.integration, pytest.mark.fresh_ray_cluster]
 
 BASE = [
     "trainer.questions_per_step=4",
@@ -154,7 +155,7 @@ def test_hf_eta1_object_store_with_scaling(ray_cluster, tmp_path, model_path, si
     # the Ray metrics endpoint exports the exgrpo_ gauges
     deadline, text = time.monotonic() + 60, ""
     while time.monotonic() < deadline and "exgrpo_rollout_mean_reward" not in text:
-        time.sleep(2)
+        time.sleep(0.5)
         text = (
             urllib.request.urlopen(f"http://127.0.0.1:{ray_cluster['metrics_port']}/metrics", timeout=5)
             .read()
