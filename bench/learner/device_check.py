@@ -1,26 +1,20 @@
 """Device check: one command for a GPU session, under 8 minutes, every figure into one JSON.
 
-    python3 -m bench.learner.device_check --out $OUT               # on the H200: 1.5B shape, bf16, CUDA
-    .venv/bin/python -m bench.learner.device_check --cpu-smoke --out /tmp/dc   # tiny shape on CPU (gloo): the logic
+    python3 -m bench.learner.device_check --out $OUT                            # on the H200: 1.5B, bf16
+    .venv/bin/python -m bench.learner.device_check --cpu-smoke --out /tmp/dc   # tiny, CPU (gloo): the logic
 
 Part ``learner``: the project's own ``learners.learner.Learner`` (DeepSpeed ZeRO-2 at world size 1, the
     1.5B recipe's learner section, gradient checkpointing on unless ``--no-checkpointing``) on a
     Qwen2.5-1.5B-shaped random model (no download), bf16, 2 groups x 8 rollouts of 512 prompt + 7680
     response tokens (8192 per sequence) per update: tokens/s, MFU against 790 TFLOP/s, and peak memory
-    against the memory plan's prediction (``bench/learner/device_learner.py`` has the formulas). The device has
-    no DeepSpeed, hjson or pydantic: carry them as wheels (``scripts/device_wheels.sh``).
-Part ``equality`` (``bench/learner/device_equality.py``): the same three updates of a small random Qwen2 model under
-    ZeRO 0-3, chunked and whole lm_head log-probs, float32 and bfloat16, each against float32 ZeRO-0 with
+    against the memory plan's prediction (``bench/learner/device_learner.py`` has the formulas). The device
+    has no DeepSpeed, hjson or pydantic: carry them as wheels (``scripts/device_wheels.sh``).
+Part ``equality`` (``bench/learner/device_equality.py``): the same three updates of a small random Qwen2
+    model under ZeRO 0-3, chunked and whole lm_head log-probs, float32 and bfloat16, each against float32 ZeRO-0 with
     whole logits: loss, grad norm and weights within the stated tolerances (world size 1 on the one device).
-Part ``broadcast``: the model's bf16 parameters (random values, tied embedding once) from rank 0 to
-    rank 1, two processes on the one device, packed into uint8 chunks by vLLM's rule (a chunk closes
-    once it exceeds ``--buffer-mb``, default 1 GiB as in vLLM), through torch.distributed over a
-    TCPStore on 127.0.0.1 (NCCL on CUDA, gloo on CPU). NCCL normally refuses two ranks on one GPU;
-    then that is printed loudly and the fallback figure is CUDA IPC (torch.multiprocessing hands rank 1
-    the packed chunks; it copies them into its own buffers). The IPC pair always runs, so both figures
-    appear when NCCL works. A device-to-device memcpy floor (one ``copy_`` of the whole state) is
-    measured in the same run. GB/s count each byte once (a copy reads and writes it: the traffic is
-    twice that). Every chunk is checksummed on both sides (int16 words: sum and position-weighted sum).
+Part ``broadcast`` (``bench/learner/device_broadcast.py``): the model's packed bf16 parameters from one process
+    to another on the one device (NCCL, or CUDA IPC where NCCL refuses two ranks on one GPU), beside a
+    device-to-device memcpy floor, every chunk checksummed on both sides.
 Each part runs in its own spawned process(es) under a hard time limit (killed past it, the part
 recorded as failed, the other part still runs); the whole run stays under ``--budget-s``. The JSON
 goes to ``--out`` (a ``.json`` path, or a folder that gets ``device_check.json``). Exit status 1 when a
