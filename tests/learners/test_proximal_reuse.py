@@ -20,6 +20,7 @@ from tiny_qwen2 import save_tiny_qwen2, tiny_groups  # noqa: E402
 
 from exgrpo.core import metric_names as M  # noqa: E402
 from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
+from learners import update as U  # noqa: E402
 from learners.learner import Learner  # noqa: E402
 
 torch.set_num_threads(1)
@@ -46,24 +47,26 @@ def _params(learner: Learner) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in learner.engine.module.state_dict().items()}
 
 
-def _count_proximal_passes(learner: Learner) -> list[int]:
+def _count_proximal_passes(learner: Learner, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the no-grad log-prob passes the update runs over this learner's model (``learners.update``'s
+    ``per_token`` with ``what="logp"``); wrappers for several learners chain, each counting its own."""
     calls = [0]
-    inner = learner._per_token
+    inner = U.per_token
 
-    def counting(rows, r_max, what):  # noqa: ANN001
-        calls[0] += what == "logp"
-        return inner(rows, r_max, what)
+    def counting(model, rows, r_max, what, **kw):  # noqa: ANN001, ANN003
+        calls[0] += model is learner.engine and what == "logp"
+        return inner(model, rows, r_max, what, **kw)
 
-    learner._per_token = counting  # type: ignore[method-assign]
+    monkeypatch.setattr(U, "per_token", counting)
     return calls
 
 
 @pytest.mark.parametrize("clip", [True, False])
 @pytest.mark.parametrize("norm", ["constant", "token_mean"])
-def test_skipped_proximal_pass_trains_identically(model_path, clip, norm):
+def test_skipped_proximal_pass_trains_identically(model_path, clip, norm, monkeypatch):
     loss = LossConfig(norm=norm, entropy_coef=0.01)
     fast, slow = (_learner(model_path, reuse=r, loss=loss) for r in (True, False))
-    fast_calls, slow_calls = _count_proximal_passes(fast), _count_proximal_passes(slow)
+    fast_calls, slow_calls = (_count_proximal_passes(x, monkeypatch) for x in (fast, slow))
     for step, stale in enumerate((False, True, True)):  # weights move after the first step
         groups = tiny_groups(step, stale=stale)
         got = fast.update(groups=groups, clip=clip, version=step)
@@ -79,9 +82,9 @@ def test_skipped_proximal_pass_trains_identically(model_path, clip, norm):
 
 
 @pytest.mark.parametrize("case", ["two_minibatches", "tis"])
-def test_proximal_pass_still_runs_where_it_is_needed(model_path, case):
+def test_proximal_pass_still_runs_where_it_is_needed(model_path, case, monkeypatch):
     loss = LossConfig(tis_cap=1.5) if case == "tis" else LossConfig()
     learner = _learner(model_path, reuse=True, loss=loss, minibatches=2 if case == "two_minibatches" else 1)
-    calls = _count_proximal_passes(learner)
+    calls = _count_proximal_passes(learner, monkeypatch)
     learner.update(groups=tiny_groups(0, stale=True), clip=True, version=0)
     assert calls == [1]

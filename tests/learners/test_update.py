@@ -224,9 +224,11 @@ def test_old_logprobs_follows_the_reuse_rule():
 
 
 def test_device_check_runs_the_projects_learner():
-    """bench/learner/device_check.py's learner part (bench/learner/device_learner.py) trains through learners.learner.Learner
-    and defines or calls no loss of its own."""
-    files = [ROOT / "bench" / "learner" / "device_check.py", ROOT / "bench" / "learner" / "device_learner.py"]
+    """The device check's learner part (bench/learner/device_learner.py, its update loop in gpu_learner.py) trains
+    through learners.learner.Learner and defines or calls no loss of its own."""
+    files = [
+        ROOT / "bench" / "learner" / f for f in ("device_check.py", "device_learner.py", "gpu_learner.py")
+    ]
     trees = [ast.parse(f.read_text()) for f in files]
     imported = {
         (node.module, a.name)
