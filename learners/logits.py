@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from inspect import signature
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
@@ -51,6 +52,24 @@ def _chunk_stats(
     return logp, token_entropy(logits) if entropy else torch.zeros_like(logp)  # (T,), (T,)
 
 
+def chunk_count(head: torch.nn.Module, local: int, device: torch.device) -> int:
+    """How many lm_head chunks this rank runs: its own ``local``, or, when the head's weight is a partitioned
+    ZeRO-3 parameter in a world of several ranks, the most of any rank. Each call of a ZeRO-3 module gathers
+    its weight, a collective every rank must join, and the ranks hold different numbers of response tokens;
+    the extra calls run on no positions (as the padding forwards of ``learners.learner``'s micro-batches)."""
+    weight = getattr(head, "weight", None)
+    if (
+        weight is None
+        or not hasattr(weight, "ds_id")
+        or not dist.is_initialized()
+        or dist.get_world_size() < 2
+    ):
+        return local
+    count = torch.tensor(local, device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return int(count)
+
+
 def response_stats(
     model: torch.nn.Module, enc: Encoded, *, chunk_tokens: int | None = None, entropy: bool = True
 ) -> tuple[Tensor, Tensor]:
@@ -89,7 +108,9 @@ def response_stats(
     picked = hidden[rows, enc.positions[rows, cols]]  # (T, D)
     tokens = enc.tokens[rows, cols]  # (T,)
     logp_parts, ent_parts = [], []
-    for sl in chunks(tokens.shape[0], chunk_tokens):
+    slices = chunks(tokens.shape[0], chunk_tokens)
+    slices += [slice(0, 0)] * (chunk_count(head, len(slices), hidden.device) - len(slices))
+    for sl in slices:
         if torch.is_grad_enabled():
             lp, h = checkpoint(_chunk_stats, head, picked[sl], tokens[sl], entropy, use_reentrant=False)
         else:
@@ -98,11 +119,11 @@ def response_stats(
         ent_parts.append(h)
     logp = torch.zeros(enc.mask.shape, dtype=torch.float32, device=hidden.device)  # (n, R)
     ent = torch.zeros(enc.mask.shape, dtype=torch.float32, device=hidden.device)  # (n, R)
-    if logp_parts:
+    if tokens.shape[0]:
         logp = logp.index_put((rows, cols), torch.cat(logp_parts))
         ent = ent.index_put((rows, cols), torch.cat(ent_parts))
-    else:  # no response token: keep the graph connected to the parameters (a zero gradient)
-        logp = logp + 0.0 * hidden.sum()
+    else:  # no response token: keep the graph connected to the parameters (a zero gradient), head included
+        logp = logp + 0.0 * hidden.sum() + sum((0.0 * part.sum() for part in logp_parts), torch.zeros(()))
     return logp, ent
 
 

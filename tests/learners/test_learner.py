@@ -361,8 +361,8 @@ def test_chunked_logits_under_zero_stages_equal_one_plain_rank(model_path, zero_
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("zero_stage", [2, 3])
-def test_two_learners_under_ray_match_one_learner(ray_cluster, model_path, zero_stage):
+@pytest.mark.parametrize("zero_stage, chunk", [(2, 4096), (3, 2)], ids=["zero2-whole", "zero3-chunked"])
+def test_two_learners_under_ray_match_one_learner(ray_cluster, model_path, zero_stage, chunk):
     import ray
 
     from exgrpo.runtime.env import remote_actor
@@ -372,7 +372,11 @@ def test_two_learners_under_ray_match_one_learner(ray_cluster, model_path, zero_
     # all-reduced token total; the ZeRO optimiser sees only its half of the flat fp32 parameters, so the
     # grad norm needs the all-reduced squared sums. ZeRO-3 also gathers parameters for every forward and
     # for get_weights (collective on both ranks), and pads the forwards of a rank with fewer candidates.
-    cfg = LearnerConfig(num=2, zero_stage=zero_stage, lr=1e-3, micro_batch_size=3, grad_clip=0.1)
+    # ZeRO-2 with whole logits, ZeRO-3 with lm_head in chunks of 2 positions (the path that once diverged),
+    # both against one plain rank with whole logits.
+    cfg = LearnerConfig(
+        num=2, zero_stage=zero_stage, lr=1e-3, micro_batch_size=3, grad_clip=0.1, logits_chunk_tokens=chunk
+    )
     loss = LossConfig(norm="token_mean", entropy_coef=0.01)
     group = LearnerGroup(
         num=2,
