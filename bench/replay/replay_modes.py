@@ -23,8 +23,9 @@ from bench.replay.replay_workload import K, Pusher
 def run_mode(args: argparse.Namespace, *, wal: bool, root: Path) -> None:
     """Fill `--shards` shards to each of `--checkpoints`, measuring at each; with the log, a recovery."""
     import ray
-    import replay_workload
     from ray import cloudpickle
+
+    from bench.replay import replay_workload
 
     cloudpickle.register_pickle_by_value(replay_workload)  # the actors' processes cannot import bench/
     cfg = bench_config(args, wal=wal)

@@ -59,6 +59,42 @@ CASES = [
     ),
     Case("bench.weights.bench_vllm_load", ("--repeats", "1"), ("reload / direct:",), needs="vllm"),
     Case(
+        "bench.learner.bench_learner_memory",
+        ("--vocab", "1000", "--hidden", "64", "--rows", "2", "--response", "64"),
+        ("peak RSS in a fresh process", "the memory plan predicts", "grad_max_abs_diff"),
+    ),
+    Case(
+        "bench.learner.gpu_learner",
+        ("--tiny", "--out", "{tmp}/gpu.json"),
+        ("peak_mem_gib",),
+        writes="gpu.json",
+    ),
+    Case(
+        "bench.replay.bench_replay_scale",
+        ("--questions", "400", "--shards", "2", "--pushers", "1", "--push-batch", "8", "--take-every", "32")
+        + ("--samples", "10", "--recovery", "50"),
+        ("sample_questions(n=64)", "recovery after SIGKILL of shard 0"),
+    ),
+    Case(
+        "bench.system.bench_sim_cluster",
+        (
+            "--samplers",
+            "4",
+            "--learners",
+            "1",
+            "--etas",
+            "1",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--overlap",
+            "on",
+        )
+        + ("--replay", "on", "--select", "learners"),
+        ("ovl+lrn",),
+    ),
+    Case(
         "bench.system.bench_runtime",
         ("--steps", "1", "--out", "{tmp}/runtime.json"),
         ("eta=0 / eta=1 wall-time ratio", "vllm / hf tokens/s ratio"),
