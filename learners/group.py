@@ -1,9 +1,10 @@
 """LearnerGroup: L learner actors (DeepSpeed data-parallel ranks) in one Ray placement group.
 
-The group places one bundle per learner ({CPU: num_cpus, GPU: num_gpus}, strategy PACK), finds a free
-port on bundle 0's node for the torch.distributed rendezvous, starts the actors through the injected
-``make_actor`` (the caller's single ``ray.remote`` site, e.g. ``exgrpo.runtime.env.remote_actor``) and calls
-``setup`` on all of them concurrently.
+The group places one bundle per learner ({CPU: num_cpus, GPU: num_gpus}, strategy PACK), starts the actors
+through the injected ``make_actor`` (the caller's single ``ray.remote`` site, e.g.
+``exgrpo.runtime.env.remote_actor``), asks rank 0 for a free port on its node (the torch.distributed
+rendezvous) and calls ``setup`` on all of them concurrently; ``wait=False`` returns while they set up
+(``ready`` waits), so the samplers can build their engines meanwhile.
 
 It implements ``exgrpo.core.roles.Learners`` (``entropies``, ``update``, ``save``, ``load``) plus what the weight
 transports need (``rank0``, ``get_weights_ref``, ``push_weights``, ``version``).
@@ -18,7 +19,6 @@ optimiser step m uses the m-th mini-batch of every rank's slice (not the m-th co
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -33,16 +33,6 @@ from learners.learner import Learner
 from learners.split import combine_updates, concat, split_candidates, split_groups
 
 T = TypeVar("T")
-
-
-class _Rendezvous:
-    """Runs briefly in bundle 0 to report that node's address and a free TCP port."""
-
-    def address(self) -> tuple[str, int]:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
 
 
 # after the first rank's call failed with an error other than its death, how long the other ranks get to
@@ -120,6 +110,7 @@ class LearnerGroup:
         max_response_len: int,
         seed: int = 0,
         dtype: str = "float32",
+        wait: bool = True,
     ) -> None:
         if num < 1:
             raise ValueError(f"a learner group needs at least one learner, got num={num}")
@@ -133,15 +124,6 @@ class LearnerGroup:
         def strategy(i: int) -> PlacementGroupSchedulingStrategy:
             return PlacementGroupSchedulingStrategy(placement_group=self._pg, placement_group_bundle_index=i)
 
-        probe = make_actor(
-            _Rendezvous,
-            name="exgrpo-learner-rendezvous",
-            num_cpus=0,
-            num_gpus=0,
-            scheduling_strategy=strategy(0),
-        )
-        master_addr, master_port = ray.get(probe.address.remote())
-        ray.kill(probe)
         self.actors = [
             make_actor(
                 Learner,
@@ -155,14 +137,24 @@ class LearnerGroup:
                 max_response_len=max_response_len,
                 rank=i,
                 world_size=num,
-                master_addr=master_addr,
-                master_port=master_port,
                 seed=seed,
                 dtype=dtype,
             )
             for i in range(num)
         ]
-        ray.get([a.setup.remote() for a in self.actors])
+        # every rank's process starts at once; rank 0 (on bundle 0's node) names the rendezvous address, which
+        # Ray hands to each rank's setup when it is known (nothing here waits for it)
+        rendezvous = self.actors[0].rendezvous.remote()
+        self._setup: list[Any] = [a.setup.remote(rendezvous=rendezvous) for a in self.actors]
+        if wait:
+            self.ready()
+
+    def ready(self) -> None:
+        """Wait until every rank has set up (a group made with ``wait=False`` sets up in the background, e.g.
+        while the samplers build their engines); a rank that died is reported as its death (``gather``)."""
+        if self._setup:
+            gather(self._setup)
+            self._setup = []
 
     @property
     def rank0(self) -> Any:

@@ -47,10 +47,10 @@ from learners import update as U
 from learners.diagnostics import gradient_shares
 from learners.engine import RankEngine
 from learners.modeling import (
-    DEFAULT_TORCH_EXTENSIONS_DIR,
     DTYPES,
     checkpointing_on,
     init_distributed,
+    op_build_env,
     set_checkpointing,
 )
 from learners.optim import deepspeed_config, make_optimizer
@@ -91,9 +91,23 @@ class Learner:
         self._initial_path = model_path  # where the initial policy's weights came from (see ``load``)
 
     # ---------------------------------------------------------------- setup
-    def setup(self) -> None:
-        """Init torch.distributed, load the HF model, wrap it in a DeepSpeed engine with ``GuardedAdamW``."""
-        os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser(DEFAULT_TORCH_EXTENSIONS_DIR))
+    def rendezvous(self) -> tuple[str, int]:
+        """This node's address and a free TCP port on it: rank 0's answer is the group's rendezvous."""
+        import socket
+
+        import ray
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def setup(self, *, rendezvous: tuple[str, int] | None = None) -> None:
+        """Init torch.distributed (at ``rendezvous``, rank 0's address and port, when given), load the HF
+        model, wrap it in a DeepSpeed engine with ``GuardedAdamW``."""
+        if rendezvous is not None:
+            self.master_addr, self.master_port = rendezvous
+        op_build_env()
         torch.set_num_threads(max(1, int(self.cfg.num_cpus)))
         torch.manual_seed(self.seed)
         self.device = init_distributed(

@@ -4,6 +4,7 @@ checkpointing with dropout forced off (so the first micro-batch's log-probs equa
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import torch
@@ -11,6 +12,20 @@ import torch.distributed as dist
 
 DEFAULT_TORCH_EXTENSIONS_DIR = "~/.cache/exgrpo/torch_extensions"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def op_build_env() -> None:
+    """Where DeepSpeed builds and finds the shared-memory comm op its first ``initialize`` loads:
+    ``TORCH_EXTENSIONS_DIR`` (default ``DEFAULT_TORCH_EXTENSIONS_DIR``), built with this interpreter's ninja
+    (its bin first on PATH, as the actors get it from ``exgrpo.runtime.env.ACTOR_ENV``). A ninja of another
+    version (Debian's 1.11 beside the wheel's 1.13) does not take the other's build log and compiles the op
+    again, 30-90 s on 2 cores, each time the two alternate: measured in the test suite, where learners in
+    the test process and learners in Ray actors loaded it in turn, six times in one run."""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser(DEFAULT_TORCH_EXTENSIONS_DIR))
+    here = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH", os.defpath)
+    if path.split(os.pathsep)[0] != here:
+        os.environ["PATH"] = os.pathsep.join((here, path))
 
 
 DROPOUT_FIELDS = (

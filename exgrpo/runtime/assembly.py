@@ -25,6 +25,7 @@ from exgrpo.runtime.parts import (
     make_replay,
     make_samplers,
     make_transport,
+    replay_ready,
 )
 from exgrpo.runtime.preflight import check_start
 
@@ -55,15 +56,33 @@ class System:
 
 def build_system(cfg: Config, *, model_path: str, run_dir: str | Path | None = None) -> System:
     """Check the start, then start replay shards, learners, samplers and the scaling controller as named
-    actors and wire the weight transport between learners and samplers.
+    actors and wire the weight transport between learners and samplers. The shards and learners start
+    while the samplers do; a start that fails stops the actors it started.
 
     With `run_dir` (and `replay.wal`), the shards log to `<run_dir>/replay-wal/` and Ray restarts a dead one."""
     model_path = check_start(cfg, model_path=model_path, run_dir=run_dir)
-    replay = make_replay(cfg, run_dir=run_dir)
-    learners = make_learners(cfg, model_path=model_path)
-    spawner = SamplerSpawner(cfg, model_path=model_path, replay=replay)
-    samplers = make_samplers(cfg, spawn=spawner, on_removed=spawner.release)
+    # the shards and learners start (DeepSpeed) while the samplers build their engines: the start takes the
+    # longest of the three, not their sum
+    replay = make_replay(cfg, run_dir=run_dir, wait=False)
+    learners = make_learners(cfg, model_path=model_path, wait=False)
+    try:
+        spawner = SamplerSpawner(cfg, model_path=model_path, replay=replay)
+        samplers = make_samplers(cfg, spawn=spawner, on_removed=spawner.release)
+        learners.ready()
+        replay_ready(replay)
+    except BaseException:
+        _stop_started(learners, replay)
+        raise
     weights = make_transport(cfg, learners=learners, samplers=samplers)
     return System(
         replay=replay, samplers=samplers, learners=learners, weights=weights, scaling=make_controller(cfg)
     )
+
+
+def _stop_started(learners: LearnerGroupRole, replay: ShardedReplayRole) -> None:
+    """A start that failed leaves no actor behind (a sampler pool that failed has stopped its samplers)."""
+    import ray
+
+    learners.shutdown()
+    for s in replay.shards:
+        ray.kill(s)

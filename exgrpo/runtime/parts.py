@@ -56,14 +56,14 @@ class LearnerGroupRole(Learners, Protocol):
 
 
 def make_replay(
-    cfg: Config, *, run_dir: str | Path | None = None, shard_cls: type | None = None
+    cfg: Config, *, run_dir: str | Path | None = None, shard_cls: type | None = None, wait: bool = True
 ) -> ShardedReplay:
     """`replay.num_shards` shard actors named `exgrpo-replay-<i>` (num_cpus=0, `replay.shard_concurrency`
     calls at once) and their client. With `run_dir` and `replay.wal`, each logs to
     `<run_dir>/replay-wal/shard-<i>` (emptied first: new shards start empty, a resume restores them from its
     checkpoint) and Ray restarts a dead one up to `replay.shard_max_restarts` times, its client retrying
-    for 120 s. `shard_cls`: a `ReplayShard` subclass in its place (a benchmark's instrumented shard)."""
-    import ray
+    for 120 s. `shard_cls`: a `ReplayShard` subclass in its place (a benchmark's instrumented shard).
+    `wait=False` returns before the shards have started (`replay_ready` waits)."""
 
     from buffers.shard import ReplayShard
     from buffers.sharded import RayInvoke, ShardedReplay
@@ -88,8 +88,7 @@ def make_replay(
         )
         for i in range(r.num_shards)
     ]
-    ray.get([h.ping.remote() for h in shards])
-    return ShardedReplay(
+    replay = ShardedReplay(
         shards=shards,
         k_rollouts=K,
         mu=r.mu,
@@ -97,10 +96,21 @@ def make_replay(
         uniform=r.question_selection == "uniform",
         invoke=RayInvoke(retry_s=120.0 if restarts else 0.0),
     )
+    if wait:
+        replay_ready(replay)
+    return replay
 
 
-def make_learners(cfg: Config, *, model_path: str) -> LearnerGroup:
-    """`learners.num` DeepSpeed ranks named `exgrpo-learner-<i>` in one placement group."""
+def replay_ready(replay: ShardedReplay) -> None:
+    """Wait until every shard has started (a shard that failed to start raises here)."""
+    import ray
+
+    ray.get([h.ping.remote() for h in replay.shards])
+
+
+def make_learners(cfg: Config, *, model_path: str, wait: bool = True) -> LearnerGroup:
+    """`learners.num` DeepSpeed ranks named `exgrpo-learner-<i>` in one placement group; `wait=False`
+    returns while they set up (`LearnerGroup.ready` waits)."""
     from learners.group import LearnerGroup
 
     return LearnerGroup(
@@ -112,6 +122,7 @@ def make_learners(cfg: Config, *, model_path: str) -> LearnerGroup:
         max_response_len=cfg.model.max_response_len,
         seed=cfg.trainer.seed,
         dtype=cfg.model.dtype,
+        wait=wait,
     )
 
 

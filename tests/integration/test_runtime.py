@@ -212,3 +212,21 @@ def test_dead_sampler_is_replaced_and_loses_no_request(ray_cluster, tmp_path, mo
     check_batches(cfg, batches, records)
     assert records[-1][M.SAMPLER_RESTARTS] >= 1 and records[-1][M.SAMPLERS] == 2
     assert versions == [4, 4]
+
+
+def test_a_start_that_fails_leaves_no_actor_behind(ray_cluster, tmp_path, model_path, monkeypatch):
+    """The learners set up while the samplers start (`build_system`); when the samplers' start fails, the
+    error reaches the caller and the learners and shards already started are stopped."""
+    from exgrpo.runtime import assembly
+
+    def no_samplers(*args, **kwargs):
+        raise RuntimeError("sampler exgrpo-sampler-0 failed to start: boom")
+
+    monkeypatch.setattr(assembly, "make_samplers", no_samplers)
+    cfg = load_config(None, [*BASE, f"model.path={model_path}", f"logging.run_dir={tmp_path}"])
+    with pytest.raises(RuntimeError, match="failed to start: boom"):
+        assembly.build_system(cfg, model_path=model_path, run_dir=tmp_path)
+    deadline = time.monotonic() + 30
+    while ray.util.list_named_actors() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.util.list_named_actors() == []
