@@ -49,6 +49,7 @@ from learners.engine import RankEngine
 from learners.modeling import (
     DTYPES,
     checkpointing_on,
+    free_port,
     init_distributed,
     op_build_env,
     set_checkpointing,
@@ -70,7 +71,7 @@ class Learner:
         rank: int = 0,
         world_size: int = 1,
         master_addr: str = "127.0.0.1",
-        master_port: int = 29500,
+        master_port: int | None = None,
         seed: int = 0,
         dtype: str = "float32",
     ) -> None:
@@ -93,20 +94,19 @@ class Learner:
     # ---------------------------------------------------------------- setup
     def rendezvous(self) -> tuple[str, int]:
         """This node's address and a free TCP port on it: rank 0's answer is the group's rendezvous."""
-        import socket
-
         import ray
 
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, *, rendezvous: tuple[str, int] | None = None) -> None:
-        """Init torch.distributed (at ``rendezvous``, rank 0's address and port, when given), load the HF
-        model, wrap it in a DeepSpeed engine with ``GuardedAdamW``."""
+        """Init torch.distributed (at ``rendezvous``, rank 0's address and port, when given; a world of one
+        without a port takes a free one), load the HF model, wrap it in a DeepSpeed engine with ``GuardedAdamW``."""
         if rendezvous is not None:
             self.master_addr, self.master_port = rendezvous
+        elif self.master_port is None:
+            if self.world_size > 1:
+                raise ValueError(f"rank {self.rank} of {self.world_size} needs rank 0's port (master_port)")
+            self.master_port = free_port(self.master_addr)
         op_build_env()
         torch.set_num_threads(max(1, int(self.cfg.num_cpus)))
         torch.manual_seed(self.seed)

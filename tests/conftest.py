@@ -46,6 +46,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os._exit(_EXIT_STATUS[-1])
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the files that start Ray clusters (any test marked `integration`) first, the rest after, each
+    group in its collected order. Under `scripts/test.sh`'s two workers (pytest-xdist, whole files each) the
+    long files then start first and the short ones fill in at the end, instead of a long file running alone
+    while the other worker idles."""
+    heavy = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("integration")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in heavy)  # stable: keeps the order within
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,0 +1,40 @@
+"""A learner set up in a process whose earlier torch.distributed world was destroyed by another library (an
+in-process vLLM engine's shutdown destroys it) starts a new world and trains: DeepSpeed's cached groups of the
+old world are dropped first (`learners.modeling.forget_deepspeed_groups`)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/exgrpo/torch_extensions"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from tiny_qwen2 import save_tiny_qwen2, tiny_groups  # noqa: E402
+
+from exgrpo.core import metric_names as M  # noqa: E402
+from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
+from learners.learner import Learner  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def _learner(path: str) -> Learner:
+    learner = Learner(
+        model_path=path,
+        learner=LearnerConfig(lr=1e-3, micro_batch_size=3, zero_stage=0),
+        loss=LossConfig(),
+        max_response_len=8,
+    )
+    learner.setup()
+    return learner
+
+
+def test_a_learner_after_another_library_destroyed_the_world_trains(tmp_path_factory):
+    path = save_tiny_qwen2(tmp_path_factory, seed=1, name="tiny-qwen2-world")
+    first = _learner(path)
+    first.update(groups=tiny_groups(0, stale=False), clip=True, version=0)
+    dist.destroy_process_group()  # what vLLM's shutdown does, behind DeepSpeed's back
+    second = _learner(path)
+    metrics = second.update(groups=tiny_groups(0, stale=False), clip=True, version=0)
+    assert dist.is_initialized() and torch.isfinite(torch.tensor(metrics[M.LOSS]))
