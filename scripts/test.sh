@@ -12,4 +12,6 @@ export RAY_AUTH_MODE=disabled TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOM
 .venv/bin/mypy
 # Two workers (pytest-xdist), each taking whole files and its own local Ray cluster: the tests wait on actors
 # much of the time, so two of them share the 2 cores; EXGRPO_TEST_WORKERS=0 runs them in this process.
-.venv/bin/python -m pytest -n "${EXGRPO_TEST_WORKERS:-2}" --dist loadfile "$@"
+# --no-loadscope-reorder keeps tests/conftest.py's order (the files that start Ray first) instead of xdist's
+# most-tests-first, which left a one-test integration file running alone at the end.
+.venv/bin/python -m pytest -n "${EXGRPO_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
