@@ -63,23 +63,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def end_process_group() -> None:
-    """Destroy this process's torch.distributed world, through DeepSpeed when DeepSpeed holds it: that also
-    drops the groups DeepSpeed cached from it, which a later engine in the same process (a test running
-    several benchmarks in one interpreter) would otherwise use after they were destroyed."""
-    import sys
-
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return
-    comm = sys.modules.get("deepspeed.comm")
-    if comm is not None and comm.is_initialized():
-        comm.destroy_process_group()
-    else:
-        dist.destroy_process_group()
-
-
 def write_json(path: str | Path, data: Any, *, indent: int | None = 2) -> Path:
     """Write ``data`` as JSON to ``path``, creating its folder; returns the path."""
     out = Path(path)

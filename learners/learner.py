@@ -42,6 +42,7 @@ from exgrpo.core.faults import fault_point
 from exgrpo.core.records import Group, ReplayCandidate
 from exgrpo.core.selection import fill_replay_slots, replay_candidates
 from exgrpo.transport.packed import PackedWeights, Packer
+from exgrpo.transport.ranks import free_port
 from learners import batches, logits, lora
 from learners import update as U
 from learners.diagnostics import gradient_shares
@@ -49,7 +50,6 @@ from learners.engine import RankEngine
 from learners.modeling import (
     DTYPES,
     checkpointing_on,
-    free_port,
     init_distributed,
     op_build_env,
     set_checkpointing,

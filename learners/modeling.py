@@ -69,25 +69,15 @@ def set_checkpointing(model: Any, on: bool) -> None:
     model.train()
 
 
-def free_port(host: str = "") -> int:
-    """A TCP port free on ``host`` now ("": every interface) for the torch.distributed rendezvous."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def forget_deepspeed_groups() -> None:
     """Drop the groups DeepSpeed cached from an earlier torch.distributed world of this process, before a new
     world starts. A world that another library destroyed (an in-process vLLM engine's shutdown destroys it)
     leaves DeepSpeed holding its groups, and the next ``deepspeed.initialize`` fails on them ("Group ... is
     not registered"); DeepSpeed's own teardown calls the same release. Only processes that host more than one
     engine meet this (tests, notebooks): a learner actor starts one world."""
-    groups = sys.modules.get("deepspeed.utils.groups")
-    release = getattr(groups, "_release_process_group_references", None)
-    if release is not None:
-        release(None)
+    groups = sys.modules.get("deepspeed.utils.groups")  # None until this process has imported DeepSpeed
+    if groups is not None:
+        groups._release_process_group_references(None)
 
 
 def init_distributed(

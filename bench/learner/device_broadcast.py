@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from bench.common import end_process_group, synchronize
+from bench.common import synchronize
 from bench.learner.device_procs import run_processes
 from bench.learner.gpu_learner import Shape, build_model
 
@@ -175,7 +175,7 @@ def broadcast_rank(
         out.update(seconds=times, gb_per_s=nbytes / min(times) / GB)
         dist.barrier()
     finally:
-        end_process_group()
+        dist.destroy_process_group()
     return out
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.common import end_process_group, free_port, synchronize
+from bench.common import free_port, synchronize
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import LearnerConfig, LossConfig
 from exgrpo.core.records import Group, Trajectory
@@ -333,7 +333,8 @@ def main(argv: list[str] | None = None) -> Summary:
         learn = bench_learner(
             tmp, shape, zero_stage=args.zero, dtype=dtype, device=device, warm=args.warm, timed=args.timed
         )
-    end_process_group()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     summary = Summary(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         torch=torch.__version__,

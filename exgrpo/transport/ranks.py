@@ -1,4 +1,5 @@
-"""Ranks of vLLM's weight-transfer world over tensor-parallel samplers (pure arithmetic).
+"""Ranks of vLLM's weight-transfer world over tensor-parallel samplers (pure arithmetic), and `free_port`, the
+port a torch.distributed rendezvous binds (this world's, and the learner group's).
 
 The world is learner rank 0 (the sender) plus every worker of every sampler engine. vLLM gives the worker
 of tensor-parallel rank t in an engine initialised with `rank_offset` the world rank `rank_offset + t`
@@ -12,6 +13,7 @@ With one GPU per sampler (tp_i = 1) this is the old 1 + number of samplers and o
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Sequence
 
 
@@ -24,3 +26,10 @@ def transfer_ranks(sizes: Sequence[int]) -> tuple[int, list[int]]:
         offsets.append(next_rank)
         next_rank += tp
     return next_rank, offsets
+
+
+def free_port(host: str = "") -> int:
+    """A TCP port free on ``host`` now ("": every interface)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

@@ -48,7 +48,7 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
 from exgrpo.transport.gloo import DEFAULT_BUFFER_BYTES, GLOO, GlooTrainerInitInfo, register_engines
-from exgrpo.transport.ranks import transfer_ranks
+from exgrpo.transport.ranks import free_port, transfer_ranks
 
 
 def backend_for(device: str) -> str:
@@ -227,7 +227,7 @@ class WeightPusher:
         return NCCLTrainerInitInfo(
             master_address=self.host,
             # only the sender opens the world (non-senders never join it): the port is picked on its own host
-            master_port=_free_port(self.host) if self.is_sender else 0,
+            master_port=free_port(self.host) if self.is_sender else 0,
             world_size=world_size,
             rank=0 if self.is_sender else 1,
         )
@@ -280,11 +280,3 @@ def _bounded(fn: Any, timeout_s: float, *, what: str) -> None:
 def _world(members: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     """Who is in a world: sampler ids and their actors (a replaced actor under a reused id is a new member)."""
     return tuple((k, str(getattr(h, "_actor_id", id(h)))) for k, h in members.items())
-
-
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
