@@ -7,6 +7,7 @@ import os
 import re
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,6 +54,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     while the other worker idles."""
     heavy = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("integration")}
     items.sort(key=lambda item: item.nodeid.split("::")[0] not in heavy)  # stable: keeps the order within
+
+
+# Under pytest-xdist (scripts/test.sh) a module marked `alone` holds an exclusive lock while it runs and every
+# other module a shared one, so a timing module never overlaps a module in another worker. One lock file per run
+# (xdist gives all workers of a run the same PYTEST_XDIST_TESTRUNUID); without xdist there is nothing to do.
+_RUN_LOCK = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _alone_or_beside(request: pytest.FixtureRequest) -> Iterator[None]:
+    if not _RUN_LOCK:
+        yield
+        return
+    import fcntl
+
+    exclusive = request.node.get_closest_marker("alone") is not None
+    with open(Path(tempfile.gettempdir()) / f"exgrpo-tests-{_RUN_LOCK}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def free_port() -> int:

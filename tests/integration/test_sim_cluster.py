@@ -14,7 +14,8 @@ import pytest
 from exgrpo.sim.cluster import SimCluster
 from exgrpo.sim.roles import CostModel
 
-pytestmark = pytest.mark.integration
+# alone: its step times are compared with the cost model, which a test in the other worker would perturb
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 B, K, STEPS = 32, 8, 6
 # measured steady-state step <= FACTOR[eta] x ideal. The driver's plumbing (broadcast, submit, poll, pull, the
