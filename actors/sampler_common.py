@@ -33,6 +33,7 @@ class EngineSpec:
     tensor_parallel_size: int = 1  # vLLM workers (GPUs) of this engine
     enforce_eager: bool | None = None  # vLLM without CUDA graphs; None = eager on CPU, CUDA graphs on GPU
     gpus_per_worker: float = 1.0  # GPU share of each vLLM worker when tensor_parallel_size > 1
+    engine_process: str = "inline"  # vLLM's engine core: "inline" (this process) or "child" (its own process)
 
 
 def engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
@@ -46,6 +47,7 @@ def engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
         "tensor_parallel_size": spec.tensor_parallel_size,
         "enforce_eager": spec.enforce_eager,
         "gpus_per_worker": spec.gpus_per_worker,
+        "engine_process": spec.engine_process,
     }
 
 

@@ -17,8 +17,10 @@ from actors.engines import (
     normalize_counts,
     to_tensor,
 )
-from actors.vllm_load import direct_load, direct_load_support
+from actors.reaper import children, start_reaper
+from actors.vllm_load import direct_load, direct_load_support, end_failed_update, load_staged
 from exgrpo.core.config import Dtype
+from exgrpo.transport.staged import stage_weights
 
 _VLLM_MISSING = "vLLM is not importable; install the cpu extra: pip install -e .[cpu] -c constraints/cpu.txt"
 
@@ -26,9 +28,9 @@ _VLLM_MISSING = "vLLM is not importable; install the cpu extra: pip install -e .
 class VLLMEngine(TokenizedEngine):
     """vLLM's offline `LLM`.
 
-    Process and graphs: on CPU the engine core runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) and
-    eagerly; on GPU vLLM keeps its own default, the engine core in a child process, and captures CUDA
-    graphs unless `enforce_eager=True` (None = eager on CPU, graphs on GPU).
+    Process and graphs: `engine_process` says where the engine core runs: "inline" (this process,
+    `VLLM_ENABLE_V1_MULTIPROCESSING=0`), "child" (a process of its own, vLLM's default), "auto" = inline on
+    CPU, child on GPU. Graphs: CUDA graphs unless `enforce_eager=True` (None = eager on CPU, graphs on GPU).
 
     Context: `max_model_len` (the run's prompt + response budget) is passed explicitly; vLLM refuses it
     when it exceeds the model's `max_position_embeddings` (the sampler checks that first, with the fix).
@@ -52,7 +54,9 @@ class VLLMEngine(TokenizedEngine):
     (`collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`), vLLM's layerwise in-place
     reload, which runs the model's `load_weights` on each layer restored to checkpoint form and re-runs
     its post-processing. Either way the prefix cache is then reset so no KV computed with old weights is
-    reused. With `weight_transfer="nccl"|"gloo"` the engine is built with vLLM's `WeightTransferConfig`,
+    reused. With the core in a child process tensors cannot cross to it, so the state dict is staged in a
+    file the worker maps (`exgrpo.transport.staged`, `actors.vllm_load.load_staged`). With
+    `weight_transfer="nccl"|"gloo"` the engine is built with vLLM's `WeightTransferConfig`,
     and `init_weight_transfer` / `start_weight_update` / `update_weights` / `finish_weight_update` are
     vLLM's weight-transfer API: its layerwise reload, fed by a broadcast from learner rank 0
     (`exgrpo.transport.vllm_api`).
@@ -77,17 +81,23 @@ class VLLMEngine(TokenizedEngine):
         weight_transfer: str | None = None,
         tensor_parallel_size: int = 1,
         gpus_per_worker: float = 1.0,
+        engine_process: str = "auto",
     ) -> None:
         try:  # the platform first (it reads no engine setting): CPU and GPU engines start differently
             from vllm.platforms import current_platform
         except ImportError as err:
             raise ImportError(_VLLM_MISSING) from err
-        if current_platform.is_cpu():  # in-process engine core on CPU (as always); GPU: vLLM's default
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        elif os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
-            # `apply_model` (the checksum) sends a function to the engine-core process, which vLLM pickles
-            # only when allowed
-            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        if engine_process == "auto":
+            engine_process = "inline" if current_platform.is_cpu() else "child"
+        if engine_process not in ("inline", "child"):
+            raise ValueError(f"engine_process={engine_process!r}: choose 'inline', 'child' or 'auto'")
+        # vLLM reads this when the engine starts: the engine core in this process, or in a child of its own
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if engine_process == "child" else "0"
+        if engine_process == "child":
+            # our worker functions (`direct_load_support`, `load_staged`, the checksum) cross to the engine
+            # core's process by pickle, which vLLM allows only when told to; their arguments are plain values
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+        self.engine_process = engine_process
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         if tensor_parallel_size > 1:
             os.environ.setdefault("VLLM_RAY_PER_WORKER_GPUS", str(gpus_per_worker))
@@ -128,6 +138,9 @@ class VLLMEngine(TokenizedEngine):
             logprobs_mode="processed_logprobs",
             **extra,
         )
+        # Ray ends a sampler with SIGKILL, which would leave the engine core's processes running (and holding
+        # their memory) with nobody to stop them: a watcher kills them once this process is gone
+        self._reaper = start_reaper(children()) if engine_process == "child" else None
         self.tokenizer = self.llm.get_tokenizer()
         self._version = 0
         reasons = self.llm.collective_rpc(direct_load_support)
@@ -189,11 +202,18 @@ class VLLMEngine(TokenizedEngine):
 
     def load_weights(self, weights: Mapping[str, WeightValue], *, version: int) -> None:
         """Load a full HF-named state dict in place (`weight_path`), then drop cached prefixes."""
-        items = [(name, to_tensor(value)) for name, value in weights.items()]
-        if self.weight_path == "direct":
-            self.llm.collective_rpc(direct_load, args=(items,))
+        items = {name: to_tensor(value) for name, value in weights.items()}
+        direct = self.weight_path == "direct"
+        if self.engine_process == "child":  # tensors cannot cross to the core's process: a file can
+            staged = stage_weights(items)
+            try:
+                self.llm.collective_rpc(load_staged, args=(staged.path, staged.layout, direct))
+            finally:
+                staged.remove()  # the worker's views keep their mapping; the name goes now
+        elif direct:
+            self.llm.collective_rpc(direct_load, args=(list(items.items()),))
         else:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(items.items())})
         self.llm.reset_prefix_cache()
         self._version = version
 
@@ -211,6 +231,15 @@ class VLLMEngine(TokenizedEngine):
 
     def update_weights(self, update_info: Mapping[str, Any]) -> None:
         self.llm.update_weights({"update_info": dict(update_info)})
+
+    def end_failed_update(self) -> bool:
+        """After `update_weights` raised: vLLM's worker has dropped its session flag without finishing the
+        layerwise reload, so layers may still be on the meta device and `finish_weight_update` is refused.
+        Finish the reload on the worker directly (the layers that got no new weight get their served ones
+        back). True when a reload was left open and is now finished."""
+        finished = self.llm.collective_rpc(end_failed_update)
+        self.llm.reset_prefix_cache()
+        return any(finished)
 
     def finish_weight_update(self, *, version: int) -> None:
         """Finish the layerwise reload, drop cached prefixes (their KV came from the old weights), tag."""

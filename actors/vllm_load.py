@@ -152,3 +152,36 @@ def _rebuild_kernel(module: torch.nn.Module, weight: torch.Tensor) -> None:
         module.weight.numel() != 0
     ):  # a kernel that reads the parameter itself: own it (not the sender's buffer)
         module.weight = torch.nn.Parameter(module.weight.detach().clone(), requires_grad=False)
+
+
+def load_staged(worker: Any, path: str, layout: list, direct: bool) -> None:
+    """Runs on the worker of an engine core in its own process: load the weights a sampler staged in a file
+    (`exgrpo.transport.staged`) by the direct load or vLLM's in-place reload, from views of the file."""
+    from exgrpo.transport.staged import map_staged
+
+    items = map_staged(path, layout)
+    if direct:
+        direct_load(worker, items)
+    else:
+        worker.reload_weights(weights_iterator=items)
+
+
+def end_failed_update(worker: Any) -> bool:
+    """Runs on the worker after vLLM's `update_weights` raised. vLLM 0.32 then drops the worker's session flag
+    without finishing its layerwise reload, and refuses `finish_weight_update`; the layers still waiting for
+    weights are left on the meta device. Finish the reload here as `finish_weight_update` would: a layer that
+    got no weight gets its served tensors back, one that got some is processed with what it got. Returns
+    whether a reload was open."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+
+    engine = getattr(worker, "weight_transfer_engine", None)
+    if engine is None or getattr(worker, "_weight_update_active", False):
+        return False  # no weight-transfer engine, or a session vLLM itself still finishes
+    model = worker.model_runner.get_model()
+    if not any(get_layerwise_info(layer).can_load() for layer in model.modules()):
+        return False
+    with set_current_vllm_config(worker.vllm_config):
+        engine.finish_weight_update()
+        engine.reset_weight_update_target()
+    return True

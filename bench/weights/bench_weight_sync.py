@@ -1,7 +1,7 @@
 """Weight sync of a ~100M-parameter fp32 model to 2 samplers, against the memory-bandwidth floor of the same run.
 
     .venv/bin/python -m bench.weights.bench_weight_sync [--repeats 7] [--warmup 5] [--samplers 2] [--skip-vllm]
-        [--only direct reload gloo HF]
+        [--only "HF" "vLLM samplers" "child process" "gloo"]
 
 The vLLM object-store case compares the samplers' direct load (`actors/vllm_load.py`) with vLLM's own
 layerwise reload (the path before it, `VLLMEngine.weight_path="reload"`) on the same engines: one system
@@ -38,10 +38,17 @@ from exgrpo.models.resolve import resolve_model  # noqa: E402
 from exgrpo.runtime.assembly import build_system  # noqa: E402
 from exgrpo.runtime.env import init_ray  # noqa: E402
 
-CASES = {  # name: (engine, transport, the vLLM engines' weight paths: None = their own choice)
-    "object_store, HF samplers": ("hf", "object_store", None),
-    "object_store, vLLM samplers": ("vllm", "object_store", ("direct", "reload")),
-    "vLLM weight-transfer API (gloo), vLLM samplers": ("vllm", "collective", None),
+CASES = {  # name: (engine, transport, the vLLM engines' weight paths: None = their own choice, engine core)
+    "object_store, HF samplers": ("hf", "object_store", None, "inline"),
+    "object_store, vLLM samplers": ("vllm", "object_store", ("direct", "reload"), "inline"),
+    # the GPU layout: vLLM's engine core in a process of its own, weights staged in a file (/dev/shm)
+    "object_store, vLLM samplers, core in a child process": (
+        "vllm",
+        "object_store",
+        ("direct", "reload"),
+        "child",
+    ),
+    "vLLM weight-transfer API (gloo), vLLM samplers": ("vllm", "collective", None, "inline"),
 }
 PATH_NAMES = {"direct": "direct load", "reload": "vLLM's reload, before"}
 
@@ -61,6 +68,7 @@ def sync_case(
     engine: str,
     transport: str,
     weight_paths: tuple[str, ...] | None,
+    process: str = "inline",
     *,
     samplers: int,
     repeats: int,
@@ -77,6 +85,7 @@ def sync_case(
             f"async.weight_sync={transport}",
             f"samplers.num={samplers}",
             "samplers.num_cpus=0.5",
+            f"samplers.engine_process={process}",
         ],
     )
     model_path = str(resolve_model(cfg.model.path, cache_dir=cfg.model.cache_dir))
@@ -162,11 +171,17 @@ def main(argv: list[str] | None = None) -> None:
     init_ray(load_config("tiny-cpu", []))
     out: dict = {}
     copies = []
-    for case, (engine, transport, weight_paths) in CASES.items():
+    for case, (engine, transport, weight_paths, process) in CASES.items():
         if (args.skip_vllm and engine == "vllm") or (args.only and not any(o in case for o in args.only)):
             continue
         results = sync_case(
-            engine, transport, weight_paths, samplers=args.samplers, repeats=args.repeats, warmup=args.warmup
+            engine,
+            transport,
+            weight_paths,
+            process,
+            samplers=args.samplers,
+            repeats=args.repeats,
+            warmup=args.warmup,
         )
         for path, r in results.items():
             name = case if path is None else f"{case} ({PATH_NAMES[path]})"

@@ -7,9 +7,15 @@ calls it); every error names the field and the fix, and all of them are reported
 from __future__ import annotations
 
 import functools
+import math
 
 from exgrpo.core.bounds import Bound
 from exgrpo.core.config_sections import Config, ConfigError, setting
+
+# Engines that share one GPU (samplers.num_gpus < 1) may take at most this share of their slice of it each:
+# vLLM's CUDA context and the buffers it allocates after sizing its KV cache (weight receive buffers,
+# NCCL) sit outside `gpu_memory_utilization`, and a second engine starts only if its share is still free.
+SHARED_GPU_SHARE = 0.9
 
 # The simple numeric ranges, one per setting (YAML names); cross-field rules are in `validate`.
 BOUNDS: dict[str, Bound] = {
@@ -33,6 +39,7 @@ BOUNDS: dict[str, Bound] = {
     "model.max_position_embeddings": Bound(lo=1, note="or null: the model's own"),
     "model.rope_theta": Bound(lo=0, open_lo=True, note="or null: the model's own"),
     "async.weight_timeout_s": Bound(lo=0, open_lo=True),
+    "async.max_weight_failures": Bound(lo=1),
     "learners.max_tokens_per_micro_batch": Bound(lo=1, note="or null: micro_batch_size sequences"),
     "learners.logits_chunk_tokens": Bound(lo=1),
     "replay.rho": Bound(lo=0, hi=1, note="0.5 = half of each batch from replay"),
@@ -160,6 +167,34 @@ def validate(cfg: Config) -> None:
             "tensor parallelism here; use tensor_parallel_size=1)",
         ),
         (
+            cfg.async_.weight_sync != "collective" or s.num_gpus == 0 or _whole_gpus(s.num_gpus),
+            f"async.weight_sync=collective with samplers.num_gpus={s.num_gpus:g}: every sampler engine rank "
+            "joins one NCCL world with learner rank 0, and NCCL refuses two ranks on one device; use "
+            "samplers.num_gpus=1 (a whole GPU per engine rank), or async.weight_sync=object_store",
+        ),
+        (
+            not (s.engine == "vllm" and 0 < s.num_gpus < 1)
+            or s.gpu_memory_utilization <= SHARED_GPU_SHARE * s.num_gpus + 1e-9,
+            f"samplers.num_gpus={s.num_gpus:g} shares one GPU between vLLM engines, but each engine takes "
+            f"samplers.gpu_memory_utilization={s.gpu_memory_utilization:g} of the whole device, more than its "
+            f"{s.num_gpus:g} share less what vLLM allocates outside that figure (its CUDA context, weight "
+            "buffers): the later engines fail to start; set samplers.gpu_memory_utilization <= "
+            f"{_floor3(SHARED_GPU_SHARE * s.num_gpus):g} (num_gpus x {SHARED_GPU_SHARE:g}), or samplers.num_gpus=1",
+        ),
+        (
+            not (s.engine == "hf" and s.num_gpus > 0),
+            f"samplers.engine=hf with samplers.num_gpus={s.num_gpus:g}: the transformers sampler "
+            "(actors/engines.py, HFEngine) never moves its model to the GPU, so it would generate on the CPU "
+            "while holding the GPU; use samplers.engine=vllm on GPUs, or samplers.num_gpus=0",
+        ),
+        (
+            s.tensor_parallel_size == 1 or s.num_gpus == 0 or s.allow_untested_tp,
+            f"samplers.tensor_parallel_size={s.tensor_parallel_size} on GPUs is untested: no tensor-parallel "
+            "sampler has run on a GPU yet (its weight-transfer ranks and placement are tested on CPU only); "
+            "use samplers.tensor_parallel_size=1 (more samplers instead of larger ones), or set "
+            "samplers.allow_untested_tp=true to try it",
+        ),
+        (
             lr.num_cpus + lr.num_gpus > 0,
             "learners.num_cpus and learners.num_gpus are both 0: a learner's placement-group bundle must "
             "reserve something; set learners.num_cpus=1",
@@ -168,3 +203,13 @@ def validate(cfg: Config) -> None:
     errors += [msg for ok, msg in checks if not ok]
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def _whole_gpus(n: float) -> bool:
+    """A whole number of GPUs, at least one (a share of a GPU puts two NCCL ranks on one device)."""
+    return n >= 1 and float(n).is_integer()
+
+
+def _floor3(x: float) -> float:
+    """x rounded down to 3 decimals (a non-finite x as it is: every message is built, even for valid configs)."""
+    return math.floor(x * 1000 + 1e-9) / 1000 if math.isfinite(x) else x

@@ -103,7 +103,10 @@ class SamplerConfig:
     tensor_parallel_size: int = (
         1  # GPUs per vLLM sampler (tensor parallel); each of them reserves samplers.num_gpus
     )
+    allow_untested_tp: bool = False  # accept tensor_parallel_size > 1 on GPUs, which no GPU run has shown yet (refused otherwise)
     enforce_eager: bool | None = None  # vLLM without CUDA graphs; null = eager on CPU, CUDA graphs on GPU
+    engine_process: Literal["auto", "inline", "child"] = "auto"  # where vLLM's engine core runs: inline (in the sampler's process), child (its own process, vLLM's GPU default), auto = inline on CPU, child on GPU
+    seeded: bool | None = None  # one sampling seed per request (reproducible draws; vLLM's slower per-sequence sampler); null = on for CPU samplers, off for GPU samplers
     continuous: bool = False  # continuous batching with in-flight weight updates (vLLM, object-store weights)
     continuous_max_requests: int = 64  # continuous samplers: requests generating at once in one sampler
 
@@ -225,6 +228,7 @@ class AsyncConfig:
     weight_timeout_s: float = (
         300.0  # bound on one collective weight update; past it the sampler world is rebuilt
     )
+    max_weight_failures: int = 3  # weight loads/updates that may fail in a row (the failed sampler is replaced each time) before the run stops with the cause
     overlap_update: bool = False  # start each update without waiting for it (the next step's pull and mix run meanwhile); on in the GPU recipes
     select_on_learners: bool = True  # the learners score the replay candidates and fill slot 0 inside the update call, so the next update can queue behind the running one (false: the driver waits for the scores and picks)
 

@@ -43,6 +43,7 @@ POINTS = {
     "sampler.generate": "actors/sampler.py: engine output in hand, nothing scored or pushed yet",
     "sampler.push": "actors/sampler.py: the groups are in their shards, the result not yet returned",
     "sampler.evaluate": "actors/sampler.py: inside a held-out evaluation call",
+    "sampler.transfer_init": "actors/sampler.py: a new weight-transfer world acknowledged, not yet joined",
     "shard.push.before_log": "buffers/shard.py: a push with new groups, before its log frame",
     "shard.push.logged": "buffers/shard.py: a push logged (fsync'd), not applied, not answered",
     "shard.take.before_log": "buffers/shard.py: a take, before its log frame",

@@ -3,13 +3,18 @@
 Pure arithmetic over a model shape (read from the model directory's ``config.json``, or one of ``KNOWN``
 by the basename of ``model.path``) and the config. All figures are bytes; the CLI is ``exgrpo/plan.py``.
 
-Learner rank (P parameters, b bytes per parameter of ``model.dtype``, N = learners.num ranks, ZeRO stage z):
+Learner rank (P parameters, b bytes per parameter of ``model.dtype``, N = learners.num ranks, ZeRO stage z,
+V vocabulary, h hidden size). The terms are grouped by when they are alive: the persistent ones always, then
+one phase at a time (a learner actor runs one call at a time), so the peak is the persistent terms plus the
+largest phase (``PHASES``, ``learner_peak``).
+  persistent
     weights      P b                      (/ N at z = 3)
     gradients    P b                      (/ N at z >= 2), plus the fp32 gradient of a low-precision model,
                  4 P                      (/ N at z >= 1)
     optimiser    AdamW's two fp32 moments 8 P, plus fp32 master weights 4 P when b < 4 (/ N at z >= 1)
     reference    P b when loss.kl_coef > 0 (the KL's frozen copy)
     LoRA         with learners.lora_rank > 0 the base is frozen: no gradients and no optimiser state counted
+  forward/backward
     activations  T tokens per micro-batch (learners.max_tokens_per_micro_batch, else micro_batch_size x
                  (max_prompt_len + max_response_len)); per decoder layer and token, a Qwen2/Llama layer with
                  fused (SDPA / flash) attention keeps b (6 h + 2 kv + 4 i) bytes for its backward (no S^2
@@ -24,19 +29,50 @@ Learner rank (P parameters, b bytes per parameter of ``model.dtype``, N = learne
                  (``bench/learner/bench_learner_memory.py --slope``; ``--tensors`` prints plan and measurement side by side).
                  ``chunked=False`` models the path that computes all of them at once: C V (b + 16) over every
                  token (it matched the one H200 figure within 1%; on CPU an update's tensors peaked 16% above the plan's terms).
+    zero3_live   z = 3: the parameters ZeRO-3 holds gathered at once, at most stage3_max_live_parameters plus
+                 one stage3_prefetch_bucket_size (DeepSpeed's defaults, 1e9 and 5e7; learners/optim.py sets
+                 neither), and never more than P: b min(P, 1e9 + 5e7)
+    lm_head      the head's weight gathered for each logits chunk (z = 3: V h b) and its full-size gradient
+                 before ZeRO reduces it into partitions (z >= 2: V h b); both may sit inside zero3_live's
+                 budget, so counting them apart is an upper bound
+  optimizer step
+    adamw_step   torch's foreach AdamW (the default on CUDA) allocates one float32 temporary the size of what
+                 it steps (``exp_avg_sq_sqrt`` in torch/optim/adam.py ``_multi_tensor_adam``; decoupled weight
+                 decay and the moments update in place): 4 P (/ N at z >= 1; DeepSpeed hands it one flat
+                 partition, ZeRO-3 with one sub-group: learners/optim.py)
+  weight push (learner rank 0, async.weight_sync=collective, GPU learners)
+    transfer     vLLM's packed NCCL broadcast (vllm/distributed/weight_transfer/packed_tensor.py,
+                 ``packed_nccl_broadcast_producer``; exgrpo/transport/vllm_api.py keeps its defaults): two
+                 buffers of 1 GiB (``PACKED_NUM_BUFFERS`` x ``PACKED_BUFFER_BYTES``), each chunk packed until
+                 it passes 1 GiB, so up to 1 GiB + the largest tensor M (V h b, the embedding or lm_head);
+                 one chunk in flight while the next is packed and concatenated: 2 (1 GiB + M); under ZeRO-3
+                 the packed tensors are copies of the gathered layers (``LearnerSource``), one chunk more:
+                 3 (1 GiB + M)
+  save / export (z = 3)
+    full_gather  a checkpoint, the object-store export and the checksum gather the whole model on every rank
+                 (``learners.learner.Learner._full_params``): P b (1 - 1/N) beyond the rank's own partition
 Sampler GPU (vLLM, tp = samplers.tensor_parallel_size): the engine may take gpu_memory_utilization x the
 device; weights P b / tp; the KV cache is what is left after the weights and ``SAMPLER_OVERHEAD`` (the
 CUDA graphs and sampling buffers); one token's KV is 2 L kv b / tp. The plan says how many tokens that holds
-against one call's need, requests_per_call x K x (max_prompt_len + max_response_len).
+against one call's need, requests_per_call x K x (max_prompt_len + max_response_len). With
+async.weight_sync=collective each worker also receives the packed broadcast into ``PACKED_NUM_BUFFERS``
+buffers of up to 1 GiB + M (``packed_nccl_broadcast_consumer``), allocated after vLLM sized its KV cache,
+so outside ``gpu_memory_utilization`` (``receive``): the engine's total must stay within the device.
+Checkpoints (``checkpoint_bytes``): the HF safetensors (P b) + DeepSpeed's state: the optimiser's fp32 master
+weights and two moments (12 P under mixed precision; 8 P in float32, where the master is the model), and at
+z <= 2 the module again in its model-states file (P b); under LoRA the adapters only. ``trainer.keep_checkpoints``
+of them are kept, one more while the next is written (the oldest goes after it: exgrpo/loop/checkpoint.py).
 
-What this leaves out: the allocator's fragmentation, NCCL buffers and DeepSpeed's bucket buffers (set apart
-by ``HEADROOM``), and the host memory of CPU runs (CPU runs are printed, never refused).
+What this leaves out: the allocator's fragmentation, NCCL's own buffers, DeepSpeed's reduce bucket (5e8
+elements by default) and the CUDA context (set apart by ``HEADROOM``), vLLM's layerwise reload staging, the
+replay snapshot in a checkpoint, and the host memory of CPU runs (CPU runs are printed, never refused).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from exgrpo.core.config import Config
@@ -46,6 +82,26 @@ HEADROOM = 0.9  # a plan fits when its peak is at most this share of the device 
 SAMPLER_OVERHEAD = 2 * GIB  # vLLM's CUDA graphs, sampler and activation buffers per GPU (an estimate)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 CHUNK_BYTES = 20  # per position and vocabulary entry of a logits chunk (measured; see the module docstring)
+# DeepSpeed 0.19's ZeRO-3 defaults (deepspeed/runtime/zero/config.py; learners/optim.py sets neither)
+ZERO3_MAX_LIVE_PARAMETERS = 10**9  # stage3_max_live_parameters: gathered parameters held at once
+ZERO3_PREFETCH_BUCKET = 5 * 10**7  # stage3_prefetch_bucket_size: parameters fetched ahead of use
+# vLLM 0.32's packed NCCL weight broadcast (vllm/distributed/weight_transfer/packed_tensor.py), used with its
+# defaults by exgrpo/transport/vllm_api.py (NCCLTrainerInitInfo is built without buffer settings)
+PACKED_BUFFER_BYTES = 1 << 30  # DEFAULT_PACKED_BUFFER_SIZE_BYTES: a chunk is packed until it passes this
+PACKED_NUM_BUFFERS = 2  # DEFAULT_PACKED_NUM_BUFFERS: chunks in flight on each side
+# The one GPU generation rate recorded here (docs/gpu.md, "Figures seen": HF generate on one H200, 1.5B shape,
+# 64 rows, 790 tokens/s). vLLM on a GPU has not been measured here; it batches more rows per step and should
+# be faster, so a call's time estimated at this rate is conservative (long) - what a timeout must cover.
+ASSUMED_GPU_TOKENS_PER_S = 790.0
+
+PERSISTENT = ("weights", "gradients", "optimizer", "reference")  # learner terms alive all the time
+# the learner terms alive only in one phase (one call at a time per learner actor): peak = persistent + max
+PHASES: dict[str, tuple[str, ...]] = {
+    "forward/backward": ("activations", "logits", "zero3_live", "lm_head"),
+    "optimizer step": ("adamw_step",),
+    "weight push": ("transfer",),
+    "save/export": ("full_gather",),
+}
 
 
 @dataclass(frozen=True)
@@ -71,6 +127,11 @@ class Shape:
         h, kv, i = self.hidden, self.kv_dim, self.intermediate
         layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h + ((h + 2 * kv) if self.qkv_bias else 0)
         return self.vocab * h * (1 if self.tied else 2) + self.layers * layer + h
+
+    @property
+    def largest_tensor(self) -> int:
+        """Elements of the largest single tensor: the embedding / lm_head (V h), or an MLP matrix (i h)."""
+        return max(self.vocab, self.intermediate) * self.hidden
 
 
 # Public config.json values of the GPU recipes' models (keyed by the basename of model.path, lower case).
@@ -106,25 +167,55 @@ def read_shape(path: str, *, name: str | None = None) -> Shape:
     return KNOWN[key]
 
 
+def learner_peak(terms: dict[str, int]) -> int:
+    """Bytes at a learner rank's peak: the persistent terms plus the largest phase (``PHASES``)."""
+    return sum(terms.get(k, 0) for k in PERSISTENT) + max(phase_bytes(terms).values())
+
+
+def phase_bytes(terms: dict[str, int]) -> dict[str, int]:
+    """Bytes of each phase's own terms (without the persistent ones)."""
+    return {name: sum(terms.get(k, 0) for k in keys) for name, keys in PHASES.items()}
+
+
+def checkpoint_bytes(cfg: Config, shape: Shape) -> dict[str, int]:
+    """Bytes one checkpoint writes, by part (see the module docstring): the HF weights, DeepSpeed's module copy
+    (ZeRO 0-2) and the optimiser state (fp32 master + two AdamW moments)."""
+    b, p, z = DTYPE_BYTES[cfg.model.dtype], shape.params, cfg.learners.zero_stage
+    trains = cfg.learners.lora_rank == 0
+    return {
+        "hf_weights": p * b,
+        "deepspeed_module": p * b if z < 3 and trains else 0,
+        "optimizer": (8 + (4 if b < 4 else 0)) * p if trains else 0,
+    }
+
+
 @dataclass(frozen=True)
 class Plan:
-    learner: dict[str, int]  # term -> bytes per learner rank
-    sampler: dict[str, int]  # term -> bytes per sampler GPU
+    learner: dict[str, int]  # term -> bytes per learner rank (rank 0 for "transfer")
+    sampler: dict[str, int]  # term -> bytes per sampler GPU ("receive" lies outside gpu_memory_utilization)
     kv_tokens: int  # tokens the KV cache holds per sampler
     kv_needed: int  # tokens one generation call asks for
     seq_tokens: int  # one sequence (prompt + response): vLLM refuses to start below it
     device_bytes: int
     on_gpu: tuple[bool, bool]  # (learners, samplers)
     knobs: tuple[str, ...]  # what to turn when the learner does not fit
+    checkpoint: dict[str, int] = field(default_factory=dict)  # part -> bytes of one checkpoint
+    checkpoints_kept: int = 1  # trainer.keep_checkpoints
 
     @property
     def learner_peak(self) -> int:
-        return sum(self.learner.values())
+        return learner_peak(self.learner)
+
+    @property
+    def sampler_peak(self) -> int:
+        return sum(self.sampler.values())
 
     @property
     def fits(self) -> bool:
         learner_ok = not self.on_gpu[0] or self.learner_peak <= HEADROOM * self.device_bytes
-        sampler_ok = not self.on_gpu[1] or self.kv_tokens >= self.seq_tokens
+        sampler_ok = not self.on_gpu[1] or (
+            self.kv_tokens >= self.seq_tokens and self.sampler_peak <= self.device_bytes
+        )
         return learner_ok and sampler_ok
 
 
@@ -134,11 +225,17 @@ def micro_tokens(cfg: Config) -> int:
     return whole if lr.max_tokens_per_micro_batch is None else min(whole, lr.max_tokens_per_micro_batch)
 
 
+def _packed_chunk(shape: Shape, b: int) -> int:
+    """The largest chunk vLLM's packed broadcast makes: past 1 GiB by at most one tensor."""
+    return PACKED_BUFFER_BYTES + shape.largest_tensor * b
+
+
 def learner_terms(
     cfg: Config, shape: Shape, *, on_gpu: bool, tokens: int | None = None, chunked: bool | None = None
 ) -> dict[str, int]:
-    """Bytes per learner rank by term (see the module docstring). ``chunked`` None: as the learner computes
-    them, in chunks at every ZeRO stage (`learners.learner.Learner._chunk_tokens`)."""
+    """Bytes per learner rank by term (see the module docstring; ``learner_peak`` adds them by phase).
+    ``chunked`` None: as the learner computes them, in chunks at every ZeRO stage
+    (`learners.learner.Learner._chunk_tokens`)."""
     lr = cfg.learners
     chunked = True if chunked is None else chunked
     b, p, n, z = DTYPE_BYTES[cfg.model.dtype], shape.params, lr.num, lr.zero_stage
@@ -149,6 +246,8 @@ def learner_terms(
     layer_token = b * (6 * h + 2 * kv + 4 * i)
     acts = (shape.layers * b * h + layer_token) * t if checkpointing else shape.layers * layer_token * t
     chunk = min(t, lr.logits_chunk_tokens) if chunked else t
+    head = shape.vocab * h * b
+    collective = on_gpu and cfg.async_.weight_sync == "collective"
     return {
         "weights": p * b // (n if z == 3 else 1),
         "gradients": (p * b // (n if z >= 2 else 1) + (4 * p // (n if z >= 1 else 1) if b < 4 else 0))
@@ -158,6 +257,11 @@ def learner_terms(
         "reference": p * b if cfg.loss.kl_coef > 0 else 0,
         "activations": acts,
         "logits": chunk * shape.vocab * (CHUNK_BYTES if chunked else b + 16),
+        "zero3_live": min(p, ZERO3_MAX_LIVE_PARAMETERS + ZERO3_PREFETCH_BUCKET) * b if z == 3 else 0,
+        "lm_head": (head if z == 3 else 0) + (head if z >= 2 and trains else 0),
+        "adamw_step": 4 * p // (n if z >= 1 else 1) if trains else 0,
+        "transfer": (3 if z == 3 else 2) * _packed_chunk(shape, b) if collective else 0,
+        "full_gather": p * b - p * b // n if z == 3 else 0,
     }
 
 
@@ -173,32 +277,43 @@ def plan(cfg: Config, shape: Shape, *, device_gib: float = 80.0) -> Plan:
     kv_tokens = max(0, budget) // per_token
     seq = m.max_prompt_len + m.max_response_len
     needed = s.requests_per_call * cfg.trainer.rollouts_per_question * seq
-    knobs = _knobs(cfg, shape, terms, device, on_gpu[0])
+    knobs = _knobs(cfg, terms, device, on_gpu[0])
+    receive = PACKED_NUM_BUFFERS * _packed_chunk(shape, b) if cfg.async_.weight_sync == "collective" else 0
     return Plan(
         learner=terms,
-        sampler={"weights": weights, "overhead": SAMPLER_OVERHEAD, "kv_cache": max(0, budget)},
+        sampler={
+            "weights": weights,
+            "overhead": SAMPLER_OVERHEAD,
+            "kv_cache": max(0, budget),
+            "receive": receive,
+        },
         kv_tokens=kv_tokens,
         kv_needed=needed,
         seq_tokens=seq,
         device_bytes=device,
         on_gpu=on_gpu,
         knobs=knobs,
+        checkpoint=checkpoint_bytes(cfg, shape),
+        checkpoints_kept=cfg.trainer.keep_checkpoints,
     )
 
 
-def _knobs(cfg: Config, shape: Shape, terms: dict[str, int], device: int, on_gpu: bool) -> tuple[str, ...]:
+def _knobs(cfg: Config, terms: dict[str, int], device: int, on_gpu: bool) -> tuple[str, ...]:
     """What would make an unfitting learner fit, most direct first."""
     lr = cfg.learners
     limit = HEADROOM * device
-    if not on_gpu or sum(terms.values()) <= limit:
+    if not on_gpu or learner_peak(terms) <= limit:
         return ()
     out = []
-    fixed = sum(v for k, v in terms.items() if k != "activations")  # logits shrink too: an upper bound
+    persistent = sum(terms[k] for k in PERSISTENT)
+    phases = phase_bytes(terms)
+    other_phases = max(v for k, v in phases.items() if k != "forward/backward")
+    fixed = phases["forward/backward"] - terms["activations"]  # logits shrink too: an upper bound
     per_token = terms["activations"] / max(1, micro_tokens(cfg))
     if lr.gradient_checkpointing == "off":
         out.append("set learners.gradient_checkpointing=on")
-    if fixed < limit:
-        fit = int((limit - fixed) / per_token)
+    if persistent + max(fixed, other_phases) < limit:
+        fit = int((limit - persistent - fixed) / per_token)
         if fit >= cfg.model.max_prompt_len + cfg.model.max_response_len:
             out.append(f"set learners.max_tokens_per_micro_batch={fit} or less")
         elif fit >= 1:
@@ -212,6 +327,13 @@ def _knobs(cfg: Config, shape: Shape, terms: dict[str, int], device: int, on_gpu
     return tuple(out)
 
 
+def _phase_of(term: str) -> str:
+    for name, keys in PHASES.items():
+        if term in keys:
+            return name + (" (rank 0)" if term == "transfer" else "")
+    return ""
+
+
 def render(p: Plan, *, title: str) -> str:
     """The plan as a small table (GiB), with the verdict and the knobs."""
 
@@ -219,11 +341,22 @@ def render(p: Plan, *, title: str) -> str:
         return f"{x / GIB:7.2f}"
 
     lines = [title, f"  learner rank ({'GPU' if p.on_gpu[0] else 'CPU, for information'}):"]
-    lines += [f"    {k:<12}{g(v)} GiB" for k, v in p.learner.items()]
-    lines.append(f"    {'peak':<12}{g(p.learner_peak)} GiB of {p.device_bytes / GIB:.0f} GiB")
+    lines += [f"    {k:<12}{g(v)} GiB  {_phase_of(k)}".rstrip() for k, v in p.learner.items()]
+    phases = phase_bytes(p.learner)
+    top = max(phases, key=lambda k: phases[k])
+    others = ", ".join(f"{k} {v / GIB:.2f}" for k, v in phases.items() if k != top)
+    persistent = sum(p.learner[k] for k in PERSISTENT)
+    lines.append(
+        f"    {'peak':<12}{g(p.learner_peak)} GiB of {p.device_bytes / GIB:.0f} GiB: weights to reference "
+        f"{persistent / GIB:.2f} + {top} {phases[top] / GIB:.2f} (the largest phase; {others})"
+    )
     if p.on_gpu[1]:
         lines.append("  sampler GPU:")
-        lines += [f"    {k:<12}{g(v)} GiB" for k, v in p.sampler.items()]
+        lines += [
+            f"    {k:<12}{g(v)} GiB" + ("  outside gpu_memory_utilization" if k == "receive" else "")
+            for k, v in p.sampler.items()
+        ]
+        lines.append(f"    {'total':<12}{g(p.sampler_peak)} GiB of {p.device_bytes / GIB:.0f} GiB")
         lines.append(
             f"    KV cache holds {p.kv_tokens} tokens; one call asks for {p.kv_needed} "
             f"({p.kv_tokens / max(1, p.kv_needed):.2f}x; below 1x vLLM queues and preempts)"
@@ -233,10 +366,55 @@ def render(p: Plan, *, title: str) -> str:
             "  fix: the sampler's KV cache holds less than one sequence: raise samplers.gpu_memory_utilization "
             "or samplers.tensor_parallel_size"
         )
+    if p.on_gpu[1] and p.sampler_peak > p.device_bytes:
+        lines.append(
+            "  fix: the sampler's receive buffers do not fit beside gpu_memory_utilization: lower "
+            "samplers.gpu_memory_utilization"
+        )
+    if p.checkpoint:
+        one = sum(p.checkpoint.values())
+        parts = " + ".join(f"{k} {v / GIB:.1f}" for k, v in p.checkpoint.items() if v)
+        lines.append(
+            f"  checkpoints: {one / GIB:.1f} GiB ({one / 1e9:.1f} GB) each ({parts} GiB); "
+            f"trainer.keep_checkpoints={p.checkpoints_kept} keeps {p.checkpoints_kept * one / GIB:.1f} GiB, "
+            f"{(p.checkpoints_kept + 1) * one / GIB:.1f} GiB while the next one is written"
+        )
     verdict = "fits" if p.fits else "DOES NOT FIT"
     lines.append(f"  plan: {verdict} (a learner fits under {HEADROOM:.0%} of the device)")
     lines += [f"  fix: {k}" for k in p.knobs]
     return "\n".join(lines)
+
+
+def longest_call(cfg: Config) -> str:
+    """The longest sampler call the run expects (`python -m exgrpo.run --dry-run`): its generated tokens, and
+    for GPU samplers its time at ``ASSUMED_GPU_TOKENS_PER_S`` against async.weight_timeout_s, which a
+    collective weight update must outlast (a sampler joins it only after its current call returns)."""
+    s, a = cfg.samplers, cfg.async_
+    k, length = cfg.trainer.rollouts_per_question, cfg.model.max_response_len
+    tokens = s.requests_per_call * k * length
+    line = (
+        f"longest sampler call: samplers.requests_per_call={s.requests_per_call} x K={k} x "
+        f"model.max_response_len={length} = {tokens} generated tokens"
+    )
+    if s.num_gpus == 0:
+        return line + " (CPU samplers: no rate assumed)"
+    seconds = tokens / ASSUMED_GPU_TOKENS_PER_S
+    line += (
+        f"; about {seconds:.0f} s at {ASSUMED_GPU_TOKENS_PER_S:.0f} tokens/s (the only GPU generation rate "
+        "recorded, HF generate on an H200, docs/gpu.md; vLLM should be faster)"
+    )
+    if a.weight_sync != "collective":
+        return line
+    if seconds <= a.weight_timeout_s:
+        return line + f"; within async.weight_timeout_s={a.weight_timeout_s:g}"
+    fit = int(a.weight_timeout_s * ASSUMED_GPU_TOKENS_PER_S // (k * length))
+    fixes = f"set async.weight_timeout_s={math.ceil(seconds / 100) * 100}"
+    if fit >= 1:
+        fixes += f" or samplers.requests_per_call={fit}"
+    return (
+        line + f"\n  warning: longer than async.weight_timeout_s={a.weight_timeout_s:g}: a collective weight "
+        f"update waits for the call to end and would time out; {fixes}"
+    )
 
 
 def dry_run_report(

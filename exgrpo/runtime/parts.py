@@ -135,6 +135,22 @@ def transfer_backend(cfg: Config) -> str | None:
     return backend_for("cuda" if cfg.samplers.num_gpus > 0 else "cpu")
 
 
+def engine_process(cfg: Config) -> str:
+    """Where a vLLM sampler's engine core runs (`samplers.engine_process`): auto = its own process on GPUs
+    (vLLM's default there), in the sampler's process on CPU."""
+    chosen = cfg.samplers.engine_process
+    if chosen == "auto":
+        return "child" if cfg.samplers.num_gpus > 0 else "inline"
+    return chosen
+
+
+def seeded(cfg: Config) -> bool:
+    """Whether samplers seed each request (`samplers.seeded`; null = on CPU samplers only: GPU numerics are
+    not bitwise reproducible anyway, and a seeded request takes vLLM's slower per-sequence sampling path)."""
+    chosen = cfg.samplers.seeded
+    return cfg.samplers.num_gpus == 0 if chosen is None else chosen
+
+
 def place_sampler(
     cls: type,
     *,
@@ -191,6 +207,7 @@ class SamplerSpawner:
             tensor_parallel_size=s.tensor_parallel_size,
             enforce_eager=s.enforce_eager,
             gpus_per_worker=s.num_gpus,
+            engine_process=engine_process(cfg),
         )
         self.groups: dict[int, Any] = {}  # id(sampler handle) -> its placement group (tensor-parallel)
 
@@ -219,6 +236,7 @@ class SamplerSpawner:
             replay=self.replay,
             seed=cfg.trainer.seed,
             rollouts_per_question=cfg.trainer.rollouts_per_question,
+            seeded=seeded(cfg),
             **extra,
         )
         if group is not None:
@@ -264,7 +282,11 @@ def make_transport(cfg: Config, *, learners: Any, samplers: SamplerPool) -> Weig
     from exgrpo.transport import broadcast
 
     weights = broadcast.make_transport(
-        cfg.async_.weight_sync, learners=learners, samplers=samplers, timeout_s=cfg.async_.weight_timeout_s
+        cfg.async_.weight_sync,
+        learners=learners,
+        samplers=samplers,
+        timeout_s=cfg.async_.weight_timeout_s,
+        max_failures=cfg.async_.max_weight_failures,
     )
     samplers.on_new = weights.catch_up
     return weights

@@ -16,6 +16,7 @@ cluster against the plan, the GPU memory plan; it returns the model directory th
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,14 +25,28 @@ from exgrpo.core.config import Config, ConfigError, builtin_name
 if TYPE_CHECKING:
     from exgrpo.core.records import Prompt
 
+log = logging.getLogger(__name__)
+
 
 def preflight(cfg: Config, *, resume: bool = False) -> list[str]:
     """The checks of a start before Ray (module docstring); one line per check passed, else the start's error.
     `resume`: the model is the checkpoint's (`exgrpo.loop.checkpoint.resume_report` checks it), not `model.path`."""
     model = ["model: the latest checkpoint's (checked with the resume)"] if resume else check_model(cfg)
     path = None if resume else model_dir(cfg)
-    lines = [check_reward(cfg), *model, check_data(cfg, model_path=path)]
+    lines = [check_reward(cfg), *model, check_data(cfg, model_path=path), untested(cfg)]
     return [line for line in lines if line]
+
+
+def untested(cfg: Config) -> str:
+    """A warning for the settings a start accepts although no GPU run has shown them ("" when none): tensor-
+    parallel GPU samplers, accepted only with `samplers.allow_untested_tp` (exgrpo/core/config_checks.py)."""
+    s = cfg.samplers
+    if s.tensor_parallel_size > 1 and s.num_gpus > 0:
+        return (
+            f"warning: samplers.tensor_parallel_size={s.tensor_parallel_size} on GPUs is untested (no tensor-parallel "
+            "sampler has run on a GPU yet); accepted because samplers.allow_untested_tp=true"
+        )
+    return ""
 
 
 def check_start(cfg: Config, *, model_path: str, run_dir: str | Path | None = None) -> str:
@@ -49,6 +64,8 @@ def check_start(cfg: Config, *, model_path: str, run_dir: str | Path | None = No
         model_path,
         out_root=Path(run_dir) if run_dir is not None else Path(cfg.model.cache_dir) / "models",
     )
+    if warning := untested(cfg):
+        log.warning("%s", warning)
     check_cluster(cfg, model_path=model_path)
     memory, fits = dry_run_report(cfg, model_path=str(model_path))  # GPU runs: the memory plan must fit
     if not fits:

@@ -35,6 +35,7 @@ from typing import Any
 
 from exgrpo.core.config import Config, ConfigError
 from exgrpo.core.names import CONTROLLER, learner_name, replay_name, sampler_name
+from exgrpo.runtime.memory_plan import longest_call
 
 log = logging.getLogger(__name__)
 
@@ -172,11 +173,11 @@ def _gpu_fixes(cfg: Config, have: float, need: float) -> list[str]:
             n = math.floor(free_for_samplers / sampler_gpus(cfg) + 1e-9)
             if 1 <= n < s.num:
                 fixes.append(f"set samplers.num={n}")
-            per = _floor2(free_for_samplers / (s.num * s.tensor_parallel_size))
-            if 0 < per < s.num_gpus:
-                fixes.append(
-                    f"set samplers.num_gpus={_num(per)} (vLLM: lower samplers.gpu_memory_utilization too)"
-                )
+            # whole GPUs only: a share of one puts two engines (and, with async.weight_sync=collective, two
+            # NCCL ranks) on one device (exgrpo/core/config_checks.py refuses that)
+            per = math.floor(free_for_samplers / (s.num * s.tensor_parallel_size) + 1e-9)
+            if 1 <= per < s.num_gpus:
+                fixes.append(f"set samplers.num_gpus={per}")
     fixes.append(f"use a cluster with {_num(math.ceil(need - 1e-9))} GPUs")
     return fixes
 
@@ -319,7 +320,7 @@ def check_cluster(cfg: Config, *, model_path: str | Path | None = None, wait_s: 
 
 
 def placement_plan(cfg: Config) -> str:
-    """Which actors start, with which resources (`python -m exgrpo.run --dry-run`)."""
+    """Which actors start, with which resources, and the longest sampler call (`python -m exgrpo.run --dry-run`)."""
     s, lr, r = cfg.samplers, cfg.learners, cfg.replay
     rows = [
         (learner_name(i), lr.num_cpus, lr.num_gpus, "placement group 'learners' (PACK)")
@@ -341,6 +342,7 @@ def placement_plan(cfg: Config) -> str:
         f"total: {sum(c for _, c, _, _ in rows):g} CPUs, {sum(g for _, _, g, _ in rows):g} GPUs; learner ZeRO "
         f"stage {lr.zero_stage}, weight sync {cfg.async_.weight_sync}, max staleness {cfg.async_.max_staleness}"
     )
+    lines.append(longest_call(cfg))
     return "\n".join(lines)
 
 

@@ -34,7 +34,7 @@ import ray
 
 from exgrpo.core import metric_names as M
 
-__all__ = ["ObjectStoreTransport", "VLLMTransport", "make_transport"]
+__all__ = ["ObjectStoreTransport", "VLLMTransport", "WeightSyncFailed", "make_transport"]
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +63,23 @@ class WeightProvider(Protocol):
     def version(self) -> int: ...
 
 
-class _Loads:
-    """Sampler weight loads in flight (each returns its seconds); ``take`` collects the finished ones."""
+class WeightSyncFailed(RuntimeError):
+    """Weight loads or updates failed `max_failures` times in a row: the run stops with the last cause."""
 
-    def __init__(self) -> None:
+
+class _Loads:
+    """Sampler weight loads in flight (each returns its seconds); ``take`` collects the finished ones.
+
+    A load that raised leaves its sampler refusing to generate (``actors.sampler.Sampler.weights_failed``),
+    so the pool replaces it; a newer load that succeeds restores it. Failures are counted in a row across
+    every sampler (a success resets the count); at ``max_failures`` in a row ``take`` raises
+    `WeightSyncFailed` with the last cause, instead of a run that keeps sampling from old weights."""
+
+    def __init__(self, *, max_failures: int = 3) -> None:
         self._refs: list[Any] = []
+        self.max_failures = max_failures
+        self.failed_in_a_row = 0
+        self.failures = 0  # every failed load or update of this run
 
     def add(self, refs: Sequence[Any]) -> None:
         self._refs.extend(refs)
@@ -80,9 +92,27 @@ class _Loads:
         for ref in ready:
             try:
                 out.append(float(ray.get(ref)))
-            except Exception as e:  # noqa: BLE001 - the pool notices a dead sampler on its next request
-                log.warning("a sampler weight load failed: %s", e)
+            except (
+                ray.exceptions.RayActorError
+            ) as e:  # a dead sampler: the pool replaces it, not a load failure
+                log.warning("a sampler died before its weight load finished: %s", e)
+                continue
+            except Exception as e:  # noqa: BLE001 - counted; the sampler refuses requests until it loads
+                self.failed(f"a sampler's weight load failed: {e}")
+                continue
+            self.failed_in_a_row = 0
         return out
+
+    def failed(self, cause: str) -> None:
+        """Count one failed load or update; raise once `max_failures` happened in a row."""
+        self.failures += 1
+        self.failed_in_a_row += 1
+        log.error("%s (%d in a row)", cause, self.failed_in_a_row)
+        if self.failed_in_a_row >= self.max_failures:
+            raise WeightSyncFailed(
+                f"{self.failed_in_a_row} weight loads/updates failed in a row (async.max_weight_failures="
+                f"{self.max_failures}); the samplers cannot take the learner's weights. Last cause: {cause}"
+            )
 
 
 def _metrics(start: float, loads: Sequence[float]) -> dict[str, float]:
@@ -95,11 +125,11 @@ def _metrics(start: float, loads: Sequence[float]) -> dict[str, float]:
 class ObjectStoreTransport:
     """Rank 0's packed weights, put in the object store once per version, loaded by every sampler."""
 
-    def __init__(self, *, learners: WeightProvider, samplers: SamplerMembers) -> None:
+    def __init__(self, *, learners: WeightProvider, samplers: SamplerMembers, max_failures: int = 3) -> None:
         self._learners, self._samplers = learners, samplers
         self._published: tuple[Any, int] | None = None  # (object ref, version) of the last broadcast
         self._prepared: dict[int, Any] = {}  # version -> the export queued behind the update that makes it
-        self._loads = _Loads()
+        self._loads = _Loads(max_failures=max_failures)
 
     def prepare(self, *, version: int) -> None:
         """Queue rank 0's export behind the update that makes `version` (it runs before any later update)."""
@@ -131,7 +161,12 @@ class VLLMTransport:
     """Learner rank 0 drives vLLM's weight-transfer API to every vLLM sampler; newcomers catch up by object store."""
 
     def __init__(
-        self, *, learners: WeightProvider, samplers: SamplerMembers, timeout_s: float = 300.0
+        self,
+        *,
+        learners: WeightProvider,
+        samplers: SamplerMembers,
+        timeout_s: float = 300.0,
+        max_failures: int = 3,
     ) -> None:
         self._learners, self._samplers = learners, samplers
         self.timeout_s = (
@@ -139,7 +174,7 @@ class VLLMTransport:
         )
         self._broadcast_once = False
         self._export: tuple[Any, int] | None = None  # catch-up weights exported since the last broadcast
-        self._loads = _Loads()
+        self._loads = _Loads(max_failures=max_failures)
         self.fallbacks = 0  # versions that went through the object store because a broadcast failed
         self.last: dict[
             str, Any
@@ -177,11 +212,13 @@ class VLLMTransport:
         try:
             self.last = push.result()
             applied = list(self.last.get("apply_s", []))
+            self._loads.failed_in_a_row = 0
         except ray.exceptions.RayError as e:
             log.warning(
                 "weight transfer of version %d failed (%s); sending it through the object store", version, e
             )
             self.fallbacks += 1
+            self._loads.failed(f"the weight transfer of version {version} failed: {e}")
             # rank 0 runs calls in order: an update started since holds newer weights, tagged as what they are
             ref, current = self._learners.get_weights_ref(), self._learners.version()
             self._loads.add([h.load_weights.remote(weights=ref, version=current) for h in members.values()])
@@ -203,10 +240,13 @@ def make_transport(
     learners: WeightProvider,
     samplers: SamplerMembers,
     timeout_s: float = 300.0,
+    max_failures: int = 3,
 ) -> ObjectStoreTransport | VLLMTransport:
     """The transport named by the config value ``async.weight_sync``."""
     if kind == "object_store":
-        return ObjectStoreTransport(learners=learners, samplers=samplers)
+        return ObjectStoreTransport(learners=learners, samplers=samplers, max_failures=max_failures)
     if kind == "collective":
-        return VLLMTransport(learners=learners, samplers=samplers, timeout_s=timeout_s)
+        return VLLMTransport(
+            learners=learners, samplers=samplers, timeout_s=timeout_s, max_failures=max_failures
+        )
     raise ValueError(f"unknown weight transport {kind!r}; choose 'object_store' or 'collective'")

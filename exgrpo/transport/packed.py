@@ -60,24 +60,7 @@ class Packer:
         """The state dict's bytes; slots keep its order, and the matrices come first in the buffer, in
         that order, so the parts of a fused layer (q/k/v, gate/up) lie back to back, with no bias between
         them, whenever their sizes are multiples of ALIGN (a vLLM sampler then views them as one matrix)."""
-        offsets: dict[tuple[int, torch.dtype, tuple[int, ...]], int] = {}
-        total = 0
-        for matrices in (True, False):
-            for t in state.values():
-                key = (t.data_ptr(), t.dtype, tuple(t.shape))
-                if (t.dim() >= 2) == matrices and key not in offsets:  # a tied tensor is stored once
-                    offsets[key] = total
-                    total += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
-        layout = [
-            TensorSlot(
-                name,
-                str(t.dtype).removeprefix("torch."),
-                tuple(t.shape),
-                offsets[(t.data_ptr(), t.dtype, tuple(t.shape))],
-                t.numel() * t.element_size(),
-            )
-            for name, t in state.items()
-        ]
+        layout, total = plan_layout(state)
         if self._buffer is None or self._buffer.numel() != total or tuple(layout) != self._layout:
             self._buffer = torch.empty(total, dtype=torch.uint8)
             self._layout = tuple(layout)
@@ -88,6 +71,30 @@ class Packer:
                     _view(self._buffer, slot).copy_(t.detach())
                     written.add(slot.offset)
         return PackedWeights(layout=self._layout, buffer=self._buffer.numpy())
+
+
+def plan_layout(state: Mapping[str, torch.Tensor]) -> tuple[list[TensorSlot], int]:
+    """Each entry's slot in a packed buffer and the buffer's size: matrices first, in state-dict order (the
+    parts of a fused layer lie back to back), then the rest; a tied tensor once, every slot ALIGN-aligned."""
+    offsets: dict[tuple[int, torch.dtype, tuple[int, ...]], int] = {}
+    total = 0
+    for matrices in (True, False):
+        for t in state.values():
+            key = (t.data_ptr(), t.dtype, tuple(t.shape))
+            if (t.dim() >= 2) == matrices and key not in offsets:  # a tied tensor is stored once
+                offsets[key] = total
+                total += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+    layout = [
+        TensorSlot(
+            name,
+            str(t.dtype).removeprefix("torch."),
+            tuple(t.shape),
+            offsets[(t.data_ptr(), t.dtype, tuple(t.shape))],
+            t.numel() * t.element_size(),
+        )
+        for name, t in state.items()
+    ]
+    return layout, total
 
 
 def _view(buffer: torch.Tensor, slot: TensorSlot) -> torch.Tensor:

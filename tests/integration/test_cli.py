@@ -171,7 +171,9 @@ def test_bad_data_file_fails_with_rows_named(tmp_path):
 
 
 def test_plan_that_cannot_fit_fails_at_once(tmp_path):
-    out = run_cli(tmp_path, "--config", "tiny-cpu", "samplers.num_gpus=1", timeout=300)
+    out = run_cli(
+        tmp_path, "--config", "tiny-cpu", "samplers.engine=vllm", "samplers.num_gpus=1", timeout=300
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     assert "the plan needs 2 GPUs (2 samplers x 1 + 1 learner x 0) but the cluster has 0" in out.stderr
     assert "samplers.num_gpus=0" in out.stderr and "Traceback" not in out.stderr

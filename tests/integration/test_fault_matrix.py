@@ -67,9 +67,13 @@ EXPECTED = {
 }
 
 
+# points the matrix's runs never reach (its transport opens no weight-transfer world), armed by another test
+ELSEWHERE = {"sampler.transfer_init": "tests/integration/test_transports.py"}
+
+
 def test_every_fault_point_has_a_cell():
     points = {faults.parse(entry)[0].point for _, entry in EXPECTED}
-    assert points == set(faults.POINTS)
+    assert points | set(ELSEWHERE) == set(faults.POINTS)
 
 
 class Batches(Observer):

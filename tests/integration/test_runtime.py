@@ -176,6 +176,7 @@ def test_vllm_eta0_through_the_weight_transfer_api(ray_cluster, tmp_path, model_
             "samplers.engine=vllm",
             "samplers.num=1",
             "async.weight_sync=collective",
+            "samplers.engine_process=child",  # the layout GPUs use: vLLM's engine core in its own process
         ],
     )
     check_batches(cfg, batches, records)
@@ -187,7 +188,11 @@ def test_vllm_eta0_through_the_weight_transfer_api(ray_cluster, tmp_path, model_
 @pytest.mark.vllm
 def test_vllm_engine(ray_cluster, tmp_path, model_path, single_digit_data):
     cfg, records, batches, learner_sums, sampler_sums, versions = run(
-        tmp_path, model_path, single_digit_data, ["trainer.steps=3", "samplers.engine=vllm", "samplers.num=1"]
+        tmp_path,
+        model_path,
+        single_digit_data,
+        # the layout GPUs use (the engine core in its own process): the default object-store weights reach it
+        ["trainer.steps=3", "samplers.engine=vllm", "samplers.num=1", "samplers.engine_process=child"],
     )
     check_batches(cfg, batches, records)
     assert versions == [3]

@@ -21,6 +21,7 @@ import ray  # noqa: E402
 
 from actors.pool import SamplerPool  # noqa: E402
 from actors.sampler import EngineSpec, Sampler  # noqa: E402
+from exgrpo.core import faults  # noqa: E402
 from exgrpo.core import metric_names as M  # noqa: E402
 from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
 from exgrpo.core.records import GenerationRequest, Group, Prompt, TrainBatch, Trajectory  # noqa: E402
@@ -216,6 +217,53 @@ def test_vllm_api_falls_back_to_the_object_store_when_a_sampler_died(learners, m
         pool.scale(num=1)
     finally:
         pool.shutdown()
+
+
+@pytest.mark.vllm
+def test_a_sampler_that_dies_between_joining_and_the_transfer_costs_one_fallback(
+    learners, model_dir, tmp_path, monkeypatch
+):
+    """A sampler acknowledges the new world (`join_world`) and dies before it joins: rank 0 gives up on the
+    world within the bound, the version goes through the object store, the pool replaces the dead sampler
+    (its requests re-queued), and the next broadcast brings every sampler to the latest version."""
+    pytest.importorskip("vllm")
+    pool = _pool(model_dir, "joins", engine="vllm")
+    transport = VLLMTransport(learners=learners, samplers=pool, timeout_s=20)
+    try:
+        _start(pool, transport, 1)
+        transport.broadcast(version=learners.version())
+        monkeypatch.setenv(faults.FAULTS_VAR, "joins-1:sampler.transfer_init@1")  # read as the actor starts
+        monkeypatch.setenv(faults.FAULTS_DIR_VAR, str(tmp_path / "fired"))
+        pool.scale(num=2)
+        pool.wait_started(timeout_s=300)
+        monkeypatch.delenv(faults.FAULTS_VAR)  # its replacement starts without the fault
+        v = _step(learners)
+        t0 = time.perf_counter()
+        transport.broadcast(version=v)  # a new world (a new member): joins-1 acknowledges it, then dies
+        assert time.perf_counter() - t0 < 60 and transport.fallbacks == 1
+        [fired] = faults.fired(tmp_path / "fired")
+        assert fired["actor"] == "joins-1"
+        pool.submit(
+            requests=[_request(i) for i in range(4)]
+        )  # the pool finds the dead sampler and replaces it
+        done = []
+        deadline = time.monotonic() + 300
+        while len(done) < 4 and time.monotonic() < deadline:
+            done += pool.poll(timeout_s=5)
+        assert sorted(r for res in done for r in res.request_ids) == [0, 1, 2, 3]  # none lost
+        assert pool.restarts == 1
+        pool.wait_started(timeout_s=300)
+        v = _step(learners)
+        transport.broadcast(version=v)  # the rebuilt world: the survivor and the replacement
+        assert transport.fallbacks == 1
+        assert len(pool.members()) == 2
+        _assert_in_sync(pool, learners, v, rel=VLLM_REL)
+    finally:
+        pool.shutdown()
+
+
+def _request(i: int) -> GenerationRequest:
+    return GenerationRequest(request_id=i, prompt=Prompt(qid=f"q{i}", question="1+1", answer="2"), n=2)
 
 
 def test_make_transport_rejects_unknown_kinds():

@@ -53,13 +53,25 @@ def test_too_few_cpus_names_the_need_and_the_fixes():
 
 
 def test_gpus_on_a_cpu_cluster():
-    cfg = cfg_of("samplers.num_gpus=1", "learners.num_gpus=1", "samplers.num=2")
+    cfg = cfg_of("samplers.engine=vllm", "samplers.num_gpus=1", "learners.num_gpus=1", "samplers.num=2")
     problems = shortfalls(cfg, plan_resources(cfg), {"CPU": 64.0})
     assert len(problems) == 1
     assert "needs 3 GPUs (2 samplers x 1 + 1 learner x 1) but the cluster has 0" in problems[0]
     assert "samplers.num_gpus=0 learners.num_gpus=0" in problems[0]
     problems = shortfalls(cfg, plan_resources(cfg), {"CPU": 64.0, "GPU": 2.0})
     assert "samplers.num=1" in problems[0]
+
+
+def test_gpu_fixes_never_suggest_a_share_of_a_gpu():
+    """A fractional samplers.num_gpus puts two engines (and, with the collective transport, two NCCL ranks) on
+    one device, which the config refuses: the fixes name whole GPUs only."""
+    cfg = cfg_of("samplers.engine=vllm", "samplers.num_gpus=1", "learners.num_gpus=1", "samplers.num=4")
+    problems = shortfalls(cfg, plan_resources(cfg), {"CPU": 64.0, "GPU": 3.0})
+    assert len(problems) == 1 and "samplers.num=2" in problems[0]
+    assert "samplers.num_gpus=0." not in problems[0] and "gpu_memory_utilization" not in problems[0]
+    two = cfg_of("samplers.engine=vllm", "samplers.num_gpus=2", "learners.num_gpus=1", "samplers.num=2")
+    problems = shortfalls(two, plan_resources(two), {"CPU": 64.0, "GPU": 3.0})
+    assert "samplers.num_gpus=1" in problems[0]  # a whole GPU is still a valid suggestion
 
 
 def test_a_bundle_larger_than_any_node():

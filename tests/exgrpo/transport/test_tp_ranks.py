@@ -59,11 +59,18 @@ def test_tp_needs_vllm_and_gpus():
         _cfg(tensor_parallel_size=2, engine="vllm", num_gpus=0.0)
     with pytest.raises(ConfigError, match="0 < samplers.num_gpus <= 1"):
         _cfg(tensor_parallel_size=2, engine="vllm", num_gpus=2.0)
-    _cfg(tensor_parallel_size=2, engine="vllm", num_gpus=1.0)  # valid
+    _cfg(tensor_parallel_size=2, engine="vllm", num_gpus=1.0, allow_untested_tp=True)  # valid, acknowledged
 
 
 def test_plan_counts_tp_times_gpus_per_sampler():
-    cfg = _cfg(num=3, tensor_parallel_size=4, engine="vllm", num_gpus=0.5)
+    cfg = _cfg(
+        num=3,
+        tensor_parallel_size=4,
+        engine="vllm",
+        num_gpus=0.5,
+        allow_untested_tp=True,
+        gpu_memory_utilization=0.45,
+    )
     plan = plan_resources(cfg)
     sampler = next(d for d in plan.demands if d.role == "sampler")
     assert (sampler.count, sampler.num_gpus) == (3, 2.0)
