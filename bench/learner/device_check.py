@@ -1,24 +1,29 @@
-"""Device check: one command for a GPU session, under 8 minutes, every figure into one JSON.
+"""Device check: one command for a GPU session, under 6 minutes, every figure into one JSON.
 
-    python3 -m bench.learner.device_check --out $OUT                            # on the H200: 1.5B, bf16
+    python3 -m bench.learner.device_check --out $OUT                            # on the H200
     .venv/bin/python -m bench.learner.device_check --cpu-smoke --out /tmp/dc   # tiny, CPU (gloo): the logic
 
+The default parts answer issue 41's open GPU questions (``bench/learner/device_questions.py`` has them):
+``export`` (the learner's ZeRO-2 and ZeRO-3 weight export through vLLM 0.32's packed-broadcast producer and
+consumer, the vLLM files carried by ``bench/learner/carry_vllm.py``), ``memory`` (a learner of
+Qwen2.5-Math-7B's layer shapes under the 7B recipe, peaks beside the memory plan), ``slicing`` (long-tailed
+lengths in the recipe's micro-batches) and ``sdpa`` (padded masked attention against per-row calls, and the
+backend that ran): 140 + 110 + 50 + 40 s at most, ``--budget-s`` 340. The device has no DeepSpeed, hjson or
+pydantic: carry them as wheels (``scripts/device_wheels.sh``), and vLLM's files (``carry_vllm``).
+
+The parts that already passed on an H200 (docs/benchmarks.md, "GPU device check") still run when named in
+``--parts``:
 Part ``learner``: the project's own ``learners.learner.Learner`` (DeepSpeed ZeRO-2 at world size 1, the
     1.5B recipe's learner section, gradient checkpointing on unless ``--no-checkpointing``) on a
-    Qwen2.5-1.5B-shaped random model (no download), bf16, 2 groups x 8 rollouts of 512 prompt + 7680
-    response tokens (8192 per sequence) per update: tokens/s, MFU against 790 TFLOP/s, and peak memory
-    against the memory plan's prediction (``bench/learner/device_learner.py`` has the formulas). The device
-    has no DeepSpeed, hjson or pydantic: carry them as wheels (``scripts/device_wheels.sh``).
-Part ``equality`` (``bench/learner/device_equality.py``): the same three updates of a small random Qwen2
-    model under ZeRO 0-3, chunked and whole lm_head log-probs, float32 and bfloat16, each against float32 ZeRO-0 with
-    whole logits: loss, grad norm and weights within the stated tolerances (world size 1 on the one device).
-Part ``broadcast`` (``bench/learner/device_broadcast.py``): the model's packed bf16 parameters from one process
-    to another on the one device (NCCL, or CUDA IPC where NCCL refuses two ranks on one GPU), beside a
-    device-to-device memcpy floor, every chunk checksummed on both sides.
-Each part runs in its own spawned process(es) under a hard time limit (killed past it, the part
-recorded as failed, the other part still runs); the whole run stays under ``--budget-s``. The JSON
-goes to ``--out`` (a ``.json`` path, or a folder that gets ``device_check.json``). Exit status 1 when a
-part failed (no figure), 0 otherwise, also when only the NCCL attempt failed and IPC stood in.
+    Qwen2.5-1.5B-shaped random model, bf16, 2 groups x 8 rollouts of 8192 tokens per update: tokens/s,
+    MFU against 790 TFLOP/s, peak memory against the memory plan (``bench/learner/device_learner.py``).
+Part ``equality`` (``bench/learner/device_equality.py``): three updates of a small random Qwen2 model under
+    ZeRO 0-3, chunked and whole lm_head log-probs, float32 and bfloat16, against float32 ZeRO-0.
+Part ``broadcast`` (``bench/learner/device_broadcast.py``): packed bf16 parameters between two processes on
+    the one device (NCCL, or CUDA IPC where NCCL refuses two ranks on one GPU), beside a memcpy floor.
+Each part runs in its own spawned process(es) under a hard time limit (killed past it, the part recorded
+as failed, the others still run); the whole run stays under ``--budget-s``. The JSON goes to ``--out`` (a
+``.json`` path, or a folder that gets ``device_check.json``). Exit status 1 when a part failed, else 0.
 """
 
 from __future__ import annotations
@@ -37,6 +42,13 @@ from bench.learner.device_broadcast import check_broadcast
 from bench.learner.device_equality import GPU_EQ_SHAPE, check_equality
 from bench.learner.device_learner import GPU_SHAPE, PEAK_TFLOPS, SMOKE_SHAPE, check_learner
 from bench.learner.device_procs import run_processes
+from bench.learner.device_questions import (
+    LIMITS_S,
+    QUESTION_PARTS,
+    PartFailed,
+    add_arguments,
+    run_question_part,
+)
 
 
 def _nccl_version() -> str | None:
@@ -63,7 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="JSON path or folder")
     parser.add_argument(
-        "--parts", default="equality,learner,broadcast", help="comma-separated: equality, learner, broadcast"
+        "--parts",
+        default=",".join(QUESTION_PARTS),
+        help="comma-separated: export, memory, slicing, sdpa (the default), equality, learner, broadcast",
     )
     parser.add_argument("--equality-timeout-s", type=float, default=150.0, help="the equality part")
     parser.add_argument("--warm", type=int, default=None, help="untimed updates (GPU 2, smoke 1)")
@@ -89,7 +103,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS, help="MFU denominator")
     parser.add_argument("--learner-timeout-s", type=float, default=240.0)
     parser.add_argument("--broadcast-timeout-s", type=float, default=150.0, help="both pairs together")
-    parser.add_argument("--budget-s", type=float, default=450.0, help="whole run (parts are cut to fit)")
+    parser.add_argument("--budget-s", type=float, default=340.0, help="whole run (parts are cut to fit)")
+    add_arguments(parser)
     return parser
 
 
@@ -177,12 +192,18 @@ def main(argv: list[str] | None = None) -> int:
     for part in parts:
         t0 = time.monotonic()
         timeouts = {"learner": args.learner_timeout_s, "equality": args.equality_timeout_s}
+        timeouts.update({p: getattr(args, f"{p}_timeout_s") for p in LIMITS_S})
         limit = min(timeouts.get(part, args.broadcast_timeout_s), remaining())
         try:
             if limit < 10:
                 raise TimeoutError(f"only {limit:.0f} s of the budget left")
-            report["parts"][part] = _run_part(part, args, kind=kind, limit=limit, ctx=ctx)
+            if part in QUESTION_PARTS:
+                report["parts"][part] = run_question_part(part, args, kind=kind, limit=limit, ctx=ctx)
+            else:
+                report["parts"][part] = _run_part(part, args, kind=kind, limit=limit, ctx=ctx)
         except Exception as exc:  # noqa: BLE001 - one part's failure must not stop the others
+            if isinstance(exc, PartFailed) and exc.result:
+                report["parts"][part] = exc.result  # the figures it has
             report["errors"][part] = f"{type(exc).__name__}: {exc}"
             print(f"\n!!! PART {part} FAILED: {report['errors'][part]}\n", file=sys.stderr, flush=True)
         print(f"[device_check] part {part}: {time.monotonic() - t0:.1f} s", flush=True)

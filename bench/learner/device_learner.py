@@ -43,7 +43,7 @@ from bench.learner.gpu_learner import (
     timed_updates,
 )
 from exgrpo.core.config import Config, from_dict
-from exgrpo.runtime.memory_plan import GIB, learner_terms, read_shape
+from exgrpo.runtime.memory_plan import GIB, learner_peak, learner_terms, read_shape
 
 PEAK_TFLOPS = 790.0  # bf16 dense, 8192^3 matmul measured on an H200
 # the 1.5B shape at 8k tokens per sequence: 2 groups x 8 rollouts of 512 prompt + 7680 response tokens
@@ -132,7 +132,7 @@ def check_learner(
     attn_flops = 6 * shape.layers * shape.hidden * rows * seq * seq  # 3 (fwd+bwd) x 2 matmuls x 2 S^2 d / 2
     hw_flops = (8 + 2 * int(checkpointing)) * params * tokens
     peak = peak_gib(dev)
-    predicted = sum(plan.values()) / GIB
+    predicted = learner_peak(plan) / GIB  # persistent terms + the largest phase
     out = {
         "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
         "learner": f"learners.learner.Learner, DeepSpeed ZeRO-{cfg.learners.zero_stage}, world size 1",

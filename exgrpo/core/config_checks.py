@@ -167,6 +167,22 @@ def validate(cfg: Config) -> None:
             "tensor parallelism here; use tensor_parallel_size=1)",
         ),
         (
+            lr.num_cpus + lr.num_gpus > 0,
+            "learners.num_cpus and learners.num_gpus are both 0: a learner's placement-group bundle must "
+            "reserve something; set learners.num_cpus=1",
+        ),
+    ]
+    errors += [msg for ok, msg in checks + _gpu_sampler_checks(cfg) if not ok]
+    if errors:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def _gpu_sampler_checks(cfg: Config) -> list[tuple[bool, str]]:
+    """What cannot work with samplers on GPUs: shared GPUs under NCCL or beyond their memory, HF samplers that
+    would never use their GPU, tensor parallelism that has never run on one."""
+    s = cfg.samplers
+    return [
+        (
             cfg.async_.weight_sync != "collective" or s.num_gpus == 0 or _whole_gpus(s.num_gpus),
             f"async.weight_sync=collective with samplers.num_gpus={s.num_gpus:g}: every sampler engine rank "
             "joins one NCCL world with learner rank 0, and NCCL refuses two ranks on one device; use "
@@ -194,15 +210,7 @@ def validate(cfg: Config) -> None:
             "use samplers.tensor_parallel_size=1 (more samplers instead of larger ones), or set "
             "samplers.allow_untested_tp=true to try it",
         ),
-        (
-            lr.num_cpus + lr.num_gpus > 0,
-            "learners.num_cpus and learners.num_gpus are both 0: a learner's placement-group bundle must "
-            "reserve something; set learners.num_cpus=1",
-        ),
     ]
-    errors += [msg for ok, msg in checks if not ok]
-    if errors:
-        raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 
 
 def _whole_gpus(n: float) -> bool:

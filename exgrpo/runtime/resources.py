@@ -35,7 +35,7 @@ from typing import Any
 
 from exgrpo.core.config import Config, ConfigError
 from exgrpo.core.names import CONTROLLER, learner_name, replay_name, sampler_name
-from exgrpo.runtime.memory_plan import longest_call
+from exgrpo.runtime.longest_call import longest_call
 
 log = logging.getLogger(__name__)
 

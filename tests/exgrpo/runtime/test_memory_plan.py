@@ -8,15 +8,14 @@ import pytest
 
 from exgrpo import plan as plan_cli
 from exgrpo.core.config_files import load_config
+from exgrpo.runtime.longest_call import ASSUMED_GPU_TOKENS_PER_S, longest_call
 from exgrpo.runtime.memory_plan import (
-    ASSUMED_GPU_TOKENS_PER_S,
     GIB,
     KNOWN,
     PACKED_BUFFER_BYTES,
     Shape,
     learner_peak,
     learner_terms,
-    longest_call,
     plan,
     read_shape,
     render,
