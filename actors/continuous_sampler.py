@@ -22,7 +22,7 @@ staleness <= eta holds as with the synchronous sampler.
 Shared with `Sampler` (`actors.sampler_common`): the engine spec and context check, the seeds (`request_seed`), the reward
 (`make_scorer`: its worker pool takes calls from any thread; scoring runs in a thread, one request at a time,
 so the failure counts stay per request) and the group records (`actors.sampling.build_groups`).
-Seeds are fixed per request, but a run is not repeatable bit for bit: which tokens a version sampled
+Seeds are fixed per request (unless `seeded=False`: `samplers.seeded`), but a run is not repeatable bit for bit: which tokens a version sampled
 depends on when its weights arrived.
 """
 
@@ -73,7 +73,10 @@ class ContinuousSampler:
         seed: int = 0,
         rollouts_per_question: int = 8,
         version_timeout_s: float = 600.0,
+        seeded: bool = True,
     ) -> None:
+        """`seeded`: each request (and evaluation sample) carries its seed; False: none (vLLM's batched
+        sampler instead of its per-sequence seeded path)."""
         torch.set_num_threads(1)
         self.name = sampler_name(index)
         if engine.kind != "vllm" or engine.weight_transfer is not None or engine.tensor_parallel_size != 1:
@@ -93,6 +96,7 @@ class ContinuousSampler:
         self.replay = replay
         self._push = CoalescedPush(replay.push) if replay is not None else None
         self._seed = seed
+        self.seeded = seeded
         self.rollouts_per_question = rollouts_per_question
         self.version_timeout_s = version_timeout_s  # longest wait of a request for its admission version
         self.weight_load_s = 0.0
@@ -144,7 +148,11 @@ class ContinuousSampler:
         version = self.engine.version
         text = self.render(req.prompt)
         prompt_ids = tuple(self.engine.engine.tokenize(text))
-        seed = request_seed(self._seed, req.request_id, self.rollouts_per_question, n=req.n)
+        seed = (
+            request_seed(self._seed, req.request_id, self.rollouts_per_question, n=req.n)
+            if self.seeded
+            else None
+        )
         comps = await self.engine.generate(
             prompt_ids,
             self._params(req.n, max_tokens, self.temperature, seed, ignore_eos=ignore_eos),
@@ -219,7 +227,8 @@ class ContinuousSampler:
 
         async def one(i: int, prompt: Prompt) -> list[Completion]:
             ids = self.engine.engine.tokenize(self.render(prompt))
-            params = self._params(drawn, max_tokens or self.max_response_len, temp, self._seed + i * drawn)
+            seed = self._seed + i * drawn if self.seeded else None
+            params = self._params(drawn, max_tokens or self.max_response_len, temp, seed)
             return await self.engine.generate(ids, params, request_id=f"eval-{stamp}-{i}")
 
         outs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))

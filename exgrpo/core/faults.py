@@ -40,7 +40,7 @@ FAULTS_DIR_VAR = "EXGRPO_FAULTS_DIR"
 # Every fault point in the code, and where it is. A new point is added here and documented in
 # docs/failures.md (the fault points, the fault matrix).
 POINTS = {
-    "sampler.generate": "actors/sampler.py: engine output in hand, nothing scored or pushed yet",
+    "sampler.generate": "actors/sampler.py: engine output in hand, nothing pushed yet (with overlapped verification some of it is scored)",
     "sampler.push": "actors/sampler.py: the groups are in their shards, the result not yet returned",
     "sampler.evaluate": "actors/sampler.py: inside a held-out evaluation call",
     "sampler.transfer_init": "actors/sampler.py: a new weight-transfer world acknowledged, not yet joined",

@@ -218,7 +218,11 @@ class SamplerSpawner:
         cfg, s = self.cfg, self.cfg.samplers
         # a continuous sampler is an asyncio actor serving up to continuous_max_requests generate calls at
         # once, plus its weight loads, evaluations and pings
-        extra = {"max_concurrency": s.continuous_max_requests + 8} if s.continuous else {}
+        extra: dict[str, Any] = (
+            {"max_concurrency": s.continuous_max_requests + 8}
+            if s.continuous
+            else {"verify_workers": max(1, int(s.num_cpus))}  # a verifier process per CPU the actor holds
+        )
         handle, group = place_sampler(
             ContinuousSampler if s.continuous else Sampler,
             name=sampler_name(index),

@@ -69,14 +69,8 @@ class FakeSampler(Sampler):
         self.engine = FakeVLLM(gen_s)  # type: ignore[assignment]
         self._update_start = time.perf_counter()
         self.weight_load_s = 0.0
-        self._update_open = False
-        self._update_deadline = float("inf")
-        self._busy = False
-        self._control_waiting = 0
-        import threading
-
-        self._cv = threading.Condition()
-        self.transfer_inits = self.transfer_shutdowns = self.aborted_updates = self.refused_calls = 0
+        self.gate = self._new_gate()
+        self.transfer_inits = self.transfer_shutdowns = 0
 
     def _generate(self, requests: Any) -> RolloutResult:
         assert not self.engine.on_meta, "generate on a half-updated engine"

@@ -1,0 +1,144 @@
+"""`EngineGate`: who may use a sampler's engine, and when (plain threads; no Ray, no engine).
+
+A sampler serves two kinds of call on two Ray concurrency groups: engine calls (generate, evaluate, a weight
+load) and vLLM's weight-transfer control calls (init, start, update, finish). Invariants:
+
+- one call uses the engine at a time; a waiting control call goes before queued engine calls, so it waits
+  for at most the one engine call in flight;
+- a control call that gets its turn after its caller's deadline (wall clock) is refused, never run, and so is
+  a call for an update session that was already abandoned (`LateWeightUpdate`);
+- engine calls wait while an update session is open, until its deadline; an abandoned session is ended
+  (`end_session`) before the next engine call;
+- a weight write that failed (`at_stake`), or an abandoned session that had received weights, leaves the
+  engine serving a mix of versions: serving calls are refused (`WeightsFailed`) until a write succeeds.
+
+Tests on plain threads: tests/actors/test_engine_gate.py; through the sampler: tests/actors/test_transfer_hangs.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+
+class WeightsFailed(RuntimeError):
+    """A generate or evaluate call refused because the sampler's last weight load or update failed."""
+
+
+class LateWeightUpdate(RuntimeError):
+    """A weight-transfer control call that reached the sampler after its caller's deadline (refused, not run)."""
+
+
+class EngineGate:
+    """The engine's turns, the open update session and whether the served weights are whole."""
+
+    def __init__(self, name: str, *, end_session: Callable[[], None]) -> None:
+        self.name = name
+        self._end_session = end_session  # finishes an open update on the engine, keeping the served version
+        self._cv = threading.Condition()
+        self._busy = False  # a call holds the engine
+        self._control_waiting = 0  # control calls waiting for the engine (they go first)
+        self.session_open = False  # an update started and not finished (vLLM's layers may be on meta)
+        self.session_loaded = False  # the open session has received weights (ending it early leaves a mix)
+        self.session_deadline = math.inf
+        self.weights_failed: str | None = None  # why the last weight write failed (None: it did not)
+        self.aborted = self.refused = 0
+
+    @contextlib.contextmanager
+    def control(self, what: str, deadline: float | None, *, session: bool = False) -> Iterator[None]:
+        """The engine for a control call: after the engine call in flight, refused past `deadline` (and, for a
+        `session` call, refused when no session is open)."""
+        with self._cv:
+            self._control_waiting += 1  # the next turn is ours, not the next queued engine call's
+            try:
+                while self._busy:
+                    left = None if deadline is None else deadline - time.time()
+                    if left is not None and left <= 0:
+                        break
+                    self._cv.wait(timeout=left)
+            finally:
+                self._control_waiting -= 1
+                self._cv.notify_all()  # an engine call waiting for our turn re-checks (we may be refused)
+            try:
+                if deadline is not None and time.time() > deadline:
+                    raise LateWeightUpdate(
+                        f"{self.name}: {what} arrived {time.time() - deadline:.1f} s after its deadline; "
+                        "refused (the learner has given up on this update)"
+                    )
+                if session and not self.session_open:
+                    raise LateWeightUpdate(
+                        f"{self.name}: {what} for a weight update that was abandoned; refused"
+                    )
+            except LateWeightUpdate:
+                self.refused += 1
+                raise
+            self._busy = True
+        try:
+            yield
+        finally:
+            self._release()
+
+    @contextlib.contextmanager
+    def engine(self, *, wait_session: bool = True, serving: bool = True) -> Iterator[None]:
+        """The engine for an engine call: after any control call and any open session (until its deadline; an
+        abandoned one is ended here). `wait_session=False` (the fallback load, sent once the learner gave up
+        on the session) ends an open session at once. A `serving` call is refused while `weights_failed`."""
+        with self._cv:
+            while (
+                self._busy
+                or self._control_waiting
+                or (wait_session and self.session_open and time.time() < self.session_deadline)
+            ):
+                timed = self.session_open and not math.isinf(self.session_deadline)
+                wait = max(self.session_deadline - time.time(), 0.0) + 0.01 if timed else None
+                self._cv.wait(timeout=None if self._busy else wait)
+            self._busy = True
+        try:
+            self.close_session()
+            if serving and self.weights_failed is not None:
+                raise WeightsFailed(
+                    f"{self.name} serves no request: its last weight update failed ({self.weights_failed}); "
+                    "its engine may hold a mix of versions"
+                )
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self._cv:
+            self._busy = False
+            self._cv.notify_all()
+
+    def open_session(self, deadline: float | None) -> None:
+        self.session_open, self.session_loaded = True, False
+        self.session_deadline = math.inf if deadline is None else deadline
+
+    def close_session(self) -> None:
+        """End a session that was started and never finished (the engine keeps its served version's tag)."""
+        if self.session_open:
+            self.session_open = False
+            self.aborted += 1
+            with self.at_stake("an abandoned weight update"):
+                self._end_session()
+            if self.session_loaded:  # some layers took the new weights, the others kept theirs
+                self.weights_failed = "a weight update was abandoned after some weights had arrived"
+
+    def session_failed(self, err: BaseException) -> None:
+        """An update call raised inside the session: the session is over and the weights are a mix."""
+        self.session_open = False
+        self.aborted += 1
+        self.weights_failed = f"update_weights failed: {type(err).__name__}: {err}"
+
+    @contextlib.contextmanager
+    def at_stake(self, what: str) -> Iterator[None]:
+        """A call that writes the served weights: if it raises they may be a mix (`weights_failed` is set and
+        serving calls are refused); if it returns they are whole again."""
+        try:
+            yield
+        except BaseException as e:
+            self.weights_failed = f"{what} failed: {type(e).__name__}: {e}"
+            raise
+        self.weights_failed = None
