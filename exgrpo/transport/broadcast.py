@@ -77,12 +77,14 @@ class _Loads:
 
     def __init__(self, *, max_failures: int = 3) -> None:
         self._refs: list[Any] = []
+        self._names: dict[Any, str] = {}  # ref -> the sampler it loads
         self.max_failures = max_failures
         self.failed_in_a_row = 0
         self.failures = 0  # every failed load or update of this run
 
-    def add(self, refs: Sequence[Any]) -> None:
+    def add(self, refs: Sequence[Any], names: Sequence[str] | None = None) -> None:
         self._refs.extend(refs)
+        self._names.update(zip(refs, names or ["a sampler"] * len(refs), strict=True))
 
     def take(self) -> list[float]:
         if not self._refs:
@@ -90,15 +92,16 @@ class _Loads:
         ready, self._refs = ray.wait(self._refs, num_returns=len(self._refs), timeout=0, fetch_local=True)
         out = []
         for ref in ready:
+            name = self._names.pop(ref, "a sampler")
             try:
                 out.append(float(ray.get(ref)))
             except (
                 ray.exceptions.RayActorError
             ) as e:  # a dead sampler: the pool replaces it, not a load failure
-                log.warning("a sampler died before its weight load finished: %s", e)
+                log.warning("%s died before its weight load finished: %s", name, e)
                 continue
             except Exception as e:  # noqa: BLE001 - counted; the sampler refuses requests until it loads
-                self.failed(f"a sampler's weight load failed: {e}")
+                self.failed(f"{name}'s weight load failed: {_cause(e)}")
                 continue
             self.failed_in_a_row = 0
         return out
@@ -113,6 +116,13 @@ class _Loads:
                 f"{self.failed_in_a_row} weight loads/updates failed in a row (async.max_weight_failures="
                 f"{self.max_failures}); the samplers cannot take the learner's weights. Last cause: {cause}"
             )
+
+
+def _cause(err: BaseException) -> str:
+    """One line for an error raised in an actor: the original exception, not Ray's traceback around it."""
+    cause = getattr(err, "cause", None) or err
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[-1] if lines else ''}"
 
 
 def _metrics(start: float, loads: Sequence[float]) -> dict[str, float]:
@@ -146,8 +156,9 @@ class ObjectStoreTransport:
             ref = self._learners.get_weights_ref()
         ray.wait([ref], fetch_local=False)
         self._published = (ref, version)
-        handles = list(self._samplers.members().values())
-        self._loads.add([h.load_weights.remote(weights=ref, version=version) for h in handles])
+        members = self._samplers.members()
+        loads = [h.load_weights.remote(weights=ref, version=version) for h in members.values()]
+        self._loads.add(loads, list(members))
         return _metrics(start, self._loads.take())
 
     def catch_up(self, handle: Any) -> None:
@@ -218,10 +229,11 @@ class VLLMTransport:
                 "weight transfer of version %d failed (%s); sending it through the object store", version, e
             )
             self.fallbacks += 1
-            self._loads.failed(f"the weight transfer of version {version} failed: {e}")
+            self._loads.failed(f"the weight transfer of version {version} failed: {_cause(e)}")
             # rank 0 runs calls in order: an update started since holds newer weights, tagged as what they are
             ref, current = self._learners.get_weights_ref(), self._learners.version()
-            self._loads.add([h.load_weights.remote(weights=ref, version=current) for h in members.values()])
+            loads = [h.load_weights.remote(weights=ref, version=current) for h in members.values()]
+            self._loads.add(loads, list(members))
         return _metrics(start, applied + self._loads.take())
 
     def catch_up(self, handle: Any) -> None:

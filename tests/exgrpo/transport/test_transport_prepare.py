@@ -85,3 +85,48 @@ def test_collective_sends_each_version_to_the_members_it_was_prepared_for():
     assert transport.last == {"apply_s": [0.02]}
     transport.broadcast(version=3)  # nothing prepared: pushed now, to the members of now
     assert learners.pushes == [(1, ("s0", "s1")), (2, ("s1",)), (3, ("s1",))]
+
+
+@ray.remote(num_cpus=0)
+class FailingLoads:
+    """A sampler whose loads raise until `heal`, as a sampler whose engine cannot take the weights."""
+
+    def __init__(self) -> None:
+        self.ok = False
+
+    def load_weights(self, *, weights: dict, version: int) -> float:
+        if not self.ok:
+            raise RuntimeError(f"cannot load version {version}")
+        return 0.0
+
+    def heal(self) -> None:
+        self.ok = True
+
+
+def _drain(transport: ObjectStoreTransport, version: int) -> None:
+    """Broadcast `version`, then wait for its loads and collect them (as the next broadcast would)."""
+    transport.broadcast(version=version)
+    ray.wait(transport._loads._refs, num_returns=len(transport._loads._refs), timeout=30)
+    transport._loads.take()
+
+
+@pytest.mark.integration
+def test_failed_loads_in_a_row_stop_the_run_with_the_cause_and_a_success_resets_the_count(ray_cluster):
+    from exgrpo.transport.broadcast import WeightSyncFailed
+
+    sampler = FailingLoads.remote()
+    transport = ObjectStoreTransport(learners=Exports(), samplers=Members({"s0": sampler}), max_failures=3)
+    _drain(transport, 1)
+    _drain(transport, 2)
+    assert transport._loads.failed_in_a_row == 2
+    ray.get(sampler.heal.remote())
+    _drain(transport, 3)  # a load that succeeds: the count starts again
+    assert transport._loads.failed_in_a_row == 0 and transport._loads.failures == 2
+    broken = FailingLoads.remote()
+    transport = ObjectStoreTransport(learners=Exports(), samplers=Members({"s0": broken}), max_failures=3)
+    _drain(transport, 1)
+    _drain(transport, 2)
+    with pytest.raises(
+        WeightSyncFailed, match=r"3 weight loads/updates failed in a row.*cannot load version 3"
+    ):
+        _drain(transport, 3)
