@@ -13,5 +13,5 @@
 - `pool`: `SamplerPool` (`exgrpo.core.roles.Rollouts`), the sampler actors, their in-flight requests and
   their number; it holds no weights (`exgrpo.transport.broadcast` moves them, `on_new` catches newcomers up).
 
-Everything here is a plain class; Ray is applied where the actors are wired (`exgrpo.runtime.assembly`).
+Everything here is a plain class; Ray is applied where the actors are wired (`exgrpo.runtime.parts`, via `exgrpo.runtime.env.remote_actor`).
 """

@@ -6,7 +6,7 @@ this actor serves any number of `generate` calls at once: every request joins th
 batch as soon as it arrives, and each request, when its n completions are done, is verified, pushed to
 replay and reported, without waiting for the others (groups that finish while a push is out go together
 in the next call: `actors.coalesce.CoalescedPush`). The pool sends it one request
-per call, up to `samplers.continuous_max_requests` at a time (`exgrpo.runtime.assembly`), so the driver
+per call, up to `samplers.continuous_max_requests` at a time (`exgrpo.runtime.parts.SamplerSpawner`), so the driver
 sees each request finish (`RolloutResult` with its id, its oldest version, its tokens), as with today's
 sampler.
 

@@ -22,7 +22,7 @@ transformers engine takes one seed per call (the first request's) and draws its 
 The engine's context is `EngineSpec.max_model_len` (= model.max_prompt_len + model.max_response_len,
 passed to vLLM); a sampler refuses to start when it exceeds the model's `max_position_embeddings`
 (`exgrpo.core.positions`), naming the override. A vLLM sampler can span `EngineSpec.tensor_parallel_size`
-GPUs (its workers in the sampler's placement group, `exgrpo.runtime.assembly`).
+GPUs (its workers in the sampler's placement group, `exgrpo.runtime.parts.place_sampler`).
 
 A plain class: `run.py` makes it the Ray actor `exgrpo-sampler-<i>`; tests run it in-process.
 """
@@ -295,7 +295,7 @@ class Sampler:
 
     @ray.method(concurrency_group=WEIGHTS)
     def transfer_stats(self) -> dict[str, int]:
-        """Weight-transfer engines built and released, and updates abandoned half-way (for tests/metrics)."""
+        """Weight-transfer engines built and released, and updates abandoned half-way (for the tests and metrics)."""
         return {
             "inits": self.transfer_inits,
             "shutdowns": self.transfer_shutdowns,

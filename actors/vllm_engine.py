@@ -37,7 +37,7 @@ class VLLMEngine(TokenizedEngine):
 
     Tensor parallelism: `tensor_parallel_size > 1` runs vLLM's Ray executor
     (`distributed_executor_backend="ray"`), whose workers take the GPU bundles of the placement group the
-    sampler actor was started in (`exgrpo.runtime.assembly`; vLLM finds it with
+    sampler actor was started in (`exgrpo.runtime.parts.place_sampler`; vLLM finds it with
     `ray.util.get_current_placement_group()` and hands it to its engine-core process), each worker asking
     for `gpus_per_worker` GPUs (`VLLM_RAY_PER_WORKER_GPUS`). GPU only; not exercised by the CPU tests.
 

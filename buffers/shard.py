@@ -1,6 +1,6 @@
 """One replay shard: an ExperiencePool plus the queue of finished groups waiting for the learner.
 
-A plain class; `exgrpo/runtime/assembly.py` makes it the Ray actor `exgrpo-replay-<i>`, tests use it in-process.
+A plain class; `exgrpo/runtime/parts.py` makes it the Ray actor `exgrpo-replay-<i>`, tests use it in-process.
 Questions are routed to shards by a stable hash of their qid (`buffers/sharded.py`), so every
 statistic of a question lives in exactly one shard. Groups arrive and leave as Arrow rows
 (`buffers/records.py`): a push is one IPC payload per shard per sampler call, recorded from its columns and

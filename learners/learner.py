@@ -160,7 +160,7 @@ class Learner:
 
     def _token_slices(self, rows: Sequence[batches.Row]) -> list[slice]:
         """Micro-batches of at most ``micro_batch_size`` rows and ``max_tokens_per_micro_batch`` padded
-        tokens (``learners.update.budget_slices``: a row longer than the budget goes alone), padded like
+        tokens (``learners.batches.budget_slices``: a row longer than the budget goes alone), padded like
         ``_micro_slices`` under ZeRO-3."""
         assert self.cfg.max_tokens_per_micro_batch is not None
         seq = [len(r.prompt_ids) + len(r.response_ids) for r in rows]

@@ -174,7 +174,7 @@ def gib(n: float | None) -> float | None:
 
 
 def setup_device(device: str) -> torch.device:
-    """The part's device: set as current on CUDA; one torch thread on CPU (docs/shared DESIGN section 7)."""
+    """The part's device: set as current on CUDA; one torch thread on CPU (two on two cores slow generation several-fold)."""
     dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)

@@ -1,7 +1,7 @@
 """The roles of the system on one page (docs/architecture.md).
 
 The driver (`exgrpo/loop/driver.py`) is written against these Protocols only, so the training loop runs
-on in-process fakes in unit tests and on Ray actors in production; `exgrpo/runtime/assembly.py` is the one
+on in-process fakes in unit tests and on Ray actors in production; `exgrpo/runtime/parts.py` is the one
 module that builds the Ray-backed implementations:
 
     Rollouts         actors/pool.py::SamplerPool        samplers: generate, verify, push to replay

@@ -1,4 +1,4 @@
-"""Logger backends behind `exgrpo.reporting.MetricsLogger`: JSONL (always), TensorBoard, W&B, Ray gauges.
+"""Logger backends behind `exgrpo.reporting.loggers.MetricsLogger`: JSONL (always), TensorBoard, W&B, Ray gauges.
 
 Every backend receives the same record (the metric names of `exgrpo/core/metric_names.py`, docs/metrics.md)
 and the same step; none renames a key, so `rollout/mean_reward` is that tag in TensorBoard, that
@@ -282,7 +282,7 @@ class CandidateLog(Observer):
 
 
 class MetricsLogger(Observer):
-    """The run's one logger: every record goes to each backend of `exgrpo/py` under the same names.
+    """The run's one logger: every record goes to each backend under the same names.
 
     `metrics.jsonl` is always written; `backends` adds `tensorboard` and/or `wandb`; `ray_metrics`
     mirrors numeric values to Ray gauges (`exgrpo_<name>`). The run id (kept across a resume) and

@@ -7,7 +7,7 @@ submitted before any generate is applied before it). They ask the pool for its l
 (``members()``: stable id -> handle) at every broadcast.
 
 * ``ObjectStoreTransport`` (any engine; the CPU default): learner rank 0 packs its weights into one
-  contiguous byte buffer (``pack_weights``: a reused buffer, raw bytes of every dtype, bfloat16 included,
+  contiguous byte buffer (``exgrpo.transport.packed.Packer``: a reused buffer, raw bytes of every dtype, bfloat16 included,
   a tied tensor once) and returns it, so Ray writes it into the object store once per version. Every
   sampler maps the same object zero-copy and takes views of it (``unpack_weights``); its engine copies
   them into the model (HF ``load_state_dict``, vLLM's in-place reload). Newcomers load the last one.
