@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from exgrpo.core import metric_names as M
+from exgrpo.transport.ranks import free_port  # noqa: F401  (the benches' rendezvous ports: one helper)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT_DIR = ROOT / "bench" / "out"  # ignored by git (.gitignore)
@@ -54,13 +54,6 @@ def env_defaults(
         values["TORCH_EXTENSIONS_DIR"] = os.path.expanduser(TORCH_EXTENSIONS_DIR)
     for name, value in values.items():
         os.environ.setdefault(name, value)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bound and released), e.g. for a DeepSpeed rendezvous."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def write_json(path: str | Path, data: Any, *, indent: int | None = 2) -> Path:

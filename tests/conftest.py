@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
 import sys
 import tempfile
 import time
@@ -13,6 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from exgrpo.transport import ranks
 
 # The role fakes of tests/exgrpo/fakes.py are imported as `fakes` by tests in every folder under
 # tests/exgrpo/ (pytest puts only a test file's own folder on sys.path; the folders have no __init__.py).
@@ -79,9 +80,7 @@ def _alone_or_beside(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ranks.free_port("127.0.0.1")
 
 
 # ------------------------------------------------------------------------------------------ the shared cluster

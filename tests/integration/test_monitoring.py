@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from exgrpo.transport import ranks
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -56,11 +58,7 @@ pytestmark = [pytest.mark.integration]
 
 
 def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ranks.free_port("127.0.0.1")
 
 
 def get_json(url: str, timeout: float = 10.0):

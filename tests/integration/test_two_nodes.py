@@ -18,7 +18,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,15 +26,15 @@ from pathlib import Path
 
 import pytest
 
+from exgrpo.transport import ranks
+
 pytestmark = [pytest.mark.integration]  # the two-node test itself is also slow (about 85 s with its cluster)
 
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ranks.free_port("127.0.0.1")
 
 
 def _stop(proc: subprocess.Popen) -> None:
