@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from bench.common import free_port, synchronize
+from bench.common import synchronize
 from bench.learner.carry_vllm import ensure_vllm
 from bench.learner.device_shapes import (
     Sizes,
@@ -45,6 +45,7 @@ from bench.learner.device_shapes import (
     reset_peak,
     save_model,
     setup_device,
+    start_learner,
     timed,
 )
 
@@ -214,21 +215,12 @@ def _export_stage(
 ) -> dict[str, Any]:
     """One ZeRO stage: ``reps`` producer-only pushes (seconds, extra peak), then one loopback push, compared."""
     from exgrpo.transport.vllm_api import LearnerSource
-    from learners.learner import Learner
 
     cfg = recipe_config(sizes, cuda=dev.type == "cuda", zero_stage=zero_stage)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="exgrpo-device-export-") as model_dir:
         params = save_model(sizes, model_dir, dtype=cfg.model.dtype, device=dev)
-        learner = Learner(
-            model_path=model_dir,
-            learner=cfg.learners,
-            loss=cfg.loss,
-            max_response_len=sizes.max_response_len,
-            master_port=free_port(),
-            dtype=cfg.model.dtype,
-        )
-        learner.setup()
+        learner = start_learner(cfg, model_dir, max_response_len=sizes.max_response_len)
     setup_s = time.perf_counter() - t0
     source = LearnerSource(learner.engine.module, zero3=zero_stage == 3)
     out: dict[str, Any] = {

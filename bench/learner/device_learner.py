@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from bench.common import free_port
+from bench.learner.device_shapes import start_learner
 from bench.learner.gpu_learner import (
     FULL,
     TINY,
@@ -88,7 +88,6 @@ def check_learner(
     zero_stage: int | None = None,
 ) -> dict[str, Any]:
     """``warm`` + ``timed`` ``Learner.update`` calls; stops timing early at ``deadline`` (time.monotonic)."""
-    from learners.learner import Learner
 
     dev = torch.device(device)
     cuda = dev.type == "cuda"
@@ -104,15 +103,9 @@ def check_learner(
         model.save_pretrained(model_dir)
         del model
         plan = learner_terms(cfg, read_shape(model_dir), on_gpu=cuda)
-        learner = Learner(
-            model_path=model_dir,
-            learner=cfg.learners,
-            loss=cfg.loss,
-            max_response_len=shape.response_len,
-            master_port=free_port(),
-            dtype=dtype,
-        )
-        learner.setup()
+        learner = start_learner(
+            cfg, model_dir, max_response_len=shape.response_len
+        )  # cfg.model.dtype = dtype
     setup_s = time.perf_counter() - t0
     engine_model = learner.engine.module
     rows = shape.groups * shape.rollouts

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from bench.common import free_port, synchronize
+from bench.common import synchronize
 from bench.learner.device_shapes import (
     GIB,
     Sizes,
@@ -38,6 +38,7 @@ from bench.learner.device_shapes import (
     reset_peak,
     save_model,
     setup_device,
+    start_learner,
 )
 from exgrpo.core import metric_names as M
 from exgrpo.runtime.memory_plan import learner_peak, learner_terms, read_shape
@@ -65,7 +66,6 @@ def _watch_steps(dev: torch.device, rec: dict[str, int]) -> Any:
 
 def check_memory(*, sizes: Sizes, device: str, updates: int, deadline: float) -> dict[str, Any]:
     """Set up the learner, then ``updates`` updates (the first allocates the optimiser's moments)."""
-    from learners.learner import Learner
 
     dev = setup_device(device)
     cuda = dev.type == "cuda"
@@ -76,15 +76,7 @@ def check_memory(*, sizes: Sizes, device: str, updates: int, deadline: float) ->
         terms = learner_terms(cfg, read_shape(model_dir), on_gpu=cuda)
         before = allocated(dev)
         reset_peak(dev)
-        learner = Learner(
-            model_path=model_dir,
-            learner=cfg.learners,
-            loss=cfg.loss,
-            max_response_len=sizes.max_response_len,
-            master_port=free_port(),
-            dtype=cfg.model.dtype,
-        )
-        learner.setup()
+        learner = start_learner(cfg, model_dir, max_response_len=sizes.max_response_len)
     synchronize(dev)
     setup = {
         "seconds": time.perf_counter() - t0,

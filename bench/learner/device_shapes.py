@@ -50,28 +50,34 @@ def with_layers(sizes: Sizes, layers: int | None) -> Sizes:
 
 
 def build_model(sizes: Sizes, *, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
-    """A randomly initialised Qwen2 causal LM of ``sizes`` with an untied lm_head (as Qwen2.5-Math-7B),
-    built on ``device`` (a GPU initialises it in a second; the CPU takes minutes at the 7B shape)."""
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    """A random Qwen2 causal LM of ``sizes`` with an untied lm_head and rope base 40,000 (as Qwen2.5-Math-7B)."""
+    from bench.learner.gpu_learner import build_model as build_qwen2
 
-    config = Qwen2Config(
-        hidden_size=sizes.hidden,
-        num_hidden_layers=sizes.layers,
-        num_attention_heads=sizes.heads,
-        num_key_value_heads=sizes.kv_heads,
-        intermediate_size=sizes.intermediate,
-        vocab_size=sizes.vocab,
-        tie_word_embeddings=False,
-        max_position_embeddings=max(4096, sizes.max_prompt_len + sizes.max_response_len),
+    return build_qwen2(
+        sizes,
+        dtype=dtype,
+        device=device,
+        max_positions=sizes.max_prompt_len + sizes.max_response_len,
+        tied=False,
         rope_theta=40_000.0,  # the 7B recipe's
-        rms_norm_eps=1e-6,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
     )
-    with device:
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return model.eval()
+
+
+def start_learner(cfg: Config, model_dir: str, *, max_response_len: int) -> Any:
+    """The project's `Learner` over ``model_dir`` under ``cfg``'s learner section, set up (world size 1)."""
+    from bench.common import free_port
+    from learners.learner import Learner
+
+    learner = Learner(
+        model_path=model_dir,
+        learner=cfg.learners,
+        loss=cfg.loss,
+        max_response_len=max_response_len,
+        master_port=free_port(),
+        dtype=cfg.model.dtype,
+    )
+    learner.setup()
+    return learner
 
 
 def save_model(sizes: Sizes, path: str, *, dtype: str, device: torch.device) -> int:

@@ -112,9 +112,16 @@ def reset_peak(device: torch.device) -> None:
 
 
 def build_model(
-    shape: Shape, *, dtype: torch.dtype, device: torch.device, max_positions: int = 4096
+    shape: Any,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_positions: int = 4096,
+    tied: bool = True,
+    rope_theta: float = 1_000_000.0,
 ) -> torch.nn.Module:
-    """A randomly initialised Qwen2 causal LM of ``shape`` (tied embeddings), built on ``device``."""
+    """A randomly initialised Qwen2 causal LM of ``shape`` (its hidden, layers, heads, kv_heads, intermediate
+    and vocab), built on ``device`` (a GPU initialises it in a second; the CPU takes minutes at a 7B shape)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     config = Qwen2Config(
@@ -124,9 +131,10 @@ def build_model(
         num_key_value_heads=shape.kv_heads,
         intermediate_size=shape.intermediate,
         vocab_size=shape.vocab,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
         max_position_embeddings=max(4096, max_positions),
-        rope_theta=1_000_000.0,
+        rope_theta=rope_theta,
+        rms_norm_eps=1e-6,
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=None,
