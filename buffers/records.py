@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exgrpo.core.records import Group, PulledBatch, ReplayStats, Trajectory
+from exgrpo.core.records import CORRECT_ABOVE, Group, PulledBatch, ReplayStats, Trajectory
 
 SCHEMA = pa.schema(
     [
@@ -202,7 +202,7 @@ class GroupRows:
         role = table.column("role").to_numpy(zero_copy_only=False)
         self.traj, self.cand = role == "trajectory", role == "candidate"
         reward = table.column("reward").to_numpy(zero_copy_only=False).astype(np.float64)  # null: NaN
-        self.correct = self.traj & (reward > 0.5)
+        self.correct = self.traj & (reward > CORRECT_ABOVE)
         replayed = table.column("replayed")
         if replayed.null_count:
             replayed = pc.fill_null(replayed, False)

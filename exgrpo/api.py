@@ -20,24 +20,33 @@ cloudpickle to the verifier's worker processes (`exgrpo.verify.closure`) and run
 `train_data` / `eval_data` (lists of dicts, or anything with `to_list()` such as a `datasets.Dataset`) are
 written as JSON lines into the run directory (`<run_dir>/data/`) and read from there like a dataset file,
 so the run dir holds everything `python -m exgrpo.run --resume` needs (docs/data.md has the columns).
+Their rows are checked as the run reads them (`data.on_bad_row`) before anything starts, and a bad one is
+named by its index in `train_data` / `eval_data` and its value; a skipped row stays a blank line of the file,
+so file rows and the caller's indices (and the qids made from them) agree. A start refused for bad input
+removes the run directory this call made, as the command line does.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
+import re
+import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from exgrpo.core.config import Config
+from exgrpo.core.config import Config, ConfigError
 from exgrpo.runtime.healing import RunResult
 from exgrpo.runtime.run_dir import job_run_dir
 
 __all__ = ["RunResult", "train"]
 
 Rows = Iterable[Mapping[str, Any]]
+log = logging.getLogger("exgrpo")
+_SHOWN = 5  # bad rows named in a message
 
 
 def train(
@@ -71,24 +80,75 @@ def train(
     else:
         cfg = load_config(config, tuple(overrides))
     if reward_fn is not None:
+        if isinstance(reward_fn, str | os.PathLike):
+            raise TypeError(
+                f"reward_fn takes a Python callable (or a list of callables and (callable, weight) pairs), not "
+                f"{type(reward_fn).__name__} {str(reward_fn)!r}; for a function in a file or module, pass "
+                f"overrides=['reward.fn={reward_fn}'] (file.py:function or package.module:function)"
+            )
         spec = pack(combine(reward_fn))
         cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, fn=spec))
+    from exgrpo.runtime.run_dir import self_contained
+
+    made: Path | None = None  # the run directory this call made (removed again when the start is refused)
     if train_data is not None or eval_data is not None:
-        cfg = job_run_dir(cfg)
-        run_dir = Path(cfg.logging.run_dir or _fresh_run_dir()).expanduser().resolve()
-        data_dir = run_dir / "data"
-        data_overrides = [f"logging.run_dir={run_dir}"]
-        if train_data is not None:
-            data_overrides.append(f"data.train={_write_rows(train_data, data_dir / 'train.jsonl')}")
-        if eval_data is not None:
-            data_overrides.append(f"data.eval={_write_rows(eval_data, data_dir / 'eval.jsonl')}")
-        cfg = apply_overrides(cfg, tuple(data_overrides))
+        cfg, made = _with_rows(cfg, train_data, eval_data)
     started_here = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
     try:
+        # a run directory that works from anywhere, as the command line's: absolute paths, a reward file copied
+        cfg, copied = self_contained(cfg)
+        made = made or copied
         return recipe.train(cfg)
+    except _refused():
+        _forget(made)
+        raise
     finally:
         if started_here:
             ray.shutdown()
+
+
+def _refused() -> tuple[type[BaseException], ...]:
+    """What a refused start raises: bad input, nothing trained (the command line's exit 2, `exgrpo.run`)."""
+    from exgrpo.data.readers import DataError
+    from exgrpo.loop.checkpoint import ResumeError
+    from exgrpo.models.resolve import ModelResolveError
+    from exgrpo.runtime.env import RayStartError
+
+    return (ConfigError, DataError, ModelResolveError, ResumeError, FileNotFoundError, RayStartError)
+
+
+def _forget(made: Path | None) -> None:
+    """Remove the run directory this call made when its start was refused (never one holding a checkpoint)."""
+    from exgrpo.loop.checkpoint import latest_checkpoint
+
+    if made is not None and made.is_dir() and latest_checkpoint(made) is None:
+        shutil.rmtree(made, ignore_errors=True)
+        log.info("removed %s: the start was refused before any step", made)
+
+
+def _with_rows(
+    cfg: Config, train_data: Rows | Any | None, eval_data: Rows | Any | None
+) -> tuple[Config, Path | None]:
+    """The config reading the rows from `<run_dir>/data/`, written and checked there; and the run directory
+    when this call made it."""
+    from exgrpo.core.config_files import apply_overrides
+    from exgrpo.loop.checkpoint import fresh_run_dir_check
+
+    cfg = job_run_dir(cfg)
+    fresh_run_dir_check(cfg)  # never over another run's checkpoints (nor its data files)
+    run_dir = Path(cfg.logging.run_dir or _fresh_run_dir()).expanduser().resolve()
+    made = None if run_dir.exists() else run_dir
+    data_overrides = [f"logging.run_dir={run_dir}"]
+    try:
+        for key, rows in (("train", train_data), ("eval", eval_data)):
+            if rows is not None:
+                path = _write_rows(rows, run_dir / "data" / f"{key}.jsonl")
+                _check_rows(cfg, path, f"{key}_data")
+                data_overrides.append(f"data.{key}={path}")
+    except BaseException:
+        _forget(made)
+        raise
+    return apply_overrides(cfg, tuple(data_overrides)), made
 
 
 def _fresh_run_dir() -> Path:
@@ -115,12 +175,56 @@ def _write_rows(rows: Rows | Any, path: Path) -> Path:
     with path.open("w", encoding="utf-8") as f:
         for row in rows:
             if not isinstance(row, Mapping):
-                raise TypeError(f"row {n} of {path.stem}_data is {type(row).__name__}, not a dict")
+                raise TypeError(f"{path.stem}_data[{n}] is {type(row).__name__}, not a dict")
             f.write(json.dumps(dict(row), default=_plain, ensure_ascii=False) + "\n")
             n += 1
     if n == 0:
         raise ValueError(f"{path.stem}_data has no rows")
     return path
+
+
+def _check_rows(cfg: Config, path: Path, name: str) -> None:
+    """Read `path` as the run will (`data.*`); a bad row is named as `name[i]` with its value: `data.on_bad_row`
+    error raises a `DataError`, skip logs them and blanks their lines (the reader passes blank lines over)."""
+    from exgrpo.data.readers import DataError, read_prompts
+
+    d = cfg.data
+    try:
+        result = read_prompts(
+            path,
+            question_key=d.question_key,
+            answer_key=d.answer_key,
+            on_bad_row="skip",
+            for_reward_fn=cfg.reward.fn != "math",
+        )
+    except DataError as err:  # no row usable, or no layout fits the columns
+        text = re.sub(r"\brow (\d+)\b", rf"{name}[\1]", str(err).replace(repr(str(path)), name))
+        raise DataError(text.replace(str(path), name)) from None
+    if not result.skipped:
+        return
+    lines = path.read_text(encoding="utf-8").split("\n")
+    listed = "; ".join(f"{name}[{b.row}] {_shown(lines[b.row])}: {b.reason}" for b in result.skipped[:_SHOWN])
+    more = f"; and {len(result.skipped) - _SHOWN} more" if len(result.skipped) > _SHOWN else ""
+    what = (
+        f"{len(result.skipped)} of {len(result.skipped) + len(result.prompts)} rows of {name} are malformed"
+    )
+    if d.on_bad_row == "error":
+        raise DataError(f"{what}: {listed}{more}; to skip them with a count, set data.on_bad_row=skip")
+    log.warning(
+        "%s, skipped (data.on_bad_row=skip; set data.on_bad_row=error to fail instead): %s%s",
+        what,
+        listed,
+        more,
+    )
+    for b in result.skipped:
+        lines[b.row] = ""
+    path.write_text("\n".join(lines), encoding="utf-8")
+
+
+def _shown(line: str, limit: int = 120) -> str:
+    """A row's value as the caller wrote it (a Python dict), cut to `limit` characters."""
+    text = repr(json.loads(line))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _plain(value: Any) -> Any:

@@ -6,15 +6,20 @@
     python -m exgrpo.evaluate --like-run runs/X          # the run's model, eval data, T, lengths, template, reward
     python -m exgrpo.evaluate --model runs/X/final --paper-table data/paper --template think  # the paper's table
 
-The scores are defined in `exgrpo/evaluation/scores.py`: fractions as the run prints them, Avg@n the mean
-reward as the run averages it (`eval/accuracy`), Correct@n the share of rewards above `--correct-above`.
-The default temperature is the run's (1.0); the default response length is what the context leaves (up to
-4096 tokens), not a run's `model.max_response_len`: `--like-run RUN_DIR` takes that and every other setting
+The scores (docs/metrics.md, "Held-out scores"; `exgrpo/evaluation/scores.py`) are fractions as the run prints
+them: Avg@n the mean reward (the run's `eval/accuracy`); a sample is correct when its reward is above
+`--correct-above` (0.5, the run's rule); Correct@n the share of correct samples, Pass@n the share of questions
+with a correct sample (the run's `eval/pass_at_n`), Pass@1 greedy the share whose greedy decode is correct.
+The default temperature is the run's (1.0); the response length is at most what the context leaves after the
+longest prompt (an explicit `--max-tokens` past it is capped, saying so; default 4096), not a run's
+`model.max_response_len`: `--like-run RUN_DIR` takes that and every other setting
 from the run's config.yaml (explicit options still win), so its figures are measured as the run's
 `eval/accuracy` is. Rewards that fail (raise, return no number, time out) score 0 and are counted under
 the table and in the JSON (`reward_failures`, `first_reward_failures`). `--save-completions` also writes
 every sampled completion (the n per question behind Avg@n; not the greedy decode) as one JSON line, so the
-figures can be read back to the text that earned them.
+figures can be read back to the text that earned them. An earlier evaluation's JSON is never overwritten
+without `--overwrite`: the default file gets a new name (`eval-<data>-2.json`, printed), an `--out` that exists is
+refused before the model loads.
 """
 
 from __future__ import annotations
@@ -31,22 +36,19 @@ from exgrpo.core.fileio import atomic_write_text
 from exgrpo.core.records import Prompt
 from exgrpo.data.templates import TEMPLATES, render_prompt, reward_mode
 from exgrpo.evaluation.completions import CompletionWriter
-from exgrpo.evaluation.like_run import default_out, like_run, run_model_dir
+from exgrpo.evaluation.like_run import (
+    DEFAULT_MAX_TOKENS,
+    context_length,
+    default_out,
+    free_out,
+    like_run,
+    response_budget,
+    run_model_dir,
+    unfinished_run,
+)
 from exgrpo.evaluation.scores import evaluate, format_table, load_data
 
 # --------------------------------------------------------------------------- CLI
-
-DEFAULT_MAX_TOKENS = 4096  # response budget when --max-tokens is not given (capped by the context)
-
-
-def _context_length(model_dir: Path) -> int | None:
-    try:
-        config = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    value = config.get("max_position_embeddings")
-    return value if isinstance(value, int) and value > 0 else None
-
 
 RUN_DEFAULTS = {  # the options' defaults without --like-run (what a run uses by default)
     "num": 200,
@@ -95,8 +97,8 @@ def _what_options(p: argparse.ArgumentParser) -> None:
         "--correct-above",
         type=float,
         default=0.5,
-        help="a sample counts as correct (Correct@n, Pass@n) when its reward is above this; the run's rule "
-        "(default: %(default)s)",
+        help="a sample counts as correct (Correct@n, Pass@n, Pass@1 greedy) when its reward is above this; the "
+        "run's rule (default: %(default)s; docs/metrics.md)",
     )
     p.add_argument(
         "--num",
@@ -130,7 +132,8 @@ def _sampling_options(p: argparse.ArgumentParser) -> None:
         "--max-tokens",
         type=int,
         default=None,
-        help=f"response tokens (default: {DEFAULT_MAX_TOKENS}, capped by the model's context minus the longest prompt)",
+        help=f"response tokens (default: {DEFAULT_MAX_TOKENS}, capped by the model's context minus the longest "
+        "prompt; a larger value given is capped too, saying so)",
     )
     p.add_argument("--template", choices=TEMPLATES, default=None, help="prompt template (default: plain)")
 
@@ -140,7 +143,14 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out",
         help="JSON output (default: <model dir>/eval-<data stem>.json; for a hub id "
-        "./eval-<org>--<name>-<data stem>.json, never inside the hub cache)",
+        "./eval-<org>--<name>-<data stem>.json, never inside the hub cache; when that exists: "
+        "eval-<data stem>-2.json, ...)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier evaluation's JSON (default: an --out that exists is refused, the default file "
+        "gets a new name)",
     )
     p.add_argument(
         "--question-key", default=None, help="question column of a plain-layout file (default: question)"
@@ -180,7 +190,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--paper-table",
         metavar="DIR",
-        help="the ExGRPO paper's table over the eight files of `python -m exgrpo.data.benchmarks --out DIR`: "
+        help="the ExGRPO paper's table over the nine evaluation files of `python -m exgrpo.data.benchmarks --out "
+        "DIR`: "
         "T 0.6, 8192 response tokens, Avg@32 for AIME24/AIME25/AMC, one sample (Pass@1) for the rest; --out is "
         "then a directory, default paper-eval (exgrpo/evaluation/paper.py) (default: off)",
     )
@@ -225,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         return _paper_table(parser, args, argv)
     _fill(parser, args)
     _check(parser, args)
+    refused = _refusal(args)
+    if refused:
+        print(f"error: {refused}", file=sys.stderr)
+        return 2
     loaded = _load(args)
     if isinstance(loaded, int):
         return loaded
@@ -276,7 +291,7 @@ def _paper_table(parser: argparse.ArgumentParser, args: argparse.Namespace, argv
     if given or not args.model:
         parser.error(f"--paper-table needs --model and sets {', '.join(given) or 'the data'} itself")
     if args.save_completions:
-        parser.error("--save-completions is one file, --paper-table evaluates eight: give them apart")
+        parser.error("--save-completions is one file, --paper-table evaluates nine: give them apart")
     rest = [*(sys.argv[1:] if argv is None else argv), "--paper-table="]  # the last one given wins
     return paper.run(rest, Path(args.paper_table), Path(args.out or "paper-eval"), lambda a: main(a))
 
@@ -321,25 +336,37 @@ def _load(args: argparse.Namespace) -> tuple[Any, Path, Any] | int:
     return scorer, model_dir, data
 
 
+def _refusal(args: argparse.Namespace) -> str | None:
+    """Why the evaluation cannot start, before any model loads: `--like-run` of a run without a final model (the
+    step it stopped at and its latest checkpoint's model), an `--out` that exists without `--overwrite`."""
+    if args.like_run and Path(args.model) == Path(args.like_run) / "final" and not Path(args.model).exists():
+        return unfinished_run(Path(args.like_run))
+    if args.out and Path(args.out).exists() and not args.overwrite:
+        return f"--out {args.out} exists (an earlier evaluation); give --overwrite to replace it, or another --out"
+    return None
+
+
 def _max_tokens(args: argparse.Namespace, engine: Any, model_dir: Path, prompts: list[Prompt]) -> int:
-    """`--max-tokens`, or what the model's context leaves after the longest prompt (at most the default)."""
-    max_tokens = args.max_tokens
-    if max_tokens is None:
-        max_tokens = DEFAULT_MAX_TOKENS
-        context = _context_length(model_dir)
-        if context is not None:
-            tokenizer = getattr(engine, "tokenizer", None)
-            longest = max(
-                len(engine.tokenize(render_prompt(p.question, template=args.template, tokenizer=tokenizer)))
-                for p in prompts
-            )
-            max_tokens = max(1, min(max_tokens, context - longest))
+    """`--max-tokens` (else the default), capped, saying so, by what the context leaves after the longest prompt."""
+    context = context_length(model_dir)
+    longest = 0
+    if context is not None:
+        tokenizer = getattr(engine, "tokenizer", None)
+        longest = max(
+            len(engine.tokenize(render_prompt(p.question, template=args.template, tokenizer=tokenizer)))
+            for p in prompts
+        )
+    max_tokens, note = response_budget(args.max_tokens, context=context, longest_prompt=longest)
+    if note:
+        print(note, file=sys.stderr)
     return max_tokens
 
 
 def _write(args: argparse.Namespace, model_dir: Path, data: Any, results: dict[str, Any]) -> None:
     """The JSON of the evaluation: its settings, the rows read, evaluated and skipped, then `results`."""
     out = Path(args.out) if args.out else default_out(args.model, model_dir, data.name)
+    earlier = out if out.exists() and not args.overwrite else None
+    out = free_out(out) if earlier else out  # a default file that exists: a new name (an --out was refused)
     payload = {
         "model": str(model_dir),
         "data": args.data,
@@ -357,7 +384,8 @@ def _write(args: argparse.Namespace, model_dir: Path, data: Any, results: dict[s
         **results,
     }
     atomic_write_text(out, json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {out}", file=sys.stderr)
+    kept = f" ({earlier} holds an earlier evaluation, kept; --overwrite replaces it)" if earlier else ""
+    print(f"wrote {out}{kept}", file=sys.stderr)
 
 
 if __name__ == "__main__":

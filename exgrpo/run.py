@@ -1,4 +1,4 @@
-"""`python -m exgrpo.run`: the training job's command line (the wiring is `exgrpo.runtime.recipe.train`).
+"""`python -m exgrpo.run`: the training job's command line (its wiring: `exgrpo.runtime.recipe.train`).
 
     python -m exgrpo.run                                  # embedded default (configs/default.yaml)
     python -m exgrpo.run --config configs/tiny-cpu.yaml trainer.steps=5
@@ -26,6 +26,15 @@ from typing import Any
 from exgrpo.core.config import Config, ConfigError
 from exgrpo.core.config_files import load_config
 
+EXAMPLES = """examples:
+  python -m exgrpo.run --config tiny-cpu --dry-run     # check a config and its plan, start nothing
+  python -m exgrpo.run --config tiny-cpu trainer.steps=5
+  python -m exgrpo.run --resume runs/<id> trainer.steps=40
+  python -m exgrpo.run --help-config trainer           # every setting of a section
+
+configs: the packaged ones by name (tiny-cpu, length-cpu, ...) or a YAML file; docs: README.md, docs/operating.md
+"""
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
@@ -45,7 +54,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m exgrpo.run", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m exgrpo.run",
+        description="Train a model with ExGRPO on Ray (a local cluster, or the one at RAY_ADDRESS).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--config", help="YAML file or packaged config name (default: the embedded default)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument(
@@ -165,11 +179,20 @@ def _train(launch: Any, cfg: Config, *, resume: str | None) -> int:
     from exgrpo.data.readers import DataError
     from exgrpo.loop.checkpoint import ResumeError, RunInterrupted, latest_checkpoint
     from exgrpo.models.resolve import ModelResolveError
+    from exgrpo.runtime.env import RayStartError
+    from exgrpo.runtime.run_dir import self_contained
 
+    made = None
     try:
+        if not resume:  # a run directory that works from anywhere: absolute paths, the reward file copied in
+            cfg, made = self_contained(cfg)
         result = launch.train(cfg, resume=bool(resume), stop_on_signals=True)
-    except (ConfigError, DataError, ModelResolveError, ResumeError, FileNotFoundError) as e:
-        # bad input (config, resources, data, model, resume): nothing was trained, nothing is lost
+    except (ConfigError, DataError, ModelResolveError, ResumeError, FileNotFoundError, RayStartError) as e:
+        # bad input (config, resources, data, model, resume) or Ray did not start: nothing was trained
+        if made is not None:  # the run directory made for the reward's copy: a refused start leaves none
+            import shutil
+
+            shutil.rmtree(made, ignore_errors=True)
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (
@@ -177,8 +200,9 @@ def _train(launch: Any, cfg: Config, *, resume: str | None) -> int:
     ) as e:  # a learner, shard or the controller died past trainer.max_failures recoveries
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        run_dir = cfg.logging.run_dir
+    except KeyboardInterrupt as e:
+        # the second Ctrl-C names the run's directory (a default runs/<time> too); else the configured one
+        run_dir = getattr(e, "run_dir", None) or cfg.logging.run_dir
         ckpt = latest_checkpoint(Path(run_dir)) if run_dir else None
         hint = f"; resume from {ckpt} with: python -m exgrpo.run --resume {run_dir}" if ckpt else ""
         print(f"interrupted{hint}", file=sys.stderr)

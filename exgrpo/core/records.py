@@ -15,6 +15,11 @@ from typing import Any, Literal
 GroupKind = Literal["fresh", "replay"]
 
 
+# A reward above this counts as a correct answer everywhere: the k-of-K buckets, `rollout/solve_ratio`, the
+# held-out Pass@n, and `python -m exgrpo.evaluate --correct-above`'s default (docs/metrics.md, "Held-out scores").
+CORRECT_ABOVE = 0.5
+
+
 @dataclass(frozen=True)
 class Prompt:
     """One training or evaluation question with its reference answer."""
@@ -80,7 +85,7 @@ class Trajectory:
 
     @property
     def correct(self) -> bool:
-        return self.reward > 0.5
+        return self.reward > CORRECT_ABOVE
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""`python -m exgrpo.data.benchmarks --out DIR`: the ExGRPO paper's training set and eight evaluation files.
+"""`python -m exgrpo.data.benchmarks --out DIR`: the ExGRPO paper's training set and nine evaluation files.
 
-    python -m exgrpo.data.benchmarks --out data/paper                    # all nine, from the hub (or its cache)
+    python -m exgrpo.data.benchmarks --out data/paper                    # all ten, from the hub (or its cache)
     python -m exgrpo.data.benchmarks --out data/paper --only aime24 gpqa_diamond
     python -m exgrpo.data.benchmarks --out data/paper --from-dir local/  # local copies, one per source
 

@@ -2,12 +2,15 @@
 
 `like_run`: the options of a run's own held-out evaluation, from its config.yaml (`--like-run RUN_DIR`);
 `run_model_dir`: a run directory given as `--model` is its final model (an unfinished run's is refused,
-naming its latest checkpoint's); `default_out`: the JSON beside the model, or in the current directory
-for a hub id (never inside the hub cache).
+naming its latest checkpoint's), and `unfinished_run` says the same for `--like-run`; `default_out`: the JSON
+beside the model, or in the current directory for a hub id (never inside the hub cache), and `free_out` the
+next free name beside an earlier evaluation's; `response_budget`: the response tokens asked for, at most what
+the model's context (`context_length`) leaves after the longest prompt, so generation never runs past it.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 
@@ -63,3 +66,73 @@ def default_out(model: str, model_dir: Path, data_name: str) -> Path:
     if hub_id(model) is not None and not Path(model).expanduser().is_dir():
         return Path(f"eval-{model.replace('/', '--').replace('@', '-')}-{data_name}.json")
     return model_dir / f"eval-{data_name}.json"
+
+
+def free_out(out: Path) -> Path:
+    """The first of `out`, `<stem>-2<suffix>`, `<stem>-3<suffix>`, ... that does not exist."""
+    path, n = out, 1
+    while path.exists():
+        n += 1
+        path = out.with_name(f"{out.stem}-{n}{out.suffix}")
+    return path
+
+
+def unfinished_run(run_dir: Path) -> str:
+    """What `--like-run` of a run without a final model says: the step it stopped at, and the latest
+    checkpoint's model to evaluate instead (or that it has none)."""
+    from exgrpo.core.config_files import load_config
+    from exgrpo.loop.checkpoint import checkpoint_step, latest_checkpoint
+
+    steps = load_config(str(run_dir / "config.yaml"), []).trainer.steps
+    ckpt = latest_checkpoint(run_dir)
+    done = checkpoint_step(ckpt) if ckpt else 0
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():  # the last step it logged (past its checkpoint, when it died between two)
+        for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                done = max(done, int(json.loads(line).get("step", -1)) + 1)
+            except (ValueError, AttributeError, TypeError):
+                continue
+    if ckpt is None:
+        return (
+            f"--like-run {run_dir}: the run stopped after step {done} of {steps} and has no final model and no "
+            f"checkpoint to evaluate (continue it: python -m exgrpo.run --resume {run_dir})"
+        )
+    return (
+        f"--like-run {run_dir}: the run stopped after step {done} of {steps} (no final model); evaluate its latest "
+        f"checkpoint ({ckpt.name}) with: python -m exgrpo.evaluate --like-run {run_dir} --model {ckpt / 'model'} "
+        f"(or continue the run: python -m exgrpo.run --resume {run_dir})"
+    )
+
+
+DEFAULT_MAX_TOKENS = 4096  # response budget when --max-tokens is not given (capped by the context)
+
+
+def context_length(model_dir: Path) -> int | None:
+    """The model's context (`max_position_embeddings` of its config.json), None when it does not say."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = config.get("max_position_embeddings")
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def response_budget(
+    requested: int | None, *, context: int | None, longest_prompt: int
+) -> tuple[int, str | None]:
+    """The response tokens to ask for and a note when an explicit `requested` was capped: `requested`, else
+    `DEFAULT_MAX_TOKENS`, at most what `context` leaves after the longest prompt (at least 1)."""
+    wanted = DEFAULT_MAX_TOKENS if requested is None else requested
+    if context is None:
+        return wanted, None
+    room = max(1, context - longest_prompt)
+    if wanted <= room:
+        return wanted, None
+    note = None
+    if requested is not None:
+        note = (
+            f"--max-tokens {requested} is more than the model's context leaves ({context} tokens, the longest "
+            f"prompt {longest_prompt}): capped to {room}"
+        )
+    return room, note

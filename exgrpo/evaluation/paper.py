@@ -1,6 +1,6 @@
 """The ExGRPO paper's evaluation table: `python -m exgrpo.evaluate --model M --paper-table DIR`.
 
-DIR holds the eight evaluation files of `python -m exgrpo.data.benchmarks`. Each is evaluated by
+DIR holds the nine evaluation files of `python -m exgrpo.data.benchmarks`. Each is evaluated by
 `exgrpo.evaluate` at temperature 0.6 with responses up to 8192 tokens: AIME24, AIME25 and AMC with 32 samples
 per question (Avg@32), the rest with one sample at T 0.6 (Pass@1 as the paper samples it). The score of a file
 is its Avg@n (mean reward of the samples); the table prints it in percent in the paper's column order.

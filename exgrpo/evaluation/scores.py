@@ -1,17 +1,18 @@
 """Held-out scores: Avg@n, Pass@1 and Pass@n per data source (the library half of `python -m exgrpo.evaluate`).
 
 Scores, per question q with gold answer a_q and rewards r from the run's reward (the verifier's 0 / 1, or a
-user's `reward.fn` in [0, 1]); a sample is correct when r > `correct_above` (0.5: the run's rule for the k-of-K
-buckets):
+user's `reward.fn` in [0, 1]); a sample is correct when r > `correct_above` (0.5, `CORRECT_ABOVE`: the run's
+rule for its rollouts, its k-of-K buckets and its `eval/pass_at_n`). docs/metrics.md ("Held-out scores") says
+the same for the run's metrics, the summary and report.html:
 
 - Avg@n     = mean over q of (1/n) sum_j r(y_qj, a_q), the n samples y_qj drawn at `temperature`
               (and `top_p`); the ExGRPO paper's Avg@32 for AIME24/25 and AMC, and what the run's
               `eval/accuracy` and `rollout/mean_reward` average (the mean reward, whatever its values).
 - Correct@n = the share of the n samples that are correct (= Avg@n for a 0 / 1 reward).
-- Pass@1    = mean over q of r(g_q, a_q), g_q one greedy decode (temperature 0; both engines decode
-              greedily at T = 0).
+- Pass@1    = the share of questions whose greedy decode g_q is correct (temperature 0; both engines
+              decode greedily at T = 0); = the mean greedy reward for a 0 / 1 reward.
 - Pass@n    = the share of questions with at least one correct sample (the plain empirical rate, not
-              the unbiased pass@k estimator).
+              the unbiased pass@k estimator); the run's `eval/pass_at_n`.
 
 Every score is a fraction in [0, 1], as the run prints them.
 
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors.sampling import Samples, Scorer, check_scoring, sample_completions
 from exgrpo.core.config import TemplateName
-from exgrpo.core.records import Prompt
+from exgrpo.core.records import CORRECT_ABOVE, Prompt
 from exgrpo.data.sources import SourceData, read_source
 
 if TYPE_CHECKING:  # the engines import torch; evaluate itself only calls `generate`
@@ -43,7 +44,7 @@ class SourceScores:
     questions: int  # questions scored
     avg_at_n: float  # mean reward over the n samples, averaged over questions
     correct_at_n: float  # share of the samples whose reward is above the correctness threshold
-    pass_at_1: float  # mean reward of the greedy decode
+    pass_at_1: float  # share of questions whose greedy decode is correct
     pass_at_n: float  # share of questions with at least one correct sample
 
 
@@ -70,7 +71,9 @@ class EvalReport:
     mean_of_sources: SourceScores  # unweighted mean of the per-source scores
     per_source: dict[str, SourceScores]  # by data_source, sorted by name
     questions: tuple[QuestionResult, ...]  # in prompt order
-    correct_above: float = 0.5  # a sample is correct when its reward is above this
+    correct_above: float = (
+        CORRECT_ABOVE  # a sample (the greedy decode too) is correct when its reward is above this
+    )
     scored: int = 0  # rewards computed (greedy decodes and samples)
     reward_failures: dict[str, int] = field(default_factory=dict)  # by kind: raised, not a number, timed out
     first_reward_failures: dict[str, str] = field(default_factory=dict)  # kind -> its text and the row's qid
@@ -95,7 +98,7 @@ def evaluate(
     chunk_size: int = 512,
     progress: Callable[[int, int], None] | None = None,
     on_samples: Callable[[Prompt, Samples], None] | None = None,
-    correct_above: float = 0.5,
+    correct_above: float = CORRECT_ABOVE,
 ) -> EvalReport:
     """Avg@n, Pass@1 and Pass@n of `engine` on `prompts` (see the module docstring).
 
@@ -168,13 +171,15 @@ def summarize(
     temperature: float,
     top_p: float = 1.0,
     max_tokens: int = 0,
-    correct_above: float = 0.5,
+    correct_above: float = CORRECT_ABOVE,
 ) -> EvalReport:
     """The report of per-question outcomes (scores per source, pooled and mean of sources)."""
     by_source: dict[str, list[QuestionResult]] = {}
     for r in results:
         by_source.setdefault(r.data_source, []).append(r)
-    per_source = {name: _scores(by_source[name], n=n) for name in sorted(by_source)}
+    per_source = {
+        name: _scores(by_source[name], n=n, correct_above=correct_above) for name in sorted(by_source)
+    }
     k = len(per_source)
     mean_of_sources = SourceScores(
         questions=len(results),
@@ -188,7 +193,7 @@ def summarize(
         temperature=temperature,
         top_p=top_p,
         max_tokens=max_tokens,
-        overall=_scores(results, n=n),
+        overall=_scores(results, n=n, correct_above=correct_above),
         mean_of_sources=mean_of_sources,
         per_source=per_source,
         questions=tuple(results),
@@ -196,13 +201,13 @@ def summarize(
     )
 
 
-def _scores(results: Sequence[QuestionResult], *, n: int) -> SourceScores:
+def _scores(results: Sequence[QuestionResult], *, n: int, correct_above: float) -> SourceScores:
     q = len(results)
     return SourceScores(
         questions=q,
         avg_at_n=sum(r.mean_reward for r in results) / q,
         correct_at_n=sum(r.correct for r in results) / (n * q),
-        pass_at_1=sum(r.greedy for r in results) / q,
+        pass_at_1=sum(1 for r in results if r.greedy > correct_above) / q,
         pass_at_n=sum(1 for r in results if r.correct > 0) / q,
     )
 
@@ -218,8 +223,8 @@ def format_table(report: EvalReport) -> str:
     ]
     width = max(len(name) for name, _ in rows)
     head = (
-        f"{'data_source':<{width}}  {'questions':>9}  {f'Avg@{n}':>8}  {f'Correct@{n}':>10}  {'Pass@1':>8}  "
-        f"{f'Pass@{n}':>8}"
+        f"{'data_source':<{width}}  {'questions':>9}  {f'Avg@{n}':>8}  {f'Correct@{n}':>10}  "
+        f"{'Pass@1 greedy':>13}  {f'Pass@{n}':>8}"
     )
     lines = [head, "-" * len(head)]
     for i, (name, s) in enumerate(rows):
@@ -227,7 +232,7 @@ def format_table(report: EvalReport) -> str:
             lines.append("-" * len(head))
         lines.append(
             f"{name:<{width}}  {s.questions:>9}  {s.avg_at_n:>8.3f}  {s.correct_at_n:>10.3f}  "
-            f"{s.pass_at_1:>8.3f}  {s.pass_at_n:>8.3f}"
+            f"{s.pass_at_1:>13.3f}  {s.pass_at_n:>8.3f}"
         )
     lines.append(measured_at(report))
     lines += failure_lines(report)
@@ -249,11 +254,12 @@ def failure_lines(report: EvalReport) -> list[str]:
 
 def measured_at(report: EvalReport) -> str:
     """One line saying how the table's figures were measured (T and n), printed under it."""
-    n = report.n
+    n, above = report.n, report.correct_above
     return (
-        f"Avg@{n} (mean reward), Correct@{n} (share of rewards > {report.correct_above:g}), Pass@{n}: n {n} "
-        f"samples per question at T {report.temperature:g} (top-p {report.top_p:g}, {report.max_tokens} "
-        f"response tokens); Pass@1: one greedy decode (T 0)"
+        f"Avg@{n}: mean reward; correct = reward > {above:g}; Correct@{n}: share of samples correct; Pass@{n}: "
+        f"share of questions with a correct sample; n {n} samples per question at T {report.temperature:g} "
+        f"(top-p {report.top_p:g}, {report.max_tokens} response tokens); Pass@1 greedy: share of questions "
+        f"whose greedy decode (T 0) is correct (docs/metrics.md)"
     )
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import TrainerConfig
 from exgrpo.core.records import (
+    CORRECT_ABOVE,
     Group,
     Prompt,
     ReplayStats,
@@ -184,12 +185,13 @@ def replay_metrics(stats: ReplayStats, *, started: bool, k_rollouts: int) -> dic
 def eval_metrics(
     evaluation: Sequence[Prompt], scores: Sequence[Sequence[float]], *, version: int
 ) -> tuple[dict[str, float], dict[str, list[Any]]]:
-    """`eval/` metrics of one held-out evaluation (Avg@n and Pass@n, per data source when there are several),
-    and its per-question Avg@n in eval order with the sources: the paired standard error of a gain between
-    two evaluations needs them."""
+    """`eval/` metrics of one held-out evaluation (Avg@n: the mean reward; Pass@n: the share of questions with
+    a sample whose reward is above `CORRECT_ABOVE`; Avg@n per data source when there are several), and its
+    per-question Avg@n in eval order with the sources: the paired standard error of a gain between two
+    evaluations needs them."""
     out = {
         M.EVAL_ACCURACY: float(np.mean([np.mean(s) for s in scores])),
-        M.EVAL_PASS: float(np.mean([max(s) for s in scores])),
+        M.EVAL_PASS: float(np.mean([max(s) > CORRECT_ABOVE for s in scores])),
         M.EVAL_VERSION: version,
     }
     sources = sorted({p.data_source for p in evaluation})

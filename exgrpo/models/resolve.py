@@ -133,15 +133,14 @@ class HubModel:
     downloaded: bool  # False: it was in the cache already
 
 
-def resolve_hub(spec: str) -> HubModel:
-    """The snapshot directory of hub model id `spec` (`org/name[@revision]`): from the hub cache when it holds
-    one (no network call), else downloaded with a progress bar. Offline (`HF_HUB_OFFLINE=1`) and not cached, or
-    any download failure, raises `ModelResolveError` naming the id and the fix."""
+def cached_hub(spec: str) -> HubModel | None:
+    """Hub model id `spec` from the hub cache alone (no network call): its snapshot, or None when the cache
+    holds none. Raises `ModelResolveError` for a malformed id or an unusable cached snapshot."""
     parsed = hub_id(spec)
     if parsed is None:
         raise ModelResolveError(f"{spec!r} is not a hub model id (org/name or org/name@revision)")
     repo_id, revision = parsed
-    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
@@ -150,24 +149,57 @@ def resolve_hub(spec: str) -> HubModel:
         RevisionNotFoundError,
     )
 
-    cache = constants.HF_HUB_CACHE
-    downloaded = False
     try:
         path = Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
     except LocalEntryNotFoundError:
-        if constants.HF_HUB_OFFLINE:
-            raise ModelResolveError(
-                f"model {spec!r} is not in the hub cache ({cache}) and HF_HUB_OFFLINE is set: download it "
-                f"first where the hub is reachable (`hf download {repo_id}"
-                f"{f' --revision {revision}' if revision else ''}` with the same HF_HOME), unset "
-                "HF_HUB_OFFLINE, or give a local model directory"
-            ) from None
-        path, downloaded = _download(spec, repo_id, revision, cache), True
+        return None
     except (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError, HfHubHTTPError) as err:
         raise ModelResolveError(f"model {spec!r}: {err}") from err
     check_model_dir(path, spec=spec)
     return HubModel(
-        spec=spec, repo_id=repo_id, revision=revision, commit=path.name, path=path, downloaded=downloaded
+        spec=spec, repo_id=repo_id, revision=revision, commit=path.name, path=path, downloaded=False
+    )
+
+
+def hub_offline() -> bool:
+    """Whether the hub client is offline (HF_HUB_OFFLINE, read when it was imported)."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def not_cached_fix(repo_id: str, revision: str | None) -> str:
+    """How to get a hub model id the cache does not hold onto this machine."""
+    from huggingface_hub import constants
+
+    rev = f" --revision {revision}" if revision else ""
+    return (
+        f"download it where the hub is reachable (`hf download {repo_id}{rev}` with the same HF_HOME, hub cache "
+        f"{constants.HF_HUB_CACHE}) and run with HF_HUB_OFFLINE=1, or give this machine network access to the "
+        "hub, or give a local model directory"
+    )
+
+
+def resolve_hub(spec: str) -> HubModel:
+    """The snapshot directory of hub model id `spec` (`org/name[@revision]`): from the hub cache when it holds
+    one (no network call, `cached_hub`), else downloaded with a progress bar. Offline (`HF_HUB_OFFLINE=1`) and
+    not cached, or any download failure, raises `ModelResolveError` naming the id and the fix."""
+    from huggingface_hub import constants
+
+    cached = cached_hub(spec)
+    if cached is not None:
+        return cached
+    repo_id, revision = hub_id(spec) or (spec, None)
+    cache = constants.HF_HUB_CACHE
+    if hub_offline():
+        raise ModelResolveError(
+            f"model {spec!r} is not in the hub cache ({cache}) and HF_HUB_OFFLINE is set: "
+            f"{not_cached_fix(repo_id, revision)} (or unset HF_HUB_OFFLINE)"
+        )
+    path = _download(spec, repo_id, revision, cache)
+    check_model_dir(path, spec=spec)
+    return HubModel(
+        spec=spec, repo_id=repo_id, revision=revision, commit=path.name, path=path, downloaded=True
     )
 
 
@@ -201,8 +233,8 @@ def _download(spec: str, repo_id: str, revision: str | None, cache: str) -> Path
         raise ModelResolveError(f"model {spec!r}: no such revision ({err})") from err
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as err:
         raise ModelResolveError(
-            f"model {spec!r} could not be downloaded ({err}); check the network, HF_ENDPOINT and HF_TOKEN, "
-            "or give a local model directory"
+            f"model {spec!r} could not be downloaded ({err}); check the network, HF_ENDPOINT and HF_TOKEN; "
+            f"without network access here: {not_cached_fix(repo_id, revision)}"
         ) from err
     finally:
         if quiet:

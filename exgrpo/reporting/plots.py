@@ -1,4 +1,4 @@
-"""The run's plots (`plots/*.png`, inlined in report.html): reward, held-out accuracy, replay buckets,
+"""The run's plots (`plots/*.png`, inlined in report.html): reward, the held-out figure, replay buckets,
 staleness, the step-time split and weight sync, drawn from metrics.jsonl's rows with matplotlib (Agg).
 """
 
@@ -20,23 +20,37 @@ TIME_SPLIT = (
 )
 
 
-# Figures of the report: name -> (title, what it shows). PNG names in plots/ are the keys.
-FIGURES = {
-    "reward": (
-        "Reward and held-out accuracy",
-        "fresh rollouts' mean reward and solve ratio per step; "
-        "held-out Avg@n after each evaluation (x = policy version = steps done)",
-    ),
-    "eval_accuracy": ("Held-out accuracy", "Avg@n and Pass@n on the held-out set by policy version"),
-    "buckets": ("Replay buckets", "questions per correctness bucket k/K (stacked) and retired questions"),
-    "staleness": ("Staleness", "training version minus sampling version over each batch"),
-    "step_time": ("Step-time split", "where each step's wall time went (stacked)"),
-    "weight_sync": ("Weight sync", "driver-side broadcast time and the samplers' mean weight-load time"),
-}
+HELDOUT = "held-out accuracy"  # the held-out figure's name for a 0 / 1 reward (the summary's `heldout_name`)
 
 
-def render_figures(records: Sequence[dict[str, Any]], evals: Sequence[dict[str, float]]) -> dict[str, bytes]:
-    """The run's plots as PNG bytes (matplotlib, Agg)."""
+def figure_titles(heldout: str = HELDOUT) -> dict[str, tuple[str, str]]:
+    """Figures of the report: name -> (title, what it shows); PNG names in plots/ are the keys. `heldout`: the
+    held-out figure's name as the summary gives it (a custom reward's is "held-out mean reward")."""
+    return {
+        "reward": (
+            f"Reward and {heldout}",
+            "fresh rollouts' mean reward and solve ratio per step; "
+            "held-out Avg@n after each evaluation (x = policy version = steps done)",
+        ),
+        "eval_accuracy": (
+            heldout[0].upper() + heldout[1:],
+            "Avg@n (mean reward) and Pass@n: share of questions with a sample of reward > 0.5, on the held-out "
+            "set by policy version (docs/metrics.md)",
+        ),
+        "buckets": ("Replay buckets", "questions per correctness bucket k/K (stacked) and retired questions"),
+        "staleness": ("Staleness", "training version minus sampling version over each batch"),
+        "step_time": ("Step-time split", "where each step's wall time went (stacked)"),
+        "weight_sync": ("Weight sync", "driver-side broadcast time and the samplers' mean weight-load time"),
+    }
+
+
+FIGURES = figure_titles()
+
+
+def render_figures(
+    records: Sequence[dict[str, Any]], evals: Sequence[dict[str, float]], *, heldout: str = HELDOUT
+) -> dict[str, bytes]:
+    """The run's plots as PNG bytes (matplotlib, Agg); `heldout`: the held-out figure's name (`figure_titles`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -68,7 +82,7 @@ def render_figures(records: Sequence[dict[str, Any]], evals: Sequence[dict[str, 
             [e.get("eval/version", 0) for e in evals],
             [e[M.EVAL_ACCURACY] for e in evals],
             marker="o",
-            label=f"{M.EVAL_ACCURACY} (held-out)",
+            label=f"{M.EVAL_ACCURACY} ({heldout})",
         )
     out["reward"] = png(fig, ax, "reward")
     if evals:
@@ -77,7 +91,7 @@ def render_figures(records: Sequence[dict[str, Any]], evals: Sequence[dict[str, 
         ax.plot(versions, [e[M.EVAL_ACCURACY] for e in evals], marker="o", label=M.EVAL_ACCURACY)
         if all(M.EVAL_PASS in e for e in evals):
             ax.plot(versions, [e[M.EVAL_PASS] for e in evals], marker="s", label=M.EVAL_PASS)
-        out["eval_accuracy"] = png(fig, ax, "held-out accuracy", "policy version")
+        out["eval_accuracy"] = png(fig, ax, heldout, "policy version")
     fig, ax = plt.subplots(figsize=(6, 3.5))
     bucket_keys = sorted(
         (k for k in records[-1] if k.startswith("replay/bucket_")), key=lambda k: int(k.rsplit("_", 1)[-1])

@@ -20,7 +20,8 @@ from typing import Any
 from exgrpo.core import metric_names as M
 from exgrpo.core.fileio import atomic_write_text
 from exgrpo.reporting.console import Phase
-from exgrpo.reporting.plots import FIGURES, TIME_SPLIT, render_figures
+from exgrpo.reporting.plots import FIGURES as FIGURES  # the figure names, for its readers
+from exgrpo.reporting.plots import HELDOUT, TIME_SPLIT, figure_titles, render_figures
 from exgrpo.reporting.samples import last_steps, read_samples
 
 # Start-up and tear-down phases of the training recipe: the fixed overhead of a run (all but the loop).
@@ -80,7 +81,7 @@ def summary(
         "reward_failures": int(total(M.REWARD_FAILURES)),
         "reward_failure_share": total(M.REWARD_FAILURES) / max(total(M.ROLLOUTS), 1.0),
         "reward_failure_notes": dict(reward_failure_notes or {}),
-        "heldout_name": "held-out mean reward" if custom_reward else "held-out accuracy",
+        "heldout_name": "held-out mean reward" if custom_reward else HELDOUT,  # the plots' name too
         "long_prompts_skipped": long_prompts_skipped,  # over model.max_prompt_len (data.long_prompts=skip)
     }
     out.update(heldout_gain(evals))
@@ -132,9 +133,9 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     how = measured(s.get("eval_temperature"), s.get("eval_samples"))
     at = f" ({how})" if how else ""  # after an accuracy's name
     se = f"(± s.e.; {how})" if how else "(± s.e.)"  # after a gain's name
-    name = s.get("heldout_name", "held-out accuracy")
+    name = s.get("heldout_name", HELDOUT)
     rows = [
-        ("steps", s["steps"]),
+        ("steps", f"{s['steps']} of {s['steps_planned']}" if s.get("steps_planned") else s["steps"]),
         (f"{name} before{at}", f(s["eval_accuracy_before"])),
         (f"{name} after{at}", f(s["eval_accuracy_after"])),
         *(
@@ -169,7 +170,7 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("retired questions", s["retired"]),
         ("buffer per bucket", " ".join(f"{k.split('_')[-1]}:{v}" for k, v in s["buckets"].items()) or "-"),
         *([("in-job recoveries", s["recoveries"])] if s.get("recoveries") else []),
-        ("wall time (s)", f(s["wall_s"])),
+        ("wall time (s)", f(s["wall_s"]) + _starts(s.get("wall_s_starts") or [])),
     ]
     rows += [(f"  time in {k} (s)", f(v)) for k, v in s["time_split_s"].items()]
     if "phases_s" in s:
@@ -178,6 +179,11 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("steps (s)", f"{s['steps_s']:.1f}"))
         rows.append(("evaluation + checkpoints (s)", f"{s['eval_and_checkpoints_s']:.1f}"))
     return [(k, str(v)) for k, v in rows]
+
+
+def _starts(starts: Sequence[float]) -> str:
+    """How a resumed run's wall time adds up: ` (2 starts: 100.0 + 60.0)` ("" for one start)."""
+    return f" ({len(starts)} starts: {' + '.join(f'{x:.1f}' for x in starts)})" if len(starts) > 1 else ""
 
 
 def warnings(s: dict[str, Any]) -> list[str]:
@@ -196,6 +202,24 @@ def format_summary(s: dict[str, Any]) -> str:
     rows = _rows(s)
     width = max(len(k) for k, _ in rows)
     return "\n".join([*(f"{k:<{width}}  {v}" for k, v in rows), *warnings(s)])
+
+
+def run_span(run_dir: Path, *, steps: int, wall_s: float, config_yaml: str) -> dict[str, Any]:
+    """The run's planned steps (`trainer.steps` of `config_yaml`) and its wall time over every start: a run
+    directory whose summary.json counts fewer steps than this start ends with is a resumed run, whose earlier
+    starts' times (`wall_s_starts`) are added (a start that ended without a summary is not counted)."""
+    import yaml
+
+    planned = ((yaml.safe_load(config_yaml) or {}).get("trainer") or {}).get("steps") if config_yaml else None
+    earlier: list[float] = []
+    try:
+        prior = json.loads((run_dir / "summary.json").read_text())
+        if int(prior.get("steps", steps)) < steps:
+            earlier = [float(x) for x in prior.get("wall_s_starts") or [prior["wall_s"]]]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    starts = [*earlier, wall_s]
+    return {"steps_planned": planned, "wall_s": sum(starts), "wall_s_starts": starts}
 
 
 def write_report(
@@ -233,12 +257,13 @@ def write_report(
         custom_reward=custom_reward,
         long_prompts_skipped=long_prompts_skipped,
     )
+    s.update(run_span(run_dir, steps=len(records), wall_s=wall_s, config_yaml=config_yaml))
     atomic_write_text(run_dir / "summary.json", json.dumps(s, indent=2))
     text = format_summary(s)
     atomic_write_text(run_dir / "summary.txt", text + "\n")
     print(text)
     if records and (plots or html_report):
-        figures = render_figures(records, evals)
+        figures = render_figures(records, evals, heldout=s["heldout_name"])
         if plots:
             out = run_dir / "plots"
             out.mkdir(exist_ok=True)
@@ -301,7 +326,7 @@ def report_html(
     warned = "".join(f'<p class="warning">{esc(w)}</p>\n' for w in warnings(s))
     figs = []
     for name, png in figures.items():
-        title, what = FIGURES.get(name, (name, ""))
+        title, what = figure_titles(s.get("heldout_name", HELDOUT)).get(name, (name, ""))
         data = base64.b64encode(png).decode("ascii")
         figs.append(
             f'<div class="fig" id="fig-{esc(name)}"><h2>{esc(title)}</h2><p>{esc(what)}</p>'

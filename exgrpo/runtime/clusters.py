@@ -108,7 +108,13 @@ def dry_run_fit(cfg: Config) -> str:
             ) from err
     else:
         total = local_resources(cfg)
-        where = f"a local cluster on this machine ({local_cluster_cpus(cfg)} logical CPUs)"
+        logical, cores = local_cluster_cpus(cfg), machine_cpus()
+        over = (
+            f" on its {cores} cores: the plan oversubscribes them, so its actors share cores and run slower"
+            if logical > cores
+            else ""
+        )
+        where = f"a local cluster on this machine ({logical} logical CPUs{over})"
         have = "a local cluster here would have {n}"
     problems = shortfalls(cfg, plan, total, nodes, have=have)
     if problems:

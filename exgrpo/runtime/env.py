@@ -111,13 +111,44 @@ def remote_actor(
     return actor_cls.options(**options).remote(**init_kwargs)
 
 
+class RayStartError(RuntimeError):
+    """Ray did not start (or attach): the message names the cause and what to try (the CLI prints it, exit 2)."""
+
+
+def _cause(err: BaseException) -> str:
+    """The first line of Ray's own message, with its type when that says more than `Exception`."""
+    text = (str(err).strip().splitlines() or [""])[0]
+    kind = type(err).__name__
+    return text if kind == "Exception" and text else f"{kind}: {text}" if text else kind
+
+
+def local_start_failure(err: BaseException) -> str:
+    """One line for a local cluster that did not start: Ray's cause, and what to try."""
+    cause = _cause(err)
+    slow = "timed out" in cause
+    why = (
+        "Ray's processes (GCS, raylet) did not come up within Ray's 30 s, usually because the machine is "
+        "loaded; "
+        if slow
+        else ""
+    )
+    ray_tmp = os.environ.get("RAY_TMPDIR", "/tmp/ray")
+    return (
+        f"Ray could not start a local cluster: {cause} ({why}nothing was trained). Try: run the command "
+        "again; free the machine (other jobs, memory, disk under /tmp); or start a cluster once with "
+        "`RAY_AUTH_MODE=disabled ray start --head` and run with RAY_ADDRESS=127.0.0.1:6379; Ray's own logs: "
+        f"{ray_tmp}/session_latest/logs"
+    )
+
+
 def init_ray(cfg: Config) -> dict[str, Any]:
     """Attach to RAY_ADDRESS if set (as under `ray job submit`), else start a private local cluster.
 
     `logging.dashboard` starts the local cluster's dashboard on `logging.dashboard_host` (127.0.0.1)
     and prints its URL; `logging.verbose` lets the actors' progress bars and warnings through.
     Returns {"dashboard_url", "metrics_port"} (None where unknown) and prints both lines when the
-    dashboard is on.
+    dashboard is on. A cluster that does not start (or an address it cannot attach to) raises
+    `RayStartError`, one line naming Ray's cause and what to try.
     """
     lc = cfg.logging
     env = {**ACTOR_ENV, **network_env()}
@@ -138,7 +169,14 @@ def init_ray(cfg: Config) -> dict[str, Any]:
         job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
         for key in (job.get("runtime_env") or {}).get("env_vars") or {}:
             env.pop(key, None)
-        ctx = ray.init(runtime_env=runtime_env, namespace="exgrpo")
+        address = os.environ["RAY_ADDRESS"]
+        try:
+            ctx = ray.init(runtime_env=runtime_env, namespace="exgrpo")
+        except Exception as err:  # Ray raises bare Exception, ConnectionError, RuntimeError, TimeoutError...
+            raise RayStartError(
+                f"could not attach to the Ray cluster at RAY_ADDRESS={address}: {_cause(err)}; check that "
+                "cluster (`ray status`), or unset RAY_ADDRESS to run on a local cluster"
+            ) from err
     else:
         os.environ.setdefault(
             "RAY_AUTH_MODE", "disabled"
@@ -152,15 +190,18 @@ def init_ray(cfg: Config) -> dict[str, Any]:
             if lc.dashboard
             else {"include_dashboard": False}
         )
-        ctx = ray.init(
-            address="local",
-            num_cpus=local_cluster_cpus(cfg),
-            runtime_env=runtime_env,
-            namespace="exgrpo",
-            configure_logging=False,
-            log_to_driver=True,
-            **dashboard,
-        )
+        try:
+            ctx = ray.init(
+                address="local",
+                num_cpus=local_cluster_cpus(cfg),
+                runtime_env=runtime_env,
+                namespace="exgrpo",
+                configure_logging=False,
+                log_to_driver=True,
+                **dashboard,
+            )
+        except Exception as err:  # Ray raises bare Exception on a start-up timeout
+            raise RayStartError(local_start_failure(err)) from err
     url = getattr(ctx, "dashboard_url", None) or None
     node = getattr(ray._private.worker.global_worker, "node", None)  # None when attached as a client
     port = getattr(node, "metrics_export_port", None)

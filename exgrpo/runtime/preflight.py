@@ -17,6 +17,7 @@ cluster against the plan, the GPU memory plan; it returns the model directory th
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,10 +32,34 @@ log = logging.getLogger(__name__)
 def preflight(cfg: Config, *, resume: bool = False) -> list[str]:
     """The checks of a start before Ray (module docstring); one line per check passed, else the start's error.
     `resume`: the model is the checkpoint's (`exgrpo.loop.checkpoint.resume_report` checks it), not `model.path`."""
-    model = ["model: the latest checkpoint's (checked with the resume)"] if resume else check_model(cfg)
-    path = None if resume else model_dir(cfg)
-    lines = [check_reward(cfg), *model, check_data(cfg, model_path=path), untested(cfg)]
-    return [line for line in lines if line]
+    from exgrpo.data.readers import DataError
+    from exgrpo.models.resolve import ModelResolveError
+
+    lines: list[str] = []
+    errors: list[Exception] = []
+    path: Path | None = None
+
+    def checked(check: Callable[[], list[str]]) -> bool:
+        try:
+            lines.extend(check())
+        except (ConfigError, DataError, ModelResolveError) as err:  # every check runs: all errors at once
+            errors.append(err)
+            return False
+        return True
+
+    checked(lambda: [check_reward(cfg)])
+    if resume:
+        lines.append("model: the latest checkpoint's (checked with the resume)")
+    elif checked(lambda: check_model(cfg)):
+        path = model_dir(cfg)
+    checked(lambda: [check_data(cfg, model_path=path)])
+    if len(errors) == 1:
+        raise errors[0]  # the start's own error, as it is
+    if errors:
+        raise ConfigError(
+            f"{len(errors)} pre-flight checks failed:\n  - " + "\n  - ".join(str(e) for e in errors)
+        )
+    return [line for line in (*lines, untested(cfg)) if line]
 
 
 def untested(cfg: Config) -> str:
@@ -88,14 +113,18 @@ def check_reward(cfg: Config) -> str:
 
 
 def model_dir(cfg: Config) -> Path | None:
-    """The model directory a start would load, when it exists without building anything (None: a builtin
-    that is built at start)."""
+    """The model directory a start would load, when it exists without building or downloading anything (None: a
+    builtin that is built at start, or a hub id not in the hub cache that a start downloads)."""
     from exgrpo.models.resolve import (
         BUILTIN_MODELS,
         MANIFEST,
         ModelResolveError,
+        cached_hub,
         check_model_dir,
+        hub_id,
+        hub_offline,
         known_models,
+        resolve_hub,
         shipped_model,
     )
 
@@ -110,21 +139,47 @@ def model_dir(cfg: Config) -> Path | None:
         )
         return built if (built / "config.json").is_file() else None
     path = Path(cfg.model.path).expanduser()
+    if not path.is_dir() and hub_id(cfg.model.path) is not None:
+        # as a start resolves it (`resolve_model`): the hub cache, else (offline) the start's own error, else
+        # None: a start downloads it (the dry run downloads nothing)
+        cached = cached_hub(cfg.model.path)
+        if cached is None and hub_offline():
+            return resolve_hub(cfg.model.path).path  # raises the start's error: not cached, offline
+        return cached.path if cached is not None else None
     if not path.is_dir():
         raise ModelResolveError(
-            f"model path {cfg.model.path!r} does not exist; give an HF model directory or one of {known_models()}"
+            f"model path {cfg.model.path!r} does not exist; give an HF model directory, a hub model id "
+            f"(org/name or org/name@revision) or one of {known_models()}"
         )
     check_model_dir(path, spec=cfg.model.path)
     return path
 
 
+def model_line(cfg: Config, path: Path | None) -> str:
+    """What the dry run says of the model: its directory, a hub id's snapshot, or what a start builds or
+    downloads."""
+    from huggingface_hub import constants
+
+    from exgrpo.models.resolve import hub_id
+
+    spec = cfg.model.path
+    if builtin_name(spec) is not None or Path(spec).expanduser().is_dir() or hub_id(spec) is None:
+        return f"model: {spec}" + (f" ({path})" if path else " (a builtin, built at start)")
+    if path is not None:
+        return f"model: {spec} -> {path} (hub cache, commit {path.name[:12]})"
+    return (
+        f"model: {spec} is not in the hub cache ({constants.HF_HUB_CACHE}): a start downloads it from the hub "
+        "(HF_HUB_OFFLINE is not set); the dry run downloads nothing"
+    )
+
+
 def check_model(cfg: Config) -> list[str]:
     """The model directory, and LoRA's target modules against its module names."""
     path = model_dir(cfg)
-    lines = [f"model: {cfg.model.path}" + (f" ({path})" if path else " (a builtin, built at start)")]
+    lines = [model_line(cfg, path)]
     if cfg.learners.lora_rank > 0:
         if path is None:
-            lines.append("LoRA targets: not checked (the builtin model is built at start)")
+            lines.append("LoRA targets: not checked (the model is built or downloaded at start)")
         else:
             lines.append(check_lora_targets(path, cfg.learners.lora_target_modules))
     return lines

@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
 from pathlib import Path
 
 from exgrpo.core.config import Config, ConfigError
@@ -74,6 +75,55 @@ def check_run_dir(cfg: Config, *, nodes: int = 1) -> None:
             f"logging.run_dir={cfg.logging.run_dir or '(unset: runs/<time>)'} is relative but {why}; set "
             "logging.run_dir to an absolute path on storage every node shares (docs/operating.md, 'Two nodes')"
         )
+
+
+REWARD_COPY = "reward"  # under the run dir: the copy of a reward file (`reward.fn=path/to/file.py:fn`)
+
+
+def self_contained(cfg: Config) -> tuple[Config, Path | None]:
+    """`cfg` for a fresh command-line start whose run directory works from any directory: `data.*` and
+    `model.path` files absolute (as a packaged config's, `anchor_paths`), and a reward file copied into
+    `<run_dir>/reward/` with `reward.fn` pointing at the copy (a callable of the Python API travels in the config
+    already, `exgrpo.verify.closure`). A reward file that imports files beside it stays where it is, absolute.
+    Returns the config and the run directory made for the copy (None when none was made: the caller removes it
+    when the start is refused). Relative paths are read from the current directory, as the start reads them."""
+    from exgrpo.core.config_files import PATH_KEYS, anchor_paths, apply_overrides
+
+    data = anchor_paths(cfg.to_dict(), Path.cwd())
+    overrides = [f"{s}.{k}={data[s][k]}" for s, k in PATH_KEYS if data[s][k] != cfg.to_dict()[s][k]]
+    made = None
+    file, _, name = cfg.reward.fn.rpartition(":")
+    source = Path(file).expanduser().resolve()
+    if file.endswith(".py") and source.is_file() and not _imports_siblings(source):
+        cfg = job_run_dir(cfg)
+        run_dir = Path(cfg.logging.run_dir or f"runs/{dt.datetime.now():%Y%m%d-%H%M%S}").expanduser()
+        target = run_dir.resolve() / REWARD_COPY / source.name
+        if target != source:
+            made = None if run_dir.exists() else run_dir.resolve()
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+            overrides = [o for o in overrides if not o.startswith("reward.fn=")]
+            overrides += [f"reward.fn={target}:{name}", f"logging.run_dir={run_dir}"]
+    return (apply_overrides(cfg, overrides) if overrides else cfg), made
+
+
+def _imports_siblings(file: Path) -> bool:
+    """Whether a reward file imports a module that lives beside it (a copy alone would not import)."""
+    import ast
+
+    try:
+        tree = ast.parse(file.read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError):
+        return True  # the start reports it, from where it is
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {
+        n.module.split(".")[0]
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module and not n.level
+    }
+    if any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)):
+        return True
+    return any((file.parent / f"{m}.py").is_file() or (file.parent / m).is_dir() for m in names)
 
 
 def make_run_dir(cfg: Config) -> Path:

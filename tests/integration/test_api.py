@@ -120,3 +120,83 @@ def test_the_readme_example_trains_with_a_closure_and_rows_in_memory(tmp_path):
     assert len(steps) == 2 and all(r["rollout/reward_failures"] == 0 for r in steps)
     # the rewards came from the closure: 0, 0.5, 1 or 1.5 per completion
     assert all(0.0 <= r["rollout/mean_reward"] <= 1.5 for r in steps)
+
+
+# -- a refused start, a string reward, a bad row: the caller's inputs named, nothing left behind (issue 43) --
+ROWS = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(10)]
+
+
+def _run_dirs(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / "runs").iterdir()) if (root / "runs").is_dir() else []
+
+
+def test_a_refused_start_leaves_no_run_directory(tmp_path, monkeypatch):
+    from exgrpo import train
+    from exgrpo.data.readers import DataError
+    from exgrpo.models.resolve import ModelResolveError
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ModelResolveError, match="does not exist"):
+        train("tiny-cpu", train_data=ROWS, overrides=[f"model.path={tmp_path / 'no-model'}"])
+    assert _run_dirs(tmp_path) == []  # the CLI's rule: a refused start removes the directory it made
+    with pytest.raises(DataError):
+        train(
+            "tiny-cpu",
+            train_data=[*ROWS[:3], {"question": "", "answer": "1"}],
+            overrides=["data.on_bad_row=error"],
+        )
+    assert _run_dirs(tmp_path) == []
+    given = tmp_path / "mine"  # a directory the caller named and that exists already is theirs: kept
+    given.mkdir()
+    with pytest.raises(ModelResolveError):
+        train(
+            "tiny-cpu", train_data=ROWS, overrides=[f"logging.run_dir={given}", "model.path=/no/such/model"]
+        )
+    assert given.is_dir()
+
+
+def test_a_string_reward_fn_names_the_override_to_use():
+    from exgrpo import train
+
+    with pytest.raises(TypeError) as err:
+        train("tiny-cpu", reward_fn="my_rewards.py:score")
+    text = str(err.value)
+    assert "overrides=['reward.fn=my_rewards.py:score']" in text and "callable" in text
+    assert "'m'" not in text  # not a complaint about its first character
+
+
+def test_a_bad_row_is_named_by_its_index_in_train_data(tmp_path, monkeypatch, caplog):
+    from exgrpo import train
+    from exgrpo.data.readers import DataError
+
+    monkeypatch.chdir(tmp_path)
+    bad = [*ROWS[:3], {"question": "", "answer": "1"}, *ROWS[3:]]
+    with pytest.raises(DataError) as err:
+        train("tiny-cpu", train_data=bad, overrides=["data.on_bad_row=error"])
+    text = str(err.value)
+    assert "train_data[3]" in text and "{'question': '', 'answer': '1'}" in text, text
+    assert "empty question" in text and "train.jsonl" not in text
+    with pytest.raises(DataError, match=r"eval_data\[1\]"):
+        train("tiny-cpu", train_data=ROWS, eval_data=[ROWS[0], {"answer": "2", "question": " "}],
+              overrides=["data.on_bad_row=error"])  # fmt: skip
+    with pytest.raises(DataError) as err:  # no usable column at all: named against train_data too
+        train("tiny-cpu", train_data=[{"prompt_text": "2+2"}])
+    assert "layout of train_data from its columns" in str(err.value) and "train.jsonl" not in str(err.value)
+    assert _run_dirs(tmp_path) == []
+
+
+def test_a_skipped_row_is_named_in_train_data_and_keeps_the_row_numbers(tmp_path, caplog):
+    from exgrpo.api import _check_rows, _write_rows
+    from exgrpo.core.config_files import load_config
+    from exgrpo.data.readers import read_prompts
+
+    path = _write_rows([*ROWS[:2], {"question": "", "answer": "1"}, ROWS[2]], tmp_path / "train.jsonl")
+    with caplog.at_level("WARNING", logger="exgrpo"):
+        _check_rows(load_config("tiny-cpu", []), path, "train_data")
+    assert (
+        "1 of 4 rows of train_data are malformed" in caplog.text
+        and "train_data[2] {'question': ''" in caplog.text
+    )
+    result = read_prompts(path)  # what the run reads: no bad row left to report against the file
+    assert not result.skipped and [p.qid for p in result.prompts] == ["train:0", "train:1", "train:3"]

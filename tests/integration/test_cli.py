@@ -177,3 +177,46 @@ def test_plan_that_cannot_fit_fails_at_once(tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     assert "the plan needs 2 GPUs (2 samplers x 1 + 1 learner x 0) but the cluster has 0" in out.stderr
     assert "samplers.num_gpus=0" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_run_directory_works_from_another_directory(tmp_path):
+    """A run started with a relative reward file and data files resumes and is evaluated from another directory:
+    its config.yaml holds absolute paths and a copy of the reward file. Before: `reward.fn: no such file
+    'my_rewards.py'` from anywhere but the launch directory."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "my_rewards.py").write_text("def score(prompt, completion, fields):\n    return 1.0\n")
+    rows = [{"question": f"{i}+1", "answer": str(i + 1)} for i in range(16)]
+    (project / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    first = run_cli(
+        project,
+        "--config",
+        "tiny-cpu",
+        "reward.fn=my_rewards.py:score",
+        "data.train=train.jsonl",
+        "data.eval=train.jsonl",
+        "trainer.steps=2",
+        "trainer.checkpoint_every=1",
+        "trainer.eval_every=0",
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    run = project / "run"
+    saved = (run / "config.yaml").read_text()
+    assert f"fn: {run}/reward/my_rewards.py:score" in saved and f"train: {project}/train.jsonl" in saved
+    (project / "my_rewards.py").unlink()  # the run keeps its own copy
+    cmd = [
+        sys.executable,
+        "-m",
+        "exgrpo.run",
+        "--resume",
+        str(run),
+        "trainer.steps=3",
+        "logging.progress=false",
+    ]
+    resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=elsewhere)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((run / "summary.json").read_text())["steps"] == 3
+    cmd = [sys.executable, "-m", "exgrpo.evaluate", "--like-run", str(run), "--num", "4", "--n", "1"]
+    evaluated = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=elsewhere)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]

@@ -233,7 +233,15 @@ def test_table_lists_sources_then_totals(data_file: Path, verifier: Verifier) ->
                       max_tokens=16, verifier=verifier)  # fmt: skip
     lines = format_table(report).splitlines()
     # fractions, as the run prints them (not percent)
-    assert lines[0].split() == ["data_source", "questions", "Avg@4", "Correct@4", "Pass@1", "Pass@4"]
+    assert lines[0].split() == [
+        "data_source",
+        "questions",
+        "Avg@4",
+        "Correct@4",
+        "Pass@1",
+        "greedy",
+        "Pass@4",
+    ]
     assert lines[3].split() == ["beta", "2", "0.125", "0.125", "0.500", "0.500"]
     assert lines[5].split() == ["overall", "5", "0.650", "0.650", "0.800", "0.800"]
     assert lines[6].split() == ["mean", "of", "sources", "5", "0.562", "0.562", "0.750", "0.750"]
@@ -308,8 +316,9 @@ def test_on_samples_gets_every_prompts_n_completions_and_rewards(data_file: Path
              verifier=verifier, on_samples=lambda p, s: greedy_only.append(s.texts))  # fmt: skip
     assert greedy_only == [("\\boxed{2}",) * 3]  # T = 0: the greedy decode stands for every sample
     assert format_table(report).splitlines()[-1] == (
-        "Avg@4 (mean reward), Correct@4 (share of rewards > 0.5), Pass@4: n 4 samples per question at T 0.6 "
-        "(top-p 1, 16 response tokens); Pass@1: one greedy decode (T 0)"
+        "Avg@4: mean reward; correct = reward > 0.5; Correct@4: share of samples correct; Pass@4: share of "
+        "questions with a correct sample; n 4 samples per question at T 0.6 (top-p 1, 16 response tokens); "
+        "Pass@1 greedy: share of questions whose greedy decode (T 0) is correct (docs/metrics.md)"
     )
 
 
@@ -369,7 +378,7 @@ def test_avg_at_n_is_the_mean_reward_as_in_the_run(data_file: Path) -> None:
     report = evaluate(CannedEngine(), prompts, template="plain", n=4, temperature=0.6, max_tokens=16,
                       verifier=FixedScorer())  # fmt: skip
     assert report.overall.avg_at_n == pytest.approx(0.3)
-    assert report.overall.pass_at_1 == pytest.approx(0.3)  # the greedy decode's reward
+    assert report.overall.pass_at_1 == 0.0  # greedy decodes of reward 0.3: none correct (was their mean, 0.3)
     assert report.overall.correct_at_n == 0.0 and report.overall.pass_at_n == 0.0  # none above 0.5
     loose = evaluate(CannedEngine(), prompts, template="plain", n=4, temperature=0.6, max_tokens=16,
                      verifier=FixedScorer(), correct_above=0.25)  # fmt: skip

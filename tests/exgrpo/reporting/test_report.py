@@ -300,3 +300,20 @@ def test_prompts_skipped_as_too_long_are_counted_in_the_summary():
     text = format_summary(summary(records, evals, 5.0, long_prompts_skipped=3))
     assert re.search(r"prompts skipped as too long +3", text)
     assert "too long" not in format_summary(summary(records, evals, 5.0))
+
+
+def test_the_plots_name_the_held_out_figure_as_the_summary_does(tmp_path, capsys):
+    """A custom reward: the summary said "held-out mean reward" while report.html's plots said "held-out
+    accuracy"; one name now, the summary's (a 0 / 1 reward keeps "accuracy" in both)."""
+    records, evals = fake_run(3)
+    write_report(tmp_path, records=records, evals=evals, wall_s=5.0, plots=False, html_report=True,
+                 custom_reward=True)  # fmt: skip
+    page = (tmp_path / "report.html").read_text()
+    assert "held-out accuracy" not in page.lower() and page.count("held-out mean reward") >= 3
+    math_dir = tmp_path / "math"
+    math_dir.mkdir()
+    write_report(math_dir, records=records, evals=evals, wall_s=5.0, plots=False, html_report=True)
+    page = (math_dir / "report.html").read_text()
+    assert "held-out mean reward" not in page and "Held-out accuracy" in page
+    assert "Pass@n: share of questions with a sample of reward &gt; 0.5" in page  # its one meaning, said
+    capsys.readouterr()

@@ -73,3 +73,38 @@ def test_local_cpus_are_the_ones_ray_would_offer(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 48)
     monkeypatch.setattr(ray_utils, "get_num_cpus", lambda *a, **k: 2)
     assert clusters.local_cluster_cpus(load_config("tiny-cpu")) == 2
+
+
+def test_dry_run_shows_every_preflight_error_not_only_the_first(capsys):
+    """Before: only the reward's error was shown; the data and model errors came one dry run at a time."""
+    args = [
+        "--dry-run",
+        "reward.fn=/nope/reward.py:score",
+        "data.train=/nope/train.jsonl",
+        "model.path=/nope/m",
+    ]
+    assert run.main(args) == 2
+    err = capsys.readouterr().err
+    assert "3 pre-flight checks failed" in err
+    for message in (
+        "no such file '/nope/reward.py'",
+        "'/nope/train.jsonl' does not exist",
+        "'/nope/m' does not",
+    ):
+        assert f"  - {message}" in err or message in err
+    assert err.count("error:") == 1
+
+
+def test_a_plan_bigger_than_the_machine_says_it_oversubscribes_its_cores(monkeypatch, capsys):
+    """Before: "fits a local cluster on this machine (3 logical CPUs)", silent about the 2 cores."""
+    monkeypatch.setattr(clusters, "machine_cpus", lambda: 2)
+    assert run.main(["--dry-run", "--config", "tiny-cpu", "samplers.num=4"]) == 0
+    out = capsys.readouterr().out
+    assert "3 logical CPUs on its 2 cores: the plan oversubscribes them" in out
+
+
+def test_help_shows_examples_and_no_internal_module(capsys):
+    with pytest.raises(SystemExit):
+        run.main(["--help"])
+    out = capsys.readouterr().out
+    assert "examples:" in out and "--dry-run" in out.split("examples:")[1] and "exgrpo.runtime" not in out

@@ -38,3 +38,29 @@ def test_handlers_are_restored_after_a_normal_end():
     with recipe.stop_on_signals():
         assert signal.getsignal(signal.SIGINT) is not before
     assert signal.getsignal(signal.SIGINT) is before and recipe.driver.stop_requested is None  # type: ignore[union-attr]
+
+
+def test_a_second_signal_prints_the_resume_command_when_a_checkpoint_exists(tmp_path, monkeypatch, capsys):
+    """Before: the run's default directory (no logging.run_dir) got a bare "interrupted" after a second Ctrl-C."""
+    from exgrpo import run
+
+    run_dir = tmp_path / "runs" / "20250101-000000"
+    ckpt = run_dir / "checkpoints" / "step-000003"
+    ckpt.mkdir(parents=True)
+    (ckpt / "driver.json").write_text("{}")
+    recipe = _recipe()
+    recipe.driver.checkpointer = SimpleNamespace(root=run_dir / "checkpoints")  # type: ignore[union-attr]
+
+    class Launch:
+        @staticmethod
+        def train(cfg, **kwargs):
+            with recipe.stop_on_signals():
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)
+
+    from exgrpo.core.config_files import load_config
+
+    monkeypatch.setenv("RAY_ADDRESS", "unused")  # no ray.shutdown in the CLI's finally
+    assert run._train(Launch, load_config("tiny-cpu"), resume=None) == 130
+    err = capsys.readouterr().err
+    assert f"resume from {ckpt} with: python -m exgrpo.run --resume {run_dir}" in err
