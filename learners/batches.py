@@ -76,6 +76,16 @@ def pad(values: Sequence[Sequence[float]], r_max: int) -> Tensor:
     return out
 
 
+def micro_slices(rows: Sequence[Row], *, size: int, max_tokens: int | None = None) -> list[slice]:
+    """The micro-batches of a mini-batch's rows, for every engine: ``size`` rows each (``chunks``) or, with
+    ``max_tokens`` (``learners.max_tokens_per_micro_batch``), at most that many padded tokens too
+    (``budget_slices``). Consecutive, in order: the accumulation weights do not depend on them."""
+    if max_tokens is None:
+        return chunks(len(rows), size)
+    seq = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
+    return budget_slices(seq, max_tokens, max_rows=size)
+
+
 def chunks(n: int, size: int) -> list[slice]:
     """Consecutive slices of at most ``size`` of ``range(n)`` (the plain micro-batches)."""
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from exgrpo.core.config import LearnerConfig
 from learners import batches
 from learners.batches import Encoded, Row
 
@@ -56,26 +57,35 @@ class UpdateEngine(Protocol):
 
 class RankEngine:
     """`UpdateEngine` of one DeepSpeed rank: `engine` is the DeepSpeed engine (also the forward module),
-    `optimizer` its client `GuardedAdamW`; `micro_batches` the rank's split (padded to the same count
-    over ranks under ZeRO-3); `reference` the reference policy's log-probs, or None."""
+    `optimizer` its client `GuardedAdamW`, `cfg` the rank's `LearnerConfig` (micro-batches: `batches.micro_slices`;
+    under ZeRO-3 with several ranks padded with empty slices to the most over ranks, since every rank must run
+    as many forwards); `reference` the reference policy's log-probs, or None."""
 
     def __init__(
         self,
         engine: Any,
         optimizer: Any,
         *,
+        cfg: LearnerConfig,
         device: torch.device,
         world_size: int,
-        micro_batches: Callable[[Sequence[Row]], list[slice]],
-        chunk_tokens: int | None = None,
         reference: Callable[[Encoded], Tensor] | None = None,
     ) -> None:
         self.module, self.optimizer, self.device, self.world_size = engine, optimizer, device, world_size
-        self.chunk_tokens, self._micro_batches, self._reference = chunk_tokens, micro_batches, reference
+        self.cfg, self.chunk_tokens, self._reference = cfg, cfg.logits_chunk_tokens, reference
         self.has_reference = reference is not None
 
     def micro_batches(self, rows: Sequence[Row]) -> list[slice]:
-        return self._micro_batches(rows)
+        slices = batches.micro_slices(
+            rows, size=self.cfg.micro_batch_size, max_tokens=self.cfg.max_tokens_per_micro_batch
+        )
+        if self.cfg.zero_stage == 3 and self.world_size > 1:  # ZeRO-3's forward all-gathers parameters
+            import torch.distributed as dist
+
+            count = torch.tensor(len(slices), device=self.device)
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            slices += [slice(0, 0)] * (int(count) - len(slices))
+        return slices
 
     def boundary(self, last: bool) -> None:
         self.module.set_gradient_accumulation_boundary(last)
@@ -103,7 +113,7 @@ class RankEngine:
 
 class ModelEngine:
     """`UpdateEngine` of a bare torch model on one process: micro-batches of `micro_batch_size` rows (or at
-    most `max_tokens_per_micro_batch` padded tokens, `batches.budget_slices`), `objective.backward()`,
+    most `max_tokens_per_micro_batch` padded tokens: `batches.micro_slices`, as a rank's), `objective.backward()`,
     and `step()` (default: no optimiser step, the gradient kept: (0.0, False))."""
 
     world_size = 1
@@ -125,10 +135,7 @@ class ModelEngine:
         self.has_reference = reference is not None
 
     def micro_batches(self, rows: Sequence[Row]) -> list[slice]:
-        if self.max_tokens is None:
-            return batches.chunks(len(rows), self.micro_batch_size)
-        seq = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
-        return batches.budget_slices(seq, self.max_tokens, max_rows=self.micro_batch_size)
+        return batches.micro_slices(rows, size=self.micro_batch_size, max_tokens=self.max_tokens)
 
     def boundary(self, last: bool) -> None:
         pass

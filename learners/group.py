@@ -6,20 +6,23 @@ through the injected ``make_actor`` (the caller's single ``ray.remote`` site, e.
 rendezvous) and calls ``setup`` on all of them concurrently; ``wait=False`` returns while they set up
 (``ready`` waits), so the samplers can build their engines meanwhile.
 
-It implements ``exgrpo.core.roles.Learners`` (``entropies``, ``update``, ``save``, ``load``) plus what the weight
-transports need (``rank0``, ``get_weights_ref``, ``push_weights``, ``version``).
+It implements ``exgrpo.core.roles.Learners`` (``start_entropies``, ``start_update``, ``save``, ``load``) plus
+what the weight transports need (``rank0``, ``get_weights_ref``, ``push_weights``, ``version``). The ranks are
+``learner_cls`` actors (the DeepSpeed ``Learner``, or ``exgrpo/sim/roles.py::SimLearner`` for the simulated
+group, which reuses this fan-out and its checks).
 
 A batch is split into L equal contiguous slices of whole groups, one per rank, in the order given
 (``learners/split.py``, shared with the simulated group; the driver shuffles the batch with its seeded
 generator before ``update``; the group never reorders). Every rank must run the same number of
 micro-batches (ZeRO reduces gradients inside backward), so the slices must hold the same number of rows
-per mini-batch; ``update`` checks this before dispatching. With ``minibatches`` > 1,
+per mini-batch; ``start_update`` checks this before dispatching. With ``minibatches`` > 1,
 optimiser step m uses the m-th mini-batch of every rank's slice (not the m-th contiguous part of the batch).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Generic, TypeVar
 
 import ray
@@ -29,7 +32,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from exgrpo.core.config import LearnerConfig, LossConfig
 from exgrpo.core.names import learner_name
 from exgrpo.core.records import Group, ReplayCandidate, TrainBatch, UpdateResult
-from learners.learner import Learner
 from learners.split import combine_updates, concat, split_candidates, split_groups
 
 T = TypeVar("T")
@@ -97,7 +99,8 @@ def _minibatch_rows(groups: Sequence[Group], minibatches: int) -> tuple[int, ...
 
 
 class LearnerGroup:
-    """L ``Learner`` actors named ``exgrpo-learner-<i>`` (``exgrpo.core.roles.Learners``)."""
+    """L ``learner_cls`` actors named ``exgrpo-learner-<i>`` (``exgrpo.core.roles.Learners``); by default the
+    DeepSpeed ``learners.learner.Learner`` (imported only then: the simulated group's ranks load no torch)."""
 
     def __init__(
         self,
@@ -111,22 +114,35 @@ class LearnerGroup:
         seed: int = 0,
         dtype: str = "float32",
         wait: bool = True,
+        learner_cls: type | None = None,
     ) -> None:
         if num < 1:
             raise ValueError(f"a learner group needs at least one learner, got num={num}")
+        if learner_cls is None:
+            from learners.learner import Learner
+
+            learner_cls = Learner
         self.num, self.cfg = num, learner_cfg
         bundle = {"CPU": float(learner_cfg.num_cpus)}
         if learner_cfg.num_gpus > 0:
             bundle["GPU"] = float(learner_cfg.num_gpus)
-        self._pg = placement_group([dict(bundle) for _ in range(num)], strategy="PACK")
-        ray.get(self._pg.ready())
+        # one bundle per rank; ranks that reserve nothing (the simulated ones) need no placement group
+        self._pg = (
+            placement_group([dict(bundle) for _ in range(num)], strategy="PACK")
+            if any(bundle.values())
+            else None
+        )
+        if self._pg is not None:
+            ray.get(self._pg.ready())
 
-        def strategy(i: int) -> PlacementGroupSchedulingStrategy:
+        def strategy(i: int) -> PlacementGroupSchedulingStrategy | None:
+            if self._pg is None:
+                return None
             return PlacementGroupSchedulingStrategy(placement_group=self._pg, placement_group_bundle_index=i)
 
         self.actors = [
             make_actor(
-                Learner,
+                learner_cls,
                 name=learner_name(i),
                 num_cpus=learner_cfg.num_cpus,
                 num_gpus=learner_cfg.num_gpus,
@@ -164,8 +180,8 @@ class LearnerGroup:
     def entropies(self, *, candidates: Sequence[ReplayCandidate]) -> list[float]:
         return self.start_entropies(candidates=candidates).result()
 
-    def update(self, *, batch: TrainBatch) -> dict[str, float]:
-        return self.start_update(batch=batch).result().metrics
+    def update(self, *, batch: TrainBatch) -> UpdateResult:
+        return self.start_update(batch=batch).result()
 
     def start_entropies(self, *, candidates: Sequence[ReplayCandidate]) -> RayPending[list[float]]:
         """Mean response-token entropy of each candidate, computed in L contiguous chunks, in order."""
@@ -174,10 +190,9 @@ class LearnerGroup:
         return RayPending(refs, concat)
 
     def start_update(self, *, batch: TrainBatch) -> RayPending[UpdateResult]:
-        """One step: batch.groups split into L equal contiguous slices; rank metrics averaged. With
-        `batch.select`, each rank scores and picks the candidates of its own slice's replay groups first
-        (`Learner.select_update`, which passes a filled batch straight to `update`); their entropies come back
-        in batch order."""
+        """One step: batch.groups split into L equal contiguous slices, each rank's `update` on its slice;
+        rank metrics averaged. With `batch.select`, each rank scores and picks the candidates of its own slice's
+        replay groups first; their entropies come back in batch order."""
         slices = split_groups(batch.groups, self.num)
         per = len(slices[0])
         if per % self.cfg.minibatches:
@@ -191,8 +206,7 @@ class LearnerGroup:
                 "rank must run the same number of micro-batches (give every group K trajectories)"
             )
         refs = [
-            a.select_update.remote(groups=s, clip=batch.clip, version=batch.version, select=batch.select)
-            for a, s in zip(self.actors, slices, strict=True)
+            a.update.remote(replace(batch, groups=tuple(s))) for a, s in zip(self.actors, slices, strict=True)
         ]
         return RayPending(refs, combine_updates)
 
@@ -238,4 +252,5 @@ class LearnerGroup:
         for a in self.actors:
             ray.kill(a)
         self.actors = []
-        remove_placement_group(self._pg)
+        if self._pg is not None:
+            remove_placement_group(self._pg)

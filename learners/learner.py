@@ -9,7 +9,7 @@ accumulation weights, the metrics) run on this rank's DeepSpeed engine, through 
 accumulates (DeepSpeed averages gradients over ranks; its own division by
 ``gradient_accumulation_steps`` is off: that config value is 1 and the accumulation boundary is set by
 hand on the last micro-batch) and its ``step`` is one optimiser step. Under ZeRO-3 every rank runs the
-same number of forwards (``_micro_slices``).
+same number of forwards (``RankEngine.micro_batches``).
 
 The grad-norm rule is applied by the client optimiser (``learners.optim.GuardedAdamW``).
 
@@ -33,13 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import LearnerConfig, LossConfig
 from exgrpo.core.faults import fault_point
-from exgrpo.core.records import Group, ReplayCandidate
+from exgrpo.core.records import Group, ReplayCandidate, TrainBatch, UpdateResult
 from exgrpo.core.selection import fill_replay_slots, replay_candidates
 from exgrpo.transport.packed import PackedWeights, Packer
 from exgrpo.transport.ranks import free_port
@@ -153,34 +152,6 @@ class Learner:
         """Positions per lm_head chunk (every ZeRO stage: the chunked forward goes through the engine)."""
         return self.cfg.logits_chunk_tokens
 
-    def _micro_slices(self, n: int) -> list[slice]:
-        """Micro-batches of ``n`` rows; under ZeRO-3 padded with empty slices to the max over ranks
-        (its forward all-gathers parameters, so every rank must run the same number of forwards)."""
-        return self._same_count(batches.chunks(n, self.cfg.micro_batch_size))
-
-    def _token_slices(self, rows: Sequence[batches.Row]) -> list[slice]:
-        """Micro-batches of at most ``micro_batch_size`` rows and ``max_tokens_per_micro_batch`` padded
-        tokens (``learners.batches.budget_slices``: a row longer than the budget goes alone), padded like
-        ``_micro_slices`` under ZeRO-3."""
-        assert self.cfg.max_tokens_per_micro_batch is not None
-        seq = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
-        budget = batches.budget_slices(
-            seq, self.cfg.max_tokens_per_micro_batch, max_rows=self.cfg.micro_batch_size
-        )
-        return self._same_count(budget)
-
-    def _same_count(self, slices: list[slice]) -> list[slice]:
-        if self.cfg.zero_stage == 3 and self.world_size > 1:
-            count = torch.tensor(len(slices), device=self.device)
-            dist.all_reduce(count, op=dist.ReduceOp.MAX)
-            slices += [slice(0, 0)] * (int(count) - len(slices))
-        return slices
-
-    def _slices(self, rows: Sequence[batches.Row]) -> list[slice]:
-        if self.cfg.max_tokens_per_micro_batch is None:
-            return self._micro_slices(len(rows))
-        return self._token_slices(rows)
-
     def _per_token(self, rows: Sequence[batches.Row], r_max: int, what: str) -> Tensor:
         """(N, R) no-grad log-probs (``what="logp"``) or entropies of the response tokens."""
         return logits.per_token(
@@ -188,7 +159,7 @@ class Learner:
             rows,
             r_max,
             what,
-            slices=self._slices(rows),
+            slices=self._engine().micro_batches(rows),
             device=self.device,
             chunk_tokens=self._chunk_tokens,
         )
@@ -206,33 +177,28 @@ class Learner:
         lengths = torch.tensor([len(r.response_ids) for r in rows], dtype=torch.float32)  # (N,)
         return (ent.sum(dim=1) / lengths.clamp(min=1)).tolist()
 
-    def select_update(
-        self, *, groups: Sequence[Group], clip: bool, version: int, select: str | None
-    ) -> tuple[list[float], dict[str, float]]:
-        """Score the replay groups' candidates under the current weights, put the one `select` picks
-        (lowest or highest entropy) into slot 0 of each, then `update` on the filled groups: what the driver
-        would do between two updates, done here so the call can be queued behind the previous update.
-        Returns every candidate's entropy (group order, then candidate order) and the update's metrics.
-        `select=None`: slot 0 is already filled, nothing is scored (no entropies, select time 0)."""
-        if select is None:
-            return [], {**self.update(groups=groups, clip=clip, version=version), M.LEARNER_SELECT_TIME: 0.0}
-        if select not in ("lowest_entropy", "highest_entropy"):
-            raise ValueError(
-                f"select={select!r}: the learners pick by entropy only (lowest_entropy, highest_entropy)"
-            )
-        t0 = time.perf_counter()
-        entropies = self.entropies(candidates=replay_candidates(groups))
-        filled = fill_replay_slots(groups, entropies, mode=select)  # deterministic: first on ties
-        seconds = time.perf_counter() - t0
-        return entropies, {
-            **self.update(groups=filled, clip=clip, version=version),
-            M.LEARNER_SELECT_TIME: seconds,
-        }
+    def update(self, batch: TrainBatch) -> UpdateResult:
+        """One training step on this rank's whole groups (``learners.update.update``); returns the
+        ``learner/*`` metrics (with the gradient's split by row origin, ``learners.diagnostics.gradient_shares``,
+        every ``learners.grad_share_every`` steps, and the scoring time ``learner/select_time_s``).
 
-    def update(self, *, groups: Sequence[Group], clip: bool, version: int) -> dict[str, float]:
-        """One training step on this rank's whole groups (``learners.update.update``); returns ``learner/*`` metrics
-        (with the gradient's split by row origin, ``learners.diagnostics.gradient_shares``, every
-        ``learners.grad_share_every`` steps)."""
+        With ``batch.select`` (lowest or highest entropy) the replay groups' candidates are scored under the
+        current weights first and the pick fills slot 0 of each (what the driver would do between two
+        updates, done here so the call can be queued behind the previous update); the result then holds every
+        candidate's entropy (group order, then candidate order). ``select=None``: slot 0 is already filled."""
+        groups, entropies, t0 = batch.groups, [], time.perf_counter()
+        if batch.select is not None:
+            if batch.select not in ("lowest_entropy", "highest_entropy"):
+                raise ValueError(
+                    f"select={batch.select!r}: the learners pick by entropy only (lowest_entropy, highest_entropy)"
+                )
+            entropies = self.entropies(candidates=replay_candidates(groups))
+            groups = fill_replay_slots(groups, entropies, mode=batch.select)  # deterministic: first on ties
+        seconds = time.perf_counter() - t0 if batch.select is not None else 0.0
+        metrics = self._train(groups, clip=batch.clip, version=batch.version)
+        return UpdateResult(metrics={**metrics, M.LEARNER_SELECT_TIME: seconds}, entropies=tuple(entropies))
+
+    def _train(self, groups: Sequence[Group], *, clip: bool, version: int) -> dict[str, float]:
         shares = {}
         if self.cfg.grad_share_every and version % self.cfg.grad_share_every == 0:
             shares = gradient_shares(
@@ -244,17 +210,8 @@ class Learner:
                 device=self.device,
                 chunk_tokens=self._chunk_tokens,
             )
-        engine = RankEngine(
-            self.engine,
-            self.optimizer,
-            device=self.device,
-            world_size=self.world_size,
-            micro_batches=self._slices,
-            chunk_tokens=self._chunk_tokens,
-            reference=self._reference_logprobs if self._reference is not None else None,
-        )
         out = U.update(
-            engine,
+            self._engine(),
             groups,
             loss=self.loss_cfg,
             minibatches=self.cfg.minibatches,
@@ -266,6 +223,17 @@ class Learner:
         fault_point("learner.update")
         self._version = version + 1
         return {**out, **shares}
+
+    def _engine(self) -> RankEngine:
+        """This rank's ``UpdateEngine``: its DeepSpeed engine, micro-batches and KL reference."""
+        return RankEngine(
+            self.engine,
+            self.optimizer,
+            cfg=self.cfg,
+            device=self.device,
+            world_size=self.world_size,
+            reference=self._reference_logprobs if self._reference is not None else None,
+        )
 
     def _reference_logprobs(self, enc: batches.Encoded) -> Tensor:
         assert self._reference is not None

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from learners.update import Encoded, response_stats
+from learners.batches import Encoded
+from learners.logits import response_stats
 
 
 class Reference:

@@ -56,9 +56,9 @@ def combine_metrics(results: Sequence[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def combine_updates(results: Sequence[tuple[Sequence[float], dict[str, float]]]) -> UpdateResult:
-    """The ranks' `select_update` answers (entropies, metrics) as one `UpdateResult`."""
+def combine_updates(results: Sequence[UpdateResult]) -> UpdateResult:
+    """The ranks' `update` results as one: metrics combined, entropies in rank (= batch) order."""
     return UpdateResult(
-        metrics=combine_metrics([m for _, m in results]),
-        entropies=tuple(concat([ent for ent, _ in results])),
+        metrics=combine_metrics([r.metrics for r in results]),
+        entropies=tuple(concat([r.entropies for r in results])),
     )

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -45,7 +46,7 @@ from exgrpo.core.algorithm import (
 )
 from exgrpo.core.config import LossConfig
 from exgrpo.core.records import Group
-from learners.batches import PADDING_ROW, Encoded, Row, build_rows, encode, pad
+from learners.batches import PADDING_ROW, Row, build_rows, encode, pad
 from learners.engine import UpdateEngine
 from learners.logits import per_token, response_stats
 
@@ -70,7 +71,7 @@ def old_logprobs(
 ) -> tuple[Tensor, Tensor | None]:
     """(old_logp (N, R), tis (N, R) or None) from the no-grad log-probs ``proximal`` (N, R) of the current
     weights. ``proximal=None`` (``reuses_proximal``): old_logp holds the behaviour log-probs, whose fresh
-    rows ``minibatch_backward(proximal_is_current=True)`` replaces by the forward's detached log-probs."""
+    rows ``minibatch_backward(..., proximal_is_current=True)`` replaces by the forward's detached log-probs."""
     behaviour = pad([r.behaviour for r in rows], r_max)  # (N, R)
     if proximal is None:
         return behaviour, None
@@ -100,45 +101,49 @@ def minibatch_totals(
     return float(totals[0]), max(float(totals[1]), 1.0)
 
 
+@dataclass(frozen=True)
+class MiniBatch:
+    """One optimiser step's rows and what their loss needs beside the model: ``old_logp`` / ``tis`` (n, R),
+    ``totals`` (``minibatch_totals``: rows and response tokens over all ranks) and ``r_max``."""
+
+    rows: Sequence[Row]
+    old_logp: Tensor  # (n, R)
+    tis: Tensor | None  # (n, R) or None
+    r_max: int
+    totals: tuple[float, float]
+
+
 def minibatch_backward(
-    model: torch.nn.Module,
-    rows: Sequence[Row],
-    old_logp: Tensor,
-    tis: Tensor | None,
+    engine: UpdateEngine,
+    mb: MiniBatch,
     *,
-    r_max: int,
-    clip: bool,
     loss: LossConfig,
     max_response_len: int,
-    totals: tuple[float, float],
-    slices: Sequence[slice],
-    backward: Callable[[Tensor], object],
-    boundary: Callable[[bool], object] | None = None,
-    world_size: int = 1,
+    clip: bool,
     proximal_is_current: bool = False,
-    reference: Callable[[Encoded], Tensor] | None = None,
-    device: torch.device,
-    chunk_tokens: int | None = None,
 ) -> list[Part]:
-    """Forward every micro-batch of one mini-batch and hand its weighted objective to ``backward``.
+    """Forward every micro-batch of one mini-batch (``engine.micro_batches``) and hand its weighted objective
+    to ``engine.backward``.
 
-    ``old_logp`` / ``tis``: (n, R) rows of this mini-batch; ``totals``: ``minibatch_totals``; ``boundary``
-    (is this the last micro-batch) runs before each forward. ``proximal_is_current``: ``old_logp`` holds
-    only the replayed rows' log-probs; fresh rows take this forward's detached log-probs (the weights have
-    not moved since the update began). ``reference(enc)``: (n, R) no-grad log-probs of the reference policy,
-    for the KL penalty ``loss.kl_coef * kl_k3`` (weighted like the policy loss; metric ``kl``). Returns the
-    non-empty micro-batches' metrics, rows and tokens."""
+    ``engine.boundary`` (is this the last micro-batch) runs before each forward. ``proximal_is_current``:
+    ``mb.old_logp`` holds only the replayed rows' log-probs; fresh rows take this forward's detached log-probs
+    (the weights have not moved since the update began). With ``engine.has_reference``, its
+    ``reference_logprobs(enc)`` ((n, R), no grad) give the KL penalty ``loss.kl_coef * kl_k3`` (weighted like
+    the policy loss; metric ``kl``). Returns the non-empty micro-batches' metrics, rows and tokens."""
+    rows, old_logp, tis, r_max, totals = mb.rows, mb.old_logp, mb.tis, mb.r_max, mb.totals
+    device, world_size, slices = engine.device, engine.world_size, engine.micro_batches(mb.rows)
     n_all, t_all = totals
     norm_len = max_response_len if loss.norm == "constant" else None
     lengths = [len(r.response_ids) for r in rows]
     parts: list[Part] = []
     for j, sl in enumerate(slices):
-        if boundary is not None:
-            boundary(j == len(slices) - 1)
+        engine.boundary(j == len(slices) - 1)
         chunk = rows[sl]
         n_j, t_j = len(chunk), sum(lengths[sl])
         enc = encode(chunk or [PADDING_ROW], r_max, device)
-        logp, ent = response_stats(model, enc, chunk_tokens=chunk_tokens)  # (n, R) each, 0 at padding
+        logp, ent = response_stats(
+            engine.module, enc, chunk_tokens=engine.chunk_tokens
+        )  # (n, R) each, 0 at padding
         replayed = torch.tensor([r.replayed for r in chunk] or [False], device=device)  # (n,)
         old = logp.detach()  # (n, R) the proximal log-probs when they are the current ones
         if n_j and proximal_is_current:
@@ -163,11 +168,11 @@ def minibatch_backward(
         w_pg = world_size * (n_j / n_all if norm_len is not None else t_j / t_all)
         w_h = world_size * t_j / t_all if loss.entropy_per == "minibatch" else 1.0
         objective = w_pg * value + loss.entropy_coef * (w_pg - w_h) * masked_mean(ent, enc.mask)  # ()
-        if reference is not None:
-            kl = kl_k3(logp, reference(enc), enc.mask, norm_len=norm_len)  # ()
+        if engine.has_reference:
+            kl = kl_k3(logp, engine.reference_logprobs(enc), enc.mask, norm_len=norm_len)  # ()
             objective = objective + loss.kl_coef * w_pg * kl
             metrics = {**metrics, "kl": float(kl.detach())}
-        backward(objective)
+        engine.backward(objective)
         if n_j:
             parts.append((metrics, n_j, t_j))
     return parts
@@ -262,25 +267,15 @@ def update(
     old_logp, tis = old_logprobs(rows, r_max, proximal, tis_cap=loss.tis_cap)  # (N, R) each
     history = []
     for sl in minibatch_slices(bounds, minibatches):
-        mb = rows[sl]
-        parts = minibatch_backward(
-            engine.module,
-            mb,
+        mb = MiniBatch(
+            rows[sl],
             old_logp[sl],
             tis[sl] if tis is not None else None,
             r_max=r_max,
-            clip=clip,
-            loss=loss,
-            max_response_len=max_response_len,
-            totals=minibatch_totals(mb, device=engine.device, all_reduce=engine.all_reduce),
-            slices=engine.micro_batches(mb),
-            backward=engine.backward,
-            boundary=engine.boundary,
-            world_size=engine.world_size,
-            proximal_is_current=current,
-            reference=engine.reference_logprobs if engine.has_reference else None,
-            device=engine.device,
-            chunk_tokens=engine.chunk_tokens,
+            totals=minibatch_totals(rows[sl], device=engine.device, all_reduce=engine.all_reduce),
+        )
+        parts = minibatch_backward(
+            engine, mb, loss=loss, max_response_len=max_response_len, clip=clip, proximal_is_current=current
         )
         grad_norm, skipped = engine.step()
         history.append(

@@ -40,6 +40,7 @@ def workload(
     import learners.update as U
     from exgrpo.core.config import LossConfig
     from learners import batches
+    from learners.engine import ModelEngine
     from learners.modeling import set_checkpointing
 
     cfg = Qwen2Config(
@@ -69,21 +70,16 @@ def workload(
     cpu = torch.device("cpu")
 
     def backward(chunk_tokens: int | None, losses: list[float]) -> None:
+        engine = ModelEngine(model, micro_batch_size=rows, chunk_tokens=chunk_tokens)
+        engine.backward = lambda objective: _record_and_backward(objective, losses)  # type: ignore[method-assign]
+        mb = U.MiniBatch(data, old_logp, None, r_max=response, totals=U.minibatch_totals(data, device=cpu))
         U.minibatch_backward(
-            model,
-            data,
-            old_logp,
-            None,
-            r_max=response,
-            clip=True,
+            engine,
+            mb,
             loss=LossConfig(entropy_coef=0.01),
             max_response_len=response,
-            totals=U.minibatch_totals(data, device=cpu),
-            slices=batches.chunks(rows, rows),
-            backward=lambda o: _record_and_backward(o, losses),
+            clip=True,
             proximal_is_current=True,
-            device=cpu,
-            chunk_tokens=chunk_tokens,
         )
 
     return model, backward

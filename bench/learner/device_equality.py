@@ -33,6 +33,7 @@ from bench.common import free_port
 from bench.learner.gpu_learner import Shape, build_model, synthetic_groups
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import LearnerConfig, LossConfig
+from exgrpo.core.records import TrainBatch
 
 # the equality shape on a GPU: big enough that the chunks split every row, small enough for 12 cells in a minute
 GPU_EQ_SHAPE = Shape(256, 4, 4, 2, 512, 4096, 4, 4, 32, 96, 4, 4, 8, 8)
@@ -75,7 +76,9 @@ def _run_cell(
     learner.setup()
     losses, norms = [], []
     for step in range(UPDATES):
-        m = learner.update(groups=synthetic_groups(shape, step=step), clip=True, version=step)
+        m = learner.update(
+            TrainBatch(groups=tuple(synthetic_groups(shape, step=step)), version=step, clip=True)
+        ).metrics
         losses.append(float(m[M.LOSS]))
         norms.append(float(m[M.GRAD_NORM]))
     packed = learner.get_weights()

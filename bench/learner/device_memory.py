@@ -41,6 +41,7 @@ from bench.learner.device_shapes import (
     start_learner,
 )
 from exgrpo.core import metric_names as M
+from exgrpo.core.records import TrainBatch
 from exgrpo.runtime.memory_plan import learner_peak, learner_terms, read_shape
 
 
@@ -101,7 +102,7 @@ def check_memory(*, sizes: Sizes, device: str, updates: int, deadline: float) ->
             reset_peak(dev)
             synchronize(dev)
             s0 = time.perf_counter()
-            m = learner.update(groups=groups, clip=False, version=step)
+            m = learner.update(TrainBatch(groups=tuple(groups), version=step, clip=False)).metrics
             synchronize(dev)
             rows.append(
                 {

@@ -34,7 +34,7 @@ import torch
 from bench.common import free_port, synchronize
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import LearnerConfig, LossConfig
-from exgrpo.core.records import Group, Trajectory
+from exgrpo.core.records import Group, TrainBatch, Trajectory
 
 GIB = 2**30
 
@@ -232,7 +232,7 @@ def timed_updates(
             reset_peak(dev)
         synchronize(dev)
         s0 = time.perf_counter()
-        m = learner.update(groups=groups, clip=False, version=step)
+        m = learner.update(TrainBatch(groups=tuple(groups), version=step, clip=False)).metrics
         synchronize(dev)
         seconds = time.perf_counter() - s0
         if int(m[M.LEARNER_TOKENS]) != response_tokens:

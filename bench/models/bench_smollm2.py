@@ -33,7 +33,7 @@ import torch  # noqa: E402
 from actors.sampler import EngineSpec, Sampler  # noqa: E402
 from exgrpo.core.config import Config, EngineKind  # noqa: E402
 from exgrpo.core.config_files import load_config  # noqa: E402
-from exgrpo.core.records import GenerationRequest, Group, Prompt  # noqa: E402
+from exgrpo.core.records import GenerationRequest, Group, Prompt, TrainBatch  # noqa: E402
 from exgrpo.data.sources import read_source  # noqa: E402
 from exgrpo.models.resolve import resolve_model  # noqa: E402
 from exgrpo.verify.answers import BOX_COMMAND  # noqa: E402
@@ -121,7 +121,7 @@ def run_update(path: Path, groups: tuple[Group, ...], *, cfg: Config) -> tuple[f
     )
     with stopwatch() as setup:
         learner.setup()
-    return setup.s, learner.update(groups=groups, clip=True, version=0)
+    return setup.s, learner.update(TrainBatch(groups=groups, version=0, clip=True)).metrics
 
 
 def build_parser() -> argparse.ArgumentParser:

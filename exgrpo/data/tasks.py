@@ -30,6 +30,7 @@ import numpy as np
 
 from exgrpo.core.config import builtin_name
 from exgrpo.core.records import Prompt
+from exgrpo.data.gym_tasks import GYM_TASKS
 from exgrpo.data.scratchpad import SCRATCHPAD_TASKS
 from exgrpo.data.scratchpad_trace import trace_valid
 from exgrpo.verify.answers import boxed  # the response format the tasks expect (re-exported)
@@ -380,7 +381,8 @@ class GsmTask:
         return " ".join(sentences), GsmProblem(start=start, steps=tuple(steps))
 
 
-BUILTIN_TASKS: dict[str, Callable[..., Task]] = {"arith": ArithTask, "gsm": GsmTask, **SCRATCHPAD_TASKS}
+_MORE_TASKS = {**SCRATCHPAD_TASKS, **GYM_TASKS}  # GYM_TASKS: reasoning-gym generators (gym_tasks.py)
+BUILTIN_TASKS: dict[str, Callable[..., Task]] = {"arith": ArithTask, "gsm": GsmTask, **_MORE_TASKS}
 
 
 def trace_checker(name: str) -> Callable[[Prompt, str], bool] | None:

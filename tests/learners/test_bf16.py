@@ -11,6 +11,7 @@ from test_learner import MAX_LEN, _groups, model_path  # noqa: F401  (the module
 
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import LearnerConfig, LossConfig
+from exgrpo.core.records import TrainBatch
 from exgrpo.transport.packed import unpack_weights
 from learners.learner import Learner
 
@@ -28,7 +29,10 @@ def _run(path: str, dtype: str, zero_stage: int) -> tuple[list[float], dict[str,
         dtype=dtype,
     )
     learner.setup()
-    norms = [learner.update(groups=_groups(10 + s), clip=True, version=s)[M.GRAD_NORM] for s in range(3)]
+    norms = [
+        learner.update(TrainBatch(groups=_groups(10 + s), version=s, clip=True)).metrics[M.GRAD_NORM]
+        for s in range(3)
+    ]
     packed = learner.get_weights()
     assert {s.dtype for s in packed.layout} == {dtype}  # what the samplers are sent
     return norms, {k: v.to(torch.float32).numpy() for k, v in unpack_weights(packed).items()}

@@ -19,6 +19,7 @@ from test_learner import MAX_LEN, _groups
 
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import LearnerConfig, LossConfig
+from exgrpo.core.records import TrainBatch
 from exgrpo.models.tiny import TinyModelSpec, build_tiny_model
 from exgrpo.transport.packed import unpack_weights
 from learners.learner import Learner
@@ -41,7 +42,10 @@ def _train(path, dtype: str, **cfg) -> tuple[list[float], object]:
         dtype=dtype,
     )
     learner.setup()
-    norms = [learner.update(groups=_groups(10 + s), clip=True, version=s)[M.GRAD_NORM] for s in range(3)]
+    norms = [
+        learner.update(TrainBatch(groups=_groups(10 + s), version=s, clip=True)).metrics[M.GRAD_NORM]
+        for s in range(3)
+    ]
     return norms, learner.get_weights()
 
 

@@ -7,6 +7,7 @@ import random
 
 import pytest
 import torch
+from tiny_qwen2 import SlicedEngine
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import learners.update as U
@@ -41,11 +42,15 @@ def _objective(model, rows, slices, per: str) -> float:
     old_logp, _ = U.old_logprobs(rows, r_max, None, tis_cap=None)
     total: list[float] = []
     U.minibatch_backward(
-        model, rows, old_logp, None, r_max=r_max, clip=True,
+        SlicedEngine(model, slices, lambda o: total.append(float(o.detach()))),
+        U.MiniBatch(
+            rows, old_logp, None, r_max=r_max, totals=U.minibatch_totals(rows, device=torch.device("cpu"))
+        ),
         loss=LossConfig(entropy_coef=C, entropy_per=per),  # type: ignore[arg-type]
-        max_response_len=MAX_LEN, totals=U.minibatch_totals(rows, device=torch.device("cpu")), slices=slices,
-        backward=lambda o: total.append(float(o.detach())), proximal_is_current=True, device=torch.device("cpu"),
-    )  # fmt: skip
+        max_response_len=MAX_LEN,
+        clip=True,
+        proximal_is_current=True,
+    )
     return sum(total)
 
 

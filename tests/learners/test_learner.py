@@ -164,7 +164,7 @@ def test_update_matches_plain_torch_reference(model_path, norm):
     loss = LossConfig(norm=norm, entropy_coef=0.01, tis_cap=1.2)
     learner = _learner(model_path, loss=loss, minibatches=2, grad_clip=0.1, lr=1e-3)
     groups = _groups(0)
-    metrics = learner.update(groups=groups, clip=True, version=7)
+    metrics = learner.update(TrainBatch(groups=groups, version=7, clip=True)).metrics
     want, norms = _reference(model_path, groups, cfg=learner.cfg, loss=loss, clip=True)
     assert learner.version() == 8
     assert min(norms) > 0.1  # so both steps really were clipped
@@ -181,7 +181,7 @@ def test_update_moves_policy_toward_rewarded_responses(model_path):
     groups = _groups(1, replay=False)
     before = AutoModelForCausalLM.from_pretrained(model_path).eval()
     for v in range(3):
-        learner.update(groups=groups, clip=False, version=v)
+        learner.update(TrainBatch(groups=groups, version=v, clip=False))
     after = AutoModelForCausalLM.from_pretrained(model_path).eval()
     after.load_state_dict(unpack_weights(learner.get_weights()))
 
@@ -209,13 +209,13 @@ def test_replayed_rows_use_stored_logprobs(model_path):
         logp = _row_stats(model, groups[0].prompt_ids, replayed.response_ids)[0]
     # w* = exp(logp - stored), stored = -3.0 + 0.1 k while the model gives ~log(1/64) = -4.16: w* ~ 0.3
     expected = float(torch.exp(logp - torch.tensor(replayed.logprobs)).mean())
-    metrics = learner.update(groups=groups, clip=True, version=0)
+    metrics = learner.update(TrainBatch(groups=groups, version=0, clip=True)).metrics
     assert metrics[M.RATIO_REPLAY] == pytest.approx(expected, rel=1e-5)
     assert expected < 0.9
     assert metrics[M.RATIO_FRESH] == pytest.approx(1.0, abs=1e-6)  # proximal policy = current
     assert metrics[M.APPROX_KL] == pytest.approx(0.0, abs=1e-6)
     assert metrics[M.CLIP_FRAC] == 0.0
-    fresh_only = learner.update(groups=_groups(2, replay=False), clip=True, version=1)
+    fresh_only = learner.update(TrainBatch(groups=_groups(2, replay=False), version=1, clip=True)).metrics
     assert math.isnan(fresh_only[M.RATIO_REPLAY])
 
 
@@ -230,7 +230,7 @@ def test_grad_norm_rule_skips_the_step(model_path, case):
         bad = replace(t0, logprobs=(-1e4,) * len(t0.logprobs))
         groups = (replace(groups[0], trajectories=(bad, *groups[0].trajectories[1:])), *groups[1:])
     before, checksum = learner.get_weights(), learner.checksum()
-    metrics = learner.update(groups=groups, clip=True, version=4)
+    metrics = learner.update(TrainBatch(groups=groups, version=4, clip=True)).metrics
     assert metrics[M.SKIPPED_STEPS] == 1.0
     if case == "above_threshold":
         assert 0 < metrics[M.GRAD_NORM] < 10
@@ -249,7 +249,7 @@ def test_micro_batching_is_exact(model_path, norm):
     results = []
     for micro in (1, 16):
         learner = _learner(model_path, loss=loss, micro_batch_size=micro, lr=1e-4)
-        metrics = learner.update(groups=groups, clip=True, version=0)
+        metrics = learner.update(TrainBatch(groups=groups, version=0, clip=True)).metrics
         results.append((learner.get_weights(), metrics))
     (w1, m1), (w16, m16) = results
     # The grad norm checks the accumulated gradient's size; Adam's first step is ~lr * sign(g), so the
@@ -299,17 +299,18 @@ def _unresolved(seed: int, *, replays: tuple[int, ...] = (0,)) -> tuple[Group, .
 def test_select_update_scores_picks_and_trains_what_the_driver_would(model_path):
     groups = _unresolved(8)
     a, b = _learner(model_path), _learner(model_path)
-    got_e, got = a.select_update(groups=groups, clip=True, version=0, select="lowest_entropy")
+    got_u = a.update(TrainBatch(groups=groups, version=0, clip=True, select="lowest_entropy"))
+    got_e, got = got_u.entropies, got_u.metrics
     want_e = b.entropies(candidates=replay_candidates(groups))
     filled = fill_replay_slots(groups, want_e, mode="lowest_entropy")
-    want = b.update(groups=filled, clip=True, version=0)
+    want = b.update(TrainBatch(groups=filled, version=0, clip=True)).metrics
     np.testing.assert_allclose(got_e, want_e, rtol=1e-6)
     assert len(got_e) == 3 and len(set(got_e)) == 3  # three different scores: the pick is not a tie-break
     assert got[M.LOSS] == pytest.approx(want[M.LOSS], rel=1e-6) and got[M.LEARNER_SELECT_TIME] > 0
     assert a.version() == b.version() == 1
     _assert_weights_close(a.get_weights(), b.get_weights(), atol=0)
     with pytest.raises(ValueError, match="by entropy only"):
-        a.select_update(groups=groups, clip=True, version=1, select="random")
+        a.update(TrainBatch(groups=groups, version=1, clip=True, select="random"))
 
 
 def test_get_weights_is_the_hf_state_dict(fresh_learner, model_path):
@@ -329,7 +330,7 @@ def test_get_weights_is_the_hf_state_dict(fresh_learner, model_path):
 
 def test_save_and_load_restore_weights_moments_and_version(model_path, tmp_path):
     a = _learner(model_path)
-    a.update(groups=_groups(6), clip=True, version=0)
+    a.update(TrainBatch(groups=_groups(6), version=0, clip=True))
     a.save(path=str(tmp_path / "ckpt"))
     b = _learner(model_path)
     b.load(path=str(tmp_path / "ckpt"))
@@ -337,7 +338,7 @@ def test_save_and_load_restore_weights_moments_and_version(model_path, tmp_path)
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt")
     _assert_weights_close({k: v.numpy() for k, v in hf.state_dict().items()}, a.get_weights(), atol=0)
     for learner in (a, b):  # equal second steps need equal Adam moments
-        learner.update(groups=_groups(7), clip=True, version=1)
+        learner.update(TrainBatch(groups=_groups(7), version=1, clip=True))
     _assert_weights_close(a.get_weights(), b.get_weights(), atol=0)
 
 
@@ -353,8 +354,8 @@ def test_chunked_logits_under_zero_stages_equal_one_plain_rank(model_path, zero_
     got = _learner(model_path, **kw, zero_stage=zero_stage, logits_chunk_tokens=chunk)
     for step in range(3):
         groups = _groups(10 + step)
-        a = got.update(groups=groups, clip=True, version=step)
-        b = want.update(groups=groups, clip=True, version=step)
+        a = got.update(TrainBatch(groups=groups, version=step, clip=True)).metrics
+        b = want.update(TrainBatch(groups=groups, version=step, clip=True)).metrics
         assert a[M.GRAD_NORM] == pytest.approx(b[M.GRAD_NORM], rel=1e-5)
         assert a[M.LOSS] == pytest.approx(b[M.LOSS], rel=1e-5, abs=1e-7)
     _assert_weights_close(got.get_weights(), want.get_weights(), atol=1e-5)
@@ -390,8 +391,8 @@ def test_two_learners_under_ray_match_one_learner(ray_cluster, model_path, zero_
     try:
         for step in range(3):
             batch = TrainBatch(groups=_groups(10 + step), version=step, clip=True)
-            got = group.update(batch=batch)
-            want = single.update(groups=batch.groups, clip=True, version=step)
+            got = group.update(batch=batch).metrics
+            want = single.update(TrainBatch(groups=batch.groups, version=step, clip=True)).metrics
             assert got[M.GRAD_NORM] == pytest.approx(want[M.GRAD_NORM], rel=1e-5)
             assert got[M.LEARNER_TOKENS] == want[M.LEARNER_TOKENS]
         sums = group.checksums()
@@ -411,7 +412,8 @@ def test_two_learners_under_ray_match_one_learner(ray_cluster, model_path, zero_
         got_u = group.start_update(
             batch=TrainBatch(groups=groups, version=3, clip=True, select="lowest_entropy")
         ).result()
-        want_e, want_m = single.select_update(groups=groups, clip=True, version=3, select="lowest_entropy")
+        want_u = single.update(TrainBatch(groups=groups, version=3, clip=True, select="lowest_entropy"))
+        want_e, want_m = want_u.entropies, want_u.metrics
         np.testing.assert_allclose(got_u.entropies, want_e, rtol=1e-5)
         assert got_u.metrics[M.GRAD_NORM] == pytest.approx(want_m[M.GRAD_NORM], rel=1e-5)
         with pytest.raises(ValueError, match="multiple of learners.num=2"):

@@ -20,6 +20,7 @@ from tiny_qwen2 import save_tiny_qwen2, tiny_groups  # noqa: E402
 
 from exgrpo.core import metric_names as M  # noqa: E402
 from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
+from exgrpo.core.records import TrainBatch  # noqa: E402
 from learners.learner import Learner  # noqa: E402
 
 torch.set_num_threads(1)
@@ -63,8 +64,8 @@ def test_checkpointing_token_budget_and_chunks_train_like_the_plain_learner(mode
     plain_calls, lean_calls = _forwards(plain), _forwards(lean)
     for step, stale in enumerate((False, True, True)):
         groups = tiny_groups(step, stale=stale)
-        got = lean.update(groups=groups, clip=True, version=step)
-        want = plain.update(groups=groups, clip=True, version=step)
+        got = lean.update(TrainBatch(groups=groups, version=step, clip=True)).metrics
+        want = plain.update(TrainBatch(groups=groups, version=step, clip=True)).metrics
         for key in METRICS:
             a, b = got[key], want[key]
             assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-5, abs=1e-6), key

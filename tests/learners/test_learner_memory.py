@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+from tiny_qwen2 import SlicedEngine
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import learners.update as U
@@ -65,20 +66,19 @@ def _backward(model, rows, slices, chunk_tokens, *, norm: str = "constant"):
     old_logp, _ = U.old_logprobs(rows, r_max, None, tis_cap=None)
     total = []
     U.minibatch_backward(
-        model,
-        rows,
-        old_logp,
-        None,
-        r_max=r_max,
-        clip=True,
+        SlicedEngine(
+            model,
+            slices,
+            lambda o: (total.append(float(o.detach())), o.backward()),
+            chunk_tokens=chunk_tokens,
+        ),
+        U.MiniBatch(
+            rows, old_logp, None, r_max=r_max, totals=U.minibatch_totals(rows, device=torch.device("cpu"))
+        ),
         loss=LossConfig(entropy_coef=0.01, norm=norm),
         max_response_len=MAX_LEN,
-        totals=U.minibatch_totals(rows, device=torch.device("cpu")),
-        slices=slices,
-        backward=lambda o: (total.append(float(o.detach())), o.backward()),
+        clip=True,
         proximal_is_current=True,
-        device=torch.device("cpu"),
-        chunk_tokens=chunk_tokens,
     )
     grads = [p.grad.detach().clone() for p in model.parameters()]
     ent = logits.per_token(

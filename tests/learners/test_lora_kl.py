@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from exgrpo.core import metric_names as M  # noqa: E402
 from exgrpo.core.algorithm import kl_k3, token_logprobs  # noqa: E402
 from exgrpo.core.config import LORA_TARGETS, LearnerConfig, LossConfig  # noqa: E402
+from exgrpo.core.records import TrainBatch  # noqa: E402
 from exgrpo.transport.packed import unpack_weights  # noqa: E402
 from learners import (
     batches,  # noqa: E402
@@ -75,7 +76,7 @@ def test_only_the_adapters_train_and_their_count_is_analytic(model_path):
     assert optimised == adapters
 
     before = _named(learner)
-    learner.update(groups=_groups(0), clip=True, version=0)
+    learner.update(TrainBatch(groups=_groups(0), version=0, clip=True))
     after = _named(learner)
     changed = {n for n in before if not torch.equal(before[n], after[n])}
     assert changed and all(".lora_" in n for n in changed)
@@ -85,7 +86,7 @@ def test_only_the_adapters_train_and_their_count_is_analytic(model_path):
 def test_merged_weights_are_w_plus_scaled_ba_under_base_names(model_path):
     learner = _learner(model_path)
     for v in range(2):  # two steps: B != 0 after the first, so A moves by its gradient in the second
-        learner.update(groups=_groups(v), clip=True, version=v)
+        learner.update(TrainBatch(groups=_groups(v), version=v, clip=True))
     adapters = _named(learner)
     packed = unpack_weights(learner.get_weights())
     base = AutoModelForCausalLM.from_pretrained(model_path)
@@ -116,7 +117,7 @@ def test_merged_weights_are_w_plus_scaled_ba_under_base_names(model_path):
     # the collective transport's source: the base's parameter names, refreshed values
     view = lora.MergedView(learner.engine.module)
     assert list(dict(view.named_parameters())) == list(dict(base.named_parameters()))
-    learner.update(groups=_groups(2), clip=True, version=2)
+    learner.update(TrainBatch(groups=_groups(2), version=2, clip=True))
     view.refresh()
     fresh = unpack_weights(learner.get_weights())
     assert all(torch.equal(t, fresh[n]) for n, t in view.named_parameters())
@@ -128,7 +129,7 @@ def test_checkpoint_round_trip_and_resume_from_merged_weights(model_path, tmp_pa
     lr = 1e-2 if rank else 1e-3
     a = _learner(model_path, kl_coef=0.1, rank=rank, lr=lr)
     for v in range(2):
-        a.update(groups=_groups(6 + v), clip=True, version=v)
+        a.update(TrainBatch(groups=_groups(6 + v), version=v, clip=True))
     a.save(path=str(tmp_path / "ckpt"))
     assert (tmp_path / "ckpt" / "adapter" / "adapter_config.json").is_file() == bool(rank)
     # b: a learner on the base (a plain load); c: on the checkpoint's trained weights (a resumed run)
@@ -142,7 +143,10 @@ def test_checkpoint_round_trip_and_resume_from_merged_weights(model_path, tmp_pa
         )
     assert c._initial_path == model_path  # the base came back from where the run started
     # equal next steps need equal moments, bases and KL references
-    kls = [learner.update(groups=_groups(9), clip=True, version=2)[M.KL] for learner in (a, b, c)]
+    kls = [
+        learner.update(TrainBatch(groups=_groups(9), version=2, clip=True)).metrics[M.KL]
+        for learner in (a, b, c)
+    ]
     assert kls[0] > 0 and kls == [kls[0]] * 3
     want = unpack_weights(a.get_weights())
     for learner in (b, c):
@@ -153,14 +157,19 @@ def test_checkpoint_round_trip_and_resume_from_merged_weights(model_path, tmp_pa
 @pytest.mark.parametrize("rank", [0, RANK])
 def test_kl_is_zero_at_the_initial_policy_and_grows(model_path, rank):
     learner = _learner(model_path, kl_coef=0.05, rank=rank, lr=1e-2 if rank else 1e-3)
-    kls = [learner.update(groups=_groups(1, replay=False), clip=False, version=v)[M.KL] for v in range(3)]
+    kls = [
+        learner.update(TrainBatch(groups=_groups(1, replay=False), version=v, clip=False)).metrics[M.KL]
+        for v in range(3)
+    ]
     assert kls[0] == 0.0  # one mini-batch: its forward runs at the initial weights
     assert 0 < kls[1] < kls[2]
     plain = Learner(
         model_path=model_path, learner=LearnerConfig(lr=1e-3), loss=LossConfig(), max_response_len=MAX_LEN
     )
     plain.setup()
-    assert M.KL not in plain.update(groups=_groups(1), clip=True, version=0)  # off by default
+    assert (
+        M.KL not in plain.update(TrainBatch(groups=_groups(1), version=0, clip=True)).metrics
+    )  # off by default
 
 
 def test_kl_k3_value_and_gradient():
@@ -223,7 +232,7 @@ def test_kl_term_is_in_the_accumulated_gradient(model_path):
 def test_gradient_shares_under_lora(model_path):
     learner = _learner(model_path)
     learner.update(
-        groups=_groups(4), clip=True, version=0
+        TrainBatch(groups=_groups(4), version=0, clip=True)
     )  # B != 0: the adapters' gradient is not degenerate
     out = gradient_shares(
         learner.engine.module,
@@ -242,7 +251,6 @@ def test_two_lora_learners_under_zero2_match_one_learner(ray_cluster, model_path
     """ZeRO-2 partitions only the adapters' fp32 copies and moments; the frozen base stays whole on each rank."""
     import ray
 
-    from exgrpo.core.records import TrainBatch
     from exgrpo.runtime.env import remote_actor
     from learners.group import LearnerGroup
 
@@ -263,7 +271,10 @@ def test_two_lora_learners_under_zero2_match_one_learner(ray_cluster, model_path
     try:
         for step in range(3):
             batch = TrainBatch(groups=_groups(10 + step), version=step, clip=True)
-            got, want = group.update(batch=batch), single.update(groups=batch.groups, clip=True, version=step)
+            got, want = (
+                group.update(batch=batch).metrics,
+                single.update(TrainBatch(groups=batch.groups, version=step, clip=True)).metrics,
+            )
             assert got[M.GRAD_NORM] == pytest.approx(want[M.GRAD_NORM], rel=1e-5)
             assert (got[M.KL] > 0) == (want[M.KL] > 0) == (step > 0)  # a mean of the ranks' own KL means
         sums = group.checksums()

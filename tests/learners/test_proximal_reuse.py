@@ -20,6 +20,7 @@ from tiny_qwen2 import save_tiny_qwen2, tiny_groups  # noqa: E402
 
 from exgrpo.core import metric_names as M  # noqa: E402
 from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
+from exgrpo.core.records import TrainBatch  # noqa: E402
 from learners import update as U  # noqa: E402
 from learners.learner import Learner  # noqa: E402
 
@@ -69,8 +70,8 @@ def test_skipped_proximal_pass_trains_identically(model_path, clip, norm, monkey
     fast_calls, slow_calls = (_count_proximal_passes(x, monkeypatch) for x in (fast, slow))
     for step, stale in enumerate((False, True, True)):  # weights move after the first step
         groups = tiny_groups(step, stale=stale)
-        got = fast.update(groups=groups, clip=clip, version=step)
-        want = slow.update(groups=groups, clip=clip, version=step)
+        got = fast.update(TrainBatch(groups=groups, version=step, clip=clip)).metrics
+        want = slow.update(TrainBatch(groups=groups, version=step, clip=clip)).metrics
         for key in METRICS:
             a, b = got[key], want[key]
             assert (math.isnan(a) and math.isnan(b)) or a == b, key
@@ -86,5 +87,5 @@ def test_proximal_pass_still_runs_where_it_is_needed(model_path, case, monkeypat
     loss = LossConfig(tis_cap=1.5) if case == "tis" else LossConfig()
     learner = _learner(model_path, reuse=True, loss=loss, minibatches=2 if case == "two_minibatches" else 1)
     calls = _count_proximal_passes(learner, monkeypatch)
-    learner.update(groups=tiny_groups(0, stale=True), clip=True, version=0)
+    learner.update(TrainBatch(groups=tiny_groups(0, stale=True), version=0, clip=True))
     assert calls == [1]

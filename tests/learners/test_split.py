@@ -7,6 +7,7 @@ import math
 import pytest
 
 from exgrpo.core import metric_names as M
+from exgrpo.core.records import UpdateResult
 from learners.split import combine_metrics, combine_updates, concat, split_candidates, split_groups
 
 
@@ -33,5 +34,5 @@ def test_combine_is_nan_aware_and_sums_tokens():
     out = combine_metrics(ranks)
     assert out[M.LOSS] == 2.0 and out[M.CLIP_FRAC] == 0.5 and out[M.LEARNER_TOKENS] == 15.0
     assert math.isnan(out[M.RATIO_REPLAY])  # no rank has a number
-    result = combine_updates([([0.1, 0.2], ranks[0]), ([0.3], ranks[1])])
+    result = combine_updates([UpdateResult(ranks[0], (0.1, 0.2)), UpdateResult(ranks[1], (0.3,))])
     assert result.entropies == (0.1, 0.2, 0.3) and result.metrics == out

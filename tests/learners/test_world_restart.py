@@ -14,6 +14,7 @@ from tiny_qwen2 import save_tiny_qwen2, tiny_groups  # noqa: E402
 
 from exgrpo.core import metric_names as M  # noqa: E402
 from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
+from exgrpo.core.records import TrainBatch  # noqa: E402
 from learners.learner import Learner  # noqa: E402
 
 torch.set_num_threads(1)
@@ -33,8 +34,8 @@ def _learner(path: str) -> Learner:
 def test_a_learner_after_another_library_destroyed_the_world_trains(tmp_path_factory):
     path = save_tiny_qwen2(tmp_path_factory, seed=1, name="tiny-qwen2-world")
     first = _learner(path)
-    first.update(groups=tiny_groups(0, stale=False), clip=True, version=0)
+    first.update(TrainBatch(groups=tiny_groups(0, stale=False), version=0, clip=True))
     dist.destroy_process_group()  # what vLLM's shutdown does, behind DeepSpeed's back
     second = _learner(path)
-    metrics = second.update(groups=tiny_groups(0, stale=False), clip=True, version=0)
+    metrics = second.update(TrainBatch(groups=tiny_groups(0, stale=False), version=0, clip=True)).metrics
     assert dist.is_initialized() and torch.isfinite(torch.tensor(metrics[M.LOSS]))

@@ -1,12 +1,16 @@
 """The random tiny Qwen2 the learner tests train (vocab 64, hidden 64, 2 layers, 2 heads of dim 32), no tokenizer,
-and the groups they train it on."""
+the groups they train it on, and an update engine with a test's own micro-batches."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from exgrpo.core.records import Group, Trajectory
+from learners.batches import Row
+from learners.engine import ModelEngine
 
 
 def save_tiny_qwen2(tmp_path_factory, *, seed: int, name: str) -> str:
@@ -56,3 +60,25 @@ def tiny_groups(seed: int, *, stale: bool) -> tuple[Group, ...]:
             )
         )
     return tuple(out)
+
+
+class SlicedEngine(ModelEngine):
+    """A bare model's `UpdateEngine` with the test's own micro-batches `slices`, each micro-batch's objective
+    handed to `backward` (e.g. recorded, then backpropagated), for `learners.update.minibatch_backward`."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        slices: Sequence[slice],
+        backward: Callable[[torch.Tensor], object],
+        *,
+        chunk_tokens: int | None = None,
+    ) -> None:
+        super().__init__(model, micro_batch_size=1, chunk_tokens=chunk_tokens)
+        self._slices, self._backward = list(slices), backward
+
+    def micro_batches(self, rows: Sequence[Row]) -> list[slice]:
+        return list(self._slices)
+
+    def backward(self, objective: torch.Tensor) -> None:
+        self._backward(objective)
