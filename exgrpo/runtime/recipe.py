@@ -141,11 +141,11 @@ class TrainingRecipe:
         defaulted = self.cfg is not (cfg := job_run_dir(self.cfg))  # a submitted job's default run dir
         self.cfg = cfg
         quiet_libraries(verbose=cfg.logging.verbose)
-        self.ckpt = (
-            resume_checkpoint(Path(cfg.logging.run_dir).expanduser(), cfg)
-            if self.resume
-            else fresh_run_dir_check(cfg)
-        )
+        if self.resume:
+            self.ckpt = resume_checkpoint(Path(cfg.logging.run_dir).expanduser(), cfg)
+        else:
+            fresh_run_dir_check(cfg)
+            self.ckpt = None
         check_reward(cfg)  # a reward.fn that cannot be imported fails before anything is written
         check_run_dir(cfg)  # before anything is written there
         base_model = self._open_run(defaulted=defaulted)

@@ -74,9 +74,12 @@ def start_model(
         log.info("metrics.jsonl: dropped %d records of steps >= %d (they are trained again)", dropped, again)
     job.rewind(max(again or 0, 0))
     # a resumed run starts from its checkpoint's weights, pinned in the run dir: rotation deletes the checkpoint
-    model_path = fresh_model or str(
-        resolve_model(str(pin_model(ckpt, run_dir)), cache_dir=cfg.model.cache_dir)
-    )
+    if fresh_model is not None:
+        model_path = fresh_model
+    elif ckpt is not None:
+        model_path = str(resolve_model(str(pin_model(ckpt, run_dir)), cache_dir=cfg.model.cache_dir))
+    else:
+        raise ValueError("start_model needs a fresh run's model or a checkpoint to resume from")
     base_model: dict[str, Any] = model_record(cfg.model.path, model_path)  # a hub id: repo, revision, commit
     if ckpt is None:
         (run_dir / BASE_MODEL_FILE).write_text(json.dumps(base_model, indent=1))
