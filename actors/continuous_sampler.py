@@ -1,29 +1,11 @@
 """ContinuousSampler: the Sampler role over continuous batching, with in-flight weight updates (`samplers.continuous`).
 
-An asyncio Ray actor around `actors.continuous_engine.ContinuousEngine` (vLLM only, object-store weights).
-Unlike `actors.sampler.Sampler`, whose `generate` call holds the actor until its whole batch is done,
-this actor serves any number of `generate` calls at once: every request joins the engine's running
-batch as soon as it arrives, and each request, when its n completions are done, is verified, pushed to
-replay and reported, without waiting for the others (groups that finish while a push is out go together
-in the next call: `actors.coalesce.CoalescedPush`). The pool sends it one request
-per call, up to `samplers.continuous_max_requests` at a time (`exgrpo.runtime.parts.SamplerSpawner`), so the driver
-sees each request finish (`RolloutResult` with its id, its oldest version, its tokens), as with today's
-sampler.
-
-Weights: `load_weights` (the object-store transport's call) is applied after the engine step in flight,
-while the other requests keep generating around it (`ContinuousEngine.load_weights`), so an update never
-waits for a long response. Each trajectory records the version of every token range
-(`Trajectory.version_spans`) and its oldest version as `policy_version`, which is what staleness counts.
-A request admitted at version v starts only once this sampler serves v or later (Ray may start an async
-actor's calls out of submission order, so a request could otherwise overtake the load of its version):
-so the oldest version in every trajectory is still >= its admission version, and the driver's bound
-staleness <= eta holds as with the synchronous sampler.
-
-Shared with `Sampler` (`actors.sampler_common`): the engine spec and context check, the seeds (`request_seed`), the reward
-(`make_scorer`: its worker pool takes calls from any thread; scoring runs in a thread, one request at a time,
-so the failure counts stay per request) and the group records (`actors.sampling.build_groups`).
-Seeds are fixed per request (unless `seeded=False`: `samplers.seeded`), but a run is not repeatable bit for bit: which tokens a version sampled
-depends on when its weights arrived.
+An asyncio Ray actor around `actors.continuous_engine.ContinuousEngine` (vLLM, object-store weights) that serves
+many `generate` calls at once: each request is verified, pushed (`actors.coalesce.CoalescedPush`) and reported when
+its own completions are done. Invariants: a request admitted at version v starts only once this sampler serves v
+or later, so staleness <= eta holds for every trajectory's oldest token; seeds are per request
+(`actors.sampler_common`), but which tokens a version sampled depends on when its weights arrived. More:
+docs/architecture.md ("Continuous sampler"); tests: tests/integration/test_continuous_sampler.py.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """`EngineGate`: who may use a sampler's engine, and when (plain threads; no Ray, no engine).
 
-A sampler serves two kinds of call on two Ray concurrency groups: engine calls (generate, evaluate, a weight
-load) and vLLM's weight-transfer control calls (init, start, update, finish). Invariants:
-
-- one call uses the engine at a time; a waiting control call goes before queued engine calls, so it waits
-  for at most the one engine call in flight;
-- a control call that gets its turn after its caller's deadline (wall clock) is refused, never run, and so is
-  a call for an update session that was already abandoned (`LateWeightUpdate`);
-- engine calls wait while an update session is open, until its deadline; an abandoned session is ended
-  (`end_session`) before the next engine call;
-- a weight write that failed (`at_stake`), or an abandoned session that had received weights, leaves the
-  engine serving a mix of versions: serving calls are refused (`WeightsFailed`) until a write succeeds.
-
-Tests on plain threads: tests/actors/test_engine_gate.py; through the sampler: tests/actors/test_transfer_hangs.py.
+Engine calls (generate, evaluate, a weight load) and vLLM's weight-transfer control calls share one engine. One
+call uses it at a time, a waiting control call first; a control call that gets its turn after its deadline, or
+belongs to an abandoned session, is refused (`LateWeightUpdate`); engine calls wait while a session is open, and
+an abandoned one is ended first; after a failed weight write serving calls are refused (`WeightsFailed`) until a
+write succeeds. Tests: tests/actors/test_engine_gate.py, tests/actors/test_transfer_hangs.py.
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """Generation engines: the `GenerationEngine` protocol, `HFEngine` (transformers); `VLLMEngine` is in `vllm_engine.py`.
 
-An engine turns already-templated prompt texts into sampled completions and serves one set of
-weights, tagged with the learner version that produced them.
-
-Contract of `generate(prompts, n=..., max_tokens=..., temperature=T, top_p=p, seed=...)`:
-
-- `seed`: None (unseeded), one int for the call, or one int per prompt (the sampler's per-request seeds,
-  `actors.sampler_common.request_seed`); the same seeds, prompts and counts give the same completions;
-
-- per prompt, its n completions (n an int, or one count per prompt), in prompt order;
-- prompt ids are `tokenize(text)`: the text's tokens with no special tokens added (a template
-  that needs BOS writes it into the text);
-- a completion stops after the first eos token, which is part of it (with its log-prob), or after
-  `max_tokens` tokens; `finish_reason` is "stop" or "length";
-- `logprobs[t]` = log pi_T,p(y_t | prompt, y_<t): the log-prob of the sampled token under the
-  distribution it was sampled from, i.e. softmax(logits / T) restricted to the top-p nucleus and
-  renormalised. At T = 1 and p = 1 these are exactly the policy log-probs log softmax(logits)
-  that the learner computes (up to float error), which is what the importance ratios need.
-  T = 0 is greedy decoding; its log-probs are those of softmax(logits).
-
-`checksum()` is the float64 sum of all distinct parameters of the HF-named model being served (a
-tied lm_head counts once, as in `model.parameters()`), to compare with the learner's
-`module_checksum(model)` or with `weights_checksum(state_dict, ...)` of the weights it sent.
+An engine turns already-templated prompt texts into sampled completions and serves one set of weights, tagged
+with the learner version that produced them. The contract every engine keeps (seeds, completion order, stops,
+sampling log-probs that equal the learner's policy log-probs at T = 1 and p = 1, the checksum) is
+`GenerationEngine`'s docstring. Tests: tests/actors/test_engines.py.
 """
 
 from __future__ import annotations
@@ -55,7 +37,26 @@ class Completion:
 
 @runtime_checkable
 class GenerationEngine(Protocol):
-    """What a sampler needs from an engine (see the module docstring for the exact contract)."""
+    """What a sampler needs from an engine, and the contract every engine keeps.
+
+    `generate(prompts, n=..., max_tokens=..., temperature=T, top_p=p, seed=...)`:
+
+    - `seed`: None (unseeded), one int for the call, or one int per prompt (the sampler's per-request seeds,
+      `actors.sampler_common.request_seed`); the same seeds, prompts and counts give the same completions;
+    - per prompt, its n completions (n an int, or one count per prompt), in prompt order;
+    - prompt ids are `tokenize(text)`: the text's tokens with no special tokens added (a template that needs
+      BOS writes it into the text);
+    - a completion stops after the first eos token, which is part of it (with its log-prob), or after
+      `max_tokens` tokens; `finish_reason` is "stop" or "length";
+    - `logprobs[t]` = log pi_T,p(y_t | prompt, y_<t): the log-prob of the sampled token under the distribution
+      it was sampled from, softmax(logits / T) restricted to the top-p nucleus and renormalised. At T = 1 and
+      p = 1 these are the policy log-probs log softmax(logits) the learner computes (up to float error), which
+      is what the importance ratios need. T = 0 is greedy decoding; its log-probs are those of softmax(logits).
+
+    `checksum()` is the float64 sum of all distinct parameters of the HF-named model being served (a tied
+    lm_head counts once), to compare with the learner's `module_checksum(model)` or with
+    `weights_checksum(state_dict, ...)` of the weights it sent.
+    """
 
     @property
     def version(self) -> int:

@@ -1,30 +1,11 @@
 """Sampler: one generation engine plus the reward (the answer verifier, or the run's `reward.fn`).
 
-`generate(requests=...)` turns generation requests into verified `Group`s tagged with the policy
-version of the weights that sampled them, pushes them to the replay shards and reports a
-`RolloutResult`. A replay request's pinned candidates travel on in its `Group.candidates`.
-
-New weights are applied between engine calls (Ray runs one call at a time on this actor, in
-submission order, so a weight load submitted before a generate call is always applied before it).
-The weight entry points (`load_weights`; vLLM's `init_weight_transfer_engine`, `start_weight_update`,
-`update_weights`, `finish_weight_update`) are thin: the order
-in which they are called is the transport's (`exgrpo.transport.broadcast`). A load or update that raises
-leaves the sampler refusing requests (`WeightsFailed`, so the pool replaces it) until a full load succeeds;
-`join_world` acknowledges a new weight-transfer world before learner rank 0 opens it.
-
-Sampling seeds never overlap: request r's base seed is `request_seed(run seed, r, K)` = run seed * 2**40
-+ r * K with K = `trainer.rollouts_per_question` (the most completions a request asks for), and vLLM gives
-its j-th completion base + j, so the (request, completion) pairs of a run occupy disjoint seeds whatever
-the batching (`requests_per_call`, which sampler, which call). The seed depends on the run seed and the
-request id only, so a resumed run or a replacement sampler draws the same completions (vLLM). The
-transformers engine takes one seed per call (the first request's) and draws its rows from one generator.
-
-The engine's context is `EngineSpec.max_model_len` (= model.max_prompt_len + model.max_response_len,
-passed to vLLM); a sampler refuses to start when it exceeds the model's `max_position_embeddings`
-(`exgrpo.core.positions`), naming the override. A vLLM sampler can span `EngineSpec.tensor_parallel_size`
-GPUs (its workers in the sampler's placement group, `exgrpo.runtime.parts.place_sampler`).
-
-A plain class: `run.py` makes it the Ray actor `exgrpo-sampler-<i>`; tests run it in-process.
+`generate(requests=...)` turns generation requests into verified `Group`s tagged with the version of the weights
+that sampled them, pushes them to the replay shards and reports a `RolloutResult`. Invariants: new weights land
+between engine calls, in submission order; a failed weight write leaves it refusing requests (`WeightsFailed`)
+until a full load succeeds; request r's completions have seeds no other request shares and that depend on the run
+seed and r only (`actors.sampler_common.request_seed`), so a resumed run draws the same. More: docs/architecture.md
+("One step, hop by hop", "Weights"); tests: tests/actors/test_sampler.py, tests/actors/test_sampler_seeds_overlap.py.
 """
 
 from __future__ import annotations

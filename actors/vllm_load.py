@@ -1,27 +1,11 @@
 """Direct weight load into a vLLM-CPU model runner: new weights straight into the served kernels.
 
-vLLM's in-place reload (`reload_weights`, its layerwise reload) puts every layer back into its checkpoint
-form, loads the checkpoint-format tensors into it and re-runs the layer's post-processing. On CPU most of
-that is needless: the served model keeps only two kinds of weights.
-
-- A linear layer's weight lives in its GEMM kernel (`cpu_linear`: a oneDNN handle holding its own repacked
-  copy, or the sgl packed weight), and the layer's `weight` parameter is left empty. Such a layer is rebuilt
-  from the new weight with the layer's own `process_weights_after_loading`, the call vLLM made when it
-  started, which repacks it into a fresh kernel. Its input is the (N, K) weight of the served layout: a
-  fused layer (qkv_proj, gate_up_proj: the model's `packed_modules_mapping`) takes its parts' rows in
-  order, as a zero-copy view when they lie back to back in one buffer (`exgrpo.transport.packed.Packer`
-  writes them so), or one concatenation when they do not.
-- Every other parameter (norms, biases, the embedding, an untied lm_head) is a plain tensor. It is loaded
-  by the model's own `load_weights` (its weight loaders copy into the existing tensor, fusing q/k/v biases
-  into qkv_proj's and skipping a tied lm_head; each parameter's own loader, unwrapped from what a
-  layerwise reload session left on it), then the modules whose kernel also reads it (the embedding and
-  lm_head: their logits GEMM) are re-processed the same way.
-
-`direct_load` runs on the vLLM worker (`LLM.collective_rpc`). `direct_load_support` says whether a model
-qualifies: a CPU platform (on GPU vLLM keeps every weight as a parameter; this path has not run there),
-one tensor-parallel rank, unquantized linear and embedding layers only, no zentorch kernel (it may keep a
-reference to its input instead of a copy). `actors.vllm_engine.VLLMEngine` decides once at start-up and
-says which path it took (`weight_path`).
+On CPU vLLM keeps a linear layer's weight only inside its GEMM kernel, so `direct_load` (run on the vLLM worker)
+rebuilds each linear layer's kernel from the new weight by the layer's own post-processing (a fused layer from a
+zero-copy view when its parts lie back to back) and copies every other parameter with the model's own
+`load_weights`, instead of vLLM's layerwise reload. `direct_load_support` says whether a model qualifies, and
+`actors.vllm_engine.VLLMEngine` says which path it took (`weight_path`). More: docs/architecture.md ("Weights");
+tests: tests/actors/test_vllm_load.py.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """The order of a replay shard's calls when it serves several at once (group commit).
 
-A shard actor runs with `replay.concurrent_calls` threads, so pushes from several samplers are in the shard at
-the same time and share one fdatasync of the write-ahead log (`WriteAheadLog.sync`) instead of queueing one
-fsync each behind the other. What stays as with one call at a time:
-
-- A state-changing call (push, take, set_collect) is checked and its frame written under the shard's lock, so
-  frames are in the log in the order the calls are numbered here (`begin`); it is applied only after its
-  frame is durable, and in that same order (`finish` waits for its turn), so the state after a restart (the
-  snapshot plus the log, replayed in order) is the state the calls made. Nothing is answered before it is
-  durable: a call's result is computed when it is applied.
-- A call whose sync failed is neither applied nor answered (it raises): with nothing applied out of order, the
-  shard's memory is the durable log, and the client's retry lands after.
-- Reads (`sample`, `stats`, ...) take the lock and see the calls applied so far.
-- A snapshot or compaction (`exclusive`) waits until every call in flight is applied and lets no new one in
-  meanwhile: a self-snapshot never misses a frame of the log it replaces.
-
-`locked` and `alone` mark the shard's methods that run under its lock or with the shard alone; the shard
-keeps its `CallOrder` as `order`.
+Concurrent calls share one fdatasync of the write-ahead log, and what holds with one call at a time still holds:
+state-changing calls are logged in the order `begin` numbers them and applied only once durable, in that order
+(`finish`), so the snapshot plus the replayed log is the state the calls made; a call whose sync failed is neither
+applied nor answered; reads see the calls applied so far; a snapshot or compaction (`exclusive`) runs with no call
+in flight. More: docs/failures.md ("Replay shard death", "I/O faults in the log"); tests: tests/buffers/test_group_commit.py.
 """
 
 from __future__ import annotations

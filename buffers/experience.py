@@ -1,26 +1,10 @@
-"""The ExGRPO experience pool: question statistics, difficulty buckets, retirement and stored
-trajectories (docs/architecture.md, "The algorithm"). Pure: numpy + pyarrow only. The sampling weights and the
-allocation over buckets and shards live in `exgrpo/core/selection.py`; the pool draws inside a bucket.
+"""The ExGRPO experience pool: question statistics, difficulty buckets, retirement and stored trajectories.
 
-Statistics. After each finished group of a question, k = its correct rollouts (a replay slot
-counts) and K = rollouts per question:
-  0 < k < K   the question moves to bucket k (latest k wins);
-  k == 0      nothing changes (the old bucket and stored trajectories are kept);
-  k == K      the question is retired for good: dropped at once with its trajectories, never
-              sampled again, and later groups of it are ignored. A pool made with `retire=False` (the
-              on-policy GRPO baseline: `replay.retire`) never retires: the question only leaves its bucket
-              (it is not sampleable until a later group puts it back) and stays in the fresh stream.
-
-Sampleable questions. Replay needs a candidate, so a question is sampleable only when it is in a
-bucket 1..K-1 AND has at least one stored trajectory. `bucket_sizes()`, `len()` and sampling count
-sampleable questions only; `bucket_of()` reports the statistical bucket, sampleable or not.
-
-Storage. Correct, non-replayed trajectories of a group are stored when `record(..., collect=True)`
-(collection starts with replay, the delayed start). Per question they are deduplicated by token ids
-against those currently stored (the first copy is kept) and capped at
-`max_trajectories_per_question`, oldest evicted. Token ids are kept as int32 and log-probs as
-float32 numpy arrays (8 bytes per token instead of ~60 for tuples of Python numbers), so
-`candidates()` returns log-probs rounded to float32.
+Pure (numpy + pyarrow); the sampling weights and the allocation over buckets and shards are
+`exgrpo/core/selection.py`'s, the pool draws inside a bucket. Invariants: a question is sampleable only in a bucket
+1..K-1 with at least one stored trajectory; a retired question (K/K) is never sampled again and its later groups
+are ignored (unless `retire=False`); stored trajectories are correct, deduplicated and capped per question. The
+rules: docs/architecture.md ("The algorithm"); tests: tests/buffers/test_experience.py.
 """
 
 from __future__ import annotations

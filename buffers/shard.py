@@ -1,33 +1,11 @@
 """One replay shard: an ExperiencePool plus the queue of finished groups waiting for the learner.
 
-A plain class; `exgrpo/runtime/parts.py` makes it the Ray actor `exgrpo-replay-<i>`, tests use it in-process.
-Questions are routed to shards by a stable hash of their qid (`buffers/sharded.py`), so every
-statistic of a question lives in exactly one shard. Groups arrive and leave as Arrow rows
-(`buffers/records.py`): a push is one IPC payload per shard per sampler call, recorded from its columns and
-logged as it came; the ready queue holds row ranges of those tables, and `take_rows` answers with rows that
-the client turns into `Group`s, so the shard never builds a `Group` on the push and take path.
-
-Guarantees:
-- `push` is idempotent by request id: a request re-issued after a sampler failure may be pushed
-  twice; the second copy is ignored (its k is recorded once; the first copy is the one trained).
-- A replay group carries the candidates its request was given when its question was sampled; the
-  shard keeps no per-question hidden state between `sample` and `push`.
-- `take` never hands out a replay group whose question was retired by another group (a fresh group
-  solved it K/K while the replay request was in flight): it reports its request id as dropped and the
-  driver re-issues a fresh request in its place. A replay group whose own K - 1 rollouts completed the
-  K/K is kept (it is the group that retired the question; all its advantages are 0).
-- `take` is idempotent by `take_id`: a retried take (its reply was lost when the shard died) returns
-  the groups the first attempt removed, so a group is handed out once.
-- With `wal_dir`, every state-changing call (`push` of new groups, `take`, `set_collect`) is logged and
-  fsync'd before it is applied and answered (`buffers/wal.py`); a shard restarted by Ray replays its
-  own last snapshot plus the log and is in the state of its last acknowledged call. Served by several
-  threads (`replay.shard_concurrency`), concurrent calls share one fdatasync and are applied in the order
-  of their frames (`buffers/commit.py`); every method runs under the shard's lock. The shard snapshots
-  itself (and truncates the log) when the log passes both `compact_bytes` and `compact_growth` times the size
-  of its last self-snapshot, and at every `snapshot`/`restore`. The second bound keeps compaction amortised:
-  with a fixed threshold a large shard rewrote its whole pool every `compact_bytes` of pushes, which made
-  filling it quadratic (at 1M questions over 8 shards, ~60 full rewrites per shard); the log, and so the
-  replay after a restart, stays within max(compact_bytes, compact_growth x the snapshot).
+A plain class (`exgrpo/runtime/parts.py` makes it the Ray actor `exgrpo-replay-<i>`); groups arrive and leave as
+Arrow rows (`buffers/records.py`), so the push and take path builds no `Group`. Invariants: `push` is idempotent by
+request id and `take` by `take_id`, so each group is handed out once; `take` never hands out a replay group whose
+question another group retired (it reports it dropped); with `wal_dir` every state-changing call is durable before
+it is applied and answered, and a restarted shard is in the state of its last acknowledged call, its log bounded by
+compaction. More: docs/failures.md ("Replay shard death"); tests: tests/buffers/test_shard.py, tests/buffers/test_wal.py.
 """
 
 from __future__ import annotations

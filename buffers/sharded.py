@@ -1,23 +1,11 @@
 """ShardedReplay: the client of R replay shards (implements `exgrpo.core.roles.Replay`).
 
-Routing is by a stable hash of qid, so a question's statistics live in one shard. Question sampling
-is global (`exgrpo.core.selection.draw_plan`): bucket weights from the bucket sizes summed over shards,
-each shard serving its share of each bucket. Sizes are those the shards reported last (every
-`pull_batch` and `sample` returns them), so sampling costs one parallel round trip. Pushes may land
-between the plan and the draw: a shard then gives what it has and reports what is left, and the
-shortfall is re-planned over what is left (a few rounds at most); whatever still cannot be placed is
-filled by the driver with fresh questions.
-
-The shards are Ray actor handles (`invoke=ray_invoke`, the default) or plain in-process objects
-(`invoke=local_invoke`, for tests). The client holds only those, so it can be passed to samplers
-(which push groups) and used by the driver (which samples questions and pulls batches).
-
-Shard failures: a call that fails because its shard actor died or is restarting (`RayActorError`:
-`ActorDiedError`, `ActorUnavailableError`) is sent again, to the same handle (Ray restarts the actor
-under it, `replay.shard_max_restarts`), until it succeeds or `RayInvoke.retry_s` has passed. Every
-shard verb is safe to repeat: `push` is idempotent by request id, `take` by the `take_id` that
-`pull_batch` gives it, `set_collect`/`snapshot`/`restore` are idempotent and the rest read only.
-Samplers push through their copy of this client, so their pushes wait out a shard restart too.
+Routing is by a stable hash of qid, so a question's statistics live in one shard; question sampling is global
+(`exgrpo.core.selection.draw_plan`) at one parallel round trip, re-planning a shortfall over what is left. The client
+holds only the shard handles (`invoke=ray_invoke`, or `local_invoke` for tests), so samplers push through it too.
+Invariant: a call to a dead or restarting shard is re-sent to the same handle until it succeeds or
+`RayInvoke.retry_s` passes, which is safe since every shard verb may be repeated. More: docs/failures.md ("Replay
+shard death"); tests: tests/buffers/test_shard.py, tests/integration/test_shard_restart.py.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """A replay shard's write-ahead log: the state-changing calls since its last self-snapshot.
 
-Layout of one shard's directory (`<run_dir>/replay-wal/shard-<i>/`):
-
-    snap-<gen>/      the shard's own snapshot of generation `gen` (written as `.snap-<gen>.tmp`,
-                     fsync'd, then renamed: a directory of that name is always complete)
-    log-<gen>.wal    the calls applied after `snap-<gen>` (generation 0: after the empty start)
-
-A log is a sequence of frames `magic (4 bytes) | crc32 (u32) | length (u64) | payload`, each payload
-one Arrow IPC stream (a table whose schema metadata names the call). `append` returns after the
-frame is fsync'd. A frame torn by a crash fails its length or crc check: `open` drops it (it was
-never acknowledged) and truncates the file there, so later appends follow the last good frame.
-
-A failed append (ENOSPC, EIO) cuts the file back to the end of the last good frame before it raises, so
-no later frame lands behind a partial one (which `read_frames` would stop at, dropping every acknowledged
-call after it); if even that fails, the log refuses every later append: the shard fails loudly rather than
-acknowledging calls it could not make durable.
-
-`open` recovers: newest complete snapshot, then its log's frames, in order. `rotate` (after the
-shard has written `snap-<gen+1>`) starts `log-<gen+1>` and deletes the older generation, which keeps
-the log bounded by the shard's compaction threshold.
+One shard's directory holds `snap-<gen>/` (written under a temporary name, so always complete) and `log-<gen>.wal`,
+frames of `magic | crc32 | length | Arrow IPC payload`. Invariants: `append` returns once its frame is fsync'd; a
+frame torn by a crash is dropped at `open` (it was never acknowledged); a failed append cuts the file back to its
+last good frame, or else refuses every later append; `rotate` keeps the log bounded. More: docs/failures.md
+("Replay shard death", "I/O faults in the log"); tests: tests/buffers/test_wal.py.
 """
 
 from __future__ import annotations

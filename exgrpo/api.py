@@ -1,29 +1,10 @@
 """The Python entry point: `from exgrpo import train`.
 
-    from exgrpo import train
-
-    def shorter(prompt, completion, fields):          # any callable; a closure or a lambda too
-        return 1.0 if len(completion) <= fields["limit"] else 0.0
-
-    result = train(
-        "tiny-cpu",                                   # a config file, a packaged config name or a Config
-        overrides=["trainer.steps=2"],                # the command line's key=value overrides
-        reward_fn=shorter,                            # or [(f, 1.0), (g, 0.5)]: a weighted sum
-        train_data=[{"question": "...", "answer": "", "limit": 12}, ...],   # rows in memory
-    )
-    print(result.run_dir, result.records[-1]["reward/mean"])
-
-It runs what `python -m exgrpo.run` runs (`exgrpo.runtime.recipe.train`) on the same cluster choice (`RAY_ADDRESS`,
-else a local cluster, shut down afterwards when this call started it). `reward_fn` is shipped by value with
-cloudpickle to the verifier's worker processes (`exgrpo.verify.closure`) and run there exactly as a
-`reward.fn` function: under `samplers.verify_timeout_s`, isolated, a raise or hang scored 0 and counted.
-`train_data` / `eval_data` (lists of dicts, or anything with `to_list()` such as a `datasets.Dataset`) are
-written as JSON lines into the run directory (`<run_dir>/data/`) and read from there like a dataset file,
-so the run dir holds everything `python -m exgrpo.run --resume` needs (docs/data.md has the columns).
-Their rows are checked as the run reads them (`data.on_bad_row`) before anything starts, and a bad one is
-named by its index in `train_data` / `eval_data` and its value; a skipped row stays a blank line of the file,
-so file rows and the caller's indices (and the qids made from them) agree. A start refused for bad input
-removes the run directory this call made, as the command line does.
+`train(config, overrides=, reward_fn=, train_data=, eval_data=)` runs what `python -m exgrpo.run` runs
+(`exgrpo.runtime.recipe.train`) on the same cluster choice. A `reward_fn` runs in the verifier's workers exactly
+as a `reward.fn` (deadline, isolation, failures scored 0); rows in memory are written into `<run_dir>/data/`, so
+the run dir holds what `--resume` needs, and a bad row is named by its index before anything starts. More:
+README.md ("Python API"), docs/data.md ("Rows in memory"); tests: tests/integration/test_api.py.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """`python -m exgrpo.evaluate`: held-out Avg@n, Pass@1 and Pass@n of a model per data source, printed and written as JSON.
 
     python -m exgrpo.evaluate --model runs/X/final --data aime24.parquet --template think --n 32
-    python -m exgrpo.evaluate --model builtin:tiny --data builtin:arith --num 200 --max-tokens 32
-    python -m exgrpo.evaluate --model runs/X/final --data builtin:arith --save-completions completions.jsonl
     python -m exgrpo.evaluate --like-run runs/X          # the run's model, eval data, T, lengths, template, reward
-    python -m exgrpo.evaluate --model runs/X/final --paper-table data/paper --template think  # the paper's table
 
-The scores (docs/metrics.md, "Held-out scores"; `exgrpo/evaluation/scores.py`) are fractions as the run prints
-them: Avg@n the mean reward (the run's `eval/accuracy`); a sample is correct when its reward is above
-`--correct-above` (0.5, the run's rule); Correct@n the share of correct samples, Pass@n the share of questions
-with a correct sample (the run's `eval/pass_at_n`), Pass@1 greedy the share whose greedy decode is correct.
-The default temperature is the run's (1.0); the response length is at most what the context leaves after the
-longest prompt (an explicit `--max-tokens` past it is capped, saying so; default 4096), not a run's
-`model.max_response_len`: `--like-run RUN_DIR` takes that and every other setting
-from the run's config.yaml (explicit options still win), so its figures are measured as the run's
-`eval/accuracy` is. Rewards that fail (raise, return no number, time out) score 0 and are counted under
-the table and in the JSON (`reward_failures`, `first_reward_failures`). `--save-completions` also writes
-every sampled completion (the n per question behind Avg@n; not the greedy decode) as one JSON line, so the
-figures can be read back to the text that earned them. An earlier evaluation's JSON is never overwritten
-without `--overwrite`: the default file gets a new name (`eval-<data>-2.json`, printed), an `--out` that exists is
-refused before the model loads.
+The scores are the run's (docs/metrics.md, "Held-out scores"; `exgrpo/evaluation/scores.py`); `--like-run`
+measures as the run's `eval/accuracy` is. An earlier evaluation's JSON is never overwritten without
+`--overwrite`. `--help` lists the options; tests: tests/exgrpo/evaluation/test_evaluate_cli.py.
 """
 
 from __future__ import annotations

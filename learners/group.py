@@ -1,22 +1,11 @@
 """LearnerGroup: L learner actors (DeepSpeed data-parallel ranks) in one Ray placement group.
 
-The group places one bundle per learner ({CPU: num_cpus, GPU: num_gpus}, strategy PACK), starts the actors
-through the injected ``make_actor`` (the caller's single ``ray.remote`` site, e.g.
-``exgrpo.runtime.env.remote_actor``), asks rank 0 for a free port on its node (the torch.distributed
-rendezvous) and calls ``setup`` on all of them concurrently; ``wait=False`` returns while they set up
-(``ready`` waits), so the samplers can build their engines meanwhile.
-
-It implements ``exgrpo.core.roles.Learners`` (``start_entropies``, ``start_update``, ``save``, ``load``) plus
-what the weight transports need (``rank0``, ``get_weights_ref``, ``push_weights``, ``version``). The ranks are
-``learner_cls`` actors (the DeepSpeed ``Learner``, or ``exgrpo/sim/roles.py::SimLearner`` for the simulated
-group, which reuses this fan-out and its checks).
-
-A batch is split into L equal contiguous slices of whole groups, one per rank, in the order given
-(``learners/split.py``, shared with the simulated group; the driver shuffles the batch with its seeded
-generator before ``update``; the group never reorders). Every rank must run the same number of
-micro-batches (ZeRO reduces gradients inside backward), so the slices must hold the same number of rows
-per mini-batch; ``start_update`` checks this before dispatching. With ``minibatches`` > 1,
-optimiser step m uses the m-th mini-batch of every rank's slice (not the m-th contiguous part of the batch).
+It implements ``exgrpo.core.roles.Learners`` plus what the weight transports need; the ranks are ``learner_cls``
+actors (the DeepSpeed ``Learner``, or ``exgrpo/sim/roles.py::SimLearner``, which reuses this fan-out and checks).
+Invariants: a batch is split into L equal contiguous slices of whole groups in the order given (``learners/split.py``;
+the group never reorders); ``start_update`` refuses slices with different rows per mini-batch (every rank must run
+the same micro-batches); optimiser step m uses the m-th mini-batch of every rank's slice. More: docs/architecture.md
+("One step, hop by hop", hop 9; "Learner and driver death"); tests: tests/learners/test_split.py.
 """
 
 from __future__ import annotations

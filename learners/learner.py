@@ -1,25 +1,11 @@
 """Learner: one DeepSpeed engine rank of the data-parallel learner group.
 
-A plain class (``ray.remote`` is applied by the caller, so it also runs in-process in tests).
-
-One ``update`` is ``learners.update.update`` (rows and advantages, the proximal log-probs and their reuse
-rule, mini-batches of whole groups in micro-batches of ``micro_batch_size`` sequences, the exact gradient
-accumulation weights, the metrics) run on this rank's DeepSpeed engine, through ``learners.engine.RankEngine``
-(the update's ``UpdateEngine``): it is the model, its ``backward``
-accumulates (DeepSpeed averages gradients over ranks; its own division by
-``gradient_accumulation_steps`` is off: that config value is 1 and the accumulation boundary is set by
-hand on the last micro-batch) and its ``step`` is one optimiser step. Under ZeRO-3 every rank runs the
-same number of forwards (``RankEngine.micro_batches``).
-
-The grad-norm rule is applied by the client optimiser (``learners.optim.GuardedAdamW``).
-
-Weights leave through ``get_weights`` (one packed buffer for the object store) or ``push_weights``
-(vLLM's weight-transfer API, ``exgrpo.transport.vllm_api``); when they are called is the transport's
-business (``exgrpo.transport.broadcast``).
-
-Optional, both off by default: LoRA through PEFT (``learners.lora_rank``, ``learners.lora``: only the
-adapters train; samplers get merged full weights under the base's names) and a KL penalty to the initial
-policy (``loss.kl_coef``, ``learners.reference``).
+A plain class (``ray.remote`` is applied by the caller, so it also runs in-process in tests). One ``update`` is
+``learners.update.update`` on this rank's DeepSpeed engine, through ``learners.engine.RankEngine``; the grad-norm
+rule is ``learners.optim.GuardedAdamW``'s. Weights leave through ``get_weights`` (the object store) or
+``push_weights`` (``exgrpo.transport.vllm_api``), when the transport says (``exgrpo.transport.broadcast``). LoRA and a
+KL penalty to the initial policy are optional, both off: docs/lora-kl.md. More: docs/architecture.md ("One step, hop
+by hop", hop 9); tests: tests/learners/test_learner.py.
 """
 
 from __future__ import annotations

@@ -1,31 +1,11 @@
-"""The ExGRPO update as plain torch functions: an update engine (``learners/engine.py::UpdateEngine``: the
-model's forward module, backward, optimiser step, ...), the batch's groups and config values in; gradients,
-optimiser steps and ``learner/*`` metrics out. Nothing here imports Ray, DeepSpeed or vLLM, so
-``bench/learner/device_check.py`` runs the very update ``learners.learner.Learner`` runs (on its DeepSpeed engine).
+"""The ExGRPO update as plain torch functions: an update engine (``learners/engine.py::UpdateEngine``), the batch's
+groups and config values in; gradients, optimiser steps and ``learner/*`` metrics out. Nothing here imports Ray,
+DeepSpeed or vLLM, so ``bench/learner/device_check.py`` runs the very update ``learners.learner.Learner`` runs.
 
-One ``update`` (docs/architecture.md, "The algorithm"):
-    1. ``build_rows``: the groups' trajectories as rows; A = group_advantages(rewards) per group.
-    2. ``old_logprobs``: the proximal log-probs. Fresh rows take the no-grad log-probs of the current
-       weights (``per_token``), replayed rows their stored behaviour log-probs; optional
-       tis = min(exp(proximal - sampler_logp), tis_cap) on fresh tokens (staleness). ``reuses_proximal``:
-       with one mini-batch and no tis the no-grad pass is skipped: the mini-batch's own forward runs at the
-       same weights, so its detached log-probs are exactly the proximal ones (fresh ratio 1, at any eta).
-    3. The rows are split into ``minibatches`` of whole groups (``minibatch_slices``, one optimiser step
-       each) and each mini-batch into micro-batches (the engine's ``micro_batches``: gradient accumulation);
-       ``minibatch_backward`` hands each micro-batch's objective to the engine's ``backward``.
-    4. ``minibatch_metrics`` per optimiser step, ``update_metrics`` over the update.
-
-Gradient accumulation is exact. With W ranks the caller's backward averages gradients over ranks (no
-division by the number of micro-batches). Micro-batch j of a mini-batch of N rows and T response tokens
-(summed over all ranks: ``minibatch_totals``) holds n_j rows and t_j tokens, and its objective is
-    w_pg * pg_j - c_H * w_H * H_j,   w_pg = W n_j / N (constant normaliser) or W t_j / T (token mean),
-                                     w_H = W t_j / T,
-so the accumulated, rank-averaged gradient equals the gradient of exgrpo_loss over the whole
-mini-batch of all ranks (the entropy bonus is a token mean). With ``loss.entropy_per="micro_batch"``
-w_H = 1 instead: every micro-batch adds its own token-mean bonus and ranks are averaged, as the official code
-does, so the bonus weighs (micro-batches per rank) times more. exgrpo_loss returns
-pg_j - c_H H_j; the difference of the two weights is added back as c_H (w_pg - w_H) H_j. The optional KL
-penalty (``loss.kl_coef``, ``learners/reference.py``) adds c_KL w_pg KL_j: it is normalised like pg_j.
+One ``update``: rows and advantages (``build_rows``), the proximal log-probs (``old_logprobs``, skipped when
+``reuses_proximal``), mini-batches of whole groups in micro-batches (``minibatch_backward``), then the metrics.
+Invariant: gradient accumulation is exact, so the accumulated, rank-averaged gradient is exgrpo_loss's over the
+whole mini-batch. The weights: docs/architecture.md ("The algorithm"); tests: tests/learners/test_update.py.
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """Fault points: named moments at which a test (or an operator rehearsing a failure) makes a process die hard.
 
-The code marks a moment with ``fault_point("shard.push.logged")``. Nothing happens unless the environment
-variable ``EXGRPO_FAULTS`` names that point; then the process SIGKILLs itself there (no ``finally``, no
-flush, no goodbye to Ray: what a crash, an OOM kill or a lost node looks like to the rest of the run). When
-the variable is unset a point costs one dict lookup.
-
-``EXGRPO_FAULTS`` is a comma-separated list of ``[ACTOR:]POINT[@HIT]``:
-
-- ``POINT`` is one of `POINTS` (a misspelt name is refused, so a test cannot silently test nothing);
-- ``ACTOR`` is the Ray actor name, with or without the ``exgrpo-`` prefix (``sampler-1``, ``replay-0``,
-  ``learner-0``, ``controller``); without it, every process that reaches the point qualifies;
-- ``HIT`` (default 1) is which arrival at the point in that process dies: ``sampler.generate@3`` dies in
-  the process's third generate call.
-
-Every entry fires at most once per run: before dying, the process creates the marker file
-``$EXGRPO_FAULTS_DIR/<entry>`` (exclusively), and a process that finds it already there goes on. So a
-shard that Ray restarts under the same name, or a learner started again by ``--resume``, does not die a
-second time. ``EXGRPO_FAULTS_DIR`` is therefore required with ``EXGRPO_FAULTS``; the marker holds the
-actor, pid and wall time of the death, which is how a test checks that its fault really fired.
-
-Actors see these variables because `exgrpo.runtime.env.remote_actor` copies them (`fault_env`) from the
-driver's environment into each actor's runtime env when it starts the actor.
+`fault_point(name)` SIGKILLs the process when ``EXGRPO_FAULTS`` names that point (``[ACTOR:]POINT[@HIT],...``),
+no cleanup, as a crash or a lost node would; unset, a point costs one dict lookup. A misspelt point is refused
+(`POINTS`), and each entry fires at most once per run (a marker under ``EXGRPO_FAULTS_DIR``), so an actor Ray
+restarts does not die again. `exgrpo.runtime.env.remote_actor` copies both variables (`fault_env`) into every
+actor. More: docs/failures.md ("Fault points", the fault matrix); tests: tests/exgrpo/core/test_faults.py.
 """
 
 from __future__ import annotations

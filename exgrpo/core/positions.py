@@ -1,19 +1,10 @@
 """The engine context of a run and the model's position limit (pure: reads and writes `config.json` only).
 
-A run's context is `model.max_prompt_len + model.max_response_len` tokens: the samplers pass it to vLLM
-as `max_model_len`, and it must fit the model's `max_position_embeddings` (Qwen2.5-Math-7B's config says
-4096, so an 8192-token response would not fit). `check_context` fails before anything starts, naming the
-documented override: `model.max_position_embeddings` (with `model.rope_theta`), as the official recipe
-raises Qwen2.5-Math-7B to 16384 positions with rope_theta 40000.
-
-The override is applied once, to the model's `config.json`: `positioned_model` writes a sibling model
-directory whose `config.json` carries the new values and whose other files are symlinks to the original
-ones. Learners and samplers (transformers and vLLM alike) load that directory, so they read one config and
-agree by construction; the learner's checkpoints save it, so a resumed run and `exgrpo.evaluate` see it too.
-Where the config keeps RoPE's base: top-level `rope_theta` (the files transformers 4 wrote, e.g.
-Qwen2.5-Math) and/or `rope_parameters["rope_theta"]` (transformers 5, whose loader moves a top-level
-`rope_theta` into `rope_parameters` only when that is absent); every place present is set, and a config
-with neither gets a top-level `rope_theta` (read by both).
+A run's context is `model.max_prompt_len + model.max_response_len`; `check_context` fails before anything
+starts when it exceeds the model's `max_position_embeddings`, naming the override (`model.max_position_embeddings`,
+`model.rope_theta`). `positioned_model` applies the override once, as a sibling model directory whose
+`config.json` carries it (its other files symlinked): learners, samplers, checkpoints and `exgrpo.evaluate` all
+load that directory, so they agree by construction. Settings: docs/config.md; tests: tests/exgrpo/core/test_config.py.
 """
 
 from __future__ import annotations
@@ -103,7 +94,10 @@ def apply_override(
 ) -> dict[str, Any]:
     """A copy of an HF config dict with the position limit and RoPE base replaced (None: keep the model's).
 
-    A nested `text_config` (multimodal wrappers) is edited where it holds the values."""
+    A nested `text_config` (multimodal wrappers) is edited where it holds the values. RoPE's base sits at the
+    top-level `rope_theta` (files transformers 4 wrote, e.g. Qwen2.5-Math) and/or `rope_parameters["rope_theta"]`
+    (transformers 5, whose loader moves a top-level `rope_theta` there only when that is absent): every place
+    present is set, and a config with neither gets a top-level `rope_theta` (read by both)."""
     out = json.loads(json.dumps(config))
     targets = [out]
     if isinstance(out.get("text_config"), dict) and "max_position_embeddings" not in out:

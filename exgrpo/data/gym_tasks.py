@@ -1,25 +1,10 @@
 """Builtin tasks drawn from reasoning-gym (PyPI `reasoning-gym`): seeded, difficulty-graded procedural tasks.
 
-`GymTask` wraps one reasoning-gym generator with fixed difficulty parameters as a builtin `data.train` source
-(`builtin:<name>`, registered in `exgrpo.data.tasks.BUILTIN_TASKS`). reasoning-gym writes the question and its
-gold answer; this module adds what a run needs on top:
-
-- a held-out split that shares no question with training: a fixed keyed hash of the question's expression
-  (reasoning-gym's `metadata["expression"]`, else the question text) puts one question in `EVAL_SHARE` in the
-  eval part of the question space, independently of any seed; the train split emits only train-part
-  questions and the eval split only eval-part ones (so no eval question appears in any train split);
-- seeded, prefix-stable splits: item i of reasoning-gym's dataset is drawn from `Random(seed + i)`, and the
-  split's seed is `seed * 1000 + stream`, so the same (split, n, seed) gives the same prompts and a longer
-  list starts with the shorter one; questions are unique within a split;
-- qids `{name}-{split}-{i:05d}` and `data_source = name`.
-
-Scoring is not reasoning-gym's: its `score_answer` gives partial credit for a gold found inside a longer
-answer (7 inside "17" earns 0.5) and reads an `<answer>` tag; runs score with `reward.fn: math` (the
-`\\boxed{}` the `chat` template asks for) or `exgrpo.verify.number_scores` (strict / lenient, exact numbers).
-
-`sum-1digit` (the calibrated task, docs/smollm2.md "A task at the model's level"): reasoning-gym's
-`chain_sum` with two one-digit operands joined by + or -, e.g. "State the final answer to the following
-arithmetic problem: 4 - 1 =" -> 3. Its question space holds 200 questions (25 of them held out).
+`GymTask` wraps one reasoning-gym generator as a builtin `data.train` source (registered in
+`exgrpo.data.tasks.BUILTIN_TASKS`). Invariants: a keyed hash of the question (`EVAL_SHARE` held out) keeps every
+eval question out of every train split, whatever the seed; splits are seeded and prefix-stable, questions unique
+within a split. Scoring is the run's `reward.fn`, not reasoning-gym's partial credit. More: docs/data.md
+("Builtin tasks"), docs/smollm2.md ("A task at the model's level"); tests: tests/exgrpo/data/test_gym_tasks.py.
 """
 
 from __future__ import annotations

@@ -1,31 +1,10 @@
-"""Dataset readers: parquet and JSON-lines files into `Prompt` records (pyarrow + stdlib only); a
-`Dataset.save_to_disk` directory or `hf:org/name[:config][@split]` is read through `datasets`
-(`exgrpo.data.hf_datasets`) into the same layouts.
+"""Dataset readers: parquet and JSON-lines files (or, through `exgrpo.data.hf_datasets`, `datasets` folders and
+`hf:` specs) into `Prompt` records (pyarrow + stdlib only).
 
-Layouts (`layout="auto"` picks one from the column names, in this order):
-
-- `openr1`: OpenR1-Math-46k as used by the ExGRPO paper (and LUFFY before it). That file is a
-  verl-style parquet with columns `data_source`, `prompt` (chat messages), `target` (chat
-  messages whose content is a full reference solution), `reward_model` (`ground_truth`, the
-  gold answer) and `extra_info` (`index`). Also accepted: the raw OpenR1 release's `problem` +
-  `answer` columns. Detected by a `target` column next to `prompt`, or by a `problem` column
-  when there is no `question_key` column. Question: `problem`, else the last user message of
-  `prompt`. Answer, first present of: `answer`, `reward_model.ground_truth`, the last
-  `\\boxed{...}` in the last `target` message, the whole last `target` message. The last two
-  are our assumption for files that carry no separate gold answer; the published file has
-  `reward_model.ground_truth`, so they are a fallback only.
-- `verl`: `prompt` (chat messages; the question is the last user message's content) and
-  `reward_model` with `ground_truth`; optional `data_source` and `extra_info.index`.
-- `plain`: one question column and one answer column (`question_key`, `answer_key`).
-
-Question ids: a `qid` or `id` column as given; else `extra_info.index` as `"{source}:{index}"`;
-else `"{source}:{row}"`, where `source` is `source_name` or the file's stem. Rows are 0-based:
-the record index of a parquet file, the line index of a JSON-lines file (blank lines carry no
-record and are passed over). For a run with its own reward function (`for_reward_fn=True`), every
-column the layout does not read is kept in `Prompt.fields` (JSON values only) and the answer may be
-absent (""). A row with no usable question (or, for the math verifier, answer), or a duplicate qid, is a
-bad row: reported in `ReadResult.skipped` (`on_bad_row="skip"`) or raised as a `DataError`
-naming the first few rows (`on_bad_row="error"`). Nothing is dropped silently.
+Layouts (`openr1`, `verl`, `plain`; `layout="auto"` picks one by column names), question ids and the rows kept
+for a custom reward are docs/data.md's ("Layouts", "Question ids", "Extra columns and custom rewards").
+Invariant: nothing is dropped silently: a bad row or a duplicate qid is reported in `ReadResult.skipped` or raised
+as a `DataError` naming the rows (docs/data.md, "Bad rows"). Tests: tests/exgrpo/data/test_data.py.
 """
 
 from __future__ import annotations
@@ -82,7 +61,7 @@ def read_prompts(
     source_name: str | None = None,
     for_reward_fn: bool = False,
 ) -> ReadResult:
-    """Read a parquet or JSON-lines file into prompts; see the module docstring for the layouts.
+    """Read a parquet or JSON-lines file into prompts; the layouts are docs/data.md's ("Layouts").
 
     Raises `DataError` for an unknown suffix, a missing file, a layout that does not fit the
     columns, a file with no valid row, or (with `on_bad_row="error"`) any bad row.

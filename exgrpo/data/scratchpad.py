@@ -1,31 +1,10 @@
 """`scratchpad`: column addition written digit by digit, a reasoning task whose trace has a ground truth.
 
-A question is the sum of two non-negative integers, e.g. `"4827+396"`; the response it expects (one
-step per column from the units up, then the boxed sum) and its step-by-step check (`check_trace`) are
-`exgrpo.data.scratchpad_trace`'s, re-exported here. This module draws the questions of each split and
-writes their traces: `noisy_solution` writes traces with controlled noise, the material of the warm-up
-(`exgrpo.models.trace_warmup`):
-
-- propagating error: one step's result is off by 1 or 2; the later steps carry the wrong carry
-  faithfully and the answer is read off the written results, so the answer is wrong;
-- silent error: one step miscopies an operand digit but writes the true column sum, so the carry
-  and the answer stay right and the trace is flawed.
-
-Splits. The ID range has operands of `id_digits` (default 1-4) digits. The OOD range is chosen
-by `ood`: "carry-chain" (default) keeps the digits but asks for a longer run of consecutive
-carries than any ID question has (ID: longest run <= `id_max_chain` = 2, e.g. "4827+396" with its
-three carries in a row is OOD, "4827+96" is ID): every step is of a trained kind, their
-composition is not. "longer" asks for longer operands (`ood_digits`, e.g. 5 digits: more steps
-than any trained); measured out of reach of the tiny rotary warm-ups (0 of 1600 samples at T=1
-right on 200 five-digit questions), so it is not the default.
-A keyed hash of the question text (its own key, independent of `arith`'s) puts one question in
-eight in the eval part, one in eight in the val part and the rest in the train part, whatever the
-seeds; `train` draws ID questions from the train part only, `val` / `eval` ID questions from the
-val / eval parts, and `ood-val` / `ood-eval` OOD questions from the val / eval parts. So no val or
-eval question text can occur in any train split (and no OOD question in any split but the OOD
-ones); choose hyper-parameters on `val` (and `ood-val`) and keep `eval` / `ood-eval` for the
-final numbers. Prompts carry `data_source` `scratchpad-id` or `scratchpad-ood`, so evaluation
-tables score the two ranges separately.
+This module draws each split's questions and writes their traces (`noisy_solution`: propagating and silent
+errors, the warm-up's material); the response format and `check_trace` are `exgrpo.data.scratchpad_trace`'s,
+re-exported here. Invariant: a keyed hash of the question text puts it in the train, val or eval part whatever the
+seeds, so no val or eval question occurs in any train split, and OOD questions (longer carry chains, or longer
+operands) only in the OOD splits. More: docs/task.md ("Splits"); tests: tests/exgrpo/data/test_scratchpad.py.
 """
 
 from __future__ import annotations
@@ -91,7 +70,7 @@ def question_part(question: str) -> Literal["train", "val", "eval"]:
 
 @dataclass(frozen=True)
 class ScratchpadTask:
-    """Two-operand column addition with a digit-by-digit trace (see the module docstring).
+    """Two-operand column addition with a digit-by-digit trace (docs/task.md).
 
     Sampling per question: the longer operand's digit count L uniform over the split's range
     (`id_digits`; `ood_digits` for ood="longer"; for ood="carry-chain" OOD splits, L >=
@@ -179,7 +158,7 @@ class ScratchpadTask:
     def noisy_solution(
         self, prompt: Prompt, rng: np.random.Generator, p_propagating: float, p_silent: float
     ) -> str:
-        """A trace with controlled noise (see the module docstring): with probability p_propagating
+        """A trace with controlled noise (docs/task.md, "Base models"): with probability p_propagating
         one step's result is off by 1 or 2 and the error propagates to a wrong answer; with
         probability p_silent one step miscopies an operand digit but writes the true sum (flawed
         trace, right answer); otherwise the valid trace. The step is uniform over the steps."""

@@ -1,21 +1,10 @@
 """The `scratchpad` task's trace: column addition written digit by digit, and its step-by-step check.
 
-A question is the sum of two non-negative integers, e.g. `"4827+396"`; the expected response works
-the columns from the units up, one step per column, then boxes the sum:
-
-    7+6+0=13;2+9+1=12;8+3+1=12;4+0+1=05;\\boxed{5223}
-
-Step k (from 0, units first) is `a_k+b_k+c_k=s;` with a_k, b_k the k-th digits from the right
-of the two operands (0 where an operand is shorter), c_k the carry in (the tens digit of step
-k-1's written result; 0 for step 0) and s = a_k + b_k + c_k written with two digits (`05`), so
-the tens digit of every result is the carry out. The boxed answer is the final carry (when it is
-1) followed by the units digits of the results, last step first. A response has one step per
-digit of the longer operand: at most 4 * 9 + 13 = 49 characters at 4 digits, 59 at 5 digits.
-
-The reward stays outcome-only (the boxed answer, `exgrpo.verify.verifier`); `check_trace` is a process
-check for measurement: it finds the first wrong step of a response, so a right answer reached
-through a wrong step (a flawed trace) can be told from a fully valid one. The questions, their
-splits and the noisy traces of the warm-up are `exgrpo.data.scratchpad`'s.
+The expected response works the columns from the units up, one step per column, then boxes the sum
+(`7+6+0=13;2+9+1=12;8+3+1=12;4+0+1=05;\\boxed{5223}` for `4827+396`). The reward stays outcome-only;
+`check_trace` is a process check for measurement: it finds the first wrong step, so a right answer reached
+through a wrong step can be told from a valid trace. The questions and splits are `exgrpo.data.scratchpad`'s.
+More: docs/task.md ("What a question and a response look like"); tests: tests/exgrpo/data/test_scratchpad.py.
 """
 
 from __future__ import annotations

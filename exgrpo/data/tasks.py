@@ -1,20 +1,10 @@
 """Builtin verifiable tasks: seeded generators of questions with exact integer answers.
 
-`arith` (the embedded default run's task) asks for the value of a short chain of additions and
-subtractions, e.g. `"347+85-19"` -> `413`; the expected response is `\\boxed{413}`. Difficulty
-varies across questions through the operand lengths (1-3 digits), the number of operands (2 or
-3) and the number of column carries/borrows, so a partly trained model solves some questions
-every time, some never and many k out of K times (the middle buckets ExGRPO replays most).
-
-Held-out guarantee: a fixed keyed hash of the question text splits the whole question space
-into an eval part (1/8) and a train part (7/8), independently of any seed. The train split only
-emits train-part questions and the eval split only eval-part ones, so no eval question text can
-appear in any train split, whatever the seeds. See docs/task.md for the reasoning.
-
-`gsm` asks grade-school word problems of one to three steps over small integers, e.g. "Tom has 12
-apples. He buys 3 bags of 4 apples. How many apples does Tom have now?" -> `24` (see `GsmTask`).
-Its held-out split hashes the problem's equation ("12+3*4") rather than its wording, so no eval
-problem shares its arithmetic with any train problem, whatever the names and items around it.
+`arith` (chains of additions and subtractions, `"347+85-19"` -> `413`) and `gsm` (word problems of one to three
+steps, `GsmTask`); `BUILTIN_TASKS` names every builtin task. Held-out guarantee: a fixed keyed hash of the
+question (for `gsm`, of its equation) splits the question space into an eval part (1/8) and a train part, so no
+eval question appears in any train split, whatever the seeds. More: docs/data.md ("Builtin tasks"),
+docs/task.md; tests: tests/exgrpo/data/test_tasks.py.
 """
 
 from __future__ import annotations

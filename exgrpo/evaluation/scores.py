@@ -1,25 +1,10 @@
 """Held-out scores: Avg@n, Pass@1 and Pass@n per data source (the library half of `python -m exgrpo.evaluate`).
 
-Scores, per question q with gold answer a_q and rewards r from the run's reward (the verifier's 0 / 1, or a
-user's `reward.fn` in [0, 1]); a sample is correct when r > `correct_above` (0.5, `CORRECT_ABOVE`: the run's
-rule for its rollouts, its k-of-K buckets and its `eval/pass_at_n`). docs/metrics.md ("Held-out scores") says
-the same for the run's metrics, the summary and report.html:
-
-- Avg@n     = mean over q of (1/n) sum_j r(y_qj, a_q), the n samples y_qj drawn at `temperature`
-              (and `top_p`); the ExGRPO paper's Avg@32 for AIME24/25 and AMC, and what the run's
-              `eval/accuracy` and `rollout/mean_reward` average (the mean reward, whatever its values).
-- Correct@n = the share of the n samples that are correct (= Avg@n for a 0 / 1 reward).
-- Pass@1    = the share of questions whose greedy decode g_q is correct (temperature 0; both engines
-              decode greedily at T = 0); = the mean greedy reward for a 0 / 1 reward.
-- Pass@n    = the share of questions with at least one correct sample (the plain empirical rate, not
-              the unbiased pass@k estimator); the run's `eval/pass_at_n`.
-
-Every score is a fraction in [0, 1], as the run prints them.
-
-Each score is reported per `Prompt.data_source`, pooled over all questions (`overall`) and as the
-unweighted mean of the per-source scores (`mean_of_sources`, the "Avg." column of the paper's
-tables). At temperature 0 the n samples would all equal the greedy decode, so only the greedy
-decode is generated and reused for all n. Engine-agnostic: anything with `GenerationEngine.generate`.
+The definitions are docs/metrics.md's ("Held-out scores"): one threshold (`CORRECT_ABOVE`), every score a
+fraction in [0, 1], the same in the run's `eval/*` metrics. Each score is reported per `Prompt.data_source`,
+pooled (`overall`) and as the unweighted mean of the sources (`mean_of_sources`, the paper's "Avg." column).
+At temperature 0 only the greedy decode is generated. Engine-agnostic: anything with
+`GenerationEngine.generate`. Tests: tests/exgrpo/evaluation/test_evaluate.py.
 """
 
 from __future__ import annotations

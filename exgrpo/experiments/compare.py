@@ -1,25 +1,11 @@
 """ExGRPO vs on-policy GRPO and the paper's ablations, several seeds each, on the embedded task.
 
-    python -m exgrpo.experiments.compare                       # every variant (see VARIANTS), seeds 0 1 2
-    python -m exgrpo.experiments.compare --variants exgrpo grpo --seeds 0 1 2 3 4 --out runs/compare
-    python -m exgrpo.experiments.compare data.eval=builtin:scratchpad-val-all   # choose settings on val
-    python -m exgrpo.experiments.compare --config paper-regime --variants exgrpo grpo --seeds 0 1 2 3 4
+    python -m exgrpo.experiments.compare --variants exgrpo grpo --seeds 0 1 2 --out runs/compare
     python -m exgrpo.experiments.compare --report runs/compare  # tables and curves from results.json only
 
-All runs share one local Ray cluster and run one after another through `exgrpo.runtime.recipe.train` (the
-machine has 2 cores: parallel trials would only slow each other down, which is why Ray Tune is not
-used). Each run is the base config (`--config`, default: the embedded default) plus the variant's
-overrides and the command line's; every run of one seed sees the
-same questions in the same order (`data.seed` fixed, `data.fresh_take=batch`), so runs are paired
-by seed. Held-out accuracy (Avg@n) is measured every `trainer.eval_every` steps on the same questions,
-in-distribution (ID) and out-of-distribution (OOD) separately.
-
-Outputs in --out: results.json (one record per run: variant, seed, overrides, run directory, wall
-time and its curve of accuracy by learner step and by generated tokens; resumable and re-runnable
-per seed), table.md (mean +- std over seeds; paired differences with their standard errors at
-equal learner steps and at equal generated tokens; the mechanism table: per-step series such as the fresh
-zero-variance share, entropy, clipped steps and the gradient's split by row origin), curves.png and
-mechanism.png (those series by step).
+Runs go one after another through `exgrpo.runtime.recipe.train` in one Ray cluster; every run of a seed sees the
+same questions in the same order, so runs are paired by seed. Writes results.json (resumable per seed), table.md,
+curves.png and mechanism.png into --out. More: docs/results.md ("Reproduce").
 """
 
 from __future__ import annotations

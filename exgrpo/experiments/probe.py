@@ -1,21 +1,11 @@
 """Probe the final models of a compare sweep: held-out accuracy at the paper's T = 0.6 beside T = 1.0, and
 accuracy on the questions ExGRPO replayed (is replay memorising its questions?).
 
-    python -m exgrpo.experiments.probe runs/compare            # every run in runs/compare/results.json
     python -m exgrpo.experiments.probe runs/compare --n 4 --temperatures 1.0 0.6
 
-For each run with a `final/` model (what `exgrpo.experiments.compare` leaves in its run directory) it
-samples n responses per question with the HF engine (as the samplers do) and scores them with the
-project's Verifier:
-- `eval@T` for each temperature: the run's own evaluation questions (`data.eval` of its config.yaml),
-  per data source (ID / OOD);
-- `replayed`: the training questions that the `exgrpo` run of the same seed replayed (its
-  `candidates.jsonl`), at T = 1.0, and `fresh_seen`: as many questions both runs trained on early and
-  ExGRPO never replayed. A method that gains on its replayed questions but not on held-out ones is
-  memorising them.
-
-Writes `probe.json` (one record per run) and `probe.md` (mean over seeds; paired differences against
-`grpo` with standard errors) into the sweep directory.
+Scores each run's `final/` model on its own eval questions per temperature (`eval@T`), on the questions the
+`exgrpo` run of the same seed replayed (`replayed`) and on as many it never replayed (`fresh_seen`); writes
+`probe.json` and `probe.md` into the sweep directory. More: docs/results.md (7.4, "the probe").
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """Checkpoints: everything needed to continue a run exactly where it stopped. Imports no Ray.
 
-Layout of `<run_dir>/checkpoints/step-000010/`:
-  model/                HF safetensors + tokenizer (what samplers and learners load on resume)
-  model/deepspeed/      DeepSpeed optimiser state (torch files written by DeepSpeed; for resuming
-                        your own runs, not for sharing; share `model/` only)
-  replay/shard-<i>.parquet[.ready|.seen]   each shard's pool, its finished groups, its pushed ids
-  driver.json           data position, RNG states (selection and shuffle), policy version,
-                        delayed-start flag, pending plans
-  config.json           the run's config and the fingerprint of the settings that define it
-
-Everything goes through the role verbs (`Learners.save/load`, `Replay.snapshot/restore`,
-`Driver.state_dict/load_state_dict`). A checkpoint is written under a temporary name and renamed when
-complete, so a driver killed mid-write leaves the previous checkpoint as the latest loadable one.
-One process renames: the driver, after every learner rank wrote its part into the same temporary
-directory (`Learners.save(path=<tmp>/model)`). On a cluster that directory is on the run dir's shared
-storage (an absolute `logging.run_dir` every node mounts, which `check_run_dir` requires), so the driver's
-rename is the rename of the files every rank wrote; a driver that sees no weights there refuses to rename.
-The last `keep` are kept.
-
-Resuming (`resume_checkpoint`) refuses, with a message that says what to do: a run dir with no
-checkpoint, a run that already finished its `trainer.steps`, and a config whose meaning differs from
-the checkpoint's (any key outside `HARMLESS_KEYS`: K, B, shards, model, data, algorithm). A run that
-stops because a learner, replay shard or the controller died raises `RunInterrupted`, naming the checkpoint
-and the exact `--resume` command (`interrupted_message`); `exgrpo.runtime.healing` recovers from it inside
-the job up to `trainer.max_failures` times first.
+A checkpoint (`<run_dir>/checkpoints/step-N/`: model/, replay/, driver.json, config.json) goes through the role
+verbs only and is written under a temporary name, then renamed by the driver once every rank wrote its part, so
+the latest complete one is always loadable; the last `keep` are kept. `resume_checkpoint` refuses a run dir with
+none, a finished run and a config whose meaning differs (outside `HARMLESS_KEYS`); a run stopped by a dead actor
+raises `RunInterrupted` with the `--resume` command. More: docs/architecture.md ("Checkpoints, evaluation,
+experiments", "Learner and driver death"); tests: tests/exgrpo/loop/test_checkpoint.py.
 """
 
 from __future__ import annotations

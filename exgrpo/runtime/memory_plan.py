@@ -1,71 +1,10 @@
 """The memory plan: predicted peak memory per GPU learner rank and per GPU sampler, from the config's shapes.
 
-Pure arithmetic over a model shape (read from the model directory's ``config.json``, or one of ``KNOWN``
-by the basename of ``model.path``) and the config. All figures are bytes; the CLI is ``exgrpo/plan.py``.
-
-Learner rank (P parameters, b bytes per parameter of ``model.dtype``, N = learners.num ranks, ZeRO stage z,
-V vocabulary, h hidden size). The terms are grouped by when they are alive: the persistent ones always, then
-one phase at a time (a learner actor runs one call at a time), so the peak is the persistent terms plus the
-largest phase (``PHASES``, ``learner_peak``).
-  persistent
-    weights      P b                      (/ N at z = 3)
-    gradients    P b                      (/ N at z >= 2), plus the fp32 gradient of a low-precision model,
-                 4 P                      (/ N at z >= 1)
-    optimiser    AdamW's two fp32 moments 8 P, plus fp32 master weights 4 P when b < 4 (/ N at z >= 1)
-    reference    P b when loss.kl_coef > 0 (the KL's frozen copy)
-    LoRA         with learners.lora_rank > 0 the base is frozen: no gradients and no optimiser state counted
-  forward/backward
-    activations  T tokens per micro-batch (learners.max_tokens_per_micro_batch, else micro_batch_size x
-                 (max_prompt_len + max_response_len)); per decoder layer and token, a Qwen2/Llama layer with
-                 fused (SDPA / flash) attention keeps b (6 h + 2 kv + 4 i) bytes for its backward (no S^2
-                 term): norms' inputs and outputs, q/k/v, the attention output, gate, up, the activation and
-                 its product. Without checkpointing: L layers of that. With checkpointing: one hidden state
-                 (b h) per layer and token, plus one layer's full set while it is recomputed.
-    logits       C positions at once (C = learners.logits_chunk_tokens, at most the micro-batch's tokens):
-                 20 C V bytes (``CHUNK_BYTES``), the peak of one chunk's recompute and backward (the head's
-                 output, its float32 copy, the log-softmax and probabilities the entropy keeps, and their
-                 gradients), measured on CPU with torch's profiler as the slope of the tensors' peak over C:
-                 20.0 bytes per position and vocabulary entry for float32 and for bfloat16 models
-                 (``bench/learner/bench_learner_memory.py --slope``; ``--tensors`` prints plan and measurement side by side).
-                 ``chunked=False`` models the path that computes all of them at once: C V (b + 16) over every
-                 token (it matched the one H200 figure within 1%; on CPU an update's tensors peaked 16% above the plan's terms).
-    zero3_live   z = 3: the parameters ZeRO-3 holds gathered at once, at most stage3_max_live_parameters plus
-                 one stage3_prefetch_bucket_size (DeepSpeed's defaults, 1e9 and 5e7; learners/optim.py sets
-                 neither), and never more than P: b min(P, 1e9 + 5e7)
-    lm_head      the head's weight gathered for each logits chunk (z = 3: V h b) and its full-size gradient
-                 before ZeRO reduces it into partitions (z >= 2: V h b); both may sit inside zero3_live's
-                 budget, so counting them apart is an upper bound
-  optimizer step
-    adamw_step   torch's foreach AdamW (the default on CUDA) allocates one float32 temporary the size of what
-                 it steps (``exp_avg_sq_sqrt`` in torch/optim/adam.py ``_multi_tensor_adam``; decoupled weight
-                 decay and the moments update in place): 4 P (/ N at z >= 1; DeepSpeed hands it one flat
-                 partition, ZeRO-3 with one sub-group: learners/optim.py)
-  weight push (learner rank 0, async.weight_sync=collective, GPU learners)
-    transfer     vLLM's packed NCCL broadcast (vllm/distributed/weight_transfer/packed_tensor.py,
-                 ``packed_nccl_broadcast_producer``; exgrpo/transport/vllm_api.py keeps its defaults): two
-                 buffers of 1 GiB (``PACKED_NUM_BUFFERS`` x ``PACKED_BUFFER_BYTES``), each chunk packed until
-                 it passes 1 GiB, so up to 1 GiB + the largest tensor M (V h b, the embedding or lm_head);
-                 one chunk in flight while the next is packed and concatenated: 2 (1 GiB + M); under ZeRO-3
-                 the packed tensors are copies of the gathered layers (``LearnerSource``), one chunk more:
-                 3 (1 GiB + M)
-  save / export (z = 3)
-    full_gather  a checkpoint, the object-store export and the checksum gather the whole model on every rank
-                 (``learners.learner.Learner._full_params``): P b (1 - 1/N) beyond the rank's own partition
-Sampler GPU (vLLM, tp = samplers.tensor_parallel_size): the engine may take gpu_memory_utilization x the
-device; weights P b / tp; the KV cache is what is left after the weights and ``SAMPLER_OVERHEAD`` (the
-CUDA graphs and sampling buffers); one token's KV is 2 L kv b / tp. The plan says how many tokens that holds
-against one call's need, requests_per_call x K x (max_prompt_len + max_response_len). With
-async.weight_sync=collective each worker also receives the packed broadcast into ``PACKED_NUM_BUFFERS``
-buffers of up to 1 GiB + M (``packed_nccl_broadcast_consumer``), allocated after vLLM sized its KV cache,
-so outside ``gpu_memory_utilization`` (``receive``): the engine's total must stay within the device.
-Checkpoints (``checkpoint_bytes``): the HF safetensors (P b) + DeepSpeed's state: the optimiser's fp32 master
-weights and two moments (12 P under mixed precision; 8 P in float32, where the master is the model), and at
-z <= 2 the module again in its model-states file (P b); under LoRA the adapters only. ``trainer.keep_checkpoints``
-of them are kept, one more while the next is written (the oldest goes after it: exgrpo/loop/checkpoint.py).
-
-What this leaves out: the allocator's fragmentation, NCCL's own buffers, DeepSpeed's reduce bucket (5e8
-elements by default) and the CUDA context (set apart by ``HEADROOM``), vLLM's layerwise reload staging, the
-replay snapshot in a checkpoint, and the host memory of CPU runs (CPU runs are printed, never refused).
+Pure arithmetic over a model shape (the model directory's ``config.json``, or one of ``KNOWN``) and the config; all
+figures are bytes, the CLI is ``exgrpo/plan.py``. A learner's peak is its persistent terms plus the largest of the
+phases that never overlap (``PHASES``, ``learner_peak``); the sampler's engine must fit the device with the
+collective transport's receive buffers outside ``gpu_memory_utilization``. Every term, its source and what the
+plan leaves out: docs/gpu.md ("The plan's arithmetic"); tests: tests/exgrpo/runtime/test_memory_plan.py.
 """
 
 from __future__ import annotations
@@ -80,7 +19,9 @@ GIB = 2**30
 HEADROOM = 0.9  # a plan fits when its peak is at most this share of the device (fragmentation, buffers)
 SAMPLER_OVERHEAD = 2 * GIB  # vLLM's CUDA graphs, sampler and activation buffers per GPU (an estimate)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-CHUNK_BYTES = 20  # per position and vocabulary entry of a logits chunk (measured; see the module docstring)
+CHUNK_BYTES = (
+    20  # per position and vocabulary entry of a logits chunk (measured; docs/gpu.md, "The plan's arithmetic")
+)
 # DeepSpeed 0.19's ZeRO-3 defaults (deepspeed/runtime/zero/config.py; learners/optim.py sets neither)
 ZERO3_MAX_LIVE_PARAMETERS = 10**9  # stage3_max_live_parameters: gathered parameters held at once
 ZERO3_PREFETCH_BUCKET = 5 * 10**7  # stage3_prefetch_bucket_size: parameters fetched ahead of use
@@ -173,7 +114,7 @@ def phase_bytes(terms: dict[str, int]) -> dict[str, int]:
 
 
 def checkpoint_bytes(cfg: Config, shape: Shape) -> dict[str, int]:
-    """Bytes one checkpoint writes, by part (see the module docstring): the HF weights, DeepSpeed's module copy
+    """Bytes one checkpoint writes, by part (docs/gpu.md, "The plan's arithmetic"): the HF weights, DeepSpeed's module copy
     (ZeRO 0-2) and the optimiser state (fp32 master + two AdamW moments)."""
     b, p, z = DTYPE_BYTES[cfg.model.dtype], shape.params, cfg.learners.zero_stage
     trains = cfg.learners.lora_rank == 0
@@ -228,7 +169,7 @@ def _packed_chunk(shape: Shape, b: int) -> int:
 def learner_terms(
     cfg: Config, shape: Shape, *, on_gpu: bool, tokens: int | None = None, chunked: bool | None = None
 ) -> dict[str, int]:
-    """Bytes per learner rank by term (see the module docstring; ``learner_peak`` adds them by phase).
+    """Bytes per learner rank by term (docs/gpu.md, "The plan's arithmetic"; ``learner_peak`` adds them by phase).
     ``chunked`` None: as the learner computes them, in chunks at every ZeRO stage
     (`learners.learner.Learner._chunk_tokens`)."""
     lr = cfg.learners

@@ -1,25 +1,10 @@
 """Resources checked before anything waits: the run's plan against the cluster's resources.
 
-A Ray placement group or actor that asks for more than the cluster has waits forever without a word
-(`ray status`: "1+ pending placement groups"). `check_cluster(cfg)` runs right after `ray.init` and
-again before the first actor starts, and fails at once with a `ResourceError` that names what is
-missing and the settings that would make the plan fit.
-
-The plan (`plan_resources`, pure): samplers x (samplers.num_cpus, tensor_parallel_size x samplers.num_gpus;
-a tensor-parallel sampler is one placement group of `sampler_bundles`, on one node), learners x
-(learners.num_cpus, learners.num_gpus) in one placement-group bundle each, replay shards and the
-controller at 0 CPU. When the model directory is known, memory and object store are estimated from
-the size of its weight files (a rough floor, not a bound: see `plan_resources`).
-
-The check (`shortfalls`, pure): the plan against the cluster's totals, against the largest node (one
-bundle or actor cannot span nodes) and as a first-fit packing onto the nodes. Resources that exist but
-are held by someone else (`ray.available_resources()`) are waited for briefly (a previous run's actors
-are released asynchronously), then reported the same way. An autoscaling cluster that grows on demand
-can skip the check with `EXGRPO_SKIP_RESOURCE_CHECK=1`.
-
-`exgrpo.runtime.clusters.dry_run_fit(cfg)` (`python -m exgrpo.run --dry-run`) makes the same check before
-anything starts: against the cluster at RAY_ADDRESS, or against the resources Ray would give a local
-cluster here.
+A placement group or actor that asks for more than the cluster has waits forever without a word, so
+`check_cluster(cfg)` runs right after `ray.init` and again before the first actor, and fails at once with a
+`ResourceError` naming what is missing and the settings that would fit. `plan_resources` (the plan) and
+`shortfalls` (totals, largest node, first-fit packing) are pure; `EXGRPO_SKIP_RESOURCE_CHECK=1` skips the check.
+More: docs/architecture.md ("Learner and driver death", the resources bullet); tests: tests/exgrpo/runtime/test_resources.py.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Weight transports from the learner group to the samplers, whole (docs/architecture.md, "Weights").
 
-Both implement ``exgrpo.core.roles.WeightTransport.broadcast(*, version)`` and ``catch_up(handle)``, which
-brings a sampler the pool just added to the current weights before its first request (the pool calls it
-through ``SamplerPool.on_new``; Ray runs one caller's calls on an actor in submission order, so a load
-submitted before any generate is applied before it). They ask the pool for its live samplers
-(``members()``: stable id -> handle) at every broadcast.
-
-* ``ObjectStoreTransport`` (any engine; the CPU default): learner rank 0 packs its weights into one
-  contiguous byte buffer (``exgrpo.transport.packed.Packer``: a reused buffer, raw bytes of every dtype, bfloat16 included,
-  a tied tensor once) and returns it, so Ray writes it into the object store once per version. Every
-  sampler maps the same object zero-copy and takes views of it (``unpack_weights``); its engine copies
-  them into the model (HF ``load_state_dict``, vLLM's in-place reload). Newcomers load the last one.
-* ``VLLMTransport`` (``async.weight_sync=collective``; vLLM samplers): learner rank 0 drives vLLM's
-  weight-transfer API (``exgrpo/transport/vllm_api.py``): vLLM's NCCL engine on GPU, our registered gloo
-  engine on CPU, over a world of rank 0 + every sampler in ``members()`` order, rebuilt whenever the
-  membership changed. A newcomer catches up through the object store (one export per version, only
-  when someone needs it) and joins the world at the next broadcast. If a broadcast fails (a sampler
-  died mid-way) or passes ``async.weight_timeout_s``, the learner drops the world, that version goes
-  through the object store and the world is rebuilt (without the dead sampler) next time.
-
-At version 0 (before any broadcast) a sampler's engine holds the initial model from disk, so
-``catch_up`` has nothing to do.
+``ObjectStoreTransport`` (any engine; the CPU default: one packed buffer per version, mapped zero-copy by every
+sampler) and ``VLLMTransport`` (``async.weight_sync=collective``: vLLM's weight-transfer API from learner rank 0,
+``exgrpo/transport/vllm_api.py``) implement ``exgrpo.core.roles.WeightTransport``. Invariants: a sampler the pool
+adds gets the current weights (``catch_up``) before its first request; a failed or timed-out collective broadcast
+sends that version through the object store and rebuilds the world next time. Failures: docs/failures.md
+("Weight transfer"); tests: tests/integration/test_transports.py, tests/exgrpo/transport/test_transport_prepare.py.
 """
 
 from __future__ import annotations

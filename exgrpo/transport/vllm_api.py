@@ -1,33 +1,11 @@
 """Weights into vLLM samplers through vLLM's weight-transfer API, one code path on CPU and GPU.
 
-vLLM 0.32 splits a weight update into a control plane and a data plane:
-
-* control plane, on every inference engine: ``init_weight_transfer_engine`` once per world, then per
-  version ``start_weight_update`` / ``update_weights`` / ``finish_weight_update`` (the engine's
-  ``WeightTransferEngine`` runs vLLM's layerwise reload around the chunks it receives);
-* data plane, a trainer engine from ``WeightTransferTrainerFactory``: ``trainer_init`` rendezvouses with
-  the workers, ``send_weights`` drives one version through the control plane while it broadcasts.
-
-On GPU the backend is vLLM's own ``nccl`` engine (packed double buffers); on CPU it is the ``gloo``
-engine of ``exgrpo/transport/gloo.py``, registered in vLLM's factories, so CI runs the very calls a GPU
-run makes and only the wire differs.
-
-Pieces:
-
-* ``SamplerClient``: vLLM's ``VLLMWeightSyncClient`` protocol over our sampler actors. Each sampler is
-  its own vLLM engine of ``tp`` workers (its tensor-parallel size), so sampler i gets its own
-  ``rank_offset`` = 1 + the sizes of the samplers before it, and the world has 1 + their sum ranks
-  (``exgrpo.transport.ranks.transfer_ranks``); the policy version rides
-  ``finish_weight_update(weight_version=...)``.
-* ``LearnerSource``: vLLM's ``WeightSource`` over the learner's module. Under ZeRO-3 it gathers one
-  decoder layer at a time (``deepspeed.zero.GatheredParameters``) and yields copies on the device,
-  so the broadcast never holds a full copy of the model; every learner rank iterates it in lockstep.
-* ``WeightPusher``: what learner rank 0 holds: the trainer engine of the current sampler world,
-  rebuilt when the membership changes.
-
-Why no ``pause_generation``: a sampler is a synchronous Ray actor around vLLM's offline ``LLM``; an
-update is an actor call, so it runs between two ``generate`` calls, when nothing is in flight. The
-async engine's ``pause_generation(mode="keep")`` is what an ``AsyncLLM`` sampler would need.
+``SamplerClient`` is vLLM's weight-sync client over our sampler actors (each its own ``rank_offset`` in a world of
+1 + their tensor-parallel sizes, ``exgrpo.transport.ranks.transfer_ranks``); ``LearnerSource`` yields the learner's
+weights, one decoder layer at a time under ZeRO-3, so the broadcast never holds a full copy; ``WeightPusher`` is
+the trainer engine learner rank 0 holds, rebuilt when the membership changes. On GPU the wire is vLLM's NCCL
+engine, on CPU our gloo engine (``exgrpo/transport/gloo.py``), so CI runs the very calls a GPU run makes.
+More: docs/architecture.md ("Weights"); tests: tests/integration/test_transports.py.
 """
 
 from __future__ import annotations

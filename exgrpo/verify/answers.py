@@ -1,27 +1,10 @@
 """Answer extraction: the box format, the final answer of a response, gold cleaning (pure, no sympy).
 
-The box format is spelt once, here: `BOX_COMMAND` and `boxed(answer)` write it, `last_boxed(text)`
-reads it, for every caller (task solutions, dataset cleaning, gold answers, responses). Extraction is
-one linear scan with a brace stack (no recursive regex): `\\{`, `\\}` are brace escapes that neither
-open nor close; `\\boxed 5` (no braces) is TeX's one-token argument.
-
-What the verifier compares (`prepare`), following math-verify's own reading of an answer:
-
-- the answer region: the whole response ("boxed" mode) or the text after the first `</think>`, which
-  a `<think>` must precede ("think" mode);
-- boxed first: the final boxes (`final_boxes`), i.e. the last box and the boxes just before it that
-  math-verify reads as one answer (fewer than 10 characters apart, or fewer than 70 with `and`, `or`,
-  `,` or `;` between and a different content), joined by commas: `\\boxed{1} and \\boxed{2}` is the
-  list `1,2`, compared as a set; repeated identical boxes count once;
-- no box: the verifier's worker hands the region's tail to math-verify's extraction (the stated final
-  answer: "final answer is", "answer:", then the last LaTeX or number);
-- numbers: digit groups separated by spaces or thin spaces (`1 000`, `1\\,000`, `1~000`) are joined;
-  commas are left to math-verify, which reads `1,000` as 1000 and `1000,99` as the list {1000, 99};
-- redundant parentheses are dropped (`((x))` -> `(x)`), which makes 450 nested pairs cheap;
-- equations (`equation_values`): when the gold states no relation, an answer that does is right only
-  as `name = value` (or `name \\in value`) with a bare variable name on the left and every value right
-  (`x = 2+2 = 4`); anything after `\\approx` is an approximation of a value already given and is
-  dropped; `43 = 42`, `1+1 = 42`, `x \\approx 42`, `x < 42` earn nothing.
+The box format is spelt once, here (`BOX_COMMAND`, `boxed`, `last_boxed`: one linear scan with a brace stack).
+`prepare` reads what the verifier compares, as math-verify reads an answer: the answer region ("boxed" or
+"think" mode), the final boxes as one answer (a set), else the stated final answer; `equation_values` applies the
+equation rule. What is read and what counts as equal: docs/rewards.md ("Extraction: where the answer is",
+"Several boxes", "Numbers and normalisation", "The equation rule"); tests: tests/exgrpo/verify/test_answers.py.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Two scores of a reply to a question whose answer is a number: strict (the requested format) and lenient.
 
-- `strict`: the content of the reply's last `\\boxed{...}` (`answers.last_boxed`, the format the `chat`
-  template asks for) is a plain number equal to the gold: `\\boxed{7}`, `\\boxed{-4}`, `\\boxed{1,000}`,
-  `\\boxed{7.0}`, `\\boxed{$7$}`. Anything else in the box (`7 apples`, `3+4`, `x = 7`) scores 0; the math
-  verifier (`reward.fn: math`) is the general version of this score.
-- `lenient`: the last number written anywhere in the reply equals the gold, whatever the format: "3 + 4 = 7."
-  scores 1 for 7. A sign counts only when it stands alone before the digits ("= -4", "is -4"), not as the
-  minus of a subtraction ("8-3" ends with the number 3).
-
-So a run can tell format learning (strict rises towards lenient) from arithmetic (lenient rises). Both are
-plain reward functions, `fn(prompt, completion, fields) -> float` with the gold in `fields["answer"]`, usable
-as `reward.fn: exgrpo.verify.number_scores:strict` or `...:lenient` (`exgrpo.verify.plugin`). Numbers are
-read with one regular expression and compared as `decimal.Decimal`: no eval, no sympify of model text. Every
-failure (no box, no number, a gold that is not a number, a non-string reply) scores 0, never raises.
+`strict`: the reply's last `\\boxed{...}` holds a plain number equal to the gold; `lenient`: the last number written
+anywhere equals it. Both are plain reward functions (`reward.fn: exgrpo.verify.number_scores:strict` or
+`...:lenient`), so a run can tell format learning from arithmetic. Numbers are compared as `decimal.Decimal`
+(no eval, no sympify of model text); every failure scores 0, never raises. More: docs/rewards.md ("Built in:
+strict and lenient scores of numeric answers"); tests: tests/exgrpo/verify/test_number_scores.py.
 """
 
 from __future__ import annotations

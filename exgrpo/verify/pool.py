@@ -1,29 +1,11 @@
 """Verification worker processes: a pool that runs math-verify jobs in parallel, each under a hard deadline.
 
-This module holds the processes, the scheduling and the deadlines; what is verified (the answer, the
-gold, the equation rule) is decided by `exgrpo.verify.verifier` and `exgrpo.verify.answers`, which hand it `Job`s.
-
-Workers (`exgrpo.verify.worker_handle.Worker`, one process each): a worker reads one JSON line per job
-on stdin and writes `1` or `0` on stdout; math-verify parses the LaTeX into sympy and compares
-(`exgrpo/verify/worker.py`). A pool made with `reward_fn` runs a user's reward
-function in the same workers instead (`exgrpo.verify.plugin`); its replies are floats, or `e` for a
-function that failed: `e [kind, text]`, scored 0 and counted in `errors` and `failures` by kind ("raised",
-"not a number"; a job past its deadline is "timed out"). The first failure of each kind is kept in `first_failures`
-with the text and the row's qid, and logged once. The parent never parses model text into anything but
-strings (a failure's JSON reply is a list of two strings): no pickle, no eval, no sympify on its side. Nothing
-reads or writes files.
-
-Scheduling: one dispatcher thread per `Pool` owns its workers. Callers from any number of threads
-queue their batches (`Pool.run`); the dispatcher hands the next job of each batch in turn (round
-robin) to the next idle worker, so concurrent calls run in parallel up to the worker count.
-
-Deadlines: a job with no reply `timeout_s` after its dispatch scores 0 and its worker is SIGKILLed,
-reaped and replaced at once. One spare worker stands by loaded (at most `size` jobs run at once), so
-the job waiting behind a killed one starts on it at once while the successor loads. So an item waits
-for a worker at most as long as the job ahead of it runs, which is at most that job's own timeout
-(while the spare is loaded), and it never waits at all while fewer than `size` jobs run. The deadline holds in any thread, unlike
-math-verify's SIGALRM timeouts (off here). An orphaned worker exits at EOF on its stdin, or by
-RLIMIT_CPU (timeout + 2 s of CPU per job) if the parent died mid-job; RLIMIT_AS caps its memory.
+What is verified is `exgrpo.verify.verifier`'s and `exgrpo.verify.answers`'s; this module holds the processes
+(`exgrpo.verify.worker_handle.Worker`), the scheduling (one dispatcher thread, round robin over callers' batches)
+and the deadlines. Invariants: a job past `timeout_s` scores 0 and its worker is killed and replaced, a spare
+standing by, so a job waits at most as long as the one ahead of it runs; the parent never parses model text
+(no pickle, no eval); a user's reward's failures are counted by kind. More: docs/rewards.md ("Deadlines,
+parallel callers, safety"); tests: tests/exgrpo/verify/test_rewards.py.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The reward of a run: the math verifier (`reward.fn: math`, the default) or a user's function.
 
-Both score prompts' completions through `score_prompts(prompts, completions)`, the one call the samplers,
-their held-out evaluation and `python -m exgrpo.evaluate` make (`make_scorer` builds the right one).
-
-A user's function (`reward.fn: package.module:function` or `path/to/file.py:function`, see
-`exgrpo.verify.plugin`) runs in the verifier's worker processes, with the same deadline and isolation as a
-math verification: a call that takes longer than `samplers.verify_timeout_s` is killed with its worker and
-scores 0 (counted in `timeouts`); one that raises or returns no finite number scores 0 (counted in
-`errors`). `stats().failures` counts them by kind and `stats().first_failures` keeps the first of each kind (the
-exception's text or the value returned, with the row's qid), which the run logs once and its summary shows.
-Nothing a reward function does can crash a sampler. It receives the question text, the
-completion and the row's fields (`answer`, `qid`, `data_source` and the dataset row's other columns).
-
-A trajectory counts as correct (for the k-of-K buckets, the delayed start's solve ratio and the stored
-trajectories) when its reward is above 0.5, so a function should return values in [0, 1].
+Both score through `score_prompts(prompts, completions)`, the one call the samplers, their held-out evaluation and
+`python -m exgrpo.evaluate` make (`make_scorer` builds the right one). A user's function runs in the verifier's
+workers under the same deadline and isolation: a timeout, a raise or a non-number scores 0 and is counted by kind
+(`stats()`), so nothing it does can crash a sampler. A trajectory is correct when its reward is above 0.5.
+More: docs/rewards.md ("Your own reward"); tests: tests/exgrpo/verify/test_reward_plugin.py.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Rewards: math verification of a response's final answer against the gold answer.
 
-reward = 1.0 if the final answer of the response is equivalent to the gold answer, else 0.0, and
-0.0 on any failure (no answer, unreadable text, a worker crash, the deadline). This module holds the
-public API (`Verifier`, `score`, `score_many`, and the box format re-exported from `exgrpo.verify.answers`)
-and the decision of what to verify: `exgrpo.verify.answers` finds the answer (final boxes, else the stated
-answer), cleans the gold and applies the equation rule; `exgrpo.verify.pool` runs the math-verify
-comparison in worker processes under a hard per-answer deadline. docs/rewards.md has the rules.
-
-Equivalence is math-verify's: both sides are parsed from LaTeX into sympy and compared numerically
-(floats to 6 decimals), symbolically (simplify(a - b) == 0), as sets, intervals or relations. Gold
-goes first (verify is not symmetric).
-
-Fast paths never turn a wrong answer right: identical strings score 1, two integers are compared
-digit by digit, an equation that the rule of `answers.equation_values` rejects and an answer longer
-than `max_answer_chars` score 0, all without a worker.
+reward = 1.0 when the response's final answer is equivalent to the gold (math-verify's equivalence, gold first),
+else 0.0, and 0.0 on any failure (no answer, unreadable text, a worker crash, the deadline). `Verifier`, `score`
+and `score_many` are the public API; `exgrpo.verify.answers` finds the answer, `exgrpo.verify.pool` runs the
+comparison under a hard deadline. Fast paths never turn a wrong answer right. The rules: docs/rewards.md;
+tests: tests/exgrpo/verify/test_rewards.py, tests/exgrpo/verify/test_reference_agreement.py.
 """
 
 from __future__ import annotations
