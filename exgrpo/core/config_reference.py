@@ -4,9 +4,8 @@
     python -m exgrpo.core.config_reference --check   # exit 1 when docs/config.md is stale
     python -m exgrpo.core.config_reference --write   # regenerate docs/config.md
 
-Nothing in the reference is written twice by hand: a setting's meaning is its field's trailing
-comment (read from the class's source with `tokenize`, also when ruff's formatting puts the comment
-inside a parenthesised default), its type and code default come from the dataclass, its default
+Nothing in the reference is written twice by hand: a setting's meaning is the comment on the lines right
+above its field (read from the class's source with `tokenize`), its type and code default come from the dataclass, its default
 from the packaged default config, its valid range from its `Literal` choices or from
 `exgrpo.core.config.BOUNDS` (the table `validate` checks). A field without a comment is an error.
 """
@@ -44,16 +43,17 @@ class Setting:
     default: str  # the value `python -m exgrpo.run` starts from (the packaged default config)
     code_default: str  # the dataclass's own default
     valid: str
-    meaning: str  # the field's trailing comment
+    meaning: str  # the comment above the field
 
 
 def field_comments(cls: type) -> dict[str, str]:
     """{field name: its comment} for the annotated fields of a class, from its source.
 
-    A field's comment is every comment token on the lines of its statement (the trailing one, or the
-    one ruff moves into a parenthesised default); a field with none maps to "".
+    A field's comment is the block of whole-line comments right above it (the documented form), followed by
+    any comment on the lines of its statement (a trailing one); a field with none maps to "".
     """
     source = textwrap.dedent(inspect.getsource(cls))
+    lines = source.splitlines()
     comments: dict[int, list[str]] = {}
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
@@ -64,8 +64,13 @@ def field_comments(cls: type) -> dict[str, str]:
     out = {}
     for stmt in node.body:
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            above: list[str] = []
+            line = stmt.lineno - 1
+            while line >= 1 and lines[line - 1].lstrip().startswith("#"):
+                above = comments.get(line, []) + above
+                line -= 1
             end = stmt.end_lineno or stmt.lineno
-            texts = [c for line in range(stmt.lineno, end + 1) for c in comments.get(line, [])]
+            texts = above + [c for n in range(stmt.lineno, end + 1) for c in comments.get(n, [])]
             out[stmt.target.id] = " ".join(texts)
     return out
 
@@ -155,7 +160,7 @@ def _documented() -> dict[str, list[Setting]]:
     if missing:
         raise ValueError(
             f"settings without a doc comment: {', '.join(missing)}; give each field in its section's "
-            "dataclass a trailing `# comment` (its one-line doc)"
+            "dataclass a `# comment` on the line above (its doc)"
         )
     return found
 

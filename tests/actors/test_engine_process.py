@@ -78,6 +78,10 @@ def test_a_child_engine_core_loads_by_both_paths(base: Path) -> None:
         engine.load_weights(state, version=9)
     assert engine.version == 3
     assert not list(Path("/dev/shm").glob("exgrpo-weights-*"))  # the staged file went with the load
+    state = _scaled(base, 2.0)
+    engine.load_weights(state, version=4)  # the next full load lands whole
+    assert engine.version == 4
+    assert engine.checksum() == pytest.approx(weights_checksum(state, tie_word_embeddings=True), rel=1e-6)
 
 
 class _DirectClient:

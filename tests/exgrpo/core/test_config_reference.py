@@ -35,16 +35,22 @@ def test_every_setting_is_in_the_reference_with_a_doc_comment():
 
 @dataclass(frozen=True)
 class _Example:
-    trailing: int = 1  # the trailing comment
-    wrapped: str = "x"  # ruff put this one inside the parentheses
+    # the comment above,
+    # on two lines
+    above: int = 1
+    trailing: int = 1  # a trailing comment
     bare: float = 0.5
 
+    # the block right above a field, after a blank line
+    after_blank: int = 2
 
-def test_field_comments_reads_both_placements_and_finds_a_missing_one():
+
+def test_field_comments_reads_the_block_above_and_a_trailing_one_and_finds_a_missing_one():
     assert field_comments(_Example) == {
-        "trailing": "the trailing comment",
-        "wrapped": "ruff put this one inside the parentheses",
+        "above": "the comment above, on two lines",
+        "trailing": "a trailing comment",
         "bare": "",
+        "after_blank": "the block right above a field, after a blank line",
     }
 
 
