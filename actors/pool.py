@@ -18,6 +18,15 @@ before the pool sends it any request; Ray runs one caller's calls on an actor in
 whatever `on_new` submits is applied before the first generate, and it is the weights of the moment
 the sampler joins. `members()` is what the transport broadcasts to. Every sampler it removes (drained, failed, shut down) is handed to `on_removed` after
 it is killed (the wiring releases a tensor-parallel sampler's placement group there).
+
+Elastic fleets (`exgrpo/runtime/elastic.py`): `on_scale(n)` hears every new count (the wiring asks Ray's
+autoscaler for n sampler bundles); `node_of(handle)` names a joined sampler's node and `drains()` returns the
+nodes being drained with their deadlines (Ray's drain API: a spot notice), read at most once a second. A
+sampler on a drained node takes no request from then on; it finishes what it holds, or hands it back (the
+requests go to the front of the queue) `preempt_grace_s` before the deadline, and a replacement starts at
+once (Ray places it on another node). Samplers lost to a drained or vanished node count as `preemptions`,
+not `restarts`. `idle_seconds()` is the sampler-seconds the pool had nothing to do (the staleness bound held
+the driver back): the autoscale policy's signal.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from typing import Any
 import ray
 from ray.rllib.utils.actor_manager import FaultTolerantActorManager
 
+from actors.pool_elastic import ElasticPool, node_lost
 from exgrpo.core.names import sampler_name
 from exgrpo.core.records import GenerationRequest, Prompt, RolloutResult
 
@@ -39,7 +49,7 @@ log = logging.getLogger(__name__)
 TAG = "generate"
 
 
-class SamplerPool:
+class SamplerPool(ElasticPool):
     """Samplers spawned by `spawn(index)`; requests go out `requests_per_call` at a time."""
 
     def __init__(
@@ -51,6 +61,11 @@ class SamplerPool:
         max_in_flight_per_sampler: int = 2,
         on_new: Callable[[Any], None] | None = None,
         on_removed: Callable[[Any], None] | None = None,
+        on_scale: Callable[[int], None] | None = None,
+        node_of: Callable[[Any], str | None] | None = None,
+        drains: Callable[[], dict[str, float]] | None = None,
+        node_gone: Callable[[str], bool] | None = None,
+        preempt_grace_s: float = 5.0,
     ) -> None:
         if num < 0 or requests_per_call < 1 or max_in_flight_per_sampler < 1:
             raise ValueError(
@@ -72,6 +87,12 @@ class SamplerPool:
         self._pending: deque[GenerationRequest] = deque()
         self._starting: dict[int, tuple[Any, Any]] = {}  # sampler index -> (handle, its ping's ref)
         self.restarts = 0  # samplers replaced after a failure
+        self.preemptions = 0  # samplers lost to a drained or vanished node (replaced, not failures)
+        self.on_scale, self.node_of, self.drains, self.node_gone = on_scale, node_of, drains, node_gone
+        self.preempt_grace_s = preempt_grace_s
+        self._nodes: dict[int, str | None] = {}  # manager actor id -> its node (with node_of)
+        self._deadlines: dict[int, float] = {}  # preempted manager actor id -> hand back at (wall clock, s)
+        self._idle_s, self._idle_since, self._drains_at = 0.0, None, 0.0
         self._add(num)
         self._start_initial()
 
@@ -153,6 +174,7 @@ class SamplerPool:
         self._index[aid] = index
         self._handles[aid] = handle
         self._in_flight[aid] = []
+        self._nodes[aid] = self.node_of(handle) if self.node_of is not None else None
 
     def scale(self, *, num: int) -> None:
         """Grow to `num` samplers, or shrink: starting samplers are removed first (newest first; this
@@ -172,26 +194,33 @@ class SamplerPool:
             self._draining.add(aid)
         self._reap_drained()
         self._dispatch()
+        if self.on_scale is not None:  # e.g. ask Ray's autoscaler for `num` sampler bundles
+            self.on_scale(num)
 
     def _reap_drained(self) -> None:
         for aid in list(self._draining):
             if not self._in_flight.get(aid):
                 self._remove(aid)
 
-    def _replace(self, failed: set[int]) -> None:
+    def _replace(self, failed: set[int], lost: set[int] | None = None) -> None:
         """Remove failed samplers (their requests go back to the front of the queue) and start one new
-        sampler for each that was not draining anyway."""
+        sampler for each that was not draining anyway; one whose node went (`lost`) is a preemption."""
         for aid in failed:
             if aid in self.manager.actor_ids():
                 draining = aid in self._draining
                 self._remove(aid)
                 if not draining:
-                    self.restarts += 1
+                    if lost and aid in lost:
+                        self.preemptions += 1
+                    else:
+                        self.restarts += 1
                     self._add(1)
 
     def _remove(self, aid: int) -> None:
         handle = self.manager.remove_actor(aid)
         self._draining.discard(aid)
+        self._deadlines.pop(aid, None)
+        self._nodes.pop(aid, None)
         for chunk in reversed(self._in_flight.pop(aid, [])):  # back to the front of the queue
             self._pending.extendleft(reversed(chunk))
         self._index.pop(aid, None)
@@ -208,8 +237,10 @@ class SamplerPool:
     # -- requests ------------------------------------------------------------------------------------
     def submit(self, *, requests: Sequence[GenerationRequest]) -> None:
         """Queue requests; each is reported by `poll` exactly once."""
+        self._account(end=False)
         self._pending.extend(requests)
         self._dispatch()
+        self._account(end=True)
 
     def num_pending(self) -> int:
         """Requests queued or in flight."""
@@ -235,11 +266,13 @@ class SamplerPool:
     def poll(self, *, timeout_s: float) -> list[RolloutResult]:
         """Results finished since the last call; failed samplers are replaced and their requests re-queued;
         started samplers join. With nothing in flight it waits (up to `timeout_s`) for a starting sampler."""
+        self._account(end=False)
+        self._watch_drains()
         idle = not any(self._in_flight.values())
         self._promote(timeout_s=timeout_s if idle else 0)
         self._dispatch()
         results = self.manager.fetch_ready_async_reqs(tags=TAG, timeout_seconds=timeout_s)
-        done, failed = [], set()
+        done, failed, lost = [], set(), set()
         for r in results:
             if r.ok:
                 res = r.get()
@@ -251,11 +284,15 @@ class SamplerPool:
                         break
                 done.append(res)
             else:
-                log.error("sampler %s failed: %s", self._index.get(r.actor_id), r.get())
+                err = r.get()
+                log.error("sampler %s failed: %s", self._index.get(r.actor_id), err)
                 failed.add(r.actor_id)
-        self._replace(failed)
+                if node_lost(err, self._gone(r.actor_id)):
+                    lost.add(r.actor_id)
+        self._replace(failed, lost)
         self._reap_drained()
         self._dispatch()
+        self._account(end=True)
         return done
 
     def wait_idle(self, *, timeout_s: float = 600.0) -> list[RolloutResult]:
@@ -323,3 +360,5 @@ class SamplerPool:
             self._kill(handle)
         self._starting.clear()
         self._pending.clear()
+        if self.on_scale is not None:  # release the autoscaler request
+            self.on_scale(0)

@@ -139,6 +139,15 @@ PANELS: list[tuple[str, str, str, bool, list[tuple[str, str]]]] = [
         False,
         [q(M.SAMPLERS), q(M.SAMPLER_RESTARTS), q(M.RECOVERIES)],
     ),
+    (
+        "Elastic samplers",
+        "The sampler count the run aims for (the operator's, or samplers.autoscale's policy) against the samplers "
+        "taking requests, the samplers lost to drained or vanished nodes (preemptions, not failures), and the share "
+        "of the samplers' time held back by the staleness bound (the policy's shrink signal).",
+        "short",
+        False,
+        [q(M.SAMPLERS_TARGET), q(M.SAMPLERS_LIVE), q(M.SAMPLER_PREEMPTIONS), q(M.SAMPLERS_BLOCKED)],
+    ),
 ]
 
 

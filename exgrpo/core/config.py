@@ -17,7 +17,7 @@ import difflib
 from dataclasses import fields
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from exgrpo.core.config_checks import BOUNDS, validate
+from exgrpo.core.config_checks import BOUNDS, field_name, setting, validate
 from exgrpo.core.config_sections import (
     LOGGING_BACKENDS,
     LORA_TARGETS,
@@ -38,8 +38,6 @@ from exgrpo.core.config_sections import (
     SamplerConfig,
     TemplateName,
     TrainerConfig,
-    field_name,
-    setting,
     yaml_key,
 )
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import fields
+from typing import Any
 
 from exgrpo.core.bounds import Bound
-from exgrpo.core.config_sections import Config, ConfigError, setting
+from exgrpo.core.config_sections import Config, ConfigError, yaml_key
 
 # Engines that share one GPU (samplers.num_gpus < 1) may take at most this share of their slice of it each:
 # vLLM's CUDA context and the buffers it allocates after sizing its KV cache (weight receive buffers,
@@ -221,3 +223,18 @@ def _whole_gpus(n: float) -> bool:
 def _floor3(x: float) -> float:
     """x rounded down to 3 decimals (a non-finite x as it is: every message is built, even for valid configs)."""
     return math.floor(x * 1000 + 1e-9) / 1000 if math.isfinite(x) else x
+
+
+def field_name(cls: type, key: str) -> str | None:
+    """The field of `cls` whose YAML name is `key`; None when there is none."""
+    names = {yaml_key(f.name): f.name for f in fields(cls)}
+    return names.get(key)
+
+
+def setting(cfg: Config, key: str) -> Any:
+    """The value of a YAML-named setting (`"replay.rho"`, `"async.max_staleness"`) in `cfg`."""
+    section, _, name = key.partition(".")
+    attr = field_name(Config, section)
+    if attr is None or not hasattr(getattr(cfg, attr), name):
+        raise KeyError(f"no config setting {key!r}")
+    return getattr(getattr(cfg, attr), name)

@@ -85,6 +85,16 @@ WEIGHT_LOAD = "system/weight_load_s"  # mean time a sampler took to apply new we
 SAMPLERS = "system/samplers"  # live sampler actors
 SAMPLER_RESTARTS = "system/sampler_restarts"  # samplers replaced after a failure
 RECOVERIES = "system/recoveries"  # in-job recoveries of this job so far (trainer.max_failures)
+SAMPLERS_TARGET = (
+    "system/samplers_target"  # sampler count the run aims for: the operator's or samplers.autoscale's
+)
+SAMPLERS_LIVE = "system/samplers_live"  # samplers taking requests now (started, not draining)
+SAMPLERS_BLOCKED = (
+    "system/samplers_blocked"  # share of the samplers' time with nothing to do (the staleness bound)
+)
+SAMPLER_PREEMPTIONS = (
+    "system/sampler_preemptions"  # samplers lost to a drained or vanished node (not failures)
+)
 # eval/
 EVAL_ACCURACY = "eval/accuracy"  # held-out Avg@n (mean reward over samples and questions)
 EVAL_PASS = "eval/pass_at_n"  # held-out Pass@n

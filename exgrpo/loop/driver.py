@@ -37,6 +37,7 @@ from exgrpo.core.config import Config
 from exgrpo.core.records import Group, Prompt
 from exgrpo.core.roles import Learners, Pending, Replay, Rollouts, RunObserver, Scaling, WeightTransport
 from exgrpo.data.stream import OutOfQuestions
+from exgrpo.loop.autoscale import make_fleet
 from exgrpo.loop.mixing import Mixer
 from exgrpo.loop.observer import Observer
 from exgrpo.loop.pipeline import Update, UpdatePipeline
@@ -100,7 +101,7 @@ class Driver:
         evaluation: Sequence[Prompt] = (),
         scaling: Scaling | None = None,
         observer: RunObserver | None = None,
-        checkpointer: Callable[[Driver], None] | None = None,
+        checkpointer: Callable[[Driver], object] | None = None,
         stall_timeout_s: float = 900.0,
         trace_check: Callable[[Prompt, str], bool] | None = None,
         recoveries: int = 0,
@@ -113,6 +114,9 @@ class Driver:
         self.recoveries = recoveries  # in-job recoveries before this driver started (reported, not used)
         # steps 1-3: admission, requests, pulls; step 5: the updates in flight and the learners' version
         self.scheduler = Scheduler(cfg=cfg, rollouts=rollouts, replay=replay, train=train)
+        self.fleet = make_fleet(
+            cfg, rollouts=rollouts, scaling=scaling
+        )  # the samplers' count: operator or policy
         self.pipeline = UpdatePipeline(learners=learners, weights=weights, seed=cfg.trainer.seed)
         # step 4, slot 0 of the replay groups (`trace_check`: measurement only, the reward stays outcome-only)
         self.mixer = Mixer(
@@ -292,6 +296,7 @@ class Driver:
             M.SAMPLER_RESTARTS: self.rollouts.restarts,
             M.RECOVERIES: self.recoveries,
         }
+        record.update(self.fleet.observe(record, step_s_key=M.STEP_TIME, wait_key=M.UPDATE_GAP))
         if eval_due(self.cfg.trainer, done=step + 1, steps=self.scheduler.steps):
             record.update(self.evaluate())
         self._records.append(record)
@@ -313,12 +318,8 @@ class Driver:
             self.checkpointer(self)
 
     def apply_scaling(self) -> None:
-        """Follow the sampler count an operator set through `python -m exgrpo.scale`."""
-        desired = self.scaling.desired_samplers() if self.scaling is not None else None
-        if desired is not None and desired != self.rollouts.size():
-            # a warning, so it reaches the job's output whatever the logging level (python -m exgrpo.scale)
-            log.warning("step %d: scaling samplers %d -> %d", self.step, self.rollouts.size(), desired)
-            self.rollouts.scale(num=desired)
+        """The samplers' count: the operator's (`python -m exgrpo.scale`) or `samplers.autoscale`'s policy's."""
+        self.fleet.apply(self.step, self.scaling)
 
     # -- waiting ---------------------------------------------------------------------------------------
     def wait(self, step: int) -> StepPlan | None:

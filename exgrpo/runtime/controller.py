@@ -1,8 +1,9 @@
 """The scaling controller: the job's named actor `exgrpo-controller` holding the operator's desired sampler count.
 
 `ControllerClient` is how the driver reads it (`exgrpo.core.roles.Scaling`) without blocking;
-`python -m exgrpo.scale --samplers N` sets it. The controller holds nothing but that count, so its death
-stops nothing: the client starts a new one under the same name with the last count it read.
+`python -m exgrpo.scale --samplers N` sets it. The controller holds nothing but that count (and whether the
+run sizes its fleet itself, `samplers.autoscale`: `--samplers N` turns that off, `--auto` back on), so its
+death stops nothing: the client starts a new one under the same name with the last count and mode it read.
 """
 
 from __future__ import annotations
@@ -17,8 +18,18 @@ from exgrpo.core.faults import fault_point
 class Controller:
     """The named actor `exgrpo-controller` through which operators steer a running job."""
 
-    def __init__(self, *, samplers: int, sampler_cpus: float = 0.0, sampler_gpus: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        samplers: int,
+        sampler_cpus: float = 0.0,
+        sampler_gpus: float = 0.0,
+        autoscale: bool = False,
+        auto: bool | None = None,
+    ) -> None:
         self._samplers = samplers
+        self._autoscale = autoscale  # samplers.autoscale: the run has a policy to hand the count to
+        self._auto = autoscale if auto is None else auto and autoscale  # the policy sets the count now
         self._resources = (float(sampler_cpus), float(sampler_gpus))  # what one more sampler reserves
 
     def ping(self) -> str:
@@ -28,7 +39,19 @@ class Controller:
         if n < 1:
             raise ValueError(f"samplers must be >= 1, got {n}")
         self._samplers = n
+        self._auto = False  # an operator's count holds until --auto
         return n
+
+    def set_auto(self) -> bool:
+        """Hand the count back to the run's policy (`python -m exgrpo.scale --auto`)."""
+        if not self._autoscale:
+            raise ValueError("this run has no autoscale policy (samplers.autoscale=false)")
+        self._auto = True
+        return True
+
+    def state(self) -> tuple[int, bool]:
+        """(the operator's count, whether the policy sets the count instead)."""
+        return self.desired_samplers(), self._auto
 
     def desired_samplers(self) -> int:
         fault_point("controller.desired_samplers")
@@ -48,10 +71,18 @@ class ControllerClient:
     read; then ``exgrpo.scale`` sets it again on the new controller), and the run goes on.
     """
 
-    def __init__(self, handle: Any, *, start: Callable[[int], Any] | None = None, samplers: int = 1) -> None:
+    def __init__(
+        self,
+        handle: Any,
+        *,
+        start: Callable[..., Any] | None = None,
+        samplers: int = 1,
+        auto: bool = False,
+    ) -> None:
         self.handle, self._start, self._last = handle, start, samplers
+        self.auto = auto  # whether the run's autoscale policy sets the count (the last state read)
         self.replaced = 0  # controllers started after a death
-        self._ref = handle.desired_samplers.remote()
+        self._ref = handle.state.remote()
 
     def current(self, *, timeout_s: float = 5.0) -> int:
         """The controller's count now (one blocking query), or the last one read when it does not answer
@@ -73,26 +104,26 @@ class ControllerClient:
         if not ready:
             return None
         try:
-            value = int(ray.get(self._ref))
+            value, auto = ray.get(self._ref)
         except ray.exceptions.RayActorError:
             if self._start is None:
                 raise
             self._replace()
             return None
-        self._last = value
-        self._ref = self.handle.desired_samplers.remote()
-        return value
+        self._last, self.auto = int(value), bool(auto)
+        self._ref = self.handle.state.remote()
+        return self._last
 
     def _replace(self) -> None:
         import ray
 
         assert self._start is not None
         ray.kill(self.handle)  # it is dead; this frees its name should Ray not have done so yet
-        self.handle = self._start(self._last)
+        self.handle = self._start(self._last, auto=self.auto)
         self.replaced += 1
         logging.getLogger("exgrpo").warning(
             "the controller died; started a new one holding %d samplers (the last count read; set it again "
             "with python -m exgrpo.scale if it changed since)",
             self._last,
         )
-        self._ref = self.handle.desired_samplers.remote()
+        self._ref = self.handle.state.remote()

@@ -180,7 +180,7 @@ def init_ray(cfg: Config) -> dict[str, Any]:
     else:
         os.environ.setdefault(
             "RAY_AUTH_MODE", "disabled"
-        )  # a private local cluster (see README on token auth)
+        )  # a private local cluster (docs/operating.md, "On a Ray cluster": token auth)
         dashboard = (
             {
                 "include_dashboard": True,

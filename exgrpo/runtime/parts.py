@@ -261,13 +261,15 @@ def make_samplers(
     """The `SamplerPool` of `samplers.num` samplers from `spawn(index)` (a `SamplerSpawner`, or a
     simulated sampler's), with the in-flight limit that keeps every admitted request on its way."""
     from actors.pool import SamplerPool
+    from exgrpo.runtime.elastic import pool_hooks
 
     s = cfg.samplers
+    fewest = min(s.num, s.autoscale_min) if s.autoscale else s.num  # the in-flight limit holds for the fewest
     # every admitted request can be on its way at once: the pool dispatches only inside submit/poll, so a
     # sampler limited to fewer chunks than it is given per step runs dry while the driver waits in
     # update/broadcast (measured in the simulated cluster: 16 samplers, eta 1, 1.73x the ideal step)
     in_flight = math.ceil(
-        (cfg.async_.max_staleness + 1) * cfg.trainer.questions_per_step / (s.num * s.requests_per_call)
+        (cfg.async_.max_staleness + 1) * cfg.trainer.questions_per_step / (fewest * s.requests_per_call)
     )
     # a continuous sampler takes one request per call, each reported as soon as it is done, and up to
     # continuous_max_requests of them at once (it batches them itself)
@@ -277,6 +279,7 @@ def make_samplers(
         requests_per_call=1 if s.continuous else s.requests_per_call,
         max_in_flight_per_sampler=s.continuous_max_requests if s.continuous else max(2, in_flight),
         on_removed=on_removed,
+        **pool_hooks(cfg),
     )
 
 
@@ -301,7 +304,7 @@ def make_controller(cfg: Config) -> ControllerClient:
     starts a new one holding the last count read if it dies)."""
     s = cfg.samplers
 
-    def start(n: int) -> Any:
+    def start(n: int, auto: bool | None = None) -> Any:
         return remote_actor(
             Controller,
             name=CONTROLLER,
@@ -309,6 +312,8 @@ def make_controller(cfg: Config) -> ControllerClient:
             samplers=n,
             sampler_cpus=s.num_cpus,
             sampler_gpus=s.num_gpus * s.tensor_parallel_size,
+            autoscale=s.autoscale,
+            auto=auto,
         )
 
-    return ControllerClient(start(s.num), start=start, samplers=s.num)
+    return ControllerClient(start(s.num), start=start, samplers=s.num, auto=s.autoscale)

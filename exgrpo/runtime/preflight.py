@@ -59,7 +59,9 @@ def preflight(cfg: Config, *, resume: bool = False) -> list[str]:
         raise ConfigError(
             f"{len(errors)} pre-flight checks failed:\n  - " + "\n  - ".join(str(e) for e in errors)
         )
-    return [line for line in (*lines, untested(cfg)) if line]
+    from exgrpo.runtime.elastic import dry_run_line
+
+    return [line for line in (*lines, untested(cfg), dry_run_line(cfg)) if line]
 
 
 def untested(cfg: Config) -> str:

@@ -177,7 +177,14 @@ def sim_system(
 
     replay = make_replay(cfg)
     learners = SimLearnerGroup(num=cfg.learners.num, cost=cost, make_actor=remote_actor)
-    spawn = sampler_factory(cost, replay=replay, difficulty=difficulty, response_len=response_len, seed=seed)
+    spawn = sampler_factory(
+        cost,
+        replay=replay,
+        difficulty=difficulty,
+        response_len=response_len,
+        seed=seed,
+        num_cpus=cfg.samplers.num_cpus,
+    )
     samplers = make_samplers(cfg, spawn=spawn)
     weights = make_transport(cfg, learners=learners, samplers=samplers)
     return System(

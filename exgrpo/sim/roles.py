@@ -7,8 +7,8 @@ simulated: the engine (a `SimSampler.generate` sleeps for the rollouts it was as
 verified-looking `Group`s and pushes them to the real shards) and the learners (`SimLearner.update` sleeps
 for its share of the update). `exgrpo/sim/cluster.py::sim_system` wires them with the builder parts of
 `exgrpo.runtime.parts` in place of the real roles; `bench/system/bench_sim_cluster.py` and
-`tests/integration/test_sim_cluster.py` use it. The simulated groups are built and split as the real ones
-are (`actors/sampling.py::build_groups`, `learners/split.py`).
+`tests/integration/test_sim_cluster.py` use it. The simulated groups are built as the real ones
+are (`actors/sampling.py::build_groups`) and split by the real group's code (`learners/group.py::LearnerGroup`).
 
 Rewards are drawn from a seeded per-question difficulty (a logit per qid, rising slowly with the policy
 version), so buckets fill, questions retire and replay on/off changes what is scheduled. Both actors take
@@ -30,16 +30,19 @@ import numpy as np
 
 from actors.sampling import build_groups
 from exgrpo.core import metric_names as M
-from exgrpo.core.names import learner_name, sampler_name
+from exgrpo.core.config import LearnerConfig, LossConfig
+from exgrpo.core.names import sampler_name
 from exgrpo.core.records import (
     GenerationRequest,
     Group,
     Prompt,
     ReplayCandidate,
     RolloutResult,
+    TrainBatch,
+    UpdateResult,
 )
 from exgrpo.core.selection import fill_replay_slots, replay_candidates
-from learners.split import combine_updates, concat, split_candidates, split_groups
+from learners.group import LearnerGroup
 
 
 @dataclass(frozen=True)
@@ -219,15 +222,21 @@ class SimSampler:
 class SimLearner:
     """One simulated rank: `update` sleeps update_s / L; busy intervals are kept on CLOCK_MONOTONIC."""
 
-    def __init__(self, *, rank: int, world_size: int, cost: CostModel) -> None:
+    def __init__(self, *, rank: int, world_size: int, cost: CostModel, **_rank: Any) -> None:
+        # `_rank`: the rest of what `LearnerGroup` gives every rank (model path, configs, seed, dtype), unread
         self.rank, self.world_size, self.cost = rank, world_size, cost
         self.reset()
 
+    def rendezvous(self) -> tuple[str, int]:
+        return "", 0  # no torch.distributed world
+
+    def setup(self, *, rendezvous: tuple[str, int] | None = None) -> None:
+        pass
+
     def reset(self) -> None:
         self._version = 0
-        self.intervals: list[
-            tuple[float, float]
-        ] = []  # (start, end) of every update/entropy, time.monotonic()
+        # (start, end) of every update/entropy, time.monotonic()
+        self.intervals: list[tuple[float, float]] = []
         self.update_starts: list[float] = []  # when each update call began, time.monotonic()
 
     def ping(self) -> str:
@@ -244,18 +253,20 @@ class SimLearner:
         self._sleep(self.cost.entropy_s * len(candidates) * self.cost.time_scale)
         return [float(-np.mean(c.trajectory.logprobs)) for c in candidates]
 
-    def select_update(
-        self, *, groups: Sequence[Group], clip: bool, version: int, select: str | None
-    ) -> tuple[list[float], dict[str, float]]:
-        """`learners/learner.py::Learner.select_update`: score this rank's candidates, fill slot 0, update
-        (`select=None`: the batch is filled, just update)."""
-        if select is None:
-            return [], self.update(groups=groups, clip=clip, version=version)
-        entropies = self.entropies(candidates=replay_candidates(groups))
-        filled = fill_replay_slots(groups, entropies, mode=select)
-        return entropies, self.update(groups=filled, clip=clip, version=version)
+    def update(self, batch: TrainBatch) -> UpdateResult:
+        """`learners/learner.py::Learner.update`: with `batch.select`, score this rank's candidates and fill
+        slot 0 first; then sleep for the update."""
+        groups: Sequence[Group] = batch.groups
+        entropies: list[float] = []
+        if batch.select is not None:
+            entropies = self.entropies(candidates=replay_candidates(groups))
+            groups = fill_replay_slots(groups, entropies, mode=batch.select)
+        return UpdateResult(metrics=self._train(groups, version=batch.version), entropies=tuple(entropies))
 
-    def update(self, *, groups: Sequence[Group], clip: bool, version: int) -> dict[str, float]:
+    def set_cost(self, cost: CostModel) -> None:  # e.g. the learners become the bottleneck mid-run
+        self.cost = cost
+
+    def _train(self, groups: Sequence[Group], *, version: int) -> dict[str, float]:
         self.update_starts.append(time.monotonic())
         seconds = self._sleep(self.cost.update_real_s(self.world_size))
         self._version = version + 1
@@ -282,51 +293,27 @@ class SimLearner:
         return os.getpid()
 
 
-class SimLearnerGroup:
-    """L `SimLearner` actors (`exgrpo.core.roles.Learners` plus `rank0`, `get_weights_ref`, `version` for the transports).
-
-    The batch is split and the ranks' metrics combined as `learners/group.py::LearnerGroup` does it (one
-    definition: `learners/split.py`); the ranks run concurrently; an update is finished when the slowest
-    rank has finished.
+class SimLearnerGroup(LearnerGroup):
+    """L `SimLearner` actors: `learners/group.py::LearnerGroup` with `learner_cls=SimLearner`, so the batch
+    is split, checked (rows per mini-batch) and combined as the real group does it; the ranks reserve no CPU,
+    run concurrently, and an update is finished when the slowest rank has finished.
     """
 
     def __init__(self, *, num: int, cost: CostModel, make_actor: Callable[..., Any]) -> None:
+        import functools
+
         import ray
 
-        if num < 1:
-            raise ValueError(f"a learner group needs at least one learner, got num={num}")
-        self._ray, self.num = ray, num
-        self.actors = [
-            make_actor(SimLearner, name=learner_name(i), num_cpus=0, rank=i, world_size=num, cost=cost)
-            for i in range(num)
-        ]
-        ray.get([a.ping.remote() for a in self.actors])
-
-    @property
-    def rank0(self) -> Any:
-        return self.actors[0]
-
-    def start_entropies(self, *, candidates: Sequence[ReplayCandidate]) -> Any:
-        from learners.group import RayPending
-
-        chunks = split_candidates(candidates, self.num)
-        refs = [a.entropies.remote(candidates=c) for a, c in zip(self.actors, chunks, strict=True)]
-        return RayPending(refs, concat)
-
-    def start_update(self, *, batch: Any) -> Any:
-        from learners.group import RayPending
-
-        refs = [
-            a.select_update.remote(groups=s, clip=batch.clip, version=batch.version, select=batch.select)
-            for a, s in zip(self.actors, split_groups(batch.groups, self.num), strict=True)
-        ]
-        return RayPending(refs, combine_updates)
-
-    def get_weights_ref(self) -> Any:
-        return self.rank0.get_weights.remote()
-
-    def version(self) -> int:
-        return int(self._ray.get(self.rank0.version.remote()))
+        self._ray = ray
+        super().__init__(
+            num=num,
+            make_actor=functools.partial(make_actor, cost=cost),
+            model_path="",
+            learner_cfg=LearnerConfig(num=num, num_cpus=0.0),
+            loss_cfg=LossConfig(),
+            max_response_len=0,
+            learner_cls=SimLearner,
+        )
 
     def busy(self) -> list[list[tuple[float, float]]]:
         """Every rank's busy intervals (time.monotonic(), comparable across processes of one machine)."""
@@ -335,6 +322,9 @@ class SimLearnerGroup:
     def update_starts(self) -> list[float]:
         """When each update began on rank 0 since the last reset, in order (time.monotonic())."""
         return list(self._ray.get(self.rank0.starts.remote()))
+
+    def set_cost(self, cost: CostModel) -> None:
+        self._ray.get([a.set_cost.remote(cost) for a in self.actors])
 
     def reset(self) -> None:
         """Version 0 and no busy intervals on every rank (a bench reuses the group across runs)."""
@@ -349,11 +339,6 @@ class SimLearnerGroup:
     def load(self, *, path: str) -> None:
         pass  # the simulated learners have no state beyond their version, which the driver re-broadcasts
 
-    def shutdown(self) -> None:
-        for a in self.actors:
-            self._ray.kill(a)
-        self.actors = []
-
 
 def sampler_factory(
     cost: CostModel,
@@ -362,15 +347,16 @@ def sampler_factory(
     difficulty: Difficulty = Difficulty(),
     response_len: int = 32,
     seed: int = 0,
+    num_cpus: float = 0.0,
 ) -> Callable[[int], Any]:
-    """`make_samplers(spawn=...)`: index -> a `SimSampler` actor (num_cpus=0) pushing to `replay`."""
+    """`make_samplers(spawn=...)`: index -> a `SimSampler` actor pushing to `replay` (1 CPU: each needs a node)."""
     from exgrpo.runtime.env import remote_actor
 
     def make(index: int) -> Any:
         return remote_actor(
             SimSampler,
             name=sampler_name(index),
-            num_cpus=0,
+            num_cpus=num_cpus,
             index=index,
             cost=cost,
             replay=replay,

@@ -1,8 +1,8 @@
-"""The commands the README and the config headers print, checked so the docs cannot drift from the code.
+"""The commands docs/operating.md's cluster block and the config headers print, checked so the docs cannot drift from the code.
 
 Fast: every printed command parses: its `ray` subcommand and flags exist (Ray's own click commands), each
 `python -m exgrpo.run ...` loads its config and overrides (`--print-config` in place of `--dry-run`), and a
-`--working-dir` or `--config` it names exists. Slow: the README's cluster block runs as written, with its own
+`--working-dir` or `--config` it names exists. Slow: the cluster block of docs/operating.md runs as written, with its own
 ports beside whatever other Ray cluster this machine runs (tiny-cpu end to end through `ray job submit`), and
 every GPU recipe's `--dry-run` command runs against the cluster the block started.
 """
@@ -27,7 +27,8 @@ LABELS = ("Launch:", "Cluster:", "vLLM:", "Sweep:", "Check the placement first:"
 
 
 def readme_cluster_block() -> list[str]:
-    text = (ROOT / "README.md").read_text()
+    """The cluster block of docs/operating.md ("On a Ray cluster"), where the README points."""
+    text = (ROOT / "docs" / "operating.md").read_text()
     section = text[text.index("## On a Ray cluster") :]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
     return [line for line in block.splitlines() if line.strip()]
@@ -128,7 +129,7 @@ def test_the_readme_block_uses_its_own_ports_and_stops_only_its_cluster():
     dashboard = re.search(r"--dashboard-port (\d+)", start).group(1)  # type: ignore[union-attr]
     assert f"RAY_ADDRESS=127.0.0.1:{gcs} python -m exgrpo.run" in block  # the dry run checks this cluster
     assert block.count(f"http://127.0.0.1:{dashboard}") == 2
-    for path in CONFIGS:  # the local configs' Cluster: lines point at the README's cluster
+    for path in CONFIGS:  # the local configs' Cluster: lines point at docs/operating.md's cluster
         for c in header_commands(path):
             if "127.0.0.1" in c and path.name != "paper-regime.yaml":
                 assert f"http://127.0.0.1:{dashboard}" in c, (path.name, c)

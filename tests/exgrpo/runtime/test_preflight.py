@@ -108,3 +108,13 @@ def test_help_shows_examples_and_no_internal_module(capsys):
         run.main(["--help"])
     out = capsys.readouterr().out
     assert "examples:" in out and "--dry-run" in out.split("examples:")[1] and "exgrpo.runtime" not in out
+
+
+def test_dry_run_says_what_the_autoscale_policy_may_ask_the_cluster_for(capsys):
+    args = ["--dry-run", "--config", "tiny-cpu", "samplers.autoscale=true", "samplers.autoscale_max=4"]
+    assert run.main(args) == 0
+    out = capsys.readouterr()
+    assert "the run may ask Ray's autoscaler for up to 4 x (0.5 CPU) = 2 CPU" in out.out + out.err
+    assert run.main(["--dry-run", "--config", "tiny-cpu"]) == 0
+    out = capsys.readouterr()
+    assert "autoscaler" not in out.out + out.err

@@ -1,0 +1,250 @@
+"""The sampler fleet's size (`samplers.autoscale`): a pure policy over the pipeline's own signals, and `Fleet`,
+which applies it (or the operator's fixed count from `python -m exgrpo.scale`) once per step. No Ray.
+
+Signals, per step (`Signals`): the learners' time waiting for generation (`system/update_gap_s`: from the
+previous update seen finished to this one started), the samplers' time blocked by the staleness bound (the
+sampler-seconds the pool spent with nothing to do because the driver admitted nothing more, as a share of
+the live samplers' time), and the requests in flight (queued or generating).
+
+The policy (`Policy.decide`):
+
+- **grow** when the learners waited more than `autoscale_up_wait` of the step for `autoscale_hysteresis`
+  steps in a row: to ceil(n / (1 - wait)) samplers (the count that would have hidden that wait), at least
+  n + 1, at most `autoscale_max` and at most one sampler per `requests_per_call` requests in flight (a
+  sampler beyond that would get no work);
+- **shrink** when the samplers sat blocked more than `autoscale_down_idle` of the step and the learners did
+  not wait, for `autoscale_hysteresis` steps in a row: to ceil(n x (1 - idle) x 1.1) (10% headroom), at
+  least one fewer, at most half fewer in one decision, at least `autoscale_min`;
+- after a change, nothing for `autoscale_cooldown` steps (the new samplers start, the signals settle) and the
+  streaks start again;
+- nothing in a run's last eta + 1 steps (`Fleet.last_step`): nothing more is admitted then, so the samplers
+  sit idle for a reason that is not the staleness bound.
+
+Each decision is a `Decision` (step, from, to, reason), logged as a warning so it reaches a job's output.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("exgrpo.loop.driver")  # the driver's decisions, where its scaling lines always were
+
+HEADROOM = 1.1  # a shrink keeps 10% more samplers than the idle share alone would leave
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The policy's settings (the `samplers.autoscale_*` fields)."""
+
+    min: int = 1
+    max: int = 8
+    up_wait: float = 0.15
+    down_idle: float = 0.35
+    hysteresis: int = 2
+    cooldown: int = 3
+    requests_per_call: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min <= self.max:
+            raise ValueError(
+                f"autoscale needs 1 <= autoscale_min <= autoscale_max, got {self.min}, {self.max}"
+            )
+        if not (0 < self.up_wait < 1 and 0 < self.down_idle < 1):
+            raise ValueError("autoscale_up_wait and autoscale_down_idle are shares of a step, in (0, 1)")
+        if self.hysteresis < 1 or self.cooldown < 0 or self.requests_per_call < 1:
+            raise ValueError("autoscale needs hysteresis >= 1, cooldown >= 0, requests_per_call >= 1")
+
+    @classmethod
+    def from_config(cls, samplers: Any) -> Settings:
+        """From a `SamplerConfig`."""
+        return cls(
+            min=samplers.autoscale_min,
+            max=samplers.autoscale_max,
+            up_wait=samplers.autoscale_up_wait,
+            down_idle=samplers.autoscale_down_idle,
+            hysteresis=samplers.autoscale_hysteresis,
+            cooldown=samplers.autoscale_cooldown,
+            requests_per_call=samplers.requests_per_call,
+        )
+
+
+@dataclass(frozen=True)
+class Signals:
+    """One step as the policy sees it."""
+
+    step: int
+    step_s: float  # the step's wall time
+    learner_wait_s: float  # the learners without an update in that time (waiting for generation)
+    sampler_idle: float  # share of the live samplers' time blocked by the staleness bound, 0..1
+    in_flight: int  # requests queued or generating
+
+    @property
+    def wait_share(self) -> float:
+        if not self.step_s > 0 or math.isnan(self.learner_wait_s):  # NaN: a run's first step has no gap
+            return 0.0
+        return min(1.0, max(0.0, self.learner_wait_s / self.step_s))
+
+
+@dataclass(frozen=True)
+class Decision:
+    step: int
+    old: int
+    new: int
+    reason: str
+
+
+class Policy:
+    """Hysteresis and cool-down around the grow / shrink rules (module docstring); pure, plain numbers."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.up_streak = 0
+        self.down_streak = 0
+        self.last_change: int | None = None  # the step of the last change
+
+    def decide(self, signals: Signals, *, current: int) -> Decision | None:
+        """The new target after `signals`, or None (no change). `current`: the target now."""
+        s, step = self.settings, signals.step
+        clamped = min(s.max, max(s.min, current))
+        if clamped != current:  # e.g. the operator's count was outside the bounds when --auto handed back
+            return self._change(step, current, clamped, f"{current} is outside [{s.min}, {s.max}]")
+        wait, idle = signals.wait_share, signals.sampler_idle
+        starved, surplus = wait > s.up_wait, idle > s.down_idle and wait <= s.up_wait
+        self.up_streak = self.up_streak + 1 if starved else 0
+        self.down_streak = self.down_streak + 1 if surplus else 0
+        if self.last_change is not None and step - self.last_change <= s.cooldown:
+            return None
+        if self.up_streak >= s.hysteresis:
+            useful = max(1, math.ceil(signals.in_flight / s.requests_per_call))
+            new = min(
+                s.max, max(current + 1, math.ceil(current / max(1.0 - wait, 0.05))), max(useful, current)
+            )
+            if new > current:
+                return self._change(
+                    step, current, new, f"learners waited {wait:.0%} of the step for {self.up_streak} steps"
+                )
+        if self.down_streak >= s.hysteresis:
+            new = max(
+                s.min, (current + 1) // 2, min(current - 1, math.ceil(current * (1.0 - idle) * HEADROOM))
+            )
+            if new < current:
+                return self._change(
+                    step,
+                    current,
+                    new,
+                    f"samplers blocked {idle:.0%} of the step for {self.down_streak} steps",
+                )
+        return None
+
+    def _change(self, step: int, old: int, new: int, reason: str) -> Decision:
+        self.last_change, self.up_streak, self.down_streak = step, 0, 0
+        return Decision(step=step, old=old, new=new, reason=reason)
+
+
+class Fleet:
+    """Sets the samplers' count once per step: the operator's fixed count (`scaling.desired_samplers()`), or,
+    while the run sizes itself (`samplers.autoscale`, not overridden by `exgrpo.scale --samplers`; `--auto`
+    hands it back), the policy's target. `rollouts` is the pool (`scale(num=)`, `size()`, and, where it has
+    them, `idle_seconds()` and `num_pending()`)."""
+
+    def __init__(
+        self,
+        *,
+        rollouts: Any,
+        scaling: Any = None,
+        policy: Policy | None = None,
+        clock: Callable[[], float] | None = None,
+        last_step: int | None = None,
+    ) -> None:
+        import time
+
+        self.rollouts, self.scaling, self.policy = rollouts, scaling, policy
+        self.last_step = last_step  # the policy decides up to this step (the run's tail drains, see above)
+        self.clock = clock or time.monotonic
+        self.target: int = rollouts.size()
+        self.decisions: list[Decision] = []
+        self._idle_mark = self._idle_now()
+        self._time_mark = self.clock()
+
+    @property
+    def auto(self) -> bool:
+        """Whether the policy sets the count now (on in the config, and no fixed count set by an operator)."""
+        if self.policy is None:
+            return False
+        return bool(getattr(self.scaling, "auto", True))
+
+    def apply(self, step: int, scaling: Any = None) -> None:
+        """Follow the operator's count (`scaling`: the driver's, read each step); in auto mode the policy's target
+        (set in `observe`)."""
+        self.scaling = scaling if scaling is not None else self.scaling
+        desired = self.scaling.desired_samplers() if self.scaling is not None else None
+        if not self.auto:
+            if desired is None:  # no new count read (or no operator): the pool's count stands
+                if self.scaling is None:
+                    self.target = self.rollouts.size()
+                return
+            self.target = desired
+        if self.target != self.rollouts.size():
+            # a warning, so it reaches the job's output whatever the logging level (python -m exgrpo.scale)
+            log.warning("step %d: scaling samplers %d -> %d", step, self.rollouts.size(), self.target)
+            self.rollouts.scale(num=self.target)
+
+    def observe(self, record: dict[str, Any], *, step_s_key: str, wait_key: str) -> dict[str, float]:
+        """A landed step's record: feed the policy (auto mode) and return the fleet's metrics for the record."""
+        from exgrpo.core import metric_names as M
+
+        idle, now = self._idle_now(), self.clock()
+        live = max(1, self.rollouts.size())
+        window = max(now - self._time_mark, 1e-9)
+        idle_share = min(1.0, max(0.0, (idle - self._idle_mark) / (live * window)))
+        self._idle_mark, self._time_mark = idle, now
+        step = int(record[M.STEP])
+        if self.auto and self.policy is not None and (self.last_step is None or step <= self.last_step):
+            signals = Signals(
+                step=step,
+                step_s=float(record.get(step_s_key, 0.0)),
+                learner_wait_s=float(record.get(wait_key, 0.0)),
+                sampler_idle=idle_share,
+                in_flight=int(self._pending()),
+            )
+            decision = self.policy.decide(signals, current=self.target)
+            if decision is not None:
+                self.decisions.append(decision)
+                self.target = decision.new
+                log.warning(
+                    "step %d: autoscale samplers %d -> %d: %s",
+                    decision.step,
+                    decision.old,
+                    decision.new,
+                    decision.reason,
+                )
+        return {
+            M.SAMPLERS_TARGET: float(self.target),
+            M.SAMPLERS_LIVE: float(len(self._members())),
+            M.SAMPLERS_BLOCKED: idle_share,
+            M.SAMPLER_PREEMPTIONS: float(getattr(self.rollouts, "preemptions", 0)),
+        }
+
+    def _idle_now(self) -> float:
+        fn = getattr(self.rollouts, "idle_seconds", None)
+        return float(fn()) if fn is not None else 0.0
+
+    def _pending(self) -> int:
+        fn = getattr(self.rollouts, "num_pending", None)
+        return int(fn()) if fn is not None else 0
+
+    def _members(self) -> Any:
+        fn = getattr(self.rollouts, "members", None)
+        return fn() if fn is not None else range(self.rollouts.size())
+
+
+def make_fleet(cfg: Any, *, rollouts: Any, scaling: Any) -> Fleet:
+    """The driver's `Fleet`: with the policy when `samplers.autoscale` is on."""
+    s = cfg.samplers
+    policy = Policy(Settings.from_config(s)) if getattr(s, "autoscale", False) else None
+    last = cfg.trainer.steps - 2 - cfg.async_.max_staleness  # the run's last eta + 1 steps admit nothing new
+    return Fleet(rollouts=rollouts, scaling=scaling, policy=policy, last_step=last)

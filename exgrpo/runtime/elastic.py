@@ -1,0 +1,139 @@
+"""Elastic samplers on Ray's autoscaler: the sampler pool's hooks into the cluster (`actors.pool.SamplerPool`'s
+`on_scale`, `node_of`, `drains`), wired by `exgrpo.runtime.parts.make_samplers`.
+
+- `ClusterRequest`: with `samplers.autoscale` (and `autoscale_request_resources`), every new sampler count n
+  becomes `ray.autoscaler.sdk.request_resources(bundles=[one sampler's bundle] x n)`, which replaces the
+  previous request: the autoscaler launches nodes for a growing target ahead of the samplers' own demand and,
+  after a shrink, may terminate the nodes left idle (`idle_timeout_minutes`). The pool's shutdown asks for 0.
+- `node_of`: a joined sampler's node (the GCS's actor table); `node_gone`: whether that node's raylet is gone
+  (a sampler unreachable on a vanished node is a preemption, not a failure).
+- `DrainWatch`: the nodes being drained and their deadlines (`GcsClient.get_draining_nodes`): what a spot
+  notice becomes on KubeRay or a cloud provider (`ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION
+  --deadline-remaining-seconds S`).
+- `dry_run_line`: what `--dry-run` prints about the policy's largest ask (max samplers x their resources).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("exgrpo")
+
+
+def sampler_bundle(samplers: Any) -> dict[str, float]:
+    """What one sampler reserves, as a resource bundle (`samplers.num_cpus`, `num_gpus` x tensor parallel)."""
+    bundle = {
+        "CPU": float(samplers.num_cpus),
+        "GPU": float(samplers.num_gpus) * samplers.tensor_parallel_size,
+    }
+    return {k: v for k, v in bundle.items() if v > 0}
+
+
+class ClusterRequest:
+    """`on_scale(n)`: ask Ray's autoscaler for n sampler bundles (each call replaces the previous request)."""
+
+    def __init__(self, bundle: dict[str, float], *, request: Callable[..., Any] | None = None) -> None:
+        if request is None:
+            from ray.autoscaler.sdk import request_resources
+
+            request = request_resources
+        self.bundle, self.request = bundle, request
+        self.asked: list[tuple[float, int]] = []  # (wall clock, samplers asked for)
+
+    def __call__(self, num: int) -> None:
+        if not self.bundle:  # samplers that reserve nothing need no node
+            return
+        try:
+            self.request(bundles=[dict(self.bundle) for _ in range(num)])
+        except Exception as err:  # noqa: BLE001 - no autoscaler is no reason to stop a run
+            log.warning("could not ask Ray's autoscaler for %d sampler bundles: %s", num, err)
+            return
+        self.asked.append((time.time(), num))
+        log.info("asked Ray's autoscaler for %d sampler bundles of %s", num, self.bundle)
+
+
+def node_of(handle: Any) -> str | None:
+    """The node (hex id) a started actor runs on, or None when the GCS does not say."""
+    try:
+        from ray._private import state
+
+        info = state.actors(actor_id=handle._actor_id.hex())
+        return str(info["Address"]["NodeID"]) or None
+    except Exception:  # noqa: BLE001 - without a node the sampler is simply never seen drained
+        return None
+
+
+def node_gone(node: str) -> bool:
+    """Whether a node's raylet is gone: the GCS marks it dead, or its port refuses (or does not answer) a
+    connection. Asked after a sampler on it became unreachable, before the GCS has noticed (a killed raylet,
+    a reclaimed host); a sampler killed on a live node finds its raylet there."""
+    import socket
+
+    import ray
+
+    info = next((n for n in ray.nodes() if n.get("NodeID") == node), None)
+    if info is None or not info.get("Alive"):
+        return True
+    try:
+        with socket.create_connection(
+            (info["NodeManagerAddress"], int(info["NodeManagerPort"])), timeout=1.0
+        ):
+            return False
+    except OSError:
+        return True
+
+
+class DrainWatch:
+    """`drains()`: node (hex id) -> deadline (wall clock, s; 0 for none) of every node being drained."""
+
+    def __init__(self) -> None:
+        self._client: Any = None
+
+    def __call__(self) -> dict[str, float]:
+        try:
+            if self._client is None:
+                import ray
+                from ray._raylet import GcsClient  # type: ignore[attr-defined]
+
+                self._client = GcsClient(address=ray.get_runtime_context().gcs_address)
+            nodes = self._client.get_draining_nodes(timeout=5)
+        except Exception as err:  # noqa: BLE001 - a missed read is retried a second later
+            log.debug("could not read the draining nodes: %s", err)
+            return {}
+        return {_hex(node): deadline_ms / 1000.0 for node, deadline_ms in nodes.items()}
+
+
+def _hex(node: Any) -> str:
+    return node.hex() if isinstance(node, bytes) else str(node)
+
+
+def pool_hooks(cfg: Any) -> dict[str, Any]:
+    """The `SamplerPool` keyword arguments of an elastic fleet: drains and node lookups always (spot samplers
+    at a fixed count also lose nodes), the autoscaler request with `samplers.autoscale`."""
+    s = cfg.samplers
+    hooks: dict[str, Any] = {
+        "node_of": node_of,
+        "drains": DrainWatch(),
+        "node_gone": node_gone,
+        "preempt_grace_s": s.preempt_grace_s,
+    }
+    if s.autoscale and s.autoscale_request_resources:
+        hooks["on_scale"] = ClusterRequest(sampler_bundle(s))
+    return hooks
+
+
+def dry_run_line(cfg: Any) -> str | None:
+    """`--dry-run`'s line on what the autoscale policy may ask the cluster for; None when it is off."""
+    s = cfg.samplers
+    if not s.autoscale:
+        return None
+    bundle = sampler_bundle(s)
+    total = ", ".join(f"{v * s.autoscale_max:g} {k}" for k, v in bundle.items()) or "nothing"
+    each = ", ".join(f"{v:g} {k}" for k, v in bundle.items()) or "nothing"
+    return (
+        f"samplers.autoscale: {s.autoscale_min}..{s.autoscale_max} samplers; the run may ask Ray's autoscaler for "
+        f"up to {s.autoscale_max} x ({each}) = {total}"
+    )
