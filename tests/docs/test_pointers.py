@@ -82,7 +82,8 @@ def _has_symbol(module: Path, symbol: str) -> bool:
 
 
 def _check_path(text: str, symbol: str | None, after: str = "") -> str | None:
-    if _PATTERN.search(text) or set(after) & {"*", "<", "{"} or text.startswith(GENERATED):
+    generated = text.startswith(GENERATED) or f"{text}/" in GENERATED
+    if _PATTERN.search(text) or set(after) & {"*", "<", "{"} or generated:
         return None
     path = ROOT / text
     module = path if path.suffix == ".py" else path.with_suffix(".py")

@@ -179,6 +179,7 @@ def test_plan_that_cannot_fit_fails_at_once(tmp_path):
     assert "samplers.num_gpus=0" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow  # three CLI starts (~110 s); the cause is tested fast in tests/exgrpo/runtime/test_run_dir.py
 def test_a_run_directory_works_from_another_directory(tmp_path):
     """A run started with a relative reward file and data files resumes and is evaluated from another directory:
     its config.yaml holds absolute paths and a copy of the reward file. Before: `reward.fn: no such file
