@@ -127,6 +127,9 @@ class VLLMEngine(TokenizedEngine):
             # of a partial (chunked) prefill, and a CPU torch.Generator has no offset to rewind: the
             # engine dies with "CPU Generator does not use offset". Whole prefills never drop a token.
             extra["enable_chunked_prefill"] = False
+        before = set(
+            children()
+        )  # this process's children until now (a verifier pool, other engines) are not ours
         self.llm = LLM(
             model=str(model_path),
             dtype=dtype,
@@ -140,7 +143,8 @@ class VLLMEngine(TokenizedEngine):
         )
         # Ray ends a sampler with SIGKILL, which would leave the engine core's processes running (and holding
         # their memory) with nobody to stop them: a watcher kills them once this process is gone
-        self._reaper = start_reaper(children()) if engine_process == "child" else None
+        ours = [c for c in children() if c not in before]  # the engine core and its workers
+        self._reaper = start_reaper(ours) if engine_process == "child" else None
         self.tokenizer = self.llm.get_tokenizer()
         self._version = 0
         reasons = self.llm.collective_rpc(direct_load_support)

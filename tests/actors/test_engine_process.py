@@ -10,6 +10,7 @@ generate until a full load lands; so does a load that raises.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -77,7 +78,8 @@ def test_a_child_engine_core_loads_by_both_paths(base: Path) -> None:
     with pytest.raises(Exception, match="k_proj"):  # raised in the engine core, reported here
         engine.load_weights(state, version=9)
     assert engine.version == 3
-    assert not list(Path("/dev/shm").glob("exgrpo-weights-*"))  # the staged file went with the load
+    # the staged file went with the load (this process's only: another test worker may be staging its own)
+    assert not list(Path("/dev/shm").glob(f"exgrpo-weights-{os.getpid()}-*"))
     state = _scaled(base, 2.0)
     engine.load_weights(state, version=4)  # the next full load lands whole
     assert engine.version == 4
