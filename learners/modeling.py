@@ -69,15 +69,23 @@ def set_checkpointing(model: Any, on: bool) -> None:
     model.train()
 
 
-def forget_deepspeed_groups() -> None:
-    """Drop the groups DeepSpeed cached from an earlier torch.distributed world of this process, before a new
-    world starts. A world that another library destroyed (an in-process vLLM engine's shutdown destroys it)
-    leaves DeepSpeed holding its groups, and the next ``deepspeed.initialize`` fails on them ("Group ... is
-    not registered"); DeepSpeed's own teardown calls the same release. Only processes that host more than one
+def forget_deepspeed_groups(*, only_stale: bool = False) -> None:
+    """Drop the groups DeepSpeed cached from an earlier torch.distributed world of this process (``only_stale``:
+    only when its cached world group is no longer one of the current world's). A world that another library
+    destroyed (an in-process vLLM engine's shutdown destroys it, and its next start makes a new one) leaves
+    DeepSpeed holding its groups, and the next ``deepspeed.initialize`` fails on them ("Group ... is not
+    registered"); DeepSpeed's own teardown calls the same release. Only processes that host more than one
     engine meet this (tests, notebooks): a learner actor starts one world."""
     groups = sys.modules.get("deepspeed.utils.groups")  # None until this process has imported DeepSpeed
-    if groups is not None:
-        groups._release_process_group_references(None)
+    if groups is None:
+        return
+    if only_stale:
+        from torch.distributed.distributed_c10d import _world
+
+        cached = getattr(groups, "_WORLD_GROUP", None)
+        if cached is None or cached in _world.pg_group_ranks:
+            return
+    groups._release_process_group_references(None)
 
 
 def init_distributed(
@@ -108,4 +116,6 @@ def init_distributed(
         )
     elif (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
         raise RuntimeError("torch.distributed is already initialised with another rank/world size")
+    else:  # a world another library started, after DeepSpeed cached the groups of an earlier one
+        forget_deepspeed_groups(only_stale=True)
     return device
