@@ -150,6 +150,7 @@ class LearnerGroup:
         # every rank's process starts at once; rank 0 (on bundle 0's node) names the rendezvous address, which
         # Ray hands to each rank's setup when it is known (nothing here waits for it)
         rendezvous = self.actors[0].rendezvous.remote()
+        self.compute: str | None = None  # what rank 0's forwards and backwards compute in, once set up
         self._setup: list[Any] = [a.setup.remote(rendezvous=rendezvous) for a in self.actors]
         if wait:
             self.ready()
@@ -158,7 +159,7 @@ class LearnerGroup:
         """Wait until every rank has set up (a group made with ``wait=False`` sets up in the background, e.g.
         while the samplers build their engines); a rank that died is reported as its death (``gather``)."""
         if self._setup:
-            gather(self._setup)
+            self.compute = gather(self._setup)[0]
             self._setup = []
 
     @property

@@ -34,6 +34,7 @@ from learners.diagnostics import gradient_shares
 from learners.engine import RankEngine
 from learners.modeling import (
     DTYPES,
+    autocast_choice,
     checkpointing_on,
     init_distributed,
     op_build_env,
@@ -75,6 +76,8 @@ class Learner:
         self.lora = learner.lora_rank > 0
         self._reference: Reference | None = None  # the KL penalty's reference policy (loss.kl_coef > 0)
         self._initial_path = model_path  # where the initial policy's weights came from (see ``load``)
+        self._autocast = False  # CPU bfloat16 autocast of forwards and backwards (learners.autocast), set up
+        self.compute = dtype  # in words: what the forwards and backwards compute in (``setup`` returns it)
 
     # ---------------------------------------------------------------- setup
     def rendezvous(self) -> tuple[str, int]:
@@ -83,9 +86,10 @@ class Learner:
 
         return ray.util.get_node_ip_address(), free_port()
 
-    def setup(self, *, rendezvous: tuple[str, int] | None = None) -> None:
+    def setup(self, *, rendezvous: tuple[str, int] | None = None) -> str:
         """Init torch.distributed (at ``rendezvous``, rank 0's address and port, when given; a world of one
-        without a port takes a free one), load the HF model, wrap it in a DeepSpeed engine with ``GuardedAdamW``."""
+        without a port takes a free one), load the HF model, wrap it in a DeepSpeed engine with ``GuardedAdamW``.
+        Returns what the forwards and backwards compute in, in words (``learners.autocast``)."""
         if rendezvous is not None:
             self.master_addr, self.master_port = rendezvous
         elif self.master_port is None:
@@ -126,6 +130,14 @@ class Learner:
                 optimizer=self.optimizer,
                 config=deepspeed_config(self.cfg, world_size=self.world_size, dtype=self.dtype),
             )
+        self._autocast, self.compute = autocast_choice(
+            self.cfg.autocast, device=self.device, dtype=self.dtype
+        )
+        return self.compute
+
+    def _autocasting(self) -> contextlib.AbstractContextManager:
+        """CPU bfloat16 autocast when ``learners.autocast`` chose it, else nothing."""
+        return torch.autocast("cpu", dtype=torch.bfloat16) if self._autocast else contextlib.nullcontext()
 
     def version(self) -> int:
         """Policy version of the current weights (the version of the last update + 1): the tag of weights
@@ -140,15 +152,16 @@ class Learner:
 
     def _per_token(self, rows: Sequence[batches.Row], r_max: int, what: str) -> Tensor:
         """(N, R) no-grad log-probs (``what="logp"``) or entropies of the response tokens."""
-        return logits.per_token(
-            self.engine,
-            rows,
-            r_max,
-            what,
-            slices=self._engine().micro_batches(rows),
-            device=self.device,
-            chunk_tokens=self._chunk_tokens,
-        )
+        with self._autocasting():
+            return logits.per_token(
+                self.engine,
+                rows,
+                r_max,
+                what,
+                slices=self._engine().micro_batches(rows),
+                device=self.device,
+                chunk_tokens=self._chunk_tokens,
+            )
 
     # ---------------------------------------------------------------- public verbs
     def entropies(self, *, candidates: Sequence[ReplayCandidate]) -> list[float]:
@@ -181,7 +194,8 @@ class Learner:
             entropies = self.entropies(candidates=replay_candidates(groups))
             groups = fill_replay_slots(groups, entropies, mode=batch.select)  # deterministic: first on ties
         seconds = time.perf_counter() - t0 if batch.select is not None else 0.0
-        metrics = self._train(groups, clip=batch.clip, version=batch.version)
+        with self._autocasting():
+            metrics = self._train(groups, clip=batch.clip, version=batch.version)
         return UpdateResult(metrics={**metrics, M.LEARNER_SELECT_TIME: seconds}, entropies=tuple(entropies))
 
     def _train(self, groups: Sequence[Group], *, clip: bool, version: int) -> dict[str, float]:

@@ -46,8 +46,13 @@ def _chunk_stats(
     head: torch.nn.Module, hidden: Tensor, tokens: Tensor, entropy: bool = True
 ) -> tuple[Tensor, Tensor]:
     """(T,) log-probs and (T,) entropies (zeros unless ``entropy``) of T response positions' hidden states
-    (T, D): lm_head, then the float32 math of ``token_logprobs`` / ``token_entropy`` (same stability rules)."""
-    logits = head(hidden).float()  # (T, V)
+    (T, D): lm_head (float32 under the learner's autocast), then the float32 math of ``token_logprobs`` /
+    ``token_entropy`` (same stability rules)."""
+    if torch.is_autocast_enabled(hidden.device.type):  # the learner's bfloat16 autocast: lm_head in float32
+        with torch.autocast(hidden.device.type, enabled=False):
+            logits = head(hidden.float())  # (T, V)
+    else:
+        logits = head(hidden).float()  # (T, V)
     logp = token_logprobs(logits.unsqueeze(0), tokens.unsqueeze(0))[0]  # (T,)
     return logp, token_entropy(logits) if entropy else torch.zeros_like(logp)  # (T,), (T,)
 

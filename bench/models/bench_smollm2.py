@@ -1,6 +1,7 @@
 """One ExGRPO step of SmolLM2-135M on gsm, timed part by part, with both generation engines.
 
     .venv/bin/python -m bench.models.bench_smollm2 [--config configs/smollm2-135m-cpu.yaml] [--engines hf,vllm]
+        [--variants "learners.autocast=off;learners.autocast=auto"] [section.key=value ...]
 
 Takes B, K, max_response_len, template, temperature and the learner settings from the config.
 Converts the model once into the cache path that `builtin:smollm2-135m` resolves to
@@ -9,8 +10,9 @@ Converts the model once into the cache path that `builtin:smollm2-135m` resolves
 1. for each engine: a `Sampler` (the production path: template, engine, verifier) generates K
    rollouts of each of the first B gsm train questions after a short warm-up call, and reports
    generation time, generated tokens (tokens/s = tokens / generation time) and verification time;
-2. one `Learner.update` (DeepSpeed, world size 1, the config's ZeRO stage and micro-batch size) on
-   the groups the first engine produced, after a timed `setup`.
+2. `Learner.update` (DeepSpeed, world size 1, the config's ZeRO stage and micro-batch size) on the groups the
+   first engine produced, after a timed `setup`, twice (the second is timed), once per `--variants` entry
+   (learner settings such as bfloat16 autocast or LoRA, compared on the same groups).
 
 Each part runs in its own spawned process, so memory and thread settings do not leak between
 them (vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for the whole process once it
@@ -105,8 +107,9 @@ def run_engine(kind: EngineKind, path: Path, prompts: list[Prompt], *, cfg: Conf
     )
 
 
-def run_update(path: Path, groups: tuple[Group, ...], *, cfg: Config) -> tuple[float, dict[str, float]]:
-    """(setup seconds, update metrics) of one in-process learner at world size 1."""
+def run_update(path: Path, groups: tuple[Group, ...], *, cfg: Config) -> tuple[float, dict[str, float], str]:
+    """(setup seconds, update metrics, what it computed in) of one in-process learner at world size 1; the
+    update runs twice on the same groups and the second is timed (the first pays one-time costs)."""
     from learners.learner import Learner
 
     torch.set_num_threads(1)
@@ -120,8 +123,9 @@ def run_update(path: Path, groups: tuple[Group, ...], *, cfg: Config) -> tuple[f
         dtype=cfg.model.dtype,
     )
     with stopwatch() as setup:
-        learner.setup()
-    return setup.s, learner.update(TrainBatch(groups=groups, version=0, clip=True)).metrics
+        compute = learner.setup()
+    learner.update(TrainBatch(groups=groups, version=0, clip=True))
+    return setup.s, learner.update(TrainBatch(groups=groups, version=1, clip=True)).metrics, compute
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,12 +135,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--engines", default="hf,vllm", help="comma-separated engine kinds, run in this order"
     )
     parser.add_argument("--no-update", action="store_true", help="skip the learner update")
+    parser.add_argument(
+        "--variants",
+        default="",
+        help="learner settings to time the update under, one per ';', each a '+'-joined list of overrides "
+        "(learners.autocast=auto+learners.lora_rank=16); default: the config's own",
+    )
+    parser.add_argument(
+        "overrides", nargs="*", help="config overrides (section.key=value), as exgrpo.run takes"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, args.overrides)
     b, k, r = cfg.trainer.questions_per_step, cfg.trainer.rollouts_per_question, cfg.model.max_response_len
     path = model_dir(cfg)
     prompts = list(read_source(cfg.data.train, split="train", num=b, seed=cfg.data.seed).prompts[:b])
@@ -154,13 +167,19 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.no_update:
         return
-    setup_s, metrics = in_child(run_update, path, results[0].groups, cfg=cfg)
-    update_s = metrics["learner/update_time_s"]
-    print(
-        f"learner: setup {setup_s:.1f} s, update {update_s:.1f} s on {int(metrics['learner/tokens'])} response "
-        f"tokens (ZeRO {cfg.learners.zero_stage}, micro-batch {cfg.learners.micro_batch_size}), "
-        f"grad norm {metrics['learner/grad_norm']:.3g}, loss {metrics['learner/loss']:.3g}"
-    )
+    update_s = 0.0
+    for variant in args.variants.split(";") if args.variants else [""]:
+        extra = [o for o in variant.split("+") if o]
+        vcfg = load_config(args.config, [*args.overrides, *extra])
+        setup_s, metrics, compute = in_child(run_update, path, results[0].groups, cfg=vcfg)
+        update_s = update_s or metrics["learner/update_time_s"]  # the step split below: the first variant's
+        print(
+            f"learner [{' '.join(extra) or 'as configured'}]: {compute}; setup {setup_s:.1f} s, second update "
+            f"{metrics['learner/update_time_s']:.1f} s on {int(metrics['learner/tokens'])} response tokens "
+            f"(ZeRO {vcfg.learners.zero_stage}, micro-batch {vcfg.learners.micro_batch_size}, LoRA rank "
+            f"{vcfg.learners.lora_rank}), grad norm {metrics['learner/grad_norm']:.3g}, loss "
+            f"{metrics['learner/loss']:.3g}"
+        )
     for e in results:
         total = e.gen_s + e.verify_s + update_s
         print(

@@ -83,7 +83,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     """Check/convert one YAML value against a field type; raise ConfigError naming `where`."""
     origin = get_origin(tp)
     if origin is Literal:
-        if isinstance(value, bool) and {"on", "off"} <= set(get_args(tp)):
+        if isinstance(value, bool) and ("on" if value else "off") in get_args(tp):
             value = "on" if value else "off"  # YAML 1.1 reads a bare on/off as a boolean
         if value not in get_args(tp):
             raise ConfigError(f"{where}={value!r} is not allowed; choose one of {list(get_args(tp))}")

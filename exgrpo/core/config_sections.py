@@ -14,7 +14,9 @@ import yaml
 
 # The project's literal types, defined here once
 EngineKind = Literal["hf", "vllm"]  # generation engine: transformers or vLLM
-TemplateName = Literal["plain", "chat", "think", "llama-base"]  # prompt template (exgrpo.data.templates)
+TemplateName = Literal[
+    "plain", "chat", "chat-short", "think", "llama-base"
+]  # prompt template (exgrpo.data.templates)
 Dtype = Literal["float32", "bfloat16", "float16"]  # parameter dtype on learners and engines
 # where the verifier looks for the final answer (exgrpo.verify.verifier)
 RewardMode = Literal["boxed", "think"]
@@ -236,6 +238,10 @@ class LearnerConfig:
     gradient_checkpointing: Literal["auto", "on", "off"] = "auto"
     # response positions per lm_head + log-softmax chunk (bounds the logits memory)
     logits_chunk_tokens: int = 4096
+    # CPU learners with float32 weights: run the model's matmuls under bfloat16 autocast (lm_head and the loss
+    # stay float32); auto = when the CPU has avx512_bf16 or amx_bf16 (decided at start-up and printed), off
+    # = float32
+    autocast: Literal["off", "auto", "bfloat16"] = "off"
     # LoRA rank r through PEFT: only the adapters train (0 = off: full fine-tuning)
     lora_rank: int = 0
     # LoRA scale numerator: an adapter adds (lora_alpha / lora_rank) * B @ A to W

@@ -4,6 +4,9 @@
   expected answer is `\\boxed{...}` right after it.
 - `chat`: the tokenizer's own chat template, the question as the user message followed by an
   instruction to put the final answer in `\\boxed{}`, with the generation prompt appended.
+- `chat-short`: the tokenizer's chat template with a one-line system turn asking for the answer in `\\boxed{}`
+  in place of the template's default system turn (SmolLM2's names the assistant) and the step-by-step line:
+  about half the prompt tokens of `chat` on short questions, which the learner pays for in every forward.
 - `think`: the ExGRPO paper's setting: a system prompt asking the model to reason inside
   `<think> </think>` and then give the final answer in `\\boxed{}` (our wording), rendered with
   the tokenizer's chat template when it has one, else with a plain `System/User/Assistant` frame.
@@ -31,6 +34,7 @@ THINK_SYSTEM_PROMPT = (
     "After </think>, write a short, clear solution that follows from your reasoning and put "
     f"the final answer within {_EMPTY_BOX}."
 )
+SHORT_SYSTEM_PROMPT = f"Give the final answer within {_EMPTY_BOX}."
 LLAMA_BASE_SUFFIX = f"Let's think step by step and output the final answer within {_EMPTY_BOX}."
 
 
@@ -55,15 +59,17 @@ def render_prompt(question: str, *, template: TemplateName, tokenizer: Any = Non
                 "use template 'plain' or 'llama-base' for models without one"
             )
         return _apply_chat(tokenizer, [{"role": "user", "content": f"{question}\n{BOXED_INSTRUCTION}"}])
+    if template == "chat-short":
+        if not _has_chat_template(tokenizer):
+            raise TemplateError(
+                "template 'chat-short' needs a tokenizer with a chat template; "
+                "use template 'plain' or 'llama-base' for models without one"
+            )
+        return _with_system(tokenizer, SHORT_SYSTEM_PROMPT, question)
     if template == "think":
         if not _has_chat_template(tokenizer):
             return f"System: {THINK_SYSTEM_PROMPT}\n\nUser: {question}\n\nAssistant: "
-        messages = [{"role": "system", "content": THINK_SYSTEM_PROMPT}, {"role": "user", "content": question}]
-        try:
-            return _apply_chat(tokenizer, messages)
-        except Exception:  # some chat templates reject a system role: fold it into the user turn
-            merged = f"{THINK_SYSTEM_PROMPT}\n\n{question}"
-            return _apply_chat(tokenizer, [{"role": "user", "content": merged}])
+        return _with_system(tokenizer, THINK_SYSTEM_PROMPT, question)
     raise TemplateError(f"unknown template {template!r}; choose one of {', '.join(TEMPLATES)}")
 
 
@@ -72,6 +78,16 @@ def reward_mode(template: TemplateName) -> RewardMode:
     if template not in TEMPLATES:
         raise TemplateError(f"unknown template {template!r}; choose one of {', '.join(TEMPLATES)}")
     return "think" if template == "think" else "boxed"
+
+
+def _with_system(tokenizer: Any, system: str, question: str) -> str:
+    """The chat template on a system turn and the question; folded into the user turn where the template
+    rejects a system role."""
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    try:
+        return _apply_chat(tokenizer, messages)
+    except Exception:  # some chat templates reject a system role: fold it into the user turn
+        return _apply_chat(tokenizer, [{"role": "user", "content": f"{system}\n\n{question}"}])
 
 
 def _has_chat_template(tokenizer: Any) -> bool:

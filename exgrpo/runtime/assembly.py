@@ -8,12 +8,14 @@ simulated cluster (`exgrpo/sim/cluster.py`) composes the same parts around its o
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from exgrpo.core.config import Config
 from exgrpo.core.roles import WeightTransport
+from exgrpo.reporting.console import PREFIX
 from exgrpo.runtime.controller import ControllerClient
 from exgrpo.runtime.parts import (
     LearnerGroupRole,
@@ -69,6 +71,8 @@ def build_system(cfg: Config, *, model_path: str, run_dir: str | Path | None = N
         spawner = SamplerSpawner(cfg, model_path=model_path, replay=replay)
         samplers = make_samplers(cfg, spawn=spawner, on_removed=spawner.release)
         learners.ready()
+        if cfg.learners.autocast != "off":  # the choice depends on the learner node's CPU: say what it was
+            print(f"{PREFIX} learners compute in {learners.compute}", file=sys.stderr, flush=True)
         replay_ready(replay)
     except BaseException:
         _stop_started(learners, replay)

@@ -64,6 +64,11 @@ def test_override_parsing():
         parse_override("replay.rho")
     with pytest.raises(ConfigError, match="must be section.key"):
         parse_override("rho=0.1")
+    # YAML 1.1 reads a bare off/on as a boolean: a choice named off (or on) still takes it
+    assert load_config(None, ["learners.autocast=off"]).learners.autocast == "off"
+    assert load_config(None, ["learners.gradient_checkpointing=on"]).learners.gradient_checkpointing == "on"
+    with pytest.raises(ConfigError, match="learners.autocast=True is not allowed"):
+        load_config(None, ["learners.autocast=on"])
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,13 @@ import pytest
 
 from exgrpo.core.records import Prompt
 from exgrpo.data.readers import BadRow, DataError, read_prompts, write_prompts
-from exgrpo.data.templates import THINK_SYSTEM_PROMPT, TemplateError, render_prompt, reward_mode
+from exgrpo.data.templates import (
+    SHORT_SYSTEM_PROMPT,
+    THINK_SYSTEM_PROMPT,
+    TemplateError,
+    render_prompt,
+    reward_mode,
+)
 from exgrpo.verify.answers import BOX_COMMAND, boxed, extract_answer, final_answer, last_boxed
 from exgrpo.verify.verifier import Verifier
 
@@ -371,6 +377,16 @@ def test_chat_template_uses_tokenizer() -> None:
         render_prompt("q", template="chat")
 
 
+def test_chat_short_template_puts_one_line_in_the_system_turn() -> None:
+    text = render_prompt("0 - 4 =", template="chat-short", tokenizer=FakeChatTokenizer())
+    assert text == f"<|system|>{SHORT_SYSTEM_PROMPT}\n<|user|>0 - 4 =\n<|assistant|>"
+    assert "\\boxed{}" in SHORT_SYSTEM_PROMPT and len(SHORT_SYSTEM_PROMPT) < len(THINK_SYSTEM_PROMPT) / 4
+    folded = render_prompt("0 - 4 =", template="chat-short", tokenizer=FakeChatTokenizer(allow_system=False))
+    assert folded == f"<|user|>{SHORT_SYSTEM_PROMPT}\n\n0 - 4 =\n<|assistant|>"
+    with pytest.raises(TemplateError, match="needs a tokenizer with a chat template"):
+        render_prompt("q", template="chat-short")
+
+
 def test_think_template_system_prompt_and_fallbacks() -> None:
     assert "<think>" in THINK_SYSTEM_PROMPT and "</think>" in THINK_SYSTEM_PROMPT
     assert "\\boxed{}" in THINK_SYSTEM_PROMPT
@@ -402,8 +418,8 @@ def test_chat_template_with_a_real_tokenizer() -> None:
 
 def test_reward_mode_and_unknown_template() -> None:
     assert reward_mode("think") == "think"
-    assert [reward_mode(t) for t in ("plain", "chat", "llama-base")] == ["boxed"] * 3
-    with pytest.raises(TemplateError, match="choose one of plain, chat, think, llama-base"):
+    assert [reward_mode(t) for t in ("plain", "chat", "chat-short", "llama-base")] == ["boxed"] * 4
+    with pytest.raises(TemplateError, match="choose one of plain, chat, chat-short, think, llama-base"):
         render_prompt("q", template="fancy")  # type: ignore[arg-type]
     with pytest.raises(TemplateError, match="unknown template"):
         reward_mode("fancy")  # type: ignore[arg-type]
