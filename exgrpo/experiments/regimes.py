@@ -35,7 +35,14 @@ def cell_row(sweep: Path, *, arm: str, base: str) -> dict[str, Any] | None:
     def final(run: dict[str, Any], key: str) -> float:
         return float(run["curve"][-1][key])
 
-    diffs = {k: paired([final(by[arm][s], k) - final(by[base][s], k) for s in seeds]) for k in ("id", "ood")}
+    # a task of one source has no ID/OOD split: its ID column is the accuracy over all held-out questions, OOD nan
+    id_key = "id" if by[base][seeds[0]]["curve"][-1].get("id") is not None else "all"
+    diffs = {"id": paired([final(by[arm][s], id_key) - final(by[base][s], id_key) for s in seeds])}
+    diffs["ood"] = (
+        paired([final(by[arm][s], "ood") - final(by[base][s], "ood") for s in seeds])
+        if id_key == "id"
+        else (float("nan"), float("nan"), len(seeds))
+    )
     zero_var = [series_mean(by[base][s], "fresh_zero_var") for s in seeds]
     return {
         "cell": sweep.name,
@@ -46,7 +53,7 @@ def cell_row(sweep: Path, *, arm: str, base: str) -> dict[str, Any] | None:
         "fresh_zero_var": float(np.nanmean(zero_var)),
         "id": diffs["id"][:2],
         "ood": diffs["ood"][:2],
-        "base_id": float(np.mean([final(by[base][s], "id") for s in seeds])),
+        "base_id": float(np.mean([final(by[base][s], id_key) for s in seeds])),
         "seeds": len(seeds),
         "wall_s": float(np.mean([by[v][s]["wall_s"] for v in (arm, base) for s in seeds])),
     }

@@ -127,12 +127,26 @@ def paired(diffs: list[float]) -> tuple[float, float, int]:
     return float(d.mean()), se, len(d)
 
 
+def split_keys(results: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The curve keys a report compares on: ID and OOD when the evaluation had them (the embedded task's two
+    sources), else the accuracy over all held-out questions (a task of one source)."""
+    split = [(k, label) for k, label in (("id", "ID"), ("ood", "OOD")) if _has(results, k)]
+    return split or [("all", "all")]
+
+
+def _has(results: list[dict[str, Any]], key: str) -> bool:
+    return any(p.get(key) is not None for r in results for p in r["curve"])
+
+
 def format_report(results: list[dict[str, Any]]) -> str:
     by = by_variant(results)
     steps = sorted({p["step"] for r in results for p in r["curve"]})
     last = steps[-1] if steps else 0
+    keys = split_keys(results)
     lines = ["## Held-out accuracy (Avg@n), mean ± std over seeds, at equal learner steps", ""]
     for key, label in (("id", "ID"), ("ood", "OOD"), ("all", "all")):
+        if not _has(results, key):
+            continue
         lines += [
             f"### {label}",
             "",
@@ -150,20 +164,22 @@ def format_report(results: list[dict[str, Any]]) -> str:
         f"## Paired differences a − b per seed (mean ± standard error), at step {last} and at equal "
         "generated tokens",
         "",
-        "| a − b | seeds | ID (steps) | OOD (steps) | ID (tokens) | OOD (tokens) | token budget |",
-        "|---|---|---|---|---|---|---|",
+        "| a − b | seeds | "
+        + " | ".join(f"{label} ({unit})" for unit in ("steps", "tokens") for _, label in keys)
+        + " | token budget |",
+        "|---|---|" + "---|" * (2 * len(keys) + 1),
     ]
     for a, b in PAIRS:
         seeds = sorted(set(by.get(a, {})) & set(by.get(b, {})))
         if not seeds:
             continue
         cells = []
-        for key in ("id", "ood"):
+        for key, _ in keys:
             d = [_at_step(by[a][s], last, key) - _at_step(by[b][s], last, key) for s in seeds]
             m, se, _ = paired(d)
             cells.append(f"{m:+.3f} ± {se:.3f}")
         budgets = [min(by[a][s]["curve"][-1]["tokens"], by[b][s]["curve"][-1]["tokens"]) for s in seeds]
-        for key in ("id", "ood"):
+        for key, _ in keys:
             d = [
                 _at_tokens(by[a][s], t, key) - _at_tokens(by[b][s], t, key)
                 for s, t in zip(seeds, budgets, strict=True)
@@ -176,15 +192,17 @@ def format_report(results: list[dict[str, Any]]) -> str:
         "",
         "## Per run",
         "",
-        "| variant | seed | wall s | replay groups | chosen valid | final ID | final OOD |",
-        "|---|---|---|---|---|---|---|",
+        "| variant | seed | wall s | replay groups | chosen valid | "
+        + " | ".join(f"final {label}" for _, label in keys)
+        + " |",
+        "|---|---|---|---|---|" + "---|" * len(keys),
     ]
     for r in results:
         c = r["curve"][-1]
         cv = "-" if r.get("chosen_valid_frac") is None else f"{r['chosen_valid_frac']:.3f}"
+        finals = " | ".join(f"{c[key]:.3f}" for key, _ in keys)
         lines.append(
-            f"| {r['variant']} | {r['seed']} | {r['wall_s']:.0f} | {r['replay_groups']} | {cv} | "
-            f"{c['id']:.3f} | {c['ood']:.3f} |"
+            f"| {r['variant']} | {r['seed']} | {r['wall_s']:.0f} | {r['replay_groups']} | {cv} | {finals} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -234,8 +252,9 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     by = by_variant(results)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=False)
-    for ax, key, label in ((axes[0], "id", "ID"), (axes[1], "ood", "OOD")):
+    keys = split_keys(results)
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4), sharey=False, squeeze=False)
+    for ax, (key, label) in zip(axes[0], keys, strict=True):
         for v, runs in by.items():
             steps = sorted({p["step"] for r in runs.values() for p in r["curve"]})
             stats = [
@@ -248,7 +267,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
             ax.fill_between(steps, mean - sd, mean + sd, alpha=0.1)
         ax.set_xlabel("learner step")
         ax.set_ylabel(f"held-out {label} accuracy (mean ± std over seeds)")
-    axes[0].legend(fontsize=7)
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -285,7 +304,7 @@ def plot_mechanism(results: list[dict[str, Any]], path: Path, *, window: int = 1
         ax.set_xlabel("learner step")
         ax.set_title(label, fontsize=9)
         ax.set_ylabel(f"mean over seeds, {window}-step average", fontsize=8)
-    axes[0].legend(fontsize=7)
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

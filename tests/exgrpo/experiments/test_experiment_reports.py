@@ -9,7 +9,7 @@ import pytest
 
 from exgrpo.experiments.compare import VARIANTS
 from exgrpo.experiments.probe import format_probe
-from exgrpo.experiments.tables import format_report, mechanism_table, paired, series_mean
+from exgrpo.experiments.tables import format_report, mechanism_table, paired, plot, series_mean
 
 
 def _run(variant: str, seed: int, final_id: float, *, series: dict | None = None) -> dict:
@@ -40,6 +40,18 @@ def test_format_report_pairs_questions_only_with_grpo_by_seed():
     table = format_report(results)
     assert "| questions-only − grpo | 2 | -0.020 ± 0.000 |" in table
     assert "questions-only" in VARIANTS and "equal-fresh" in VARIANTS
+
+
+def test_a_task_of_one_source_is_compared_on_all_its_held_out_questions(tmp_path):
+    results = [_run("grpo", s, 0.5) for s in (0, 1)] + [_run("exgrpo", s, 0.6 + 0.02 * s) for s in (0, 1)]
+    for r in results:
+        for point in r["curve"]:
+            point["id"] = point["ood"] = None  # what compare.run_one records for a task without ID/OOD sources
+    table = format_report(results)
+    assert "| exgrpo − grpo | 2 | +0.055 ± 0.005 |" in table  # "all": final_id / 2
+    assert "### ID" not in table and "final all" in table
+    plot(results, tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").stat().st_size > 0
 
 
 def test_mechanism_table_means_series_over_steps_then_seeds_skipping_nan():
