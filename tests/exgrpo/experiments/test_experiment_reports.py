@@ -46,7 +46,9 @@ def test_a_task_of_one_source_is_compared_on_all_its_held_out_questions(tmp_path
     results = [_run("grpo", s, 0.5) for s in (0, 1)] + [_run("exgrpo", s, 0.6 + 0.02 * s) for s in (0, 1)]
     for r in results:
         for point in r["curve"]:
-            point["id"] = point["ood"] = None  # what compare.run_one records for a task without ID/OOD sources
+            point["id"] = point["ood"] = (
+                None  # what compare.run_one records for a task without ID/OOD sources
+            )
     table = format_report(results)
     assert "| exgrpo − grpo | 2 | +0.055 ± 0.005 |" in table  # "all": final_id / 2
     assert "### ID" not in table and "final all" in table
