@@ -24,6 +24,7 @@ from actors.engines import Completion
 from actors.factory import make_engine
 from actors.sampler_common import (
     EngineSpec,
+    SamplerSettings,
     check_positions,
     engine_kwargs,
     new_failure_notes,
@@ -31,12 +32,11 @@ from actors.sampler_common import (
     reward_failures,
 )
 from actors.sampling import build_groups, check_scoring
-from exgrpo.core.config import TemplateName
 from exgrpo.core.names import sampler_name
 from exgrpo.core.records import GenerationRequest, Group, Prompt, RolloutResult
 from exgrpo.data.templates import render_prompt, reward_mode
 from exgrpo.transport.packed import PackedWeights, unpack_weights
-from exgrpo.verify.rewards import MATH, make_scorer
+from exgrpo.verify.rewards import make_scorer
 
 
 class ContinuousSampler:
@@ -45,21 +45,13 @@ class ContinuousSampler:
         *,
         index: int,
         engine: EngineSpec,
-        template: TemplateName,
-        max_response_len: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        verify_timeout_s: float = 5.0,
-        reward_fn: str = MATH,
+        settings: SamplerSettings,
         replay: Any = None,
-        seed: int = 0,
-        rollouts_per_question: int = 8,
         version_timeout_s: float = 600.0,
-        seeded: bool = True,
     ) -> None:
-        """`seeded`: each request (and evaluation sample) carries its seed; False: none (vLLM's batched
-        sampler instead of its per-sequence seeded path)."""
+        """`version_timeout_s`: the longest wait of a request for its admission version."""
         torch.set_num_threads(1)
+        s = settings
         self.name = sampler_name(index)
         if engine.kind != "vllm" or engine.weight_transfer is not None or engine.tensor_parallel_size != 1:
             raise ValueError(
@@ -67,20 +59,22 @@ class ContinuousSampler:
                 "tensor_parallel_size=1) fed by the object-store transport (async.weight_sync=object_store)"
             )
         check_positions(engine)
-        vllm = make_engine("vllm", engine.model_path, dtype=engine.dtype, seed=seed, **engine_kwargs(engine))
+        vllm = make_engine(
+            "vllm", engine.model_path, dtype=engine.dtype, seed=s.seed, **engine_kwargs(engine)
+        )
         self.engine = ContinuousEngine(vllm)  # type: ignore[arg-type]
         self.tokenizer = vllm.tokenizer
-        self.template = template
-        self.max_response_len = max_response_len
-        self.temperature, self.top_p = temperature, top_p
-        self.verifier = make_scorer(reward_fn, mode=reward_mode(template), timeout_s=verify_timeout_s)
+        self.template = s.template
+        self.max_response_len = s.max_response_len
+        self.temperature, self.top_p = s.temperature, s.top_p
+        self.verifier = make_scorer(s.reward_fn, mode=reward_mode(s.template), timeout_s=s.verify_timeout_s)
         self._noted: set[str] = set()  # kinds of reward failure already reported to the driver
         self.replay = replay
         self._push = CoalescedPush(replay.push) if replay is not None else None
-        self._seed = seed
-        self.seeded = seeded
-        self.rollouts_per_question = rollouts_per_question
-        self.version_timeout_s = version_timeout_s  # longest wait of a request for its admission version
+        self._seed = s.seed
+        self.seeded = s.seeded  # False: vLLM's batched sampler instead of its per-sequence seeded path
+        self.rollouts_per_question = s.rollouts_per_question
+        self.version_timeout_s = version_timeout_s
         self.weight_load_s = 0.0
         self._verify_lock: asyncio.Lock | None = None
         self._versions: asyncio.Condition | None = None

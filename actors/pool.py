@@ -1,32 +1,11 @@
 """SamplerPool: the sampler actors, their in-flight requests and their number (`exgrpo.core.roles.Rollouts`).
 
-Health tracking and async request bookkeeping come from RLlib's `FaultTolerantActorManager` (the
-way RLlib manages EnvRunners). On top of it the pool keeps every request it was given until a
-sampler reports it done: a failed or removed sampler's requests go back to the queue, so none is
-lost, and a failed sampler is replaced.
-
-A sampler the pool adds (scale-up, replacement) is *starting* until its actor answers a `ping`, i.e.
-until Ray has placed it and its engine is built. A starting sampler gets no request, is not among
-`members()` and is never waited for, so a sampler that Ray cannot place (it stays PENDING_CREATION on a
-cluster without room) never blocks a step; a scale-down removes starting samplers first (newest first),
-which cancels their creation. The initial samplers are waited for in the constructor (the cluster check
-has made sure they fit); one whose start fails raises there with its error.
-
-The pool knows nothing about weights. Every sampler it adds (initial, scale-up, replacement) is
-handed to `on_new` (the wiring sets it to the weight transport's `catch_up`) once it has started,
-before the pool sends it any request; Ray runs one caller's calls on an actor in submission order, so
-whatever `on_new` submits is applied before the first generate, and it is the weights of the moment
-the sampler joins. `members()` is what the transport broadcasts to. Every sampler it removes (drained, failed, shut down) is handed to `on_removed` after
-it is killed (the wiring releases a tensor-parallel sampler's placement group there).
-
-Elastic fleets (`exgrpo/runtime/elastic.py`): `on_scale(n)` hears every new count (the wiring asks Ray's
-autoscaler for n sampler bundles); `node_of(handle)` names a joined sampler's node and `drains()` returns the
-nodes being drained with their deadlines (Ray's drain API: a spot notice), read at most once a second. A
-sampler on a drained node takes no request from then on; it finishes what it holds, or hands it back (the
-requests go to the front of the queue) `preempt_grace_s` before the deadline, and a replacement starts at
-once (Ray places it on another node). Samplers lost to a drained or vanished node count as `preemptions`,
-not `restarts`. `idle_seconds()` is the sampler-seconds the pool had nothing to do (the staleness bound held
-the driver back): the autoscale policy's signal.
+Over RLlib's `FaultTolerantActorManager`. Invariants: a request stays the pool's until a sampler reports it
+done (a failed sampler's go back to the front of the queue, and it is replaced); a sampler it adds is *starting*
+until it answers a `ping` (no request, not in `members()`, never blocks a step), then goes to `on_new` (the
+weights' `catch_up`) before its first request; a scale-down removes starting samplers first, then drains the
+newest live ones. Elastic fleets: `ElasticHooks`, `actors.pool_elastic`. More: docs/architecture.md ("Scaling
+and faults"); tests/integration/test_pool.py, tests/integration/test_pending_sampler.py.
 """
 
 from __future__ import annotations
@@ -36,6 +15,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -47,6 +27,19 @@ from exgrpo.core.records import GenerationRequest, Prompt, RolloutResult
 
 log = logging.getLogger(__name__)
 TAG = "generate"
+
+
+@dataclass(frozen=True)
+class ElasticHooks:
+    """A fleet that grows, shrinks and loses nodes (`exgrpo.runtime.elastic.pool_hooks`; none: a fixed fleet)."""
+
+    on_scale: Callable[[int], None] | None = None  # hears every new count (asks the autoscaler for n)
+    node_of: Callable[[Any], str | None] | None = None  # a joined sampler's node
+    # the nodes being drained (Ray's drain API: a spot notice) -> their deadlines (wall clock, s), read <= 1/s;
+    # a sampler on one takes no new request, and hands back what it holds `preempt_grace_s` before the deadline
+    drains: Callable[[], dict[str, float]] | None = None
+    node_gone: Callable[[str], bool] | None = None  # a node's raylet is gone (its sampler is a preemption)
+    preempt_grace_s: float = 5.0
 
 
 class SamplerPool(ElasticPool):
@@ -61,11 +54,7 @@ class SamplerPool(ElasticPool):
         max_in_flight_per_sampler: int = 2,
         on_new: Callable[[Any], None] | None = None,
         on_removed: Callable[[Any], None] | None = None,
-        on_scale: Callable[[int], None] | None = None,
-        node_of: Callable[[Any], str | None] | None = None,
-        drains: Callable[[], dict[str, float]] | None = None,
-        node_gone: Callable[[str], bool] | None = None,
-        preempt_grace_s: float = 5.0,
+        elastic: ElasticHooks | None = None,
     ) -> None:
         if num < 0 or requests_per_call < 1 or max_in_flight_per_sampler < 1:
             raise ValueError(
@@ -88,8 +77,9 @@ class SamplerPool(ElasticPool):
         self._starting: dict[int, tuple[Any, Any]] = {}  # sampler index -> (handle, its ping's ref)
         self.restarts = 0  # samplers replaced after a failure
         self.preemptions = 0  # samplers lost to a drained or vanished node (replaced, not failures)
-        self.on_scale, self.node_of, self.drains, self.node_gone = on_scale, node_of, drains, node_gone
-        self.preempt_grace_s = preempt_grace_s
+        e = elastic or ElasticHooks()
+        self.on_scale, self.node_of, self.drains = e.on_scale, e.node_of, e.drains
+        self.node_gone, self.preempt_grace_s = e.node_gone, e.preempt_grace_s
         self._nodes: dict[int, str | None] = {}  # manager actor id -> its node (with node_of)
         self._deadlines: dict[int, float] = {}  # preempted manager actor id -> hand back at (wall clock, s)
         self._idle_s, self._idle_since, self._drains_at = 0.0, None, 0.0
@@ -167,7 +157,9 @@ class SamplerPool(ElasticPool):
             self._promote(timeout_s=min(left, 1.0))
 
     def _join(self, index: int, handle: Any) -> None:
-        if self.on_new is not None:  # before any request reaches it, with the weights of now
+        # before any request reaches it, with the weights of now (Ray runs one caller's calls on an actor in
+        # submission order, so what `on_new` submits is applied before the first generate)
+        if self.on_new is not None:
             self.on_new(handle)
         self.manager.add_actors([handle])
         aid = max(self.manager.actor_ids())

@@ -22,6 +22,7 @@ from actors.engines import GenerationEngine
 from actors.factory import make_engine
 from actors.sampler_common import (
     EngineSpec,
+    SamplerSettings,
     check_positions,
     engine_kwargs,
     new_failure_notes,
@@ -29,23 +30,23 @@ from actors.sampler_common import (
     reward_failures,
 )
 from actors.sampling import build_groups, generate_scored, sample_rewards, verifier_workers
-from exgrpo.core.config import TemplateName
 from exgrpo.core.faults import fault_point
 from exgrpo.core.names import sampler_name
 from exgrpo.core.records import GenerationRequest, Prompt, RolloutResult
 from exgrpo.data.templates import render_prompt, reward_mode
 from exgrpo.transport.packed import PackedWeights, unpack_weights
-from exgrpo.verify.rewards import MATH, make_scorer
+from exgrpo.verify.rewards import make_scorer
 
 WEIGHTS = "weights"  # the concurrency group of the weight-transfer control calls (see below)
 
-# EngineSpec, check_positions, new_failure_notes and request_seed live in actors.sampler_common (shared with
-# the continuous sampler) and stay importable from here
+# EngineSpec, SamplerSettings, check_positions, new_failure_notes and request_seed live in actors.sampler_common
+# (shared with the continuous sampler) and stay importable from here
 __all__ = [
     "WEIGHTS",
     "EngineSpec",
     "LateWeightUpdate",
     "Sampler",
+    "SamplerSettings",
     "WeightsFailed",
     "check_positions",
     "new_failure_notes",
@@ -61,41 +62,37 @@ class Sampler:
         *,
         index: int,
         engine: EngineSpec,
-        template: TemplateName,
-        max_response_len: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        verify_timeout_s: float = 5.0,
-        reward_fn: str = MATH,
+        settings: SamplerSettings,
         replay: Any = None,
-        seed: int = 0,
-        rollouts_per_question: int = 8,
-        seeded: bool = True,
         verify_workers: int | None = None,
         overlap_verify: bool | None = None,
     ) -> None:
-        """`seeded=False`: requests carry no seed. `verify_workers`: verifier processes (None: `verifier_workers`).
-        `overlap_verify`: score requests as they finish (`generate_scored`; None: with 2+ verifier workers)."""
+        """`verify_workers`: verifier processes (None: `verifier_workers`). `overlap_verify`: score requests as
+        they finish (`generate_scored`; None: with 2+ verifier workers)."""
         torch.set_num_threads(1)
+        s = settings
         self.name = sampler_name(index)
         check_positions(engine)  # before minutes of engine start-up
         self.tp = engine.tensor_parallel_size
         self.engine: GenerationEngine = make_engine(
-            engine.kind, engine.model_path, dtype=engine.dtype, seed=seed, **engine_kwargs(engine)
+            engine.kind, engine.model_path, dtype=engine.dtype, seed=s.seed, **engine_kwargs(engine)
         )
-        self.template = template
-        self.max_response_len = max_response_len
-        self.temperature, self.top_p = temperature, top_p
+        self.template = s.template
+        self.max_response_len = s.max_response_len
+        self.temperature, self.top_p = s.temperature, s.top_p
         self.verify_workers = verifier_workers(verify_workers)
         self.verifier = make_scorer(
-            reward_fn, mode=reward_mode(template), timeout_s=verify_timeout_s, workers=self.verify_workers
+            s.reward_fn,
+            mode=reward_mode(s.template),
+            timeout_s=s.verify_timeout_s,
+            workers=self.verify_workers,
         )
-        self.seeded = seeded
+        self.seeded = s.seeded  # False: requests carry no seed
         self.overlap_verify = self.verify_workers >= 2 if overlap_verify is None else overlap_verify
         self._noted: set[str] = set()  # kinds of reward failure already reported to the driver
         self.replay = replay
-        self._seed = seed
-        self.rollouts_per_question = rollouts_per_question  # K: the seed stride of a request
+        self._seed = s.seed
+        self.rollouts_per_question = s.rollouts_per_question  # K: the seed stride of a request
         self._update_start = time.perf_counter()
         self.weight_load_s = 0.0  # time spent applying the last weights
         self.gate = self._new_gate()

@@ -1,10 +1,11 @@
 """What both samplers share (`actors.sampler.Sampler`, `actors.continuous_sampler.ContinuousSampler`).
 
-`EngineSpec`: how a sampler builds its engine in its own process (`engine_kwargs`: the vLLM arguments),
-and `check_positions`, which refuses an engine context longer than the model's position limit before
-minutes of start-up. `request_seed`: the base sampling seed of a request, disjoint between requests
-(see `actors.sampler`). `reward_failures` and `new_failure_notes`: the rewards scored 0 for want of a
-verdict, and the first failure of each kind, reported to the driver once.
+`EngineSpec`: how a sampler builds its engine in its own process (`engine_kwargs`: the vLLM arguments);
+`SamplerSettings`: what it samples and scores with (both constructors take it). `check_positions` refuses
+an engine context longer than the model's position limit before minutes of start-up. `request_seed`: the
+base sampling seed of a request, disjoint between requests (see `actors.sampler`). `reward_failures` and
+`new_failure_notes`: the rewards scored 0 for want of a verdict, and the first failure of each kind,
+reported to the driver once.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from exgrpo.core.config import Dtype, EngineKind
+from exgrpo.core.config import Dtype, EngineKind, TemplateName
 from exgrpo.core.positions import OVERRIDE_HINT, position_limit, read_config
+from exgrpo.verify.rewards import MATH
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,22 @@ class EngineSpec:
     enforce_eager: bool | None = None  # vLLM without CUDA graphs; None = eager on CPU, CUDA graphs on GPU
     gpus_per_worker: float = 1.0  # GPU share of each vLLM worker when tensor_parallel_size > 1
     engine_process: str = "inline"  # vLLM's engine core: "inline" (this process) or "child" (its own process)
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """How a sampler samples and scores, whichever kind it is (`exgrpo.runtime.parts.SamplerSpawner` builds one
+    from the config for all its samplers; it travels to each actor with `.remote`, so it stays picklable)."""
+
+    template: TemplateName  # model.template: how a prompt is rendered, and the reward's mode
+    max_response_len: int  # model.max_response_len: the token cap of a response
+    temperature: float = 1.0
+    top_p: float = 1.0
+    verify_timeout_s: float = 5.0  # the verifier's deadline per answer
+    reward_fn: str = MATH  # reward.fn: the built-in verifier or the user's function
+    seed: int = 0  # trainer.seed: the engine's seed and the base of every request's (`request_seed`)
+    rollouts_per_question: int = 8  # K: the seed stride of a request
+    seeded: bool = True  # requests (and evaluation samples) carry a seed; False: none (vLLM's batched path)
 
 
 def engine_kwargs(spec: EngineSpec) -> dict[str, Any]:

@@ -32,7 +32,7 @@ env_defaults(vllm_cpu=True, tokenizers=True, torch_extensions=True)
 
 import torch  # noqa: E402
 
-from actors.sampler import EngineSpec, Sampler  # noqa: E402
+from actors.sampler import EngineSpec, Sampler, SamplerSettings  # noqa: E402
 from exgrpo.core.config import Config, EngineKind  # noqa: E402
 from exgrpo.core.config_files import load_config  # noqa: E402
 from exgrpo.core.records import GenerationRequest, Group, Prompt, TrainBatch  # noqa: E402
@@ -78,12 +78,14 @@ def run_engine(kind: EngineKind, path: Path, prompts: list[Prompt], *, cfg: Conf
         sampler = Sampler(
             index=0,
             engine=EngineSpec(kind=kind, model_path=str(path), dtype=cfg.model.dtype),
-            template=cfg.model.template,
-            max_response_len=cfg.model.max_response_len,
-            temperature=cfg.samplers.temperature,
-            top_p=cfg.samplers.top_p,
-            verify_timeout_s=cfg.samplers.verify_timeout_s,
-            seed=cfg.trainer.seed,
+            settings=SamplerSettings(
+                template=cfg.model.template,
+                max_response_len=cfg.model.max_response_len,
+                temperature=cfg.samplers.temperature,
+                top_p=cfg.samplers.top_p,
+                verify_timeout_s=cfg.samplers.verify_timeout_s,
+                seed=cfg.trainer.seed,
+            ),
         )
     sampler.verifier.start()
     sampler.engine.generate([sampler.render(prompts[0])], n=1, max_tokens=8)  # warm-up

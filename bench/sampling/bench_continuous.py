@@ -36,7 +36,7 @@ import ray  # noqa: E402
 
 from actors.continuous_sampler import ContinuousSampler  # noqa: E402
 from actors.pool import SamplerPool  # noqa: E402
-from actors.sampler import EngineSpec, Sampler  # noqa: E402
+from actors.sampler import EngineSpec, Sampler, SamplerSettings  # noqa: E402
 from exgrpo.core.records import GenerationRequest, Prompt  # noqa: E402
 from exgrpo.models.tiny import TinyModelSpec, build_tiny_model  # noqa: E402
 from exgrpo.runtime.env import ACTOR_ENV, remote_actor  # noqa: E402
@@ -44,14 +44,13 @@ from exgrpo.transport.packed import Packer  # noqa: E402
 
 
 def start(kind: str, model: Path, args: argparse.Namespace, round_: int) -> Any:
-    common = dict(
+    common: dict[str, Any] = dict(
         num_cpus=1,
         index=0,
         engine=EngineSpec(kind="vllm", model_path=str(model), max_model_len=args.max_tokens + 64),
-        template="plain",
-        max_response_len=args.max_tokens,
-        seed=11,
-        rollouts_per_question=args.k,
+        settings=SamplerSettings(
+            template="plain", max_response_len=args.max_tokens, seed=11, rollouts_per_question=args.k
+        ),
     )
     name = f"bench-{kind}-{round_}"
     if kind == "continuous":

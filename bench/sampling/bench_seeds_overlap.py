@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         args.requests, args.k, args.max_tokens, args.rounds = 8, 2, 32, 1
     import torch
 
-    from actors.sampler import EngineSpec, Sampler
+    from actors.sampler import EngineSpec, Sampler, SamplerSettings
     from exgrpo.models.tiny import TinyModelSpec, build_tiny_model
 
     torch.set_num_threads(1)
@@ -132,12 +132,14 @@ def main(argv: list[str] | None = None) -> None:
         sampler = Sampler(
             index=0,
             engine=EngineSpec(kind="vllm", model_path=str(model), max_model_len=args.max_tokens + 64),
-            template="plain",
-            max_response_len=args.max_tokens,
-            seed=11,
-            rollouts_per_question=args.k,
+            settings=SamplerSettings(
+                template="plain",
+                max_response_len=args.max_tokens,
+                reward_fn=REWARD_FN if args.reward_ms > 0 else "math",
+                seed=11,
+                rollouts_per_question=args.k,
+            ),
             verify_workers=args.verify_workers,
-            reward_fn=REWARD_FN if args.reward_ms > 0 else "math",
         )
         try:
             sampler.verifier.start()

@@ -86,7 +86,7 @@ def one_run(
     elastic grows as its policy decides; both pay their samplers' starts inside the timed window."""
     from exgrpo.core import metric_names as M
     from exgrpo.core.config_files import load_config
-    from exgrpo.loop.driver import Driver
+    from exgrpo.loop.driver import Driver, Roles
 
     sim.scale(1)
     sim.system.samplers.wait_started(timeout_s=120)
@@ -107,10 +107,7 @@ def one_run(
     watch = Preempt(s.samplers, preempt_every)
     driver = Driver(
         cfg=cfg,
-        rollouts=s.samplers,
-        replay=s.replay,
-        learners=s.learners,
-        weights=s.weights,
+        roles=Roles(rollouts=s.samplers, replay=s.replay, learners=s.learners, weights=s.weights),
         train=sim.prompts,
         observer=watch,
         stall_timeout_s=300.0,

@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from actors.pool import ElasticHooks
+
 log = logging.getLogger("exgrpo")
 
 
@@ -110,19 +112,17 @@ def _hex(node: Any) -> str:
     return node.hex() if isinstance(node, bytes) else str(node)
 
 
-def pool_hooks(cfg: Any) -> dict[str, Any]:
-    """The `SamplerPool` keyword arguments of an elastic fleet: drains and node lookups always (spot samplers
-    at a fixed count also lose nodes), the autoscaler request with `samplers.autoscale`."""
+def pool_hooks(cfg: Any) -> ElasticHooks:
+    """The `SamplerPool`'s hooks of an elastic fleet: drains and node lookups always (spot samplers at a fixed
+    count also lose nodes), the autoscaler request with `samplers.autoscale`."""
     s = cfg.samplers
-    hooks: dict[str, Any] = {
-        "node_of": node_of,
-        "drains": DrainWatch(),
-        "node_gone": node_gone,
-        "preempt_grace_s": s.preempt_grace_s,
-    }
-    if s.autoscale and s.autoscale_request_resources:
-        hooks["on_scale"] = ClusterRequest(sampler_bundle(s))
-    return hooks
+    return ElasticHooks(
+        on_scale=ClusterRequest(sampler_bundle(s)) if s.autoscale and s.autoscale_request_resources else None,
+        node_of=node_of,
+        drains=DrainWatch(),
+        node_gone=node_gone,
+        preempt_grace_s=s.preempt_grace_s,
+    )
 
 
 def dry_run_line(cfg: Any) -> str | None:

@@ -1,18 +1,10 @@
-"""Builder parts: each starts one role of a run from the config and what that role needs, and returns it
-typed by the Protocols of `exgrpo/core/roles.py` (with the few verbs a run's owner needs beyond them:
-`shutdown`, the replay's shard handles).
-
-    make_replay      the replay shards (named actors, write-ahead log) and the `ShardedReplay` client
-    make_learners    the `LearnerGroup` (DeepSpeed ranks in one placement group)
-    SamplerSpawner   index -> a sampler actor (plain, continuous or tensor-parallel), and its release
-    make_samplers    the `SamplerPool` over a spawner
-    make_transport   the weight transport, hooked to the pool's newcomers
-    make_controller  the scaling controller actor and its non-blocking client
-
-`exgrpo.runtime.assembly.build_system` composes them after the start's checks
-(`exgrpo.runtime.preflight.check_start`); the simulated cluster (`exgrpo/sim/cluster.py`) composes the
-same parts around its sleeping samplers and learners, and `bench/replay/bench_replay_scale.py` starts its shards
-with `make_replay`. Actor names come from `exgrpo/core/names.py`.
+"""Builder parts: each starts one role of a run from the config and returns it typed by the Protocols of
+`exgrpo/core/roles.py` (plus what a run's owner needs beyond them: `shutdown`, the replay's shard handles),
+and mypy checks that it still does: `make_replay` (`ShardedReplay`), `make_learners` (`LearnerGroup`),
+`make_samplers` over a `SamplerSpawner` (`SamplerPool`), `make_transport`, `make_controller`.
+`exgrpo.runtime.assembly.build_system` composes them after `exgrpo.runtime.preflight.check_start`, and
+`exgrpo/sim/cluster.py` around its sleeping roles. Actor names: `exgrpo/core/names.py`. More:
+docs/architecture.md ("Roles").
 """
 
 from __future__ import annotations
@@ -189,11 +181,12 @@ def place_sampler(
 
 class SamplerSpawner:
     """`SamplerPool(spawn=...)`: index -> a `Sampler` (or `ContinuousSampler`) actor named
-    `exgrpo-sampler-<index>` over one engine of `model_path`, pushing to `replay`; `release(handle)`
-    (`SamplerPool(on_removed=...)`) removes a tensor-parallel sampler's placement group."""
+    `exgrpo-sampler-<index>` over one engine of `model_path` (`spec`) with the config's `settings`, pushing
+    to `replay`; `release(handle)` (`SamplerPool(on_removed=...)`) removes a tensor-parallel sampler's
+    placement group."""
 
     def __init__(self, cfg: Config, *, model_path: str, replay: Any) -> None:
-        from actors.sampler import EngineSpec
+        from actors.sampler_common import EngineSpec, SamplerSettings
 
         s = cfg.samplers
         self.cfg, self.replay = cfg, replay
@@ -209,13 +202,24 @@ class SamplerSpawner:
             gpus_per_worker=s.num_gpus,
             engine_process=engine_process(cfg),
         )
+        self.settings = SamplerSettings(
+            template=cfg.model.template,
+            max_response_len=cfg.model.max_response_len,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            verify_timeout_s=s.verify_timeout_s,
+            reward_fn=cfg.reward.fn,
+            seed=cfg.trainer.seed,
+            rollouts_per_question=cfg.trainer.rollouts_per_question,
+            seeded=seeded(cfg),
+        )
         self.groups: dict[int, Any] = {}  # id(sampler handle) -> its placement group (tensor-parallel)
 
     def __call__(self, index: int) -> Any:
         from actors.continuous_sampler import ContinuousSampler
         from actors.sampler import Sampler
 
-        cfg, s = self.cfg, self.cfg.samplers
+        s = self.cfg.samplers
         # a continuous sampler is an asyncio actor serving up to continuous_max_requests generate calls at
         # once, plus its weight loads, evaluations and pings
         extra: dict[str, Any] = (
@@ -231,16 +235,8 @@ class SamplerSpawner:
             tensor_parallel_size=s.tensor_parallel_size,
             index=index,
             engine=self.spec,
-            template=cfg.model.template,
-            max_response_len=cfg.model.max_response_len,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            verify_timeout_s=s.verify_timeout_s,
-            reward_fn=cfg.reward.fn,
+            settings=self.settings,
             replay=self.replay,
-            seed=cfg.trainer.seed,
-            rollouts_per_question=cfg.trainer.rollouts_per_question,
-            seeded=seeded(cfg),
             **extra,
         )
         if group is not None:
@@ -279,7 +275,7 @@ def make_samplers(
         requests_per_call=1 if s.continuous else s.requests_per_call,
         max_in_flight_per_sampler=s.continuous_max_requests if s.continuous else max(2, in_flight),
         on_removed=on_removed,
-        **pool_hooks(cfg),
+        elastic=pool_hooks(cfg),
     )
 
 

@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM
 
 from actors.engines import weights_checksum
 from actors.factory import make_engine
-from actors.sampler import EngineSpec, Sampler, WeightsFailed
+from actors.sampler import EngineSpec, Sampler, SamplerSettings, WeightsFailed
 from exgrpo.core.records import GenerationRequest, Prompt
 from exgrpo.models.tiny import TinyModelSpec, build_tiny_model
 from exgrpo.transport.packed import Packer
@@ -118,8 +118,7 @@ def test_an_update_that_fails_mid_transfer_is_finished_and_the_sampler_waits_for
     sampler = Sampler(
         index=0,
         engine=EngineSpec(kind="vllm", model_path=str(base), weight_transfer=GLOO),
-        template="plain",
-        max_response_len=8,
+        settings=SamplerSettings(template="plain", max_response_len=8),
     )
     served = sampler.checksum()
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)

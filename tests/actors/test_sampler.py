@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
 from pathlib import Path
 
 import pytest
 import torch
 
-from actors.sampler import EngineSpec, Sampler
+from actors.sampler import EngineSpec, Sampler, SamplerSettings
 from exgrpo.core.records import GenerationRequest, Prompt, RolloutResult, Trajectory
 from exgrpo.models.tiny import TinyModelSpec, build_tiny_model
 
@@ -52,10 +54,8 @@ def test_generate_reports_a_rollout_result_and_copies_candidates(model_dir, with
     sampler = Sampler(
         index=3,
         engine=EngineSpec(kind="hf", model_path=str(model_dir)),
-        template="plain",
-        max_response_len=6,
+        settings=SamplerSettings(template="plain", max_response_len=6, seed=1),
         replay=replay,
-        seed=1,
     )
     try:
         requests = _requests()
@@ -74,3 +74,37 @@ def test_generate_reports_a_rollout_result_and_copies_candidates(model_dir, with
         ("replay", 8, 2, "r8"),
     ]
     assert result.gen_time_s > 0 and result.verify_time_s >= 0
+
+
+def test_the_spawner_builds_one_picklable_settings_record_from_the_config():
+    """Both sampler kinds get the same record, which travels to each actor with `.remote` (pickled)."""
+    from exgrpo.core.config_files import load_config
+    from exgrpo.runtime.parts import SamplerSpawner
+
+    cfg = load_config(
+        None,
+        [
+            "model.max_response_len=24",
+            "samplers.temperature=0.7",
+            "samplers.top_p=0.9",
+            "samplers.verify_timeout_s=3",
+            "samplers.seeded=false",
+            "trainer.seed=5",
+            "trainer.rollouts_per_question=4",
+        ],
+    )
+    settings = SamplerSpawner(cfg, model_path="unused", replay=None).settings
+    assert settings == SamplerSettings(
+        template=cfg.model.template,
+        max_response_len=24,
+        temperature=0.7,
+        top_p=0.9,
+        verify_timeout_s=3.0,
+        reward_fn=cfg.reward.fn,
+        seed=5,
+        rollouts_per_question=4,
+        seeded=False,
+    )
+    assert pickle.loads(pickle.dumps(settings)) == settings
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.seed = 6  # type: ignore[misc]

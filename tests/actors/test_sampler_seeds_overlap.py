@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from actors.sampler import EngineSpec, Sampler
+from actors.sampler import EngineSpec, Sampler, SamplerSettings
 from actors.sampler_common import request_seed
 from actors.sampling import generate_scored, generate_streaming, verifier_workers
 from exgrpo.core.records import GenerationRequest, Prompt
@@ -62,10 +62,9 @@ def _sampler(model_dir: Path, kind: str, **kw) -> Sampler:
     return Sampler(
         index=0,
         engine=EngineSpec(kind=kind, model_path=str(model_dir), max_model_len=256),  # type: ignore[arg-type]
-        template="plain",
-        max_response_len=MAX_TOKENS,
-        seed=3,
-        rollouts_per_question=4,
+        settings=SamplerSettings(
+            template="plain", max_response_len=MAX_TOKENS, seed=3, rollouts_per_question=4
+        ),
         **kw,
     )
 
@@ -200,11 +199,11 @@ def test_vllm_requests_carry_a_seed_only_when_seeded(vllm_sampler, monkeypatch, 
 CONTINUOUS = """
 import asyncio, json, sys
 from actors.continuous_sampler import ContinuousSampler
-from actors.sampler import EngineSpec
+from actors.sampler import EngineSpec, SamplerSettings
 from exgrpo.core.records import GenerationRequest, Prompt
 
 sampler = ContinuousSampler(index=1, engine=EngineSpec(kind="vllm", model_path=sys.argv[1], max_model_len=256),
-    template="plain", max_response_len=8, seed=3, rollouts_per_question=4, seeded=False)
+    settings=SamplerSettings(template="plain", max_response_len=8, seed=3, rollouts_per_question=4, seeded=False))
 assert sampler.seeded is False
 seen, params = [], sampler._params
 def spy(*args, **kw):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from actors.sampler import EngineSpec
+from actors.sampler import EngineSpec, SamplerSettings
 from exgrpo.core.records import GenerationRequest, Prompt
 from exgrpo.models.tiny import TinyModelSpec, build_tiny_model
 from exgrpo.transport.packed import Packer
@@ -67,10 +67,9 @@ def start_sampler(
         max_concurrency=16,
         index=index,
         engine=EngineSpec(kind="vllm", model_path=str(model_dir), max_model_len=CONTEXT),
-        template="plain",
-        max_response_len=max_response_len,
-        seed=seed,
-        rollouts_per_question=2,
+        settings=SamplerSettings(
+            template="plain", max_response_len=max_response_len, seed=seed, rollouts_per_question=2
+        ),
         replay=replay,
     )
 

@@ -105,15 +105,17 @@ class Watch(Observer):
 
 
 def run(sim: Any, watch: Watch, steps: int) -> list[dict[str, Any]]:
-    from exgrpo.loop.driver import Driver
+    from exgrpo.loop.driver import Driver, Roles
 
     sim.reset()
     driver = Driver(
         cfg=sim.config(eta=1, replay=False, steps=steps),
-        rollouts=sim.system.samplers,
-        replay=sim.system.replay,
-        learners=sim.system.learners,
-        weights=sim.system.weights,
+        roles=Roles(
+            rollouts=sim.system.samplers,
+            replay=sim.system.replay,
+            learners=sim.system.learners,
+            weights=sim.system.weights,
+        ),
         train=sim.prompts,
         observer=watch,
         stall_timeout_s=120.0,

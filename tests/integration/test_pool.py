@@ -9,7 +9,7 @@ import pytest
 import ray
 
 from actors.pool import SamplerPool
-from actors.sampler import EngineSpec, Sampler
+from actors.sampler import EngineSpec, Sampler, SamplerSettings
 from exgrpo.core.records import GenerationRequest, Prompt, RolloutResult, Trajectory
 from exgrpo.models.tiny import TinyModelSpec, build_tiny_model
 from exgrpo.runtime.env import remote_actor
@@ -32,10 +32,8 @@ def _spawn(model_dir: Path, prefix: str, *, cpus=lambda index: 0.5):
             num_cpus=cpus(index),
             index=index,
             engine=spec,
-            template="plain",
-            max_response_len=4,
+            settings=SamplerSettings(template="plain", max_response_len=4, seed=index),
             replay=None,
-            seed=index,
         )
 
     return spawn

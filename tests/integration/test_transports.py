@@ -20,7 +20,7 @@ import pytest  # noqa: E402
 import ray  # noqa: E402
 
 from actors.pool import SamplerPool  # noqa: E402
-from actors.sampler import EngineSpec, Sampler  # noqa: E402
+from actors.sampler import EngineSpec, Sampler, SamplerSettings  # noqa: E402
 from exgrpo.core import faults  # noqa: E402
 from exgrpo.core import metric_names as M  # noqa: E402
 from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
@@ -90,10 +90,8 @@ def _pool(model_dir: Path, prefix: str, *, engine: str = "hf") -> SamplerPool:
             num_cpus=0.5,
             index=index,
             engine=spec,
-            template="plain",
-            max_response_len=4,
+            settings=SamplerSettings(template="plain", max_response_len=4, seed=index),
             replay=None,
-            seed=index,
         )
 
     return SamplerPool(spawn=spawn, num=0, requests_per_call=1)
