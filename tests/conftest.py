@@ -8,7 +8,8 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+import typing
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -57,26 +58,51 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.nodeid.split("::")[0] not in heavy)  # stable: keeps the order within
 
 
-# Under pytest-xdist (scripts/test.sh) a module marked `alone` holds an exclusive lock while it runs and every
-# other module a shared one, so a timing module never overlaps a module in another worker. One lock file per run
-# (xdist gives all workers of a run the same PYTEST_XDIST_TESTRUNUID); without xdist there is nothing to do.
+# Under pytest-xdist (scripts/test.sh) every module holds a shared lock while it runs, and `measured_alone()`
+# turns it into an exclusive one for a timed block: no test of another worker runs while a timing is measured,
+# but the module's set-up (actor start-up, warm-up runs) overlaps the other worker. One lock file per run (xdist
+# gives all workers of a run the same PYTEST_XDIST_TESTRUNUID); without xdist there is nothing to do.
 _RUN_LOCK = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+_HELD: list[typing.IO[str]] = []  # the open lock file of the module running in this worker
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _alone_or_beside(request: pytest.FixtureRequest) -> Iterator[None]:
+def _shared_lock() -> Iterator[None]:
     if not _RUN_LOCK:
         yield
         return
     import fcntl
 
-    exclusive = request.node.get_closest_marker("alone") is not None
     with open(Path(tempfile.gettempdir()) / f"exgrpo-tests-{_RUN_LOCK}.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        fcntl.flock(f, fcntl.LOCK_SH)
+        _HELD.append(f)
         try:
             yield
         finally:
+            _HELD.remove(f)
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def measured_alone() -> Iterator[None]:
+    """The block runs while no module of another test worker does (its shared lock made exclusive, then shared
+    again): for wall-time measurements that a busy neighbour would perturb."""
+    if not _HELD:
+        yield
+        return
+    import fcntl
+
+    fcntl.flock(_HELD[-1], fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(_HELD[-1], fcntl.LOCK_SH)
+
+
+@pytest.fixture(scope="module")
+def alone() -> Callable[[], contextlib.AbstractContextManager[None]]:
+    """`with alone(): ...` runs a timed block while no other test worker runs anything (`measured_alone`)."""
+    return measured_alone
 
 
 def free_port() -> int:

@@ -14,8 +14,7 @@ import pytest
 from exgrpo.sim.cluster import SimCluster
 from exgrpo.sim.roles import CostModel
 
-# alone: its step times are compared with the cost model, which a test in the other worker would perturb
-pytestmark = [pytest.mark.integration, pytest.mark.alone]
+pytestmark = pytest.mark.integration
 
 B, K, STEPS = 32, 8, 6
 # measured steady-state step <= FACTOR[eta] x ideal. The driver's plumbing (broadcast, submit, poll, pull, the
@@ -43,11 +42,14 @@ def cluster(ray_cluster):
 
 
 @pytest.fixture(scope="module")
-def runs(cluster):
-    return {
-        (eta, replay): cluster.run(eta=eta, replay=replay, steps=STEPS, warmup=2)
-        for eta, replay in ((1, True), (1, False), (0, True))
-    }
+def runs(cluster, alone):
+    # alone: the step times are compared with the cost model, which a test in the other worker would perturb (the
+    # cluster's start and warm-up above overlap it)
+    with alone():
+        return {
+            (eta, replay): cluster.run(eta=eta, replay=replay, steps=STEPS, warmup=2)
+            for eta, replay in ((1, True), (1, False), (0, True))
+        }
 
 
 def test_ideal_of_the_cost_model_derived_by_hand(cluster):
