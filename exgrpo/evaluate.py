@@ -32,7 +32,7 @@ from exgrpo.evaluation.like_run import (
     run_model_dir,
     unfinished_run,
 )
-from exgrpo.evaluation.scores import evaluate, format_table, load_data
+from exgrpo.evaluation.scores import SamplingSettings, evaluate, format_table, load_data
 
 # --------------------------------------------------------------------------- CLI
 
@@ -248,13 +248,15 @@ def main(argv: list[str] | None = None) -> int:
             engine,
             data.prompts,
             template=args.template,
-            tokenizer=tokenizer,
-            n=args.n,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            max_tokens=max_tokens,
+            sampling=SamplingSettings(
+                n=args.n,
+                temperature=args.temperature,
+                max_tokens=max_tokens,
+                top_p=args.top_p,
+                seed=args.seed,
+            ),
             verifier=v,
-            seed=args.seed,
+            tokenizer=tokenizer,
             progress=lambda done, total: print(f"  {done}/{total} questions", file=sys.stderr),
             on_samples=completions,
             correct_above=args.correct_above,

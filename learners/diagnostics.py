@@ -71,10 +71,8 @@ def gradient_shares(
             response_mask=enc.mask,
             replayed=replayed,
             clip=clip,
-            clip_eps=loss.clip_eps,
-            beta=loss.beta,
             norm_len=max_response_len if loss.norm == "constant" else None,
-            shaping=loss.policy_shaping,
+            cfg=loss,
         )
         grads = torch.autograd.grad(value, params, retain_graph=True, allow_unused=True)
         flat[name] = torch.cat(

@@ -137,12 +137,9 @@ def minibatch_backward(
             response_mask=enc.mask,
             replayed=replayed,
             clip=clip,
-            clip_eps=loss.clip_eps,
-            beta=loss.beta,
             norm_len=norm_len,
+            cfg=loss,
             entropy=ent,
-            entropy_coef=loss.entropy_coef,
-            shaping=loss.policy_shaping,
             tis_weight=tis[sl].to(device) if tis is not None and n_j else None,  # (n, R)
         )
         w_pg = world_size * (n_j / n_all if norm_len is not None else t_j / t_all)

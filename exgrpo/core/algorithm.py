@@ -72,6 +72,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from exgrpo.core.config import LossConfig
+
 __all__ = [
     "DelayedStart",
     "exgrpo_loss",
@@ -171,12 +173,9 @@ def exgrpo_loss(
     response_mask: Tensor,
     replayed: Tensor,
     clip: bool,
-    clip_eps: float = 0.2,
-    beta: float = 0.1,
     norm_len: int | None,
+    cfg: LossConfig,
     entropy: Tensor | None = None,
-    entropy_coef: float = 0.0,
-    shaping: bool = True,
     tis_weight: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """ExGRPO token loss over a batch of fresh and replayed rows (maths in the module docstring).
@@ -190,8 +189,12 @@ def exgrpo_loss(
         replayed: (N,) bool, true for rows that are replayed trajectories.
         clip: PPO-clip fresh tokens (true before replay starts); replayed tokens are never clipped.
         norm_len: constant normaliser (max response length); None = mean over all response tokens.
-        entropy: (N, T) token entropies under the current weights (with grad) for the bonus.
-        shaping: f(w*) on replayed tokens; False = plain -A w* (the "no policy shaping" ablation).
+        cfg: the loss settings; this function reads ``clip_eps``, ``beta``, ``policy_shaping`` (False = plain
+            -A w* on replayed tokens, the "no policy shaping" ablation) and ``entropy_coef``. The caller turns
+            the others into arguments: ``norm`` into ``norm_len``, ``remove_clip_after_replay`` into
+            ``clip``, ``tis_cap`` into ``tis_weight``, ``std_normalize`` into ``advantages``.
+        entropy: (N, T) token entropies under the current weights (with grad) for the bonus
+            ``cfg.entropy_coef``; None = no bonus.
         tis_weight: (N, T) multiplier on fresh tokens' loss, already truncated by the caller.
 
     Returns:
@@ -222,7 +225,7 @@ def exgrpo_loss(
     # Fresh tokens: PPO-clip surrogate, or the plain surrogate -w A once clipping is removed.
     unclipped = -ratio * adv  # (N, T)
     if clip:
-        clipped = -ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv  # (N, T)
+        clipped = -ratio.clamp(1.0 - cfg.clip_eps, 1.0 + cfg.clip_eps) * adv  # (N, T)
         fresh_loss = torch.maximum(unclipped, clipped)  # (N, T) = -min(wA, clip(w)A)
         clip_active = fresh & (clipped > unclipped)  # (N, T)
     else:
@@ -232,7 +235,7 @@ def exgrpo_loss(
         fresh_loss = fresh_loss * torch.where(fresh, tis_weight.detach().float(), 1.0)  # (N, T)
 
     # Replayed tokens: shaped ratio f(w*), never clipped.
-    shaped = policy_shape(ratio, beta=beta) if shaping else ratio  # (N, T)
+    shaped = policy_shape(ratio, beta=cfg.beta) if cfg.policy_shaping else ratio  # (N, T)
     replay_loss = -shaped * adv  # (N, T)
 
     token_loss = torch.where(rep, replay_loss, torch.where(fresh, fresh_loss, 0.0))  # (N, T)
@@ -246,7 +249,7 @@ def exgrpo_loss(
     metrics: dict[str, float] = {}
     if entropy is not None:
         mean_entropy = masked_mean(entropy.float(), mask)  # ()
-        loss = loss - entropy_coef * mean_entropy
+        loss = loss - cfg.entropy_coef * mean_entropy
         metrics["entropy"] = float(mean_entropy.detach())
 
     with torch.no_grad():

@@ -68,18 +68,25 @@ class EvalReport:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How `evaluate` samples each question (the report records all but the seed)."""
+
+    n: int  # samples per question for Avg@n and Pass@n
+    temperature: float  # of those samples; at 0 the greedy decode stands in for them
+    max_tokens: int  # response tokens per completion, at most
+    top_p: float = 1.0
+    seed: int | None = 0  # base seed of the samples (see `evaluate`); None = unseeded
+
+
 def evaluate(
     engine: GenerationEngine,
     prompts: Sequence[Prompt],
     *,
     template: TemplateName,
-    tokenizer: Any = None,
-    n: int,
-    temperature: float,
-    max_tokens: int,
+    sampling: SamplingSettings,
     verifier: Scorer,
-    top_p: float = 1.0,
-    seed: int | None = 0,
+    tokenizer: Any = None,
     chunk_size: int = 512,
     progress: Callable[[int, int], None] | None = None,
     on_samples: Callable[[Prompt, Samples], None] | None = None,
@@ -88,19 +95,21 @@ def evaluate(
     """Avg@n, Pass@1 and Pass@n of `engine` on `prompts` (see the module docstring).
 
     Prompts go to `sample_rewards` `chunk_size` at a time, a greedy pass (n=1, T=0) and a sampling
-    pass (n, T) per chunk (at T = 0 the greedy rewards stand in for the samples); the chunk
-    starting at prompt index s samples with seed `seed + s * n`, so prompt i's samples get the
-    seeds a single call would give them (vLLM: seed + i * n + j). `progress(done, total)` is
-    called after each chunk; `on_samples(prompt, samples)` with each prompt's n samples (texts and
-    rewards; at T = 0 the greedy decode n times), in prompt order. The report counts the rewards that
-    failed while it ran (the scorer's `stats()`: raised, not a number, timed out; each scored 0).
+    pass (n, T) per chunk (at T = 0 the greedy rewards stand in for the samples); n, T, top-p, the
+    response length and the seed are `sampling`'s. The chunk starting at prompt index s samples with
+    seed `seed + s * n`, so prompt i's samples get the seeds a single call would give them (vLLM:
+    seed + i * n + j). `progress(done, total)` is called after each chunk; `on_samples(prompt, samples)`
+    with each prompt's n samples (texts and rewards; at T = 0 the greedy decode n times), in prompt
+    order. The report counts the rewards that failed while it ran (the scorer's `stats()`: raised, not
+    a number, timed out; each scored 0).
     """
     if not prompts:
         raise ValueError("no prompts to evaluate")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    n, temperature, top_p, seed = sampling.n, sampling.temperature, sampling.top_p, sampling.seed
     check_scoring(verifier, n=n, temperature=temperature, template=template)
-    common: dict[str, Any] = dict(template=template, max_tokens=max_tokens, tokenizer=tokenizer)
+    common: dict[str, Any] = dict(template=template, max_tokens=sampling.max_tokens, tokenizer=tokenizer)
     before = _failure_stats(verifier)
     results: list[QuestionResult] = []
     for start in range(0, len(prompts), chunk_size):
@@ -128,7 +137,12 @@ def evaluate(
         if progress is not None:
             progress(len(results), len(prompts))
     report = summarize(
-        results, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, correct_above=correct_above
+        results,
+        n=n,
+        temperature=temperature,
+        top_p=top_p,
+        max_tokens=sampling.max_tokens,
+        correct_above=correct_above,
     )
     scored, failures, first = _failure_stats(verifier)
     return replace(

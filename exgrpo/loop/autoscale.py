@@ -1,26 +1,11 @@
-"""The sampler fleet's size (`samplers.autoscale`): a pure policy over the pipeline's own signals, and `Fleet`,
-which applies it (or the operator's fixed count from `python -m exgrpo.scale`) once per step. No Ray.
-
-Signals, per step (`Signals`): the learners' time waiting for generation (`system/update_gap_s`: from the
-previous update seen finished to this one started), the samplers' time blocked by the staleness bound (the
-sampler-seconds the pool spent with nothing to do because the driver admitted nothing more, as a share of
-the live samplers' time), and the requests in flight (queued or generating).
-
-The policy (`Policy.decide`):
-
-- **grow** when the learners waited more than `autoscale_up_wait` of the step for `autoscale_hysteresis`
-  steps in a row: to ceil(n / (1 - wait)) samplers (the count that would have hidden that wait), at least
-  n + 1, at most `autoscale_max` and at most one sampler per `requests_per_call` requests in flight (a
-  sampler beyond that would get no work);
-- **shrink** when the samplers sat blocked more than `autoscale_down_idle` of the step and the learners did
-  not wait, for `autoscale_hysteresis` steps in a row: to ceil(n x (1 - idle) x 1.1) (10% headroom), at
-  least one fewer, at most half fewer in one decision, at least `autoscale_min`;
-- after a change, nothing for `autoscale_cooldown` steps (the new samplers start, the signals settle) and the
-  streaks start again;
-- nothing in a run's last eta + 1 steps (`Fleet.last_step`): nothing more is admitted then, so the samplers
-  sit idle for a reason that is not the staleness bound.
-
-Each decision is a `Decision` (step, from, to, reason), logged as a warning so it reaches a job's output.
+"""The sampler fleet's size (`samplers.autoscale`): `Policy`, pure, over each step's `Signals`, and `Fleet`,
+which applies it (or the operator's fixed count, `python -m exgrpo.scale`) once per step. No Ray.
+Grow when the learners waited for generation more than `autoscale_up_wait` of the step; shrink when the
+samplers sat blocked by the staleness bound more than `autoscale_down_idle` and the learners did not wait.
+Either needs `autoscale_hysteresis` steps in a row and stays in [`autoscale_min`, `autoscale_max`]; after a
+change none for `autoscale_cooldown` steps, and none in a run's last eta + 1 steps (`Fleet.last_step`). Each
+`Decision` is logged as a warning. The targets' formulas: docs/operating.md ("Elastic and spot samplers");
+tests: tests/exgrpo/loop/test_autoscale_policy.py.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
-"""The training loop (docs/architecture.md, "One step"): `Driver.train` reads top to bottom. Typed by
-`exgrpo/core/roles.py`; imports no Ray.
+"""The training loop: `Driver.train` reads top to bottom, each line a call on the object that owns its state.
 
-Per step t: 1-2. admit and schedule step t's requests once the learner version v >= t - eta, replay questions
-after the delayed start (`exgrpo.loop.scheduler.Scheduler`); 3. wait for them and pull their groups by request
-id (a replay request whose question retired in flight is re-issued as a fresh one, waited for and pulled in
-turn); 4. mix: each replay group's slot 0 gets its lowest-entropy stored trajectory (`exgrpo.loop.mixing.Mixer`;
-by default the learners pick inside the update call, `async.select_on_learners`); 5. update: shuffle the batch
-(seeded, checkpointed) and start the learners' update (`exgrpo.loop.pipeline.UpdatePipeline`); it lands later
-(version += 1), then the version is broadcast and the step recorded.
-
-With `async.overlap_update=true` the update does not block the loop: update t + 1 is started as soon as step
-t + 1's groups are pulled, queued on the learners behind update t (learner calls run in the order they were
-started, so it scores its candidates under the weights update t produces and starts the moment update t
-ends); update t lands when it is seen done, while the driver waits for the next step. The export
-`WeightTransport.prepare` queues right behind each update, so it reads exactly its weights. With
-`async.select_on_learners=false` (or random selection with a trace check) the driver scores the candidates
-itself; the scores wait behind the updates in flight, so the next update starts after they land. A step
-followed by a checkpoint (`checkpoint_due`) and the last step land every update before going on, so a
-checkpoint never has an update in flight.
-
-Clipping: PPO clipping on fresh tokens holds until the delayed start; it is removed from the step
-*after* the one whose fresh solve ratio triggers the start (official `loss_remove_clip`).
+Per step t: admit, collect its groups (`Scheduler`), fill slot 0 (`Mixer`), start the update (`UpdatePipeline`).
+An update lands later (`Driver.land`): version += 1, broadcast, the step's record; then the steps it admits.
+Invariants: a group is trained at most eta versions after the weights that sampled it; updates land, broadcast
+and are recorded in step order; a checkpoint has no update in flight. Typed by `exgrpo/core/roles.py`; no Ray.
+Read: docs/architecture.md, "One step, hop by hop" (the table, then `async.overlap_update` below it);
+tests/exgrpo/loop/test_overlap.py and tests/exgrpo/loop/test_admission.py.
 """
 
 from __future__ import annotations
@@ -28,17 +13,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import Config
-from exgrpo.core.records import Group, Prompt
+from exgrpo.core.records import Group, Prompt, TrainBatch
 from exgrpo.core.roles import Learners, Pending, Replay, Rollouts, RunObserver, Scaling, WeightTransport
 from exgrpo.data.stream import OutOfQuestions
 from exgrpo.loop.autoscale import make_fleet
-from exgrpo.loop.mixing import Mixer
+from exgrpo.loop.mixing import MixedGroups, Mixer
 from exgrpo.loop.observer import Observer
 from exgrpo.loop.pipeline import Update, UpdatePipeline
 from exgrpo.loop.scheduler import Scheduler
@@ -49,10 +35,7 @@ from exgrpo.loop.steps import (
     checkpoint_due,
     eval_due,
     eval_metrics,
-    replay_metrics,
     rollout_metrics,
-    solve_ratio,
-    zero_variance_share,
 )
 
 log = logging.getLogger(__name__)
@@ -80,8 +63,19 @@ STATE_KEYS = (
 )
 
 
+@dataclass(frozen=True)
+class Roles:
+    """The roles the loop drives (`exgrpo/core/roles.py`); `scaling`: the operator's sampler count, if any."""
+
+    rollouts: Rollouts
+    replay: Replay
+    learners: Learners
+    weights: WeightTransport
+    scaling: Scaling | None = None
+
+
 class Driver:
-    """The loop over the roles. What it reports (every batch, every step's record, the scored replay
+    """The loop over the roles (`Roles`). What it reports (every batch, every step's record, the scored replay
     candidates) goes to `observer` (`exgrpo.core.roles.RunObserver`; `exgrpo.loop.observer.Observers` for
     several), which only watches. `checkpointer` and `trace_check` are collaborators, not observers, so
     they stay arguments of their own: the checkpointer drains the driver and writes its state at the
@@ -93,13 +87,9 @@ class Driver:
         self,
         *,
         cfg: Config,
-        rollouts: Rollouts,
-        replay: Replay,
-        learners: Learners,
-        weights: WeightTransport,
+        roles: Roles,
         train: Sequence[Prompt],
         evaluation: Sequence[Prompt] = (),
-        scaling: Scaling | None = None,
         observer: RunObserver | None = None,
         checkpointer: Callable[[Driver], object] | None = None,
         stall_timeout_s: float = 900.0,
@@ -107,21 +97,20 @@ class Driver:
         recoveries: int = 0,
     ) -> None:
         self.cfg = cfg
-        self.scaling = scaling
+        self.scaling = roles.scaling
         self.observer: RunObserver = observer if observer is not None else Observer()
         self.checkpointer = checkpointer  # callable(driver) that writes a checkpoint
         self.stall_timeout_s = stall_timeout_s
         self.recoveries = recoveries  # in-job recoveries before this driver started (reported, not used)
         # steps 1-3: admission, requests, pulls; step 5: the updates in flight and the learners' version
-        self.scheduler = Scheduler(cfg=cfg, rollouts=rollouts, replay=replay, train=train)
-        self.fleet = make_fleet(
-            cfg, rollouts=rollouts, scaling=scaling
-        )  # the samplers' count: operator or policy
-        self.pipeline = UpdatePipeline(learners=learners, weights=weights, seed=cfg.trainer.seed)
+        self.scheduler = Scheduler(cfg=cfg, rollouts=roles.rollouts, replay=roles.replay, train=train)
+        # the samplers' count: operator or policy
+        self.fleet = make_fleet(cfg, rollouts=roles.rollouts, scaling=roles.scaling)
+        self.pipeline = UpdatePipeline(learners=roles.learners, weights=roles.weights, seed=cfg.trainer.seed)
         # step 4, slot 0 of the replay groups (`trace_check`: measurement only, the reward stays outcome-only)
         self.mixer = Mixer(
             cfg=cfg,
-            learners=learners,
+            learners=roles.learners,
             prompts=self.scheduler.prompts,
             observer=self.observer,
             trace_check=trace_check,
@@ -171,11 +160,10 @@ class Driver:
         """Run (or, after `load_state_dict`, continue) until `trainer.steps`; returns this call's records. With
         `async.overlap_update` the next step's wait and pull run while an update runs (module docstring)."""
         sched, self._records = self.scheduler, []
-        sched.steps = self.cfg.trainer.steps
         if self.step == 0 and not self.eval_history and (before := self.evaluate()):
             self.observer.on_eval(record={M.STEP: -1, **before})  # eval/version = step + 1, as in every row
         while self.step < sched.steps and self.stop_requested is None:  # a stop waits for a step boundary
-            # --- step t: admit, schedule, wait, pull, mix, update ---
+            # --- step t: scale, admit, collect (updates that finish meanwhile land), mix, start the update ---
             step, t0 = self.step, time.perf_counter()
             self.apply_scaling()
             sched.admit(version=self.pipeline.version)
@@ -183,10 +171,10 @@ class Driver:
             if groups is None:  # the data ran out
                 break
             t_wait = time.perf_counter()
-            groups, select, entropy_s, mix = self.mixer.mix(groups, step=step, wait=self._await)
-            times = StepTimes(started_at=t0, wait_s=t_wait - t0, entropy_s=entropy_s)
-            self.update(step, groups, select=select, mix=mix, times=times)
-            # --- land: what finished; everything before a checkpoint or without overlap ---
+            mixed = self.mixer.mix(groups, step=step, wait=self._await)
+            times = StepTimes(started_at=t0, wait_s=t_wait - t0, entropy_s=mixed.scoring_s)
+            self.update(step, mixed, times=times)
+            # --- land (broadcast, record): what finished; everything before a checkpoint or without overlap ---
             if not self.cfg.async_.overlap_update or self._checkpoint_after(step + 1):
                 self.land_all()
             else:
@@ -201,7 +189,7 @@ class Driver:
     def collect(self, step: int) -> list[Group] | None:
         """Step 3: wait for step `step`'s requests and pull its groups, in request order; requests re-issued for
         replay questions retired in flight are waited for and pulled in turn. None: the data ran out."""
-        plan = self.wait(step)
+        plan = self.wait_and_land(step)
         if plan is None:  # the data ran out before this step was admitted
             return None
         groups: list[Group] = []
@@ -211,83 +199,81 @@ class Driver:
                 got, wanted = self.scheduler.pull(plan, wanted=wanted, version=self.pipeline.version)
                 groups += got
                 if wanted:
-                    self.wait(step)
+                    self.wait_and_land(step)
         except OutOfQuestions as err:  # a retired replay question found no fresh replacement
             self.scheduler.run_out(err, steps=step)
             return None
         return sorted(groups, key=lambda g: g.request_id)
 
-    def update(
-        self, step: int, groups: list[Group], *, select: str | None, mix: dict[str, float], times: StepTimes
-    ) -> None:
-        """Step 5: the delayed start reads the step's fresh solve ratio, then the update starts (it lands
-        later). Clipping follows the state *before* this step's ratio: removed from the step after the start."""
-        sched = self.scheduler
-        solve = solve_ratio([g for g in groups if g.kind == "fresh"])
-        sched.fresh_zero_var = zero_variance_share(groups, default=sched.fresh_zero_var)
-        clip = not (sched.delayed_start.started and self.cfg.loss.remove_clip_after_replay)
-        started_before = sched.delayed_start.started
-        sched.delayed_start.update(solve_ratio=solve)
+    def update(self, step: int, mixed: MixedGroups, *, times: StepTimes) -> None:
+        """Step 5: the scheduler reads the step's groups (its delayed start, clipping), the update starts (it
+        lands later), then a delayed start fired by this step switches on Replay's collecting."""
+        start = self.scheduler.start_batch(step, mixed.groups)
         version = self.pipeline.version_after_inflight  # the weights this update starts from
         notes = StepNotes(
-            plan=sched.plans[step],
-            solve=solve,
-            replay=replay_metrics(
-                sched.replay_stats, started=sched.delayed_start.started, k_rollouts=sched.K
-            ),
-            staleness=[version - g.oldest_version for g in groups],  # a mid-response update: the oldest
-            mix=mix,
+            plan=start.plan,
+            solve=start.solve,
+            replay=start.replay,
+            staleness=[version - g.oldest_version for g in mixed.groups],  # a mid-response update: the oldest
+            mix=dict(mixed.trace_metrics),
         )
-        self.pipeline.issue(step=step, groups=groups, clip=clip, select=select, times=times, notes=notes)
+        self.pipeline.issue(
+            step=step, groups=mixed.groups, clip=start.clip, select=mixed.select, times=times, notes=notes
+        )
         self.step += 1
-        if sched.delayed_start.started and not started_before:
-            sched.replay.set_collect(on=True)
-            log.info("replay started at step %d (fresh solve ratio %.3f)", step, solve)
+        self.scheduler.apply_delayed_start()
 
     def land_all(self) -> None:
         """Land every update in flight; when the last completes a checkpoint step, the checkpoint follows."""
         if not self.pipeline.in_flight:
             return
         while self.pipeline.in_flight:
-            self._land(block=True)
+            self.land(block=True)
         if self._checkpoint_after(self.step):
             assert self.checkpointer is not None
             self.checkpointer(self)
 
     def land_ready(self) -> None:
         """Land the updates that already finished (e.g. behind the scores awaited in the mix), oldest first."""
-        while self.pipeline.in_flight and self._land(block=False):
+        while self.pipeline.in_flight and self.land(block=False):
             pass
 
-    def _land(self, *, block: bool) -> bool:
-        """Land the oldest update in flight if it finished (with `block`, once it has) and record its step;
-        whether it landed."""
+    def land(self, *, block: bool) -> bool:
+        """Land the oldest update in flight if it finished (with `block`, once it has): version += 1, the batch
+        as trained, the broadcast of the new version, the step's record, its plan retired. Whether it landed."""
         update = self.pipeline.land(block=block, wait=self._await)
         if update is None:
             return False
-        self._record(update)
+        batch, trace = self.trained(update)
+        self.observer.on_batch(batch=batch)  # right before its step's record, also with overlap
+        sync_metrics = self.pipeline.broadcast(update)
+        self.record(update, batch, mix={**update.notes.mix, **trace}, sync=sync_metrics)
+        self.scheduler.retire_plan(update.step)
         return True
 
-    def _record(self, update: Update) -> None:
-        """The step of a landed update: the batch as trained, the broadcast, the step's record, evaluation."""
+    def trained(self, update: Update) -> tuple[TrainBatch, dict[str, float]]:
+        """The batch of a landed update as trained, and its trace metrics (when the learners picked slot 0)."""
+        assert update.result is not None
+        if update.batch.select is None:  # slot 0 was filled before the update started
+            return update.batch, {}
+        return self.mixer.trained(update.batch, step=update.step, entropies=update.result.entropies)
+
+    def record(
+        self, update: Update, batch: TrainBatch, *, mix: dict[str, float], sync: dict[str, float]
+    ) -> None:
+        """The record of a landed update's step (`batch`: as trained; `mix`: its trace metrics; `sync`: the
+        broadcast's), with the evaluation when one is due, to `observer.on_step`."""
         assert update.result is not None
         step, notes = update.step, update.notes
-        if update.batch.select is not None:  # the learners picked slot 0: the batch as they trained it
-            update.batch, trace = self.mixer.trained(
-                update.batch, step=step, entropies=update.result.entropies
-            )
-            notes.mix.update(trace)
-        self.observer.on_batch(batch=update.batch)  # right before its step's record, also with overlap
-        sync_metrics = self.pipeline.publish(update)
         record = {
             M.STEP: step,
             **update.result.metrics,
             **rollout_metrics(
-                list(update.batch.groups), notes.plan, solve_ratio=notes.solve, wall_s=update.times.step_s
+                list(batch.groups), notes.plan, solve_ratio=notes.solve, wall_s=update.times.step_s
             ),
             **notes.replay,
-            **notes.mix,
-            **sync_metrics,
+            **mix,
+            **sync,
             M.VERSION: self.pipeline.version,
             M.STALENESS_MEAN: float(np.mean(notes.staleness)),
             M.STALENESS_MAX: int(max(notes.staleness)),
@@ -301,7 +287,6 @@ class Driver:
             record.update(self.evaluate())
         self._records.append(record)
         self.observer.on_step(record=record)
-        del self.scheduler.plans[step]
 
     def _checkpoint_after(self, done: int) -> bool:
         """Whether a checkpoint follows the step that completes `done` steps (the step lands first)."""
@@ -322,17 +307,25 @@ class Driver:
         self.fleet.apply(self.step, self.scaling)
 
     # -- waiting ---------------------------------------------------------------------------------------
-    def wait(self, step: int) -> StepPlan | None:
-        """Until step `step`'s requests are all done; an update in flight that finishes meanwhile is landed
-        here and the steps it admits are scheduled (with eta = 0 this step is one of them). None: the data ran
-        out before the step was admitted."""
+    def wait_and_land(self, step: int) -> StepPlan | None:
+        """Until step `step`'s requests are all done. An update in flight that finishes first lands (`land`:
+        broadcast, record), then the steps its version admits are scheduled (with eta = 0 this step is one of
+        them), and the wait goes on. None: the data ran out before the step was admitted."""
+        while not self.wait(step):
+            self.land(block=True)
+            self.scheduler.admit(version=self.pipeline.version)
+        return self.scheduler.plan(step)
+
+    def wait(self, step: int) -> bool:
+        """Receive the samplers' results until step `step`'s requests are all done or the step will never be
+        admitted (True), or until the oldest update in flight finished (False: the caller lands it first)."""
         sched, last_progress = self.scheduler, time.monotonic()
         while True:
-            plan = sched.plans.get(step)
+            plan = sched.plan(step)
             if plan is not None and plan.done == plan.request_ids:
-                return plan
+                return True
             if plan is None and step >= sched.steps:
-                return None
+                return True
             if time.monotonic() - last_progress > self.stall_timeout_s:
                 outstanding = len(plan.request_ids - plan.done) if plan is not None else "all"
                 raise RuntimeError(
@@ -340,22 +333,19 @@ class Driver:
                     f"{outstanding} requests outstanding, {self.rollouts.size()} live samplers"
                 )
             if self.pipeline.oldest_done(timeout_s=POLL_S):
-                self._land(block=True)
-                sched.admit(version=self.pipeline.version)
-                last_progress = time.monotonic()
-                continue
+                return False
             if plan is None and not self.pipeline.in_flight:
                 raise RuntimeError(
                     f"step {step} was never admitted (version {self.version}, eta {sched.eta})"
                 )
-            if sched.take(timeout_s=0.0 if self.pipeline.in_flight else POLL_S):
+            if sched.receive(timeout_s=0.0 if self.pipeline.in_flight else POLL_S):
                 last_progress = time.monotonic()
 
     def _await(self, pending: Pending[Any]) -> Any:
-        """A learner call's value; until it is there, the samplers' results are taken every POLL_S (and updates
-        in flight that finish meanwhile are timed then)."""
+        """A learner call's value; until it is there, the samplers' results are received every POLL_S (and
+        updates in flight that finish meanwhile are timed then)."""
         while not pending.wait(timeout_s=POLL_S):
-            self.scheduler.take(timeout_s=0.0)
+            self.scheduler.receive(timeout_s=0.0)
             self.pipeline.note_landed()
         self.pipeline.note_landed()
         return pending.result()
@@ -375,7 +365,8 @@ class Driver:
         if self.pipeline.in_flight:
             raise RuntimeError("drain() with an update in flight: checkpoints follow a finished update")
         for step in sorted(self.scheduler.plans):
-            self.wait(step)
+            done = self.wait(step)  # nothing in flight: no update finishes first
+            assert done
         self.scheduler.drained()
 
     def state_dict(self) -> dict[str, Any]:

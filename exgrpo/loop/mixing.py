@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,19 @@ from exgrpo.core.selection import fill_replay_slots, replay_candidates
 from exgrpo.loop.steps import candidate_rows
 
 
+@dataclass(frozen=True)
+class MixedGroups:
+    """A step's groups as they go to the update (`Mixer.mix`)."""
+
+    groups: tuple[Group, ...]  # slot 0 filled here, or (with `select`) still carrying their candidates
+    select: str | None  # the selection the learners apply inside the update; None: slot 0 is filled
+    scoring_s: float  # the driver's scoring of the candidates (0 when the learners score them)
+    trace_metrics: Mapping[str, float]  # with a trace check: the shares of valid chosen and candidate traces
+
+
 class Mixer:
+    """Slot 0 of a step's replay groups: filled here, or left to the learners and read back (`trained`)."""
+
     def __init__(
         self,
         *,
@@ -50,26 +63,21 @@ class Mixer:
         # of updates and the samplers' timing change); checkpointed with the driver
         self.rng = np.random.default_rng([cfg.trainer.seed, 2])
 
-    def mix(
-        self, groups: Sequence[Group], *, step: int, wait: Callable[[Pending[Any]], Any]
-    ) -> tuple[list[Group], str | None, float, dict[str, float]]:
-        """Fill slot 0 of each replay group, or leave that to the learners.
-
-        Returns the groups, the selection mode the learners apply (None: slot 0 is filled here), the seconds
-        spent and the trace metrics. `wait` awaits a learner call (the driver's, which takes the samplers'
-        results meanwhile).
-        """
+    def mix(self, groups: Sequence[Group], *, step: int, wait: Callable[[Pending[Any]], Any]) -> MixedGroups:
+        """Fill slot 0 of each replay group, or leave that to the learners (`MixedGroups.select`). `wait` awaits
+        a learner call (the driver's, which receives the samplers' results meanwhile)."""
         if not any(g.kind == "replay" for g in groups):
-            return list(groups), None, 0.0, {}
+            return MixedGroups(groups=tuple(groups), select=None, scoring_s=0.0, trace_metrics={})
         if self.mode != "random" and self.on_learners:
-            return list(groups), self.mode, 0.0, {}
+            return MixedGroups(groups=tuple(groups), select=self.mode, scoring_s=0.0, trace_metrics={})
         t0 = time.perf_counter()
         flat = replay_candidates(groups)
         scored = self.mode != "random" or self.trace_check is not None  # a trace check reports every entropy
         ent = wait(self.learners.start_entropies(candidates=flat)) if scored else [0.0] * len(flat)
         mixed = fill_replay_slots(groups, ent, mode=self.mode, rng=self.rng)
         seconds = time.perf_counter() - t0
-        return mixed, None, seconds, self._trace(step, groups, ent, mixed)
+        trace = self._trace(step, groups, ent, mixed)
+        return MixedGroups(groups=tuple(mixed), select=None, scoring_s=seconds, trace_metrics=trace)
 
     def trained(
         self, batch: TrainBatch, *, step: int, entropies: Sequence[float]

@@ -2,15 +2,15 @@
 
 `UpdatePipeline.issue` shuffles a step's groups (seeded, checkpointed), starts the update on the learners and
 queues the export of the weights it makes right behind it (`WeightTransport.prepare`), without waiting. Later
-calls hand back the results of earlier updates once they finished, oldest first (`land`), and `publish`
-broadcasts the version an update made. With `async.overlap_update` several updates may be in flight: the
+calls hand back the results of earlier updates once they finished, oldest first (`land`), and `broadcast`
+sends the samplers the version an update made. With `async.overlap_update` several updates may be in flight: the
 learners run them in the order they were started, so update t + 1 starts from the weights update t makes. The
 version arithmetic is explicit: `version` counts the updates landed, `version_after_inflight` is the version
 the next update starts from.
 
 It also times each update (`StepTimes`): when it was started, when it was first seen finished
 (`note_landed`, also called while the driver waits for other things), the learners' idle gap before it, the
-broadcast, and the wall time between two published steps. Imports no Ray.
+broadcast, and the wall time between two broadcasts. Imports no Ray.
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ class UpdatePipeline:
 
     def __init__(self, *, learners: Learners, weights: WeightTransport, seed: int) -> None:
         self.learners, self.weights = learners, weights
-        self.version = 0  # the learners' version: updates landed (what the samplers get at `publish`)
+        self.version = 0  # the learners' version: updates landed (what the samplers get at `broadcast`)
         self.shuffle_rng = np.random.default_rng([seed, 1])  # mini-batch shuffle
         self._inflight: list[Update] = []
         self._last_landed: float | None = None  # when the previous update was seen finished
-        self._last_published = time.perf_counter()
+        self._last_broadcast = time.perf_counter()
 
     @property
     def in_flight(self) -> int:
@@ -98,13 +98,13 @@ class UpdatePipeline:
             times.gap_s = max(0.0, times.issued_at - last)
         return update
 
-    def publish(self, update: Update) -> dict[str, float]:
+    def broadcast(self, update: Update) -> dict[str, float]:
         """Broadcast the version `update` made (the current one) and time it; the transport's metrics."""
         t0 = time.perf_counter()
         metrics = self.weights.broadcast(version=self.version)
         update.times.sync_s = time.perf_counter() - t0
         now = time.perf_counter()
-        update.times.step_s, self._last_published = now - self._last_published, now
+        update.times.step_s, self._last_broadcast = now - self._last_broadcast, now
         return metrics
 
     def note_landed(self) -> None:

@@ -1,20 +1,11 @@
-"""Steps 1-3 of the loop (docs/architecture.md, "One step"): admission, requests and pulls.
+"""Admission, requests and pulls (steps 1-3 of the loop) and the delayed start of replay. Imports no Ray.
 
-`Scheduler` owns what the driver asks the samplers for and what it gets back: the steps admitted (`plans`),
-the request ids and which step owns each (`owner`), the fresh-question stream, the replay question draw and
-its delayed start, the samplers' results as they come (`take`) and a step's groups (`pull`).
-
-  1. admit: requests for step t may be issued once the learner version v >= t - eta, so every group is
-     trained at most eta versions after the weights that sampled it (AReaL-style admission control; nothing
-     stale is dropped, admission is paced instead);
-  2. schedule: after the delayed start, n_replay = min(floor(rho * B), replayable questions) are drawn from
-     replay (K - 1 fresh rollouts each; the request carries the question's stored candidates;
-     `replay.replay_trajectories=false` or `replay.max_age` with no young enough candidate: K fresh rollouts
-     of the replayed question instead), the rest are fresh questions (K rollouts);
-  3. pull a step's groups by request id once its requests are done; a replay request whose question retired
-     in flight is re-issued as a fresh request (a retired question is never replayed).
-
-Training ends early when the data runs out (`steps`, `out_of_work`). Imports no Ray.
+`Scheduler` admits step t once the learner version v >= t - eta (a group is trained at most eta versions
+after the weights that sampled it), draws replay questions after the delayed start and fresh ones for the
+rest, receives the samplers' results (`receive`) and takes a step's groups out of Replay (`pull`: a replay
+request whose question retired in flight is re-issued fresh). It owns its state (plans, delayed start,
+`steps`); the driver only calls it. Read: docs/architecture.md, "One step, hop by hop" (hops 1-3 and 7);
+tests/exgrpo/loop/test_admission.py and tests/exgrpo/loop/test_delayed_start.py.
 """
 
 from __future__ import annotations
@@ -22,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,13 +23,24 @@ from exgrpo.core.config import Config
 from exgrpo.core.records import GenerationRequest, Group, Prompt, ReplayPick, ReplayStats
 from exgrpo.core.roles import Replay, Rollouts
 from exgrpo.data.stream import OutOfQuestions, PromptStream
-from exgrpo.loop.steps import StepPlan
+from exgrpo.loop.steps import StepPlan, replay_metrics, solve_ratio, zero_variance_share
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class BatchStart:
+    """What the scheduler says of a step as its update starts (`Scheduler.start_batch`)."""
+
+    plan: StepPlan
+    solve: float  # the fresh solve ratio
+    clip: bool  # PPO clipping on fresh tokens: on until the step after the delayed start
+    replay: dict[str, float]  # replay/ metrics as the step's groups were pulled
+
+
 class Scheduler:
-    """Admission, requests and pulls over `Rollouts` and `Replay`."""
+    """Admission, requests and pulls over `Rollouts` and `Replay`. Admission is paced (AReaL-style), so nothing
+    stale is ever dropped; a retired question is never replayed."""
 
     def __init__(self, *, cfg: Config, rollouts: Rollouts, replay: Replay, train: Sequence[Prompt]) -> None:
         self.cfg = cfg
@@ -53,15 +56,25 @@ class Scheduler:
         self.delayed_start = DelayedStart(cfg.replay.start_solve_ratio if cfg.replay.on else 1.0)
         if self.delayed_start.started:
             replay.set_collect(on=True)
-        self.steps = cfg.trainer.steps  # the steps to train: trainer.steps, or fewer once the data ran out
+        self._steps = cfg.trainer.steps  # the steps to train: trainer.steps, or fewer once the data ran out
         self.next_schedule = 0  # next step to admit
         self.next_request_id = 0
         self.plans: dict[int, StepPlan] = {}
         self.owner: dict[int, int] = {}  # request id -> step
         self.replay_stats = ReplayStats(bucket_sizes={}, active=0, retired=0, trajectories=0, ready=0)
         self.fresh_zero_var = 0.5  # last pulled step's share of all-equal fresh groups (replay.rho_mode)
+        self._collect_from: tuple[int, float] | None = None  # (step, solve ratio) of a start not yet applied
         self.reward_failure_notes: dict[str, str] = {}  # kind -> the first reward failure of that kind
         self.out_of_work: str | None = None  # why training ended before trainer.steps (no questions left)
+
+    @property
+    def steps(self) -> int:
+        """The steps to train: `trainer.steps`, or fewer once the data ran out (`run_out`)."""
+        return self._steps
+
+    def plan(self, step: int) -> StepPlan | None:
+        """Step `step`'s plan: admitted and not yet retired (`retire_plan`), else None."""
+        return self.plans.get(step)
 
     # -- 1-2. admission and scheduling -----------------------------------------------------------------
     def admit(self, *, version: int) -> None:
@@ -147,11 +160,12 @@ class Scheduler:
         """Training ends after `steps` steps (fewer than `trainer.steps`): the data ran out."""
         self.out_of_work = f"{err}: training ends after {steps} of {self.cfg.trainer.steps} steps"
         log.warning("%s", self.out_of_work)
-        self.steps = steps
+        self._steps = steps
 
     # -- 3. results and pulls --------------------------------------------------------------------------
-    def take(self, *, timeout_s: float) -> bool:
-        """Take the samplers' finished results (at most `timeout_s` for the first); whether there were any."""
+    def receive(self, *, timeout_s: float) -> bool:
+        """Receive the samplers' finished results (at most `timeout_s` for the first) and mark them done in
+        their steps' plans; whether there were any."""
         results = self.rollouts.poll(timeout_s=timeout_s)
         for result in results:
             # tokens are attributed to the step of the call's first request
@@ -170,10 +184,10 @@ class Scheduler:
         return bool(results)
 
     def pull(self, plan: StepPlan, *, wanted: set[int], version: int) -> tuple[list[Group], set[int]]:
-        """The groups of the `wanted` requests of `plan` (all done), and the requests still wanted: replay
-        requests dropped by Replay (their question retired in flight) are re-issued as fresh ones at learner
-        version `version`, to be waited for and pulled next. Raises `OutOfQuestions` when the stream has no
-        replacement."""
+        """The groups of the `wanted` requests of `plan` (all done), taken out of Replay, and the requests still
+        wanted: replay requests dropped by Replay (their question retired in flight) are re-issued as fresh ones
+        at learner version `version`, to be waited for and pulled next. Raises `OutOfQuestions` when the stream
+        has no replacement."""
         pulled = self.replay.pull_batch(request_ids=sorted(wanted))
         self.replay_stats = pulled.stats
         if not pulled.dropped:
@@ -190,6 +204,39 @@ class Scheduler:
         ]
         self._submit(plan, requests)
         return list(pulled.groups), {r.request_id for r in requests}
+
+    # -- 5. the update of a step starts, later its record ----------------------------------------------
+    def start_batch(self, step: int, groups: Sequence[Group]) -> BatchStart:
+        """Step `step`'s groups go to the update: its fresh solve ratio advances the delayed start, its fresh
+        groups' zero-variance share sizes the next admissions (`replay_slots`). Clipping follows the delayed
+        start *before* this step's ratio: removed from the step after the start (official `loss_remove_clip`,
+        with `loss.remove_clip_after_replay`). Replay collects once `apply_delayed_start` is called."""
+        solve = solve_ratio([g for g in groups if g.kind == "fresh"])
+        self.fresh_zero_var = zero_variance_share(groups, default=self.fresh_zero_var)
+        started_before = self.delayed_start.started
+        clip = not (started_before and self.cfg.loss.remove_clip_after_replay)
+        started = self.delayed_start.update(solve_ratio=solve)
+        if started and not started_before:
+            self._collect_from = (step, solve)
+        return BatchStart(
+            plan=self.plans[step],
+            solve=solve,
+            clip=clip,
+            replay=replay_metrics(self.replay_stats, started=started, k_rollouts=self.K),
+        )
+
+    def apply_delayed_start(self) -> None:
+        """When the step `start_batch` last saw fired the delayed start: Replay stores correct trajectories from
+        now on (`Replay.set_collect`). The driver calls it right after that step's update started."""
+        if self._collect_from is None:
+            return
+        (step, solve), self._collect_from = self._collect_from, None
+        self.replay.set_collect(on=True)
+        log.info("replay started at step %d (fresh solve ratio %.3f)", step, solve)
+
+    def retire_plan(self, step: int) -> None:
+        """Step `step` is recorded: its plan is done with."""
+        del self.plans[step]
 
     def drained(self) -> None:
         """Every admitted request is done (a checkpoint): read the replay statistics a resumed scheduler reads

@@ -2,7 +2,8 @@
 
 - `write_report`: `summary.json`, `summary.txt` (also printed), `plots/*.png` (`logging.plots`, drawn by
   `exgrpo.reporting.plots`) and one self-contained `report.html` (`logging.report`: the plots inlined as
-  base64 PNG and the last sampled completions of `samples.jsonl`, no external file or network access).
+  base64 PNG and the last sampled completions of `samples.jsonl`, no external file or network access);
+  what it says about the run besides its metrics (id, config, phases, how it evaluated) is a `RunFacts`.
 
 Every held-out figure says how it was measured (`measured`): Avg@n at the evaluation's temperature T
 with n samples per question, so a reader never compares figures measured differently.
@@ -14,6 +15,7 @@ import base64
 import html
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -222,42 +224,50 @@ def run_span(run_dir: Path, *, steps: int, wall_s: float, config_yaml: str) -> d
     return {"steps_planned": planned, "wall_s": sum(starts), "wall_s_starts": starts}
 
 
+@dataclass(frozen=True)
+class RunFacts:
+    """What a report says about its run besides the metrics rows (each field as `summary` reads it)."""
+
+    run_id: str = ""  # report.html's title; "" = the run directory's name
+    config_yaml: str = ""  # the run's config: report.html shows it, `run_span` reads its planned steps
+    phases: dict[str, float] | None = None  # seconds per phase of the recipe (`console.Phase`)
+    eval_temperature: float | None = None  # how the held-out evaluations sampled (`measured`)
+    eval_samples: int | None = None
+    reward_failure_notes: dict[str, str] | None = None  # the first reward failure of each kind
+    custom_reward: bool = False  # a user's `reward.fn`: the held-out figure is a mean reward
+    long_prompts_skipped: int = 0  # prompts left out as longer than `model.max_prompt_len`
+
+
 def write_report(
     run_dir: Path,
     *,
     records: Sequence[dict[str, Any]],
     evals: Sequence[dict[str, float]],
     wall_s: float,
+    facts: RunFacts | None = None,
     plots: bool = True,
     html_report: bool = False,
-    phases: dict[str, float] | None = None,
-    run_id: str = "",
-    config_yaml: str = "",
-    eval_temperature: float | None = None,
-    eval_samples: int | None = None,
-    reward_failure_notes: dict[str, str] | None = None,
-    custom_reward: bool = False,
-    long_prompts_skipped: int = 0,
 ) -> dict[str, Any]:
     """summary.json / summary.txt (printed), `plots/*.png` if `plots`, `report.html` if `html_report`.
 
     `records` are metrics.jsonl's rows; the evaluation before the first step (step -1) is in `evals`, so
-    only the steps' rows (step >= 0) are summed and plotted.
+    only the steps' rows (step >= 0) are summed and plotted. `facts`: the rest the report says (None: none).
     """
     run_dir = Path(run_dir)
+    f = facts or RunFacts()
     records = [r for r in records if r.get(M.STEP, 0) >= 0]
     s = summary(
         records,
         evals,
         wall_s,
-        phases,
-        eval_temperature=eval_temperature,
-        eval_samples=eval_samples,
-        reward_failure_notes=reward_failure_notes,
-        custom_reward=custom_reward,
-        long_prompts_skipped=long_prompts_skipped,
+        f.phases,
+        eval_temperature=f.eval_temperature,
+        eval_samples=f.eval_samples,
+        reward_failure_notes=f.reward_failure_notes,
+        custom_reward=f.custom_reward,
+        long_prompts_skipped=f.long_prompts_skipped,
     )
-    s.update(run_span(run_dir, steps=len(records), wall_s=wall_s, config_yaml=config_yaml))
+    s.update(run_span(run_dir, steps=len(records), wall_s=wall_s, config_yaml=f.config_yaml))
     atomic_write_text(run_dir / "summary.json", json.dumps(s, indent=2))
     text = format_summary(s)
     atomic_write_text(run_dir / "summary.txt", text + "\n")
@@ -272,7 +282,7 @@ def write_report(
         if html_report:
             samples = last_steps(read_samples(run_dir / "samples.jsonl"), SAMPLE_STEPS)
             page = report_html(
-                s, figures, run_id=run_id or run_dir.name, config_yaml=config_yaml, samples=samples
+                s, figures, run_id=f.run_id or run_dir.name, config_yaml=f.config_yaml, samples=samples
             )
             atomic_write_text(run_dir / "report.html", page)
     return s

@@ -205,7 +205,7 @@ class TrainingRecipe:
         """The loggers, the progress bar, the checkpointer, the observers and the driver over the actors."""
         from exgrpo.data.tasks import trace_checker
         from exgrpo.loop.checkpoint import Checkpointer
-        from exgrpo.loop.driver import Driver
+        from exgrpo.loop.driver import Driver, Roles
 
         cfg, run_dir, system = self.cfg, self.run_dir, self._built(self.system)
         self.phases.start(Phase.LOGGERS, ", ".join(cfg.logging.backends))
@@ -236,15 +236,12 @@ class TrainingRecipe:
             caller=self.caller_observer,
             trace_check=trace_check,
         )
+        roles = Roles(system.samplers, system.replay, system.learners, system.weights, scaling=system.scaling)
         self.driver = Driver(
             cfg=cfg,
-            rollouts=system.samplers,
-            replay=system.replay,
-            learners=system.learners,
-            weights=system.weights,
+            roles=roles,
             train=self.train_set,
             evaluation=self.eval_set,
-            scaling=system.scaling,
             observer=self.observers,
             checkpointer=self.checkpointer,
             stall_timeout_s=self.stall_timeout_s,
@@ -296,7 +293,7 @@ class TrainingRecipe:
     def report(self) -> RunResult:
         """summary.json / summary.txt (printed), plots and report.html as configured; closes the logger."""
         from exgrpo.reporting.loggers import read_jsonl
-        from exgrpo.reporting.report import write_report
+        from exgrpo.reporting.report import RunFacts, write_report
 
         cfg, driver, logger = self.cfg, self._built(self.driver), self._built(self.logger)
         self.phases.start(Phase.REPORT)
@@ -306,16 +303,18 @@ class TrainingRecipe:
             records=read_jsonl(logger.path),
             evals=driver.eval_history,
             wall_s=wall,
+            facts=RunFacts(
+                run_id=logger.run_id,
+                config_yaml=cfg.to_yaml(),
+                phases=self.phases.times,
+                eval_temperature=cfg.samplers.temperature,
+                eval_samples=cfg.trainer.eval_samples,
+                reward_failure_notes=driver.reward_failure_notes,
+                custom_reward=cfg.reward.fn != "math",
+                long_prompts_skipped=self.long_prompts_skipped,
+            ),
             plots=cfg.logging.plots,
             html_report=cfg.logging.report,
-            phases=self.phases.times,
-            run_id=logger.run_id,
-            config_yaml=cfg.to_yaml(),
-            eval_temperature=cfg.samplers.temperature,
-            eval_samples=cfg.trainer.eval_samples,
-            reward_failure_notes=driver.reward_failure_notes,
-            custom_reward=cfg.reward.fn != "math",
-            long_prompts_skipped=self.long_prompts_skipped,
         )
         logger.summary(summary)
         logger.close()

@@ -311,7 +311,7 @@ class SimCluster:
         select_on_learners: bool = True,
     ) -> SimRun:
         """A fresh real `Driver` over the system for `steps` steps; what its steady state measured."""
-        from exgrpo.loop.driver import Driver
+        from exgrpo.loop.driver import Driver, Roles
 
         if steps <= warmup:
             raise ValueError(
@@ -325,22 +325,19 @@ class SimCluster:
         measure = Measure(warmup=warmup, steps=steps, pids=self.pids(), seconds=seconds)
         driver = Driver(
             cfg=cfg,
-            rollouts=_Timed(s.samplers, ("submit", "poll"), seconds),
-            replay=_Timed(s.replay, ("sample_questions", "pull_batch"), seconds),
-            learners=_Timed(s.learners, ("start_entropies", "start_update"), seconds),
-            weights=_Timed(s.weights, ("broadcast",), seconds),
+            roles=Roles(
+                rollouts=_Timed(s.samplers, ("submit", "poll"), seconds),
+                replay=_Timed(s.replay, ("sample_questions", "pull_batch"), seconds),
+                learners=_Timed(s.learners, ("start_entropies", "start_update"), seconds),
+                weights=_Timed(s.weights, ("broadcast",), seconds),
+            ),
             train=self.prompts,
             observer=measure,
             stall_timeout_s=120.0,
         )
         records = driver.train()
         return self._result(
-            records,
-            measure,
-            eta=eta,
-            replay=replay,
-            overlap=overlap,
-            select_on_learners=select_on_learners,
+            records, measure, eta=eta, replay=replay, overlap=overlap, select_on_learners=select_on_learners
         )
 
     def _result(

@@ -1,19 +1,10 @@
-"""A simulated cluster: samplers and learners that sleep per a cost model, behind the real plumbing.
-
-What is real: the driver (`exgrpo/loop/driver.py::Driver`), the replay shards (`buffers/shard.py` actors behind
-`buffers/sharded.py`), the sampler pool (`actors/pool.py` over RLlib's `FaultTolerantActorManager`), the
-object-store weight transport (`exgrpo/transport/broadcast.py`) and every Ray call between them. What is
-simulated: the engine (a `SimSampler.generate` sleeps for the rollouts it was asked for, then builds
-verified-looking `Group`s and pushes them to the real shards) and the learners (`SimLearner.update` sleeps
-for its share of the update). `exgrpo/sim/cluster.py::sim_system` wires them with the builder parts of
-`exgrpo.runtime.parts` in place of the real roles; `bench/system/bench_sim_cluster.py` and
-`tests/integration/test_sim_cluster.py` use it. The simulated groups are built as the real ones
-are (`actors/sampling.py::build_groups`) and split by the real group's code (`learners/group.py::LearnerGroup`).
-
-Rewards are drawn from a seeded per-question difficulty (a logit per qid, rising slowly with the policy
-version), so buckets fill, questions retire and replay on/off changes what is scheduled. Both actors take
-`num_cpus=0`: they only sleep, so 64 samplers fit a 2-core machine and what remains is the plumbing's CPU.
-Only the object-store transport is simulated (`async.weight_sync=object_store`).
+"""A simulated cluster's roles: `SimSampler` and `SimLearner` sleep per a `CostModel` behind the real plumbing
+(driver, replay shards, sampler pool, object-store transport, every Ray call between them;
+`exgrpo/sim/cluster.py::sim_system` wires them with `exgrpo.runtime.parts`). A `SimSampler` sleeps for its
+rollouts, builds `Group`s with the real `actors/sampling.py::build_groups` and pushes them to the real shards;
+`SimLearner` ranks sleep under the real `LearnerGroup`. Rewards follow a seeded per-question `Difficulty`, so
+buckets fill and questions retire. Both take `num_cpus=0` (64 samplers fit 2 cores). Cost model and results:
+docs/benchmarks.md ("Simulated cluster"); tests: tests/integration/test_sim_cluster.py.
 """
 
 from __future__ import annotations

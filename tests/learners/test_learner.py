@@ -128,11 +128,9 @@ def _reference(path: str, groups, *, cfg: LearnerConfig, loss: LossConfig, clip:
             response_mask=pad([torch.ones(len(t.response_ids), dtype=torch.bool) for _, t, _ in mb]),
             replayed=torch.tensor([t.replayed for _, t, _ in mb]),
             clip=clip,
-            clip_eps=loss.clip_eps,
-            beta=loss.beta,
             norm_len=MAX_LEN if loss.norm == "constant" else None,
+            cfg=loss,
             entropy=pad([s[1] for s in stats]),
-            entropy_coef=loss.entropy_coef,
             tis_weight=tis,
         )
         total.backward()

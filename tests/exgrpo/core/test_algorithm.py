@@ -16,11 +16,14 @@ from exgrpo.core.algorithm import (
     token_entropy,
     token_logprobs,
 )
+from exgrpo.core.config import LossConfig
 
 torch.set_num_threads(1)
 
 E_HALF = math.exp(0.5)  # 1.6487212707
 E_MHALF = math.exp(-0.5)  # 0.6065306597
+LOSS = LossConfig()  # clip eps 0.2, beta 0.1, shaping on: the values the hand derivations below use
+BONUS = LossConfig(entropy_coef=0.01)  # the same with an entropy bonus of 0.01
 
 
 # ---------------------------------------------------------------- advantages
@@ -98,7 +101,7 @@ def _batch(garbage: float = 0.0):
 @pytest.mark.parametrize("norm_len", [4, None])
 def test_loss_hand_values(clip, norm_len):
     b = _batch()
-    loss, m = exgrpo_loss(**b, clip=clip, norm_len=norm_len)
+    loss, m = exgrpo_loss(**b, clip=clip, norm_len=norm_len, cfg=LOSS)
     want = (ROW0[clip] + ROW1) / (8 if norm_len == 4 else 5)
     hand = {(True, 4): -0.262748, (False, 4): -0.318838, (True, None): -0.420397, (False, None): -0.510141}
     assert want == pytest.approx(hand[clip, norm_len], abs=1e-6)
@@ -121,7 +124,7 @@ def test_loss_gradients_clip_on_constant_normaliser():
     # Replayed: d(-A f(w))/d log w = -A w beta / (w + beta)^2:
     #   w = 1: 0.5 * 0.1 / 1.21 = 0.041322 -> 0.005165; w = 0.1: 0.5 * 0.1 * 0.1 / 0.04 = 0.125 -> 0.015625.
     b = _batch()
-    loss, _ = exgrpo_loss(**b, clip=True, norm_len=4)
+    loss, _ = exgrpo_loss(**b, clip=True, norm_len=4, cfg=LOSS)
     loss.backward()
     want = torch.tensor([[0.0, -1.0, -E_MHALF], [0.05 / 1.21, 0.125, 0.0]]) / 8
     torch.testing.assert_close(b["logp"].grad, want)
@@ -134,8 +137,8 @@ def test_padded_garbage_changes_nothing():
     ent_dirty[1, 2] = float("nan")
     tis = torch.ones(2, 3)
     tis[1, 2] = float("inf")
-    l0, m0 = exgrpo_loss(**clean, clip=True, norm_len=4, entropy=ent, entropy_coef=0.01)
-    l1, m1 = exgrpo_loss(**dirty, clip=True, norm_len=4, entropy=ent_dirty, entropy_coef=0.01, tis_weight=tis)
+    l0, m0 = exgrpo_loss(**clean, clip=True, norm_len=4, cfg=BONUS, entropy=ent)
+    l1, m1 = exgrpo_loss(**dirty, clip=True, norm_len=4, cfg=BONUS, entropy=ent_dirty, tis_weight=tis)
     l0.backward()
     l1.backward()
     assert l1.item() == l0.item()
@@ -158,14 +161,14 @@ def test_replayed_rows_never_clipped():
         norm_len=1,
     )
     w = math.exp(3.0)
-    loss, m = exgrpo_loss(logp=logp, **kw, clip=True)
+    loss, m = exgrpo_loss(logp=logp, **kw, clip=True, cfg=LOSS)
     loss.backward()
     assert loss.item() == pytest.approx(w / (w + 0.1), rel=1e-6)
     assert logp.grad.item() == pytest.approx(w * 0.1 / (w + 0.1) ** 2, rel=1e-5)
     assert math.isnan(m["clip_frac"]) and math.isnan(m["approx_kl"])  # no fresh tokens
     # The no-shaping ablation: -A w* = 20.0855, gradient 20.0855, still unclipped.
     logp.grad = None
-    loss, _ = exgrpo_loss(logp=logp, **kw, clip=True, shaping=False)
+    loss, _ = exgrpo_loss(logp=logp, **kw, clip=True, cfg=LossConfig(policy_shaping=False))
     loss.backward()
     assert loss.item() == pytest.approx(w, rel=1e-6)
     assert logp.grad.item() == pytest.approx(w, rel=1e-6)
@@ -187,6 +190,7 @@ def test_clip_frac_counts_taken_clipped_branch_only():
         replayed=torch.tensor([False, False, True]),
         clip=True,
         norm_len=None,
+        cfg=LOSS,
     )
     assert m["clip_frac"] == pytest.approx(0.5)
     assert m["ratio_replay_mean"] == pytest.approx(5.0)
@@ -198,14 +202,14 @@ def test_entropy_bonus_lowers_loss_with_more_entropy():
     # loss shifts by -0.007; d loss / d H = -0.01 / 5 = -0.002 per real token, 0 at the pad.
     b = _batch()
     ent = torch.tensor([[0.7, 0.7, 0.7], [0.7, 0.7, 100.0]], requires_grad=True)
-    base, _ = exgrpo_loss(**_batch(), clip=True, norm_len=4)
-    loss, m = exgrpo_loss(**b, clip=True, norm_len=4, entropy=ent, entropy_coef=0.01)
+    base, _ = exgrpo_loss(**_batch(), clip=True, norm_len=4, cfg=LOSS)
+    loss, m = exgrpo_loss(**b, clip=True, norm_len=4, cfg=BONUS, entropy=ent)
     assert m["entropy"] == pytest.approx(0.7)
     assert loss.item() == pytest.approx(base.item() - 0.007, rel=1e-6)
     assert m["pg_loss"] == pytest.approx(base.item())
     loss.backward()
     torch.testing.assert_close(ent.grad, torch.tensor([[-0.002, -0.002, -0.002], [-0.002, -0.002, 0.0]]))
-    higher, _ = exgrpo_loss(**_batch(), clip=True, norm_len=4, entropy=ent.detach() + 1, entropy_coef=0.01)
+    higher, _ = exgrpo_loss(**_batch(), clip=True, norm_len=4, cfg=BONUS, entropy=ent.detach() + 1)
     assert higher.item() < loss.item()
 
 
@@ -213,7 +217,7 @@ def test_tis_weight_scales_fresh_tokens_only():
     # tis = 0.5 everywhere, clip off: row 0 sum halves to -1.627626, row 1 stays 0.704545;
     # norm_len 4 -> (-1.627626 + 0.704545) / 8 = -0.115385.
     b = _batch()
-    loss, _ = exgrpo_loss(**b, clip=False, norm_len=4, tis_weight=torch.full((2, 3), 0.5))
+    loss, _ = exgrpo_loss(**b, clip=False, norm_len=4, cfg=LOSS, tis_weight=torch.full((2, 3), 0.5))
     assert loss.item() == pytest.approx((0.5 * ROW0[False] + ROW1) / 8, rel=1e-6)
 
 
@@ -221,7 +225,7 @@ def test_loss_rejects_mismatched_shapes():
     b = _batch()
     b["advantages"] = torch.tensor([1.0, 0.0, 2.0])
     with pytest.raises(ValueError, match="advantages"):
-        exgrpo_loss(**b, clip=True, norm_len=4)
+        exgrpo_loss(**b, clip=True, norm_len=4, cfg=LOSS)
 
 
 # ---------------------------------------------------------------- helpers

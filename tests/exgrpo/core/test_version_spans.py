@@ -12,7 +12,7 @@ from actors.sampling import build_groups
 from buffers.records import conform, decode_payload, encode_payload, groups_from_arrow, groups_to_arrow
 from exgrpo.core.config_files import load_config
 from exgrpo.core.records import GenerationRequest, Group, Prompt, ReplayPick, Trajectory
-from exgrpo.loop.driver import Driver
+from exgrpo.loop.driver import Driver, Roles
 
 
 def traj(spans: tuple[tuple[int, int], ...], *, n: int = 6, version: int | None = None) -> Trajectory:
@@ -100,10 +100,7 @@ def driver(*extra: str) -> Driver:
     rollouts = FakeRollouts(replay=replay, shards=shards, weights=weights, reward=lambda *a: 1.0)
     return Driver(
         cfg=cfg,
-        rollouts=rollouts,
-        replay=replay,
-        learners=FakeLearners(),
-        weights=weights,
+        roles=Roles(rollouts=rollouts, replay=replay, learners=FakeLearners(), weights=weights),
         train=prompts(8),
         stall_timeout_s=10.0,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,7 @@ from actors.sampling import sample_rewards
 from exgrpo.data.readers import read_prompts
 from exgrpo.data.templates import render_prompt
 from exgrpo.evaluate import main
-from exgrpo.evaluation.scores import EvalReport, SourceScores, evaluate, format_table
+from exgrpo.evaluation.scores import EvalReport, SamplingSettings, SourceScores, evaluate, format_table
 from exgrpo.verify.verifier import Verifier
 
 torch.set_num_threads(1)
@@ -114,11 +114,8 @@ def test_canned_scores_exact(data_file: Path, verifier: Verifier) -> None:
         engine,
         result.prompts,
         template="plain",
-        n=4,
-        temperature=0.6,
-        max_tokens=16,
+        sampling=SamplingSettings(n=4, temperature=0.6, max_tokens=16, seed=7),
         verifier=verifier,
-        seed=7,
     )
     # alpha: samples 4/4 right for each question ("+5" = 5); greedy right ("08" = 8)
     assert report.per_source["alpha"] == SourceScores(
@@ -154,12 +151,12 @@ def test_canned_scores_exact(data_file: Path, verifier: Verifier) -> None:
 
 def test_chunks_give_the_same_report_and_distinct_seeds(data_file: Path, verifier: Verifier) -> None:
     prompts = read_prompts(data_file).prompts
-    whole = evaluate(CannedEngine(), prompts, template="plain", n=4, temperature=0.6, max_tokens=16,
-                     verifier=verifier, seed=7)  # fmt: skip
+    sampling = SamplingSettings(n=4, temperature=0.6, max_tokens=16, seed=7)
+    whole = evaluate(CannedEngine(), prompts, template="plain", sampling=sampling, verifier=verifier)
     engine = CannedEngine()
     seen: list[tuple[int, int]] = []
-    chunked = evaluate(engine, prompts, template="plain", n=4, temperature=0.6, max_tokens=16,
-                       verifier=verifier, seed=7, chunk_size=2, progress=lambda d, t: seen.append((d, t)))  # fmt: skip
+    chunked = evaluate(engine, prompts, template="plain", sampling=sampling, verifier=verifier,
+                       chunk_size=2, progress=lambda d, t: seen.append((d, t)))  # fmt: skip
     assert chunked == whole
     # chunks start at prompts 0, 2, 4: sampling seeds 7 + 0*4, 7 + 2*4, 7 + 4*4
     assert [c["seed"] for c in engine.calls if c["temperature"] > 0] == [7, 15, 23]
@@ -169,8 +166,10 @@ def test_chunks_give_the_same_report_and_distinct_seeds(data_file: Path, verifie
 
 def test_temperature_zero_reuses_the_greedy_decode(data_file: Path, verifier: Verifier) -> None:
     engine = CannedEngine()
-    report = evaluate(engine, read_prompts(data_file).prompts, template="plain", n=3, temperature=0.0,
-                      max_tokens=16, verifier=verifier)  # fmt: skip
+    greedy = SamplingSettings(n=3, temperature=0.0, max_tokens=16)
+    report = evaluate(
+        engine, read_prompts(data_file).prompts, template="plain", sampling=greedy, verifier=verifier
+    )
     assert len(engine.calls) == 1  # greedy only
     # all three "samples" are the greedy decode: 4 of 5 right -> every score 0.8
     assert report.overall == SourceScores(
@@ -180,13 +179,15 @@ def test_temperature_zero_reuses_the_greedy_decode(data_file: Path, verifier: Ve
 
 def test_rejects_bad_arguments(data_file: Path, verifier: Verifier) -> None:
     prompts = read_prompts(data_file).prompts
-    kwargs = dict(template="plain", n=2, temperature=0.6, max_tokens=8)
+    sampling = SamplingSettings(n=2, temperature=0.6, max_tokens=8)
     with pytest.raises(ValueError, match="no prompts"):
-        evaluate(CannedEngine(), [], verifier=verifier, **kwargs)
+        evaluate(CannedEngine(), [], template="plain", sampling=sampling, verifier=verifier)
     with pytest.raises(ValueError, match="n must be >= 1"):
-        evaluate(CannedEngine(), prompts, verifier=verifier, **{**kwargs, "n": 0})
+        evaluate(
+            CannedEngine(), prompts, template="plain", sampling=replace(sampling, n=0), verifier=verifier
+        )
     with pytest.raises(ValueError, match="think.*boxed"):  # think template, boxed verifier
-        evaluate(CannedEngine(), prompts, verifier=verifier, **{**kwargs, "template": "think"})
+        evaluate(CannedEngine(), prompts, template="think", sampling=sampling, verifier=verifier)
 
 
 def test_sample_rewards_is_the_one_generate_verify_loop(data_file: Path, verifier: Verifier) -> None:
@@ -229,8 +230,14 @@ def test_sample_rewards_checks_engine_and_verifier(data_file: Path, verifier: Ve
 
 
 def test_table_lists_sources_then_totals(data_file: Path, verifier: Verifier) -> None:
-    report = evaluate(CannedEngine(), read_prompts(data_file).prompts, template="plain", n=4, temperature=0.6,
-                      max_tokens=16, verifier=verifier)  # fmt: skip
+    sampling = SamplingSettings(n=4, temperature=0.6, max_tokens=16)
+    report = evaluate(
+        CannedEngine(),
+        read_prompts(data_file).prompts,
+        template="plain",
+        sampling=sampling,
+        verifier=verifier,
+    )
     lines = format_table(report).splitlines()
     # fractions, as the run prints them (not percent)
     assert lines[0].split() == [
@@ -304,16 +311,17 @@ def test_cli_all_rows_bad_is_an_error(
 def test_on_samples_gets_every_prompts_n_completions_and_rewards(data_file: Path, verifier: Verifier) -> None:
     prompts = read_prompts(data_file).prompts
     seen: list[tuple[str, tuple[str, ...], tuple[float, ...]]] = []
-    report = evaluate(CannedEngine(), prompts, template="plain", n=4, temperature=0.6, max_tokens=16,
-                      verifier=verifier, chunk_size=2,
-                      on_samples=lambda p, s: seen.append((p.qid, s.texts, s.rewards)))  # fmt: skip
+    sampling = SamplingSettings(n=4, temperature=0.6, max_tokens=16)
+    report = evaluate(CannedEngine(), prompts, template="plain", sampling=sampling, verifier=verifier,
+                      chunk_size=2, on_samples=lambda p, s: seen.append((p.qid, s.texts, s.rewards)))  # fmt: skip
     assert [q for q, _, _ in seen] == [p.qid for p in prompts]
     b0 = seen[3]
     assert b0 == ("b0", ("\\boxed{7}", "\\boxed{1}", "no answer", "\\boxed{77}"), (1.0, 0.0, 0.0, 0.0))
     assert [int(sum(r)) for _, _, r in seen] == [q.correct for q in report.questions]
     greedy_only: list[tuple[str, ...]] = []
-    evaluate(CannedEngine(), prompts[:1], template="plain", n=3, temperature=0.0, max_tokens=16,
-             verifier=verifier, on_samples=lambda p, s: greedy_only.append(s.texts))  # fmt: skip
+    greedy = replace(sampling, n=3, temperature=0.0)
+    evaluate(CannedEngine(), prompts[:1], template="plain", sampling=greedy, verifier=verifier,
+             on_samples=lambda p, s: greedy_only.append(s.texts))  # fmt: skip
     assert greedy_only == [("\\boxed{2}",) * 3]  # T = 0: the greedy decode stands for every sample
     assert format_table(report).splitlines()[-1] == (
         "Avg@4: mean reward; correct = reward > 0.5; Correct@4: share of samples correct; Pass@4: share of "
@@ -375,20 +383,22 @@ def test_avg_at_n_is_the_mean_reward_as_in_the_run(data_file: Path) -> None:
     """A reward of 0.3 everywhere: the run's eval/accuracy (the mean reward) is 0.3; so is Avg@n. Before, Avg@n
     counted rewards above 0.5 and said 0."""
     prompts = read_prompts(data_file).prompts
-    report = evaluate(CannedEngine(), prompts, template="plain", n=4, temperature=0.6, max_tokens=16,
-                      verifier=FixedScorer())  # fmt: skip
+    sampling = SamplingSettings(n=4, temperature=0.6, max_tokens=16)
+    report = evaluate(CannedEngine(), prompts, template="plain", sampling=sampling, verifier=FixedScorer())
     assert report.overall.avg_at_n == pytest.approx(0.3)
     assert report.overall.pass_at_1 == 0.0  # greedy decodes of reward 0.3: none correct (was their mean, 0.3)
     assert report.overall.correct_at_n == 0.0 and report.overall.pass_at_n == 0.0  # none above 0.5
-    loose = evaluate(CannedEngine(), prompts, template="plain", n=4, temperature=0.6, max_tokens=16,
-                     verifier=FixedScorer(), correct_above=0.25)  # fmt: skip
+    loose = evaluate(CannedEngine(), prompts, template="plain", sampling=sampling, verifier=FixedScorer(),
+                     correct_above=0.25)  # fmt: skip
     assert (loose.overall.correct_at_n, loose.overall.pass_at_n, loose.correct_above) == (1.0, 1.0, 0.25)
 
 
 def test_reward_failures_reach_the_table_and_the_report(data_file: Path) -> None:
     prompts = read_prompts(data_file).prompts
-    report = evaluate(CannedEngine(), prompts, template="plain", n=4, temperature=0.6, max_tokens=16,
-                      verifier=FixedScorer(fail=5))  # fmt: skip
+    sampling = SamplingSettings(n=4, temperature=0.6, max_tokens=16)
+    report = evaluate(
+        CannedEngine(), prompts, template="plain", sampling=sampling, verifier=FixedScorer(fail=5)
+    )
     assert report.scored == 25 and report.reward_failures == {"raised": 5}
     assert report.first_reward_failures == {"raised": "ValueError: boom (qid a0)"}
     table = format_table(report).splitlines()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -16,7 +16,7 @@ import pytest
 from actors.engines import Completion
 from exgrpo.core import metric_names as M
 from exgrpo.core.records import Prompt
-from exgrpo.evaluation.scores import QuestionResult, evaluate, format_table, summarize
+from exgrpo.evaluation.scores import QuestionResult, SamplingSettings, evaluate, format_table, summarize
 from exgrpo.loop.steps import CORRECT_ABOVE, eval_metrics
 
 PROMPTS = [Prompt(qid=f"q{i}", question=f"q{i}", answer="", data_source="s") for i in range(2)]
@@ -24,6 +24,7 @@ PROMPTS = [Prompt(qid=f"q{i}", question=f"q{i}", answer="", data_source="s") for
 # q1: greedy 0.45; samples 0.5 (not above 0.5), 0.3, 0.3, 0.3
 GREEDY = {"q0": "g0.4", "q1": "g0.45"}
 SAMPLES = {"q0": ["0.9", "0.2", "0.2", "0.2"], "q1": ["0.5", "0.3", "0.3", "0.3"]}
+SAMPLING = SamplingSettings(n=4, temperature=1.0, max_tokens=8)
 
 
 @dataclass
@@ -49,17 +50,16 @@ class Graded:
 
 
 def test_evaluate_uses_one_threshold_for_every_pass_figure() -> None:
-    report = evaluate(
-        Engine(), PROMPTS, template="plain", n=4, temperature=1.0, max_tokens=8, verifier=Graded()
-    )
+    report = evaluate(Engine(), PROMPTS, template="plain", sampling=SAMPLING, verifier=Graded())
     s = report.overall
     assert s.avg_at_n == pytest.approx((0.9 + 0.6 + 0.5 + 0.9) / 8)  # the mean reward
     assert s.correct_at_n == pytest.approx(1 / 8)  # one sample above 0.5
     assert s.pass_at_n == pytest.approx(1 / 2)  # q0 has a correct sample, q1 none (0.5 is not above 0.5)
     assert s.pass_at_1 == 0.0  # greedy 0.4 and 0.45: not correct (before: their mean, 0.425 > nothing)
     assert [q.greedy for q in report.questions] == [0.4, 0.45]  # the greedy reward itself is kept
-    loose = evaluate(Engine(), PROMPTS, template="plain", n=4, temperature=1.0, max_tokens=8, verifier=Graded(),
-                     correct_above=0.35)  # fmt: skip
+    loose = evaluate(
+        Engine(), PROMPTS, template="plain", sampling=SAMPLING, verifier=Graded(), correct_above=0.35
+    )
     assert (loose.overall.pass_at_1, loose.overall.pass_at_n) == (1.0, 1.0)  # the same threshold for both
 
 
@@ -91,9 +91,7 @@ def test_binary_rewards_give_the_numbers_they_gave_before() -> None:
 
 
 def test_the_table_names_the_greedy_pass_apart_from_pass_at_n() -> None:
-    report = evaluate(
-        Engine(), PROMPTS, template="plain", n=1, temperature=1.0, max_tokens=8, verifier=Graded()
-    )
+    report = evaluate(Engine(), PROMPTS, template="plain", sampling=replace(SAMPLING, n=1), verifier=Graded())
     head = format_table(report).splitlines()[0]
     assert "Pass@1 greedy" in head  # n = 1: two columns named Pass@1 before, the greedy one a mean reward
     assert "correct = reward > 0.5" in format_table(report)

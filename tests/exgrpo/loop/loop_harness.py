@@ -13,7 +13,7 @@ from fakes import FakeLearners, FakeRollouts, FakeWeights, make_replay, prompts
 
 from exgrpo.core import metric_names as M
 from exgrpo.core.config_files import load_config
-from exgrpo.loop.driver import Driver
+from exgrpo.loop.driver import Driver, Roles
 
 B, K = 8, 4
 
@@ -58,10 +58,7 @@ def build(
     rollouts = FakeRollouts(replay=replay, shards=shards, weights=weights, reward=reward, **fake)
     driver = Driver(
         cfg=cfg,
-        rollouts=rollouts,
-        replay=replay,
-        learners=learners,
-        weights=weights,
+        roles=Roles(rollouts=rollouts, replay=replay, learners=learners, weights=weights),
         train=prompts(n_prompts),
         observer=observer,
         checkpointer=checkpointer,

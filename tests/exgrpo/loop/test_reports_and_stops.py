@@ -24,7 +24,7 @@ from loop_harness import (
 )
 
 from exgrpo.core import metric_names as M
-from exgrpo.loop.driver import Driver
+from exgrpo.loop.driver import Driver, Roles
 from exgrpo.loop.observer import Observer, Observers
 
 
@@ -72,12 +72,10 @@ def test_the_evaluation_before_the_first_step_is_a_record_of_its_own():
     cfg = config("trainer.steps=2", "trainer.eval_samples=2")
     replay, shards = make_replay(K, retire=cfg.replay.retires)  # as runtime/assembly.py builds them
     weights, learners, seen = FakeWeights(), FakeLearners(), Recorder()
+    rollouts = FakeRollouts(replay=replay, shards=shards, weights=weights, reward=lambda r, i, v: 1.0)
     driver = Driver(
         cfg=cfg,
-        rollouts=FakeRollouts(replay=replay, shards=shards, weights=weights, reward=lambda r, i, v: 1.0),
-        replay=replay,
-        learners=learners,
-        weights=weights,
+        roles=Roles(rollouts=rollouts, replay=replay, learners=learners, weights=weights),
         train=prompts(16),
         evaluation=prompts(3),
         observer=seen,

@@ -17,7 +17,7 @@ import pytest
 
 from exgrpo.core import metric_names as M
 from exgrpo.reporting.console import Phase, Phases
-from exgrpo.reporting.report import FIGURES, format_summary, summary, write_report
+from exgrpo.reporting.report import FIGURES, RunFacts, format_summary, summary, write_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = [
@@ -107,11 +107,13 @@ def test_html_report_is_self_contained(tmp_path, capsys):
         records=records,
         evals=evals,
         wall_s=20.0,
+        facts=RunFacts(
+            run_id="run-abc",
+            config_yaml="trainer:\n  steps: 12\n",
+            phases={"Ray start-up": 3.0, "train loop": 14.0},
+        ),
         plots=True,
         html_report=True,
-        phases={"Ray start-up": 3.0, "train loop": 14.0},
-        run_id="run-abc",
-        config_yaml="trainer:\n  steps: 12\n",
     )
     assert "held-out accuracy after" in capsys.readouterr().out  # the table in the terminal
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == s["steps"] == 12
@@ -133,8 +135,9 @@ def test_html_report_is_self_contained(tmp_path, capsys):
 def test_html_report_renders_in_chromium(tmp_path):
     records, evals = fake_run()
     write_report(
-        tmp_path, records=records, evals=evals, wall_s=20.0, plots=False, html_report=True, run_id="r1"
-    )
+        tmp_path, records=records, evals=evals, wall_s=20.0, facts=RunFacts(run_id="r1"), plots=False,
+        html_report=True,
+    )  # fmt: skip
     url = (tmp_path / "report.html").as_uri()
     with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
         base = [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1300,2400"]
@@ -194,8 +197,8 @@ def test_report_names_heldout_figures_and_shows_the_last_sampled_steps_escaped(t
         M.EVAL_VERSION: 0,
     }  # metrics.jsonl's own row
     s = write_report(
-        tmp_path, records=[before, *records], evals=evals, wall_s=20.0, plots=False, html_report=True,
-        eval_temperature=0.6, eval_samples=4,
+        tmp_path, records=[before, *records], evals=evals, wall_s=20.0,
+        facts=RunFacts(eval_temperature=0.6, eval_samples=4), plots=False, html_report=True,
     )  # fmt: skip
     out = capsys.readouterr().out
     assert s["steps"] == 12 and s["tokens"] == 12 * 500  # the evaluation's row is not a step
@@ -218,8 +221,8 @@ def test_samples_table_renders_in_chromium(tmp_path):
     records, evals = fake_run()
     write_samples(tmp_path)
     write_report(
-        tmp_path, records=records, evals=evals, wall_s=20.0, plots=False, html_report=True, run_id="r1",
-        eval_temperature=1.0, eval_samples=2,
+        tmp_path, records=records, evals=evals, wall_s=20.0,
+        facts=RunFacts(run_id="r1", eval_temperature=1.0, eval_samples=2), plots=False, html_report=True,
     )  # fmt: skip
     url = (tmp_path / "report.html").as_uri()
     with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
@@ -265,8 +268,9 @@ def test_reward_failures_reach_the_summary_the_report_and_the_bar(tmp_path, caps
     for r in records:
         r.update({M.ROLLOUTS: 64, M.REWARD_FAILURES: 21, M.REWARD_FAILURE_SHARE: 21 / 64})
     notes = {"raised": "ZeroDivisionError: division by zero (qid q7)"}
-    s = write_report(tmp_path, records=records, evals=evals, wall_s=5.0, plots=False, html_report=True,
-                     reward_failure_notes=notes, custom_reward=True)  # fmt: skip
+    s = write_report(tmp_path, records=records, evals=evals, wall_s=5.0,
+                     facts=RunFacts(reward_failure_notes=notes, custom_reward=True), plots=False,
+                     html_report=True)  # fmt: skip
     out = capsys.readouterr().out
     assert re.search(r"reward failures +63 of 192 rollouts \(32\.8%\)", out)
     assert re.search(r"first raised +ZeroDivisionError: division by zero \(qid q7\)", out)
@@ -306,8 +310,8 @@ def test_the_plots_name_the_held_out_figure_as_the_summary_does(tmp_path, capsys
     """A custom reward: the summary said "held-out mean reward" while report.html's plots said "held-out
     accuracy"; one name now, the summary's (a 0 / 1 reward keeps "accuracy" in both)."""
     records, evals = fake_run(3)
-    write_report(tmp_path, records=records, evals=evals, wall_s=5.0, plots=False, html_report=True,
-                 custom_reward=True)  # fmt: skip
+    write_report(tmp_path, records=records, evals=evals, wall_s=5.0, facts=RunFacts(custom_reward=True),
+                 plots=False, html_report=True)  # fmt: skip
     page = (tmp_path / "report.html").read_text()
     assert "held-out accuracy" not in page.lower() and page.count("held-out mean reward") >= 3
     math_dir = tmp_path / "math"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from exgrpo.core.config_files import load_config
-from exgrpo.reporting.report import write_report
+from exgrpo.reporting.report import RunFacts, write_report
 
 
 def _records(steps):
@@ -16,7 +16,12 @@ def _records(steps):
 def _write(run_dir, steps, wall_s, planned=40):
     yaml = load_config("tiny-cpu", [f"trainer.steps={planned}"]).to_yaml()
     return write_report(
-        run_dir, records=_records(steps), evals=[], wall_s=wall_s, plots=False, config_yaml=yaml
+        run_dir,
+        records=_records(steps),
+        evals=[],
+        wall_s=wall_s,
+        facts=RunFacts(config_yaml=yaml),
+        plots=False,
     )
 
 
