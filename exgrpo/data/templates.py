@@ -1,20 +1,12 @@
 """Prompt templates: a question in, the exact text the model continues from out.
 
-- `plain`: `"Q: {question}\\nA: "`, a compact frame for the tiny character-level model; the
-  expected answer is `\\boxed{...}` right after it.
-- `chat`: the tokenizer's own chat template, the question as the user message followed by an
-  instruction to put the final answer in `\\boxed{}`, with the generation prompt appended.
-- `chat-short`: the tokenizer's chat template with a one-line system turn asking for the answer in `\\boxed{}`
-  in place of the template's default system turn (SmolLM2's names the assistant) and the step-by-step line:
-  about half the prompt tokens of `chat` on short questions, which the learner pays for in every forward.
-- `think`: the ExGRPO paper's setting: a system prompt asking the model to reason inside
-  `<think> </think>` and then give the final answer in `\\boxed{}` (our wording), rendered with
-  the tokenizer's chat template when it has one, else with a plain `System/User/Assistant` frame.
-- `llama-base`: the question followed by "Let's think step by step and output the final answer
-  within \\boxed{}." for base models without a chat template.
-
-`reward_mode(template)` tells the verifier where the final answer is: after `</think>` for the
-think template, the last `\\boxed{}` otherwise.
+`plain` ("Q: ...\\nA: ", for the tiny character-level model), `chat` (the tokenizer's chat template, the
+question plus a line asking for `\\boxed{}`), `chat-short` (the chat template with a one-line system turn in place
+of the template's default one: about half of `chat`'s prompt tokens on short questions, which the learner pays for
+in every forward), `think` (the paper's setting: a system prompt asking for reasoning inside `<think> </think>`,
+then the answer in `\\boxed{}`) and `llama-base` (the question and a step-by-step suffix, for base models
+without a chat template). `reward_mode(template)` tells the verifier where the final answer is. Choices:
+docs/config.md (`model.template`); tests: tests/exgrpo/data/test_data.py.
 """
 
 from __future__ import annotations
