@@ -8,7 +8,8 @@ each replay group trained on (the lowest-entropy candidate: the learner version 
 that sampled it; p50 / p90 / max), the importance ratio w* of replayed tokens to their stored behaviour
 (`learner/ratio_replay`, a per-step mean: p10 / p50 / p90 over steps), and the bucket histogram (questions per
 bucket k of K, `replay/bucket_k`) at steps 25, 50, 75 and the last. Runs that revisit questions with K fresh
-rollouts (`questions-only`) log no candidates, so their reach shows only the groups.
+rollouts (`questions-only`) log no candidates, so their reach shows only the groups; a task without a process
+check logs none either, and its distinct questions and replays per question come from the replay WAL (no ages).
 """
 
 from __future__ import annotations
@@ -38,6 +39,22 @@ def buckets_at(record: dict[str, Any], k_rollouts: int) -> str:
     return " ".join(f"{k}:{record.get(M.REPLAY_BUCKET.format(k=k), 0)}" for k in range(1, k_rollouts))
 
 
+def replayed_from_wal(run_dir: Path) -> Counter[str]:
+    """qid -> replay requests that asked it, from the pushes in the replay shards' write-ahead logs (a run
+    without `candidates.jsonl`: a task with no process check). Counts what the logs still hold: a shard that
+    compacted its log into a snapshot (`replay.wal_compact_mb`) keeps only the pushes after it."""
+    from buffers.wal import read_frames
+
+    requests: dict[int, str] = {}
+    for path in sorted((run_dir / "replay-wal").rglob("log-*.wal")):
+        for table in read_frames(path)[0]:
+            if (table.schema.metadata or {}).get(b"exgrpo.op") != b"push" or "kind" not in table.column_names:
+                continue
+            rows = zip(*(table.column(c).to_pylist() for c in ("request_id", "qid", "kind")), strict=True)
+            requests.update((rid, qid) for rid, qid, kind in rows if kind == "replay")
+    return Counter(requests.values())
+
+
 def run_reach(run_dir: Path, k_rollouts: int) -> dict[str, Any]:
     """The reach of one run (see the module doc)."""
     records = [r for r in _jsonl(run_dir / "metrics.jsonl") if M.STEP in r and M.N_REPLAY in r]
@@ -47,7 +64,7 @@ def run_reach(run_dir: Path, k_rollouts: int) -> dict[str, Any]:
         age = c["step"] - c["policy_version"]  # the step's update starts from version = step
         if key not in chosen or c["entropy"] < chosen[key][0]:
             chosen[key] = (c["entropy"], age, c["qid"])
-    per_q = Counter(qid for _, _, qid in chosen.values())
+    per_q = Counter(qid for _, _, qid in chosen.values()) if chosen else replayed_from_wal(run_dir)
     ages = np.array([a for _, a, _ in chosen.values()], dtype=float)
     ratios = np.array([r.get(M.RATIO_REPLAY) for r in records if r.get(M.N_REPLAY)], dtype=float)  # None: NaN
     ratios = ratios[np.isfinite(ratios)]
@@ -56,7 +73,7 @@ def run_reach(run_dir: Path, k_rollouts: int) -> dict[str, Any]:
     return {
         "run_dir": str(run_dir),
         "replay_groups": int(sum(r[M.N_REPLAY] for r in records)),
-        "distinct_replayed": len(per_q) if chosen else None,
+        "distinct_replayed": len(per_q) if per_q else None,
         "replays_per_question": float(np.mean(list(per_q.values()))) if per_q else None,
         "max_replays_of_a_question": max(per_q.values()) if per_q else None,
         "age_p50": float(np.percentile(ages, 50)) if ages.size else None,

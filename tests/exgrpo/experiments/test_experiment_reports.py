@@ -142,3 +142,25 @@ def test_regime_row_pairs_the_arm_with_grpo_and_reads_the_cell_from_its_config(t
     assert row["fresh_zero_var"] == pytest.approx(0.4) and row["seeds"] == 3
     assert "| +0.040 ± 0.015 |" in format_rows([row], arm="exgrpo", base="grpo")
     assert cell_row(tmp_path, arm="beta-100", base="grpo") is None
+
+
+def test_reach_without_candidates_counts_replay_requests_from_the_replay_wal(tmp_path):
+    import pyarrow as pa
+
+    from buffers.wal import WriteAheadLog
+    from exgrpo.experiments.reach import replayed_from_wal
+
+    wal = WriteAheadLog(tmp_path / "replay-wal" / "0")
+    wal.open()
+
+    def push(rows: list[tuple[int, str, str]]) -> pa.Table:
+        rid, qid, kind = zip(*rows, strict=True)
+        table = pa.table({"request_id": list(rid), "qid": list(qid), "kind": list(kind)})
+        return table.replace_schema_metadata({b"exgrpo.op": b"push"})
+
+    wal.append(
+        push([(1, "q1", "fresh"), (2, "q2", "replay"), (2, "q2", "replay")])
+    )  # K - 1 rows of one request
+    wal.append(pa.table({"request_id": [2]}).replace_schema_metadata({b"exgrpo.op": b"take"}))
+    wal.append(push([(3, "q2", "replay"), (4, "q3", "replay")]))
+    assert replayed_from_wal(tmp_path) == {"q2": 2, "q3": 1}
