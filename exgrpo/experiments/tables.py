@@ -304,7 +304,7 @@ def plot_mechanism(results: list[dict[str, Any]], path: Path, *, window: int = 1
         ax.set_xlabel("learner step")
         ax.set_title(label, fontsize=9)
         ax.set_ylabel(f"mean over seeds, {window}-step average", fontsize=8)
-    axes[0][0].legend(fontsize=7)
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -9,7 +9,14 @@ import pytest
 
 from exgrpo.experiments.compare import VARIANTS
 from exgrpo.experiments.probe import format_probe
-from exgrpo.experiments.tables import format_report, mechanism_table, paired, plot, series_mean
+from exgrpo.experiments.tables import (
+    format_report,
+    mechanism_table,
+    paired,
+    plot,
+    plot_mechanism,
+    series_mean,
+)
 
 
 def _run(variant: str, seed: int, final_id: float, *, series: dict | None = None) -> dict:
@@ -52,8 +59,11 @@ def test_a_task_of_one_source_is_compared_on_all_its_held_out_questions(tmp_path
     table = format_report(results)
     assert "| exgrpo − grpo | 2 | +0.055 ± 0.005 |" in table  # "all": final_id / 2
     assert "### ID" not in table and "final all" in table
+    for r in results:
+        r["series"] = {"fresh_zero_var": [0.5, 0.4], "entropy": [1.9, 1.7], "train_reward": [0.1, 0.3]}
     plot(results, tmp_path / "curves.png")
-    assert (tmp_path / "curves.png").stat().st_size > 0
+    plot_mechanism(results, tmp_path / "mechanism.png")
+    assert (tmp_path / "curves.png").stat().st_size > 0 and (tmp_path / "mechanism.png").stat().st_size > 0
 
 
 def test_mechanism_table_means_series_over_steps_then_seeds_skipping_nan():
