@@ -131,7 +131,7 @@ class Learner:
                 config=deepspeed_config(self.cfg, world_size=self.world_size, dtype=self.dtype),
             )
         self._autocast, self.compute = autocast_choice(
-            self.cfg.autocast, device=self.device, dtype=self.dtype
+            self.cfg.autocast, device=self.device, dtype=self.dtype, chunked=self._chunk_tokens is not None
         )
         return self.compute
 

@@ -41,7 +41,9 @@ def cpu_bf16_flags(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
     return [flag for flag in BF16_CPU_FLAGS if flag in flags]
 
 
-def autocast_choice(setting: str, *, device: torch.device, dtype: str) -> tuple[bool, str]:
+def autocast_choice(
+    setting: str, *, device: torch.device, dtype: str, chunked: bool = True
+) -> tuple[bool, str]:
     """(whether the learner runs under CPU bfloat16 autocast, the sentence that says so and why) for
     ``learners.autocast`` on this rank's device with ``model.dtype`` weights. ``bfloat16`` on a CPU without the
     instructions still runs (slowly: emulated), which the sentence says."""
@@ -55,7 +57,10 @@ def autocast_choice(setting: str, *, device: torch.device, dtype: str) -> tuple[
     why = (
         f"this CPU has {' and '.join(flags)}" if flags else "this CPU has no bfloat16 instructions: emulated"
     )
-    return True, f"bfloat16 autocast, lm_head and loss in float32 ({why})"
+    # the chunked log-prob path runs lm_head outside the autocast; the full-logits path (logits_chunk_tokens null)
+    # runs it inside the model's forward, under it
+    head = "lm_head and loss in float32" if chunked else "loss in float32, lm_head in bfloat16"
+    return True, f"bfloat16 autocast, {head} ({why})"
 
 
 DROPOUT_FIELDS = (

@@ -233,8 +233,8 @@ class LearnerConfig:
     gradient_checkpointing: Literal["auto", "on", "off"] = "auto"
     # response positions per lm_head + log-softmax chunk (bounds the logits memory)
     logits_chunk_tokens: int = 4096
-    # float32 CPU learners: matmuls under bfloat16 autocast (lm_head, loss in float32); auto = when the CPU has
-    # avx512_bf16 or amx_bf16 (decided at start-up and printed)
+    # float32 CPU learners: matmuls under bfloat16 autocast (the loss, and lm_head with chunked logits, in
+    # float32); auto = when the CPU has avx512_bf16 or amx_bf16 (decided at start-up and printed)
     autocast: Literal["off", "auto", "bfloat16"] = "off"
     # LoRA rank r through PEFT: only the adapters train (0 = off: full fine-tuning)
     lora_rank: int = 0

@@ -37,6 +37,8 @@ def test_the_choice_follows_the_cpu_flags_device_and_dtype(monkeypatch, tmp_path
     assert not on and "no avx512_bf16" in why
     on, why = modeling.autocast_choice("bfloat16", device=CPU, dtype="float32")  # asked for: runs, emulated
     assert on and "emulated" in why
+    full = modeling.autocast_choice("bfloat16", device=CPU, dtype="float32", chunked=False)[1]
+    assert "lm_head in bfloat16" in full  # the full-logits path computes lm_head inside the model's forward
 
 
 def _update(path: str, autocast: str) -> tuple[str, float]:
