@@ -102,10 +102,13 @@ class GymTask:
         return prompts
 
     def solution_text(self, prompt: Prompt) -> str:
-        """The shortest correct response in the requested format: `\\boxed{answer}`."""
+        """A worked solution in the requested format, the cold start's target (learners/cold_start.py):
+        `0 - 4 = -4.\nThe answer is \\boxed{-4}.` (the expression line only where the item has one)."""
         from exgrpo.verify.answers import boxed
 
-        return boxed(prompt.answer)
+        expression = prompt.fields.get("expression")
+        work = f"{expression} = {prompt.answer}.\n" if expression else ""
+        return f"{work}The answer is {boxed(prompt.answer)}."
 
     def difficulty(self, prompt: Prompt) -> int:
         """Operands + digits of the longest operand - 3 ("4 - 1" -> 0; "47 + 5" -> 1)."""

@@ -4,12 +4,13 @@
 
 Per variant (mean over its seeds): the replay groups trained, the distinct questions replayed and the replays
 per question (from `candidates.jsonl`, one row per candidate of each replay group), the age of the trajectory
-each replay group trained on (the lowest-entropy candidate: the learner version of its step minus the version
-that sampled it; p50 / p90 / max), the importance ratio w* of replayed tokens to their stored behaviour
+each replay group trained on (the candidate marked `chosen`, or in older logs the lowest-entropy one: the
+learner version of its step minus the version that sampled it; p50 / p90 / max), the importance ratio w* of replayed tokens to their stored behaviour
 (`learner/ratio_replay`, a per-step mean: p10 / p50 / p90 over steps), and the bucket histogram (questions per
 bucket k of K, `replay/bucket_k`) at steps 25, 50, 75 and the last. Runs that revisit questions with K fresh
-rollouts (`questions-only`) log no candidates, so their reach shows only the groups; a task without a process
-check logs none either, and its distinct questions and replays per question come from the replay WAL (no ages).
+rollouts (`questions-only`) log no candidates, so their reach shows only the groups. Runs of a task without a
+process check made before every run logged its candidates have none either: their distinct questions and replays
+per question come from the replay WAL (no ages).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def buckets_at(record: dict[str, Any], k_rollouts: int) -> str:
 
 def replayed_from_wal(run_dir: Path) -> Counter[str]:
     """qid -> replay requests that asked it, from the pushes in the replay shards' write-ahead logs (a run
-    without `candidates.jsonl`: a task with no process check). Counts what the logs still hold: a shard that
+    without `candidates.jsonl`). Counts what the logs still hold: a shard that
     compacted its log into a snapshot (`replay.wal_compact_mb`) keeps only the pushes after it."""
     from buffers.wal import read_frames
 
@@ -62,7 +63,10 @@ def run_reach(run_dir: Path, k_rollouts: int) -> dict[str, Any]:
     for c in _jsonl(run_dir / "candidates.jsonl"):
         key = (c["step"], c["request_id"])
         age = c["step"] - c["policy_version"]  # the step's update starts from version = step
-        if key not in chosen or c["entropy"] < chosen[key][0]:
+        if "chosen" in c:  # logged with the pick
+            if c["chosen"]:
+                chosen[key] = (c["entropy"] or 0.0, age, c["qid"])
+        elif key not in chosen or c["entropy"] < chosen[key][0]:  # older logs: entropy selection's pick
             chosen[key] = (c["entropy"], age, c["qid"])
     per_q = Counter(qid for _, _, qid in chosen.values()) if chosen else replayed_from_wal(run_dir)
     ages = np.array([a for _, a, _ in chosen.values()], dtype=float)

@@ -7,9 +7,9 @@ learners score and pick inside the update call (`TrainBatch.select`, `async.sele
 the scores they return, with the same deterministic argmin. Otherwise it scores the candidates itself,
 through `Learners.start_entropies` (queued behind the updates in flight, so under the weights they produce).
 
-With a `trace_check` (measurement only: is a response's reasoning trace fully valid?) every candidate is
-scored and reported to `observer.on_candidates`, and the step gets the shares of valid chosen and candidate
-traces.
+Every replay group's candidates go to `observer.on_candidates` (the run's `candidates.jsonl`: entropy where
+scored, age, which one was chosen). With a `trace_check` (measurement only: is a response's reasoning trace fully
+valid?) every candidate is scored and checked, and the step gets the shares of valid chosen and candidate traces.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class Mixer:
         ent = wait(self.learners.start_entropies(candidates=flat)) if scored else [0.0] * len(flat)
         mixed = fill_replay_slots(groups, ent, mode=self.mode, rng=self.rng)
         seconds = time.perf_counter() - t0
-        trace = self._trace(step, groups, ent, mixed)
+        trace = self._trace(step, groups, ent if scored else None, mixed)
         return MixedGroups(groups=tuple(mixed), select=None, scoring_s=seconds, trace_metrics=trace)
 
     def trained(
@@ -90,17 +90,15 @@ class Mixer:
         return trained, self._trace(step, batch.groups, entropies, mixed)
 
     def _trace(
-        self, step: int, groups: Sequence[Group], ent: Sequence[float], mixed: Sequence[Group]
+        self, step: int, groups: Sequence[Group], ent: Sequence[float] | None, mixed: Sequence[Group]
     ) -> dict[str, float]:
-        """With a trace check: every candidate's row to `observer.on_candidates` (by request id) and the shares
-        of valid chosen and candidate traces; without one, nothing."""
-        if self.trace_check is None:
-            return {}
+        """Every candidate's row to `observer.on_candidates` (by request id; `ent` None where nothing scored
+        them); with a trace check, also the shares of valid chosen and candidate traces."""
+        check = self.trace_check
         flat = replay_candidates(groups)
-        valid = [self.trace_check(self.prompts[c.qid], c.trajectory.text) for c in flat]
-        chosen = [
-            self.trace_check(self.prompts[g.qid], g.trajectories[0].text) for g in mixed if g.kind == "replay"
-        ]
-        rows = candidate_rows(step, groups, ent, valid)
-        self.observer.on_candidates(step=step, rows=rows)
+        valid = None if check is None else [check(self.prompts[c.qid], c.trajectory.text) for c in flat]
+        self.observer.on_candidates(step=step, rows=candidate_rows(step, groups, mixed, ent, valid))
+        if check is None or valid is None:
+            return {}
+        chosen = [check(self.prompts[g.qid], g.trajectories[0].text) for g in mixed if g.kind == "replay"]
         return {M.CHOSEN_VALID: float(np.mean(chosen)), M.CANDIDATES_VALID: float(np.mean(valid))}

@@ -207,23 +207,38 @@ def eval_metrics(
 
 
 def candidate_rows(
-    step: int, groups: Sequence[Group], entropies: Sequence[float], valid: Sequence[bool]
+    step: int,
+    groups: Sequence[Group],
+    mixed: Sequence[Group],
+    entropies: Sequence[float] | None,
+    valid: Sequence[bool] | None,
 ) -> list[dict[str, Any]]:
-    """One row per candidate of the replay groups (`entropies` and `valid` in `replay_candidates` order), sorted by
-    request id then candidate: what `RunObserver.on_candidates` receives."""
+    """One row per candidate of the replay groups (`entropies` and `valid` in `replay_candidates` order, None
+    where not measured), sorted by request id then candidate: what `RunObserver.on_candidates` receives. `mixed`
+    is `groups` with slot 0 filled: the row of the candidate that went there has `chosen` true."""
+    picks = {g.request_id: g.trajectories[0] for g in mixed if g.kind == "replay"}
     rows, i = [], 0
     for g in groups:
         if g.kind != "replay":
             continue
+        pick, found = picks.get(g.request_id), False
         for j, c in enumerate(g.candidates):
+            chosen = (
+                not found
+                and pick is not None
+                and c.response_ids == pick.response_ids
+                and c.policy_version == pick.policy_version
+            )
+            found = found or chosen
             rows.append(
                 {
                     "step": step,
                     "request_id": g.request_id,
                     "qid": g.qid,
                     "candidate": j,
-                    "entropy": float(entropies[i]),
-                    "valid": bool(valid[i]),
+                    "entropy": None if entropies is None else float(entropies[i]),
+                    "valid": None if valid is None else bool(valid[i]),
+                    "chosen": chosen,
                     "tokens": len(c.response_ids),
                     "policy_version": c.policy_version,
                 }

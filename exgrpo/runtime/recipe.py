@@ -234,7 +234,6 @@ class TrainingRecipe:
             train_set=self.train_set,
             job=self.job,
             caller=self.caller_observer,
-            trace_check=trace_check,
         )
         roles = Roles(system.samplers, system.replay, system.learners, system.weights, scaling=system.scaling)
         self.driver = Driver(

@@ -4,7 +4,7 @@ its prompts and its observers.
 `start_model` drops the metrics of the steps a resumed start trains again, pins a resumed start's
 checkpoint weights in the run directory (rotation deletes the checkpoint later), records the base model
 and reads the tokenizer once; `run_observers` builds what watches the run beside the logger and the
-progress bar (the sample log, the candidate log of tasks with a trace check, the caller's observer).
+progress bar (the sample log, the candidate log, the caller's observer).
 The training recipe (`exgrpo.runtime.recipe`) calls these from its `setup` stage.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,11 +101,10 @@ def run_observers(
     train_set: list[Prompt],
     job: Job,
     caller: RunObserver | None,
-    trace_check: Callable[[Prompt, str], bool] | None,
 ) -> Observers:
     """The run's observers, in order: the logger, the progress bar, the sample log (every
-    `logging.samples_every` steps), the candidate log (a task with a trace check), the job, the caller's."""
-    candidates = CandidateLog(run_dir / "candidates.jsonl") if trace_check is not None else None
+    `logging.samples_every` steps), the candidate log, the job, the caller's."""
+    candidates = CandidateLog(run_dir / "candidates.jsonl")
     lc = cfg.logging
     samples = (
         SampleLog(

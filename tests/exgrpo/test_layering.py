@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "exgrpo.run",
         "exgrpo.scale",
         "exgrpo.evaluate",
+        "exgrpo.cold_start",
         "exgrpo.plan",
         "exgrpo.experiments",
         "exgrpo.api",

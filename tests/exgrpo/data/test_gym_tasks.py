@@ -51,6 +51,11 @@ def test_answers_are_right_and_the_reference_solution_scores() -> None:
         assert int(p.answer) == (int(left) + int(right) if op == "+" else int(left) - int(right))
         assert strict(p.question, task.solution_text(p), {"answer": p.answer}) == 1.0
         assert task.difficulty(p) == 0
+    first = task.make_split(split="train", n=1, seed=0)[0]  # "0 - 4": the cold start's worked solution
+    assert (
+        task.solution_text(first)
+        == f"{first.fields['expression']} = {first.answer}.\nThe answer is \\boxed{{{first.answer}}}."
+    )
 
 
 def test_asking_for_more_questions_than_the_space_holds_fails_clearly() -> None:

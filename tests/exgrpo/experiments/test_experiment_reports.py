@@ -129,6 +129,12 @@ def test_reach_reads_replays_ages_ratios_and_buckets_from_a_run_directory(tmp_pa
     assert reach["ratio_p50"] == pytest.approx(1.2) and reach["ratio_p90"] == pytest.approx(1.28)
     assert reach["retired"] == 3
     assert reach["buckets"] == {"3": "1:3 2:5"}
+    # logs with the pick marked (any selection, entropy unscored): the chosen row's age, not the lowest entropy's
+    for c in cands:
+        c.update(entropy=None, chosen=c["candidate"] == 0)
+    (tmp_path / "candidates.jsonl").write_text("\n".join(json.dumps(c) for c in cands))
+    reach = run_reach(tmp_path, k_rollouts=3)
+    assert (reach["age_p50"], reach["age_max"]) == (0.0, 0.0) and reach["distinct_replayed"] == 2
 
 
 def test_regime_row_pairs_the_arm_with_grpo_and_reads_the_cell_from_its_config(tmp_path):

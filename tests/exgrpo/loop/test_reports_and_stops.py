@@ -61,11 +61,20 @@ def test_observers_see_every_batch_and_record_and_with_a_trace_check_every_candi
         assert row["valid"] == valid(None, c.trajectory.text)
     assert all(M.CHOSEN_VALID in r for r in records if r[M.N_REPLAY] > 0)
 
-    # without a trace check, random selection scores nothing and reports no candidate
+    for (step, step_rows), batch in zip(
+        a.candidates, [b for b in a.batches if any(g.kind == "replay" for g in b.groups)], strict=True
+    ):
+        picks = [g.trajectories[0] for g in batch.groups if g.kind == "replay"]  # each group's one chosen row
+        assert sum(r["chosen"] for r in step_rows) == len(picks) and all(r["step"] == step for r in step_rows)
+
+    # without a trace check, random selection scores nothing; the candidates are still reported, unscored
     c = Recorder()
     driver, _, learners, _ = build(cfg, reward, observer=c)
     assert driver.train() == c.records
-    assert learners.scored == [] and c.candidates == [] and len(c.batches) == 4
+    assert learners.scored == [] and len(c.batches) == 4
+    rows = [row for _, step_rows in c.candidates for row in step_rows]
+    assert rows and all(r["entropy"] is None and r["valid"] is None for r in rows)
+    assert [t for t, _ in c.candidates] == [r[M.STEP] for r in c.records if r[M.N_REPLAY] > 0]
 
 
 def test_the_evaluation_before_the_first_step_is_a_record_of_its_own():
