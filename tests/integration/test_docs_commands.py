@@ -23,7 +23,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
-LABELS = ("Launch:", "Cluster:", "vLLM:", "Sweep:", "Check the placement first:")
+LABELS = (
+    "Launch:",
+    "GRPO:",
+    "Cluster:",
+    "vLLM:",
+    "Sweep:",
+    "Check the placement first:",
+    "Cold start:",
+    "From it:",
+)
 
 
 def readme_cluster_block() -> list[str]:
@@ -95,6 +104,14 @@ def check_python(words: list[str]) -> None:
     assert words[:2] == ["python", "-m"], words
     module = words[2]
     assert importlib.util.find_spec(module) is not None, module
+    if module == "exgrpo.cold_start":  # its options parse and its config and overrides load
+        from exgrpo.cold_start import _parser
+        from exgrpo.core.config_files import load_config
+
+        parsed = _parser().parse_intermixed_args(words[3:])
+        assert parsed.config is None or (ROOT / parsed.config).is_file(), parsed.config
+        load_config(parsed.config, parsed.overrides)
+        return
     if module != "exgrpo.run":
         return
     args = [w for w in words[3:] if w != "--dry-run"] + ["--print-config"]
