@@ -200,7 +200,7 @@ class SamplerPool(ElasticPool):
         for aid in failed:
             if aid in self.manager.actor_ids():
                 draining = aid in self._draining
-                self._remove(aid)
+                self._remove(aid, close=False)
                 if not draining:
                     if lost and aid in lost:
                         self.preemptions += 1
@@ -208,7 +208,10 @@ class SamplerPool(ElasticPool):
                         self.restarts += 1
                     self._add(1)
 
-    def _remove(self, aid: int) -> None:
+    def _remove(self, aid: int, *, close: bool = True) -> None:
+        """Forget a sampler, put its requests back at the front of the queue and kill it; `close` first asks it
+        to release its engine (not for a failed one: a call to a sampler whose node vanished waits until Ray
+        declares the node dead, seconds in which the step would stall)."""
         handle = self.manager.remove_actor(aid)
         self._draining.discard(aid)
         self._deadlines.pop(aid, None)
@@ -217,8 +220,9 @@ class SamplerPool(ElasticPool):
             self._pending.extendleft(reversed(chunk))
         self._index.pop(aid, None)
         self._handles.pop(aid, None)
-        with contextlib.suppress(Exception):  # a dead actor cannot close
-            ray.get(handle.close.remote(), timeout=10)
+        if close:
+            with contextlib.suppress(Exception):  # a dead actor cannot close
+                ray.get(handle.close.remote(), timeout=10)
         self._kill(handle)
 
     def _kill(self, handle: Any) -> None:

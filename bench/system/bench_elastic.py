@@ -1,13 +1,16 @@
 """Elastic samplers against the best fixed sampler count, with and without preemption (issue 44).
 
     RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python -m bench.system.bench_elastic [--quick]
-        [--counts 2 4 6 8] [--steps 80] [--preempt-every 6] [--json out.json]
+        [--no-autoscaler] [--counts 2 4 6 8] [--steps 80] [--preempt-every 6] [--json out.json]
 
 The simulated cluster (`exgrpo/sim`): the real driver, replay shards, sampler pool, object-store transport and
 the autoscale policy (`exgrpo/loop/autoscale.py`), with sleeping samplers and one sleeping learner on the cost
-model (`CostModel`). On a local Ray cluster, not Ray's autoscaler: a "node" here is one sampler actor, and its
-replacement after a preemption is a new actor process (about a second here, where a cloud node takes minutes;
-the autoscaler's own launches are measured by tests/integration/test_elastic_autoscaler.py).
+model (`CostModel`). By default on Ray's real autoscaler (`exgrpo/sim/autoscaler.py`: the fake multi-node
+provider, every node a raylet on this one machine): a head of 1 CPU holds the driver's shards and learner
+(0 CPUs) and the first sampler; every further sampler (1 CPU) needs a `sampler` node of `--node-cpus` (2) CPUs
+that the autoscaler launches (the pool asks for the target's bundles, `samplers.autoscale_request_resources`).
+A preemption SIGKILLs a node's raylet, and the time to replace it is a node launch (measured and printed).
+`--no-autoscaler`: the earlier plain local Ray cluster, where a "node" is one sampler actor (`ray.kill`).
 
 Workload: B = 16 questions x K = 4 rollouts per step; one sampler generates a step's 64 rollouts in `gen` real
 seconds, the learner updates in `upd` (defaults 2.4 s and 0.4 s: generation-bound below 6 samplers, learner-bound
@@ -15,13 +18,17 @@ from 6 on). Runs, in one process over one set of actors:
 
 1. a sweep of fixed counts (`--counts`), `samplers.autoscale=false`;
 2. elastic: `samplers.autoscale=true`, min 1, max = the largest count, starting from 1 sampler;
-3. with preemption: the best fixed count and elastic again, a quarter of the live samplers (at least one)
-   killed every `--preempt-every` steps (what a vanished spot node does to its sampler).
+3. with preemption: the best fixed count and elastic again, a quarter of the live nodes (at least one) killed
+   every `--preempt-every` steps (a vanished spot node and its samplers).
 
-Throughput is trained groups per second of the whole run, every run starting from one started sampler: a fixed
-count first starts its other samplers and waits for them (`start s`), elastic grows as its policy decides; both
-pay their samplers' starts (here new actor processes on a loaded 2-core machine) inside the timed window. Lost groups: questions per step x steps - groups trained, over every run (0: every
-admitted request came back once). The last line:
+Every run starts from the same state: one started sampler (on the head) and, on the autoscaler, no worker node
+(before each run the bench waits for the autoscaler to terminate the idle nodes of the run before, 6 s idle
+timeout): no arm inherits a warm node, and each pays its own node launches inside its timed window. A fixed
+count first scales to its count and waits for its samplers (`start s`: node launches and sampler starts),
+elastic grows as its policy decides. Throughput is trained groups per second of the whole run. Lost groups:
+questions per step x steps - groups trained, over every run (0: every admitted request came back once).
+Preemption's budget: the sum over kills of the preempted share of the samplers times the time until the pool
+was back at its count, over the run's wall time. The last line:
 `elastic: throughput R of the best fixed count (F samplers), preempted P nodes, lost L groups`.
 """
 
@@ -32,6 +39,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -50,46 +58,148 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-s", type=float, default=2.4, help="real s for one sampler to generate a step")
     p.add_argument("--update-s", type=float, default=0.4, help="real s of one update")
     p.add_argument(
-        "--preempt-every", type=int, default=6, help="steps between preemptions of 1/4 of the samplers"
+        "--preempt-every", type=int, default=6, help="steps between preemptions of 1/4 of the nodes"
     )
+    p.add_argument(
+        "--autoscaler",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Ray's autoscaler with fake nodes (default); --no-autoscaler: a plain local cluster",
+    )
+    p.add_argument("--node-cpus", type=int, default=2, help="CPUs (samplers) per autoscaled node")
     p.add_argument("--json", default=None, help="also write the runs as JSON here")
     return p
 
 
-class Preempt(Observer):
-    """An observer: after every `every` steps, kill a quarter (at least one) of the pool's live samplers."""
+class NodeWatch(threading.Thread):
+    """Polls the GCS every 0.25 s: when each worker node was first seen alive and when it was last seen."""
 
-    def __init__(self, pool: Any, every: int) -> None:
-        self.pool, self.every, self.killed = pool, every, 0
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.joined: dict[str, float] = {}  # node id -> monotonic time first seen alive
+        self.gone: dict[str, float] = {}  # node id -> monotonic time first seen dead or missing
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        import ray
+
+        while not self.stop.wait(0.25):
+            try:
+                nodes = ray.nodes()
+            except Exception:  # noqa: BLE001 - a missed poll is retried
+                continue
+            now, alive = time.monotonic(), set()
+            for n in nodes:
+                if n["Resources"].get("sampler_node") and n["Alive"]:
+                    alive.add(n["NodeID"])
+                    self.joined.setdefault(n["NodeID"], now)
+            for node in set(self.joined) - alive - set(self.gone):
+                self.gone[node] = now
+
+    def joins(self, t0: float, t1: float) -> list[float]:
+        return sorted(t for t in self.joined.values() if t0 <= t <= t1)
+
+
+class Preempt(Observer):
+    """An observer: after every `every` steps, kill a quarter (at least one) of the live nodes, that is of
+    the worker nodes that run a live sampler (`fa`), or of the live sampler actors (no `fa`)."""
+
+    def __init__(self, pool: Any, every: int, fa: Any = None) -> None:
+        self.pool, self.every, self.fa, self.killed = pool, every, fa, 0
         self.samplers: list[int] = []  # live samplers after each step
-        self.records: list[dict[str, Any]] = []
+        self.times: list[float] = []  # monotonic time of each step's record
+        self.targets: list[float] = []
+        self.kills: list[dict[str, Any]] = []  # {t, nodes, samplers, live}
 
     def on_step(self, *, record: dict[str, Any]) -> None:
         import ray
 
         from exgrpo.core import metric_names as M
 
-        self.records.append(record)
-        self.samplers.append(len(self.pool.members()))
+        self.times.append(time.monotonic())
+        live = len(self.pool.members())
+        self.samplers.append(live)
+        self.targets.append(float(record.get(M.SAMPLERS_TARGET, live)))
         step = int(record[M.STEP])
-        if self.every and step > 0 and step % self.every == 0:
+        if not (self.every and step > 0 and step % self.every == 0):
+            return
+        if self.fa is None:
             members = list(self.pool.members().values())
-            for handle in members[: max(1, math.ceil(len(members) / 4))]:
+            victims = members[: max(1, math.ceil(len(members) / 4))]
+            for handle in victims:
                 ray.kill(handle, no_restart=True)
-                self.killed += 1
+            self.killed += len(victims)
+            self.kills.append(
+                {"t": time.monotonic(), "nodes": len(victims), "samplers": len(victims), "live": live}
+            )
+            return
+        workers = {n["NodeID"] for n in self.fa.worker_nodes()}
+        per_node: dict[str, int] = {}
+        for aid in self.pool._live():  # the pool's own map: sampler -> node
+            node = self.pool._nodes.get(aid)
+            if node in workers:
+                per_node[node] = per_node.get(node, 0) + 1
+        if not per_node:
+            return
+        victims = sorted(per_node)[: max(1, math.ceil(len(per_node) / 4))]
+        t = time.monotonic()
+        for node in victims:
+            self.fa.kill_node(node)
+        self.killed += len(victims)
+        self.kills.append(
+            {"t": t, "nodes": len(victims), "samplers": sum(per_node[n] for n in victims), "live": live}
+        )
+
+
+def recoveries(watch: Preempt, end: float) -> list[float]:
+    """For each kill, the seconds until the pool was back at its count: the first step record, after the one
+    where the pool had noticed the deaths (fewer live samplers), with as many live samplers as before the kill
+    (or the target, if it shrank since); the run's end if never."""
+    out = []
+    rows = list(zip(watch.times, watch.samplers, watch.targets, strict=True))
+    for k in watch.kills:
+        after = [(t, live, tgt) for t, live, tgt in rows if t > k["t"]]
+        noticed = next((i for i, (_, live, _) in enumerate(after) if live < k["live"]), 0)
+        back = next((t for t, live, tgt in after[noticed:] if live >= min(k["live"], tgt)), end)
+        out.append(back - k["t"])
+    return out
+
+
+def replacements(nodes: NodeWatch | None, watch: Preempt, end: float) -> list[float]:
+    """For each killed node, the seconds until a new worker node joined (first kill first)."""
+    if nodes is None:
+        return []
+    kills = sorted(k["t"] for k in watch.kills for _ in range(k["nodes"]))
+    out, joins = [], nodes.joins(kills[0] if kills else end, end)
+    for t in kills:
+        later = [j for j in joins if j > t]
+        if later:
+            out.append(later[0] - t)
+            joins.remove(later[0])
+    return out
 
 
 def one_run(
-    sim: Any, *, samplers: int, steps: int, autoscale: bool, max_samplers: int, preempt_every: int
+    sim: Any,
+    *,
+    samplers: int,
+    steps: int,
+    autoscale: bool,
+    max_samplers: int,
+    preempt_every: int,
+    fa: Any = None,
+    nodes: NodeWatch | None = None,
 ) -> dict[str, Any]:
-    """One run from one started sampler: a fixed count starts its other samplers first (and waits for them),
-    elastic grows as its policy decides; both pay their samplers' starts inside the timed window."""
+    """One run from one started sampler (and, on the autoscaler, no worker node): a fixed count starts its
+    other samplers first (and waits for them), elastic grows as its policy decides; both pay their samplers'
+    starts (and node launches) inside the timed window."""
     from exgrpo.core import metric_names as M
     from exgrpo.core.config_files import load_config
     from exgrpo.loop.driver import Driver, Roles
 
     sim.scale(1)
     sim.system.samplers.wait_started(timeout_s=120)
+    settle_s = fa.wait_nodes(0, timeout_s=300, at_most=True) if fa is not None else 0.0
     sim.reset()
     cfg = load_config(
         None,
@@ -104,7 +214,7 @@ def one_run(
         ],
     )
     s = sim.system
-    watch = Preempt(s.samplers, preempt_every)
+    watch = Preempt(s.samplers, preempt_every, fa)
     driver = Driver(
         cfg=cfg,
         roles=Roles(rollouts=s.samplers, replay=s.replay, learners=s.learners, weights=s.weights),
@@ -113,15 +223,34 @@ def one_run(
         stall_timeout_s=300.0,
     )
     t0 = time.perf_counter()
+    m0 = time.monotonic()
     if not autoscale:
         sim.scale(samplers)
         sim.system.samplers.wait_started(timeout_s=300)
     start_s = time.perf_counter() - t0
     records = driver.train()
     wall = time.perf_counter() - t0  # includes start_s
+    end = time.monotonic()
     trained = int(sum(r[M.N_FRESH] + r[M.N_REPLAY] for r in records))
+    # growth: when the target first rose (elastic: the decision; fixed: the ask at t0), and the node joins
+    # that followed before the first kill
+    first_kill = watch.kills[0]["t"] if watch.kills else end
+    asked = m0
+    if autoscale:
+        asked = next((t for t, tgt in zip(watch.times, watch.targets, strict=True) if tgt > 1), m0)
+    growth = [j - asked for j in nodes.joins(m0, first_kill)] if nodes is not None else []
+    at_target = next(
+        (
+            t - m0
+            for t, live, tgt in zip(watch.times, watch.samplers, watch.targets, strict=True)
+            if live >= tgt and tgt > 1
+        ),
+        None,
+    )
+    steps_before = next((i for i, tgt in enumerate(watch.targets) if tgt > 1), None)
     return {
         "samplers": "elastic" if autoscale else samplers,
+        "settle_s": round(settle_s, 1),  # waiting for the idle nodes of the run before to go (not timed)
         "start_s": round(start_s, 2),  # a fixed count's samplers starting (from one) before its first step
         "preempt": bool(preempt_every),
         "steps": len(records),
@@ -129,9 +258,32 @@ def one_run(
         "groups_per_s": round(trained / wall, 3),
         "lost": B * steps - trained,
         "preempted": watch.killed,
+        "preempted_samplers": sum(k["samplers"] for k in watch.kills),
         "samplers_over_time": watch.samplers,
+        "step_times": [round(t - m0, 2) for t in watch.times],
         "decisions": [(d.step, d.old, d.new, d.reason) for d in driver.fleet.decisions],
+        "first_growth_step": steps_before,  # elastic: the step whose record first raised the target
+        "growth_node_joins_s": [
+            round(g, 1) for g in growth
+        ],  # after the ask (fixed) or the decision (elastic)
+        "at_target_s": None if at_target is None else round(at_target, 1),
+        "kills": [
+            {"at_s": round(k["t"] - m0, 1), "nodes": k["nodes"], "samplers": k["samplers"], "live": k["live"]}
+            for k in watch.kills
+        ],
+        "replace_node_s": [round(r, 1) for r in replacements(nodes, watch, end)],
+        "recover_s": [round(r, 1) for r in recoveries(watch, end)],
     }
+
+
+def budget(run: dict[str, Any]) -> float:
+    """Preemption's budget: sum over kills of (samplers killed / live before) x (s until back), over the wall."""
+    return (
+        sum(
+            k["samplers"] / max(1, k["live"]) * r for k, r in zip(run["kills"], run["recover_s"], strict=True)
+        )
+        / run["wall_s"]
+    )
 
 
 def row(run: dict[str, Any]) -> str:
@@ -151,11 +303,13 @@ def main() -> None:
 
     import ray
 
+    from exgrpo.sim.autoscaler import FakeAutoscaler
     from exgrpo.sim.cluster import SimCluster
     from exgrpo.sim.roles import CostModel
 
     counts = args.counts or [2, 4, 6, 8]
     steps = args.steps or (40 if args.quick else 80)
+    top = max(counts)
     logging.getLogger("exgrpo").setLevel(logging.ERROR)
     logging.getLogger("ray").setLevel(logging.ERROR)
     logging.getLogger("actors").setLevel(logging.CRITICAL)
@@ -164,53 +318,88 @@ def main() -> None:
         f"# load average at start: {os.getloadavg()[0]:.1f} (2 cores shared with other users' jobs)",
         flush=True,
     )
-    ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="exgrpo", log_to_driver=False)
+    fa: FakeAutoscaler | None = None
+    nodes: NodeWatch | None = None
+    overrides = ["samplers.autoscale_hysteresis=1", "samplers.autoscale_cooldown=2"]
+    if args.autoscaler:
+        need = math.ceil((top - 1) / args.node_cpus)  # the head holds one sampler
+        fa = FakeAutoscaler(
+            max_workers=need + 2, idle_timeout_minutes=0.1, node_cpus=args.node_cpus, head_cpus=1
+        )
+        t = time.monotonic()
+        fa.start()
+        ray.init(
+            address=fa.address,
+            namespace="exgrpo",
+            logging_level="ERROR",
+            configure_logging=False,
+            log_to_driver=False,
+        )
+        print(
+            f"# Ray's autoscaler (fake multi-node provider, this machine): head of 1 CPU, sampler nodes of "
+            f"{args.node_cpus} CPUs (at most {need + 2}), idle timeout 6 s; head up in {time.monotonic() - t:.1f} s",
+            flush=True,
+        )
+        # every sampler reserves 1 CPU (so needs a node); the pool asks the autoscaler for the target's bundles
+        overrides += ["samplers.num_cpus=1", "samplers.autoscale=true", "samplers.preempt_grace_s=2"]
+        nodes = NodeWatch()
+        nodes.start()
+    else:
+        ray.init(
+            address="local", num_cpus=4, include_dashboard=False, namespace="exgrpo", log_to_driver=False
+        )
     scale = args.gen_s / 800.0  # real s per simulated s: one sampler, one step's batch = 800 simulated s
     cost = CostModel(gen_s=800.0, update_s=args.update_s / scale, time_scale=scale, batch_rollouts=B * K)
-    sim = SimCluster(
-        samplers=max(counts),
-        learners=1,
-        cost=cost,
-        questions_per_step=B,
-        rollouts_per_question=K,
-        requests_per_call=2,
-        shards=1,
-        questions=8192,
-        overrides=["samplers.autoscale_hysteresis=1", "samplers.autoscale_cooldown=2"],
-    )
     runs: list[dict[str, Any]] = []
     try:
-        sim.scale(max(counts))
-        sim.run(eta=1, replay=True, steps=3, warmup=2)  # the actors' first calls are slow
-        top = max(counts)
-        for n in counts:
-            runs.append(
-                one_run(sim, samplers=n, steps=steps, autoscale=False, max_samplers=top, preempt_every=0)
-            )
-            print(row(runs[-1]), flush=True)
-        best = max(runs, key=lambda r: r["groups_per_s"])
-        for preempt in (0, args.preempt_every):
-            if preempt:
-                fixed = int(best["samplers"])
-                runs.append(
-                    one_run(
-                        sim,
-                        samplers=fixed,
-                        steps=steps,
-                        autoscale=False,
-                        max_samplers=top,
-                        preempt_every=preempt,
+        sim = SimCluster(
+            samplers=1 if fa is not None else top,
+            learners=1,
+            cost=cost,
+            questions_per_step=B,
+            rollouts_per_question=K,
+            requests_per_call=2,
+            shards=1,
+            questions=8192,
+            overrides=overrides,
+        )
+        try:
+            if fa is None:
+                sim.scale(top)
+            sim.run(eta=1, replay=True, steps=3, warmup=2)  # the actors' first calls are slow
+            kw = {"max_samplers": top, "fa": fa, "nodes": nodes}
+            for n in counts:
+                runs.append(one_run(sim, samplers=n, steps=steps, autoscale=False, preempt_every=0, **kw))
+                print(row(runs[-1]), flush=True)
+            best = max(runs, key=lambda r: r["groups_per_s"])
+            for preempt in (0, args.preempt_every):
+                if preempt:
+                    fixed = int(best["samplers"])
+                    runs.append(
+                        one_run(
+                            sim, samplers=fixed, steps=steps, autoscale=False, preempt_every=preempt, **kw
+                        )
                     )
+                    print(row(runs[-1]), flush=True)
+                runs.append(
+                    one_run(sim, samplers=1, steps=steps, autoscale=True, preempt_every=preempt, **kw)
                 )
                 print(row(runs[-1]), flush=True)
-            runs.append(
-                one_run(sim, samplers=1, steps=steps, autoscale=True, max_samplers=top, preempt_every=preempt)
-            )
-            print(row(runs[-1]), flush=True)
+        finally:
+            sim.shutdown()
     finally:
-        sim.shutdown()
+        if nodes is not None:
+            nodes.stop.set()
         ray.shutdown()
+        if fa is not None:
+            fa.stop()
     report(runs, best, args)
+
+
+def _span(xs: list[float]) -> str:
+    if not xs:
+        return "none"
+    return f"mean {sum(xs) / len(xs):.1f} s (min {min(xs):.1f}, max {max(xs):.1f}, n {len(xs)})"
 
 
 def report(runs: list[dict[str, Any]], best: dict[str, Any], args: argparse.Namespace) -> None:
@@ -227,12 +416,37 @@ def report(runs: list[dict[str, Any]], best: dict[str, Any], args: argparse.Name
     elastic = next(r for r in runs if r["samplers"] == "elastic" and not r["preempt"])
     fixed_pre = [r for r in runs if r["samplers"] != "elastic" and r["preempt"]]
     elastic_pre = [r for r in runs if r["samplers"] == "elastic" and r["preempt"]]
-    if fixed_pre and elastic_pre:
+    for r in runs:
+        name = f"{'elastic' if r['samplers'] == 'elastic' else 'fixed ' + str(r['samplers'])}"
+        name += ", preempted" if r["preempt"] else ""
+        if r["growth_node_joins_s"]:
+            whence = "the policy's first growth" if r["samplers"] == "elastic" else "the ask"
+            print(f"# {name}: nodes joined {r['growth_node_joins_s']} s after {whence}", end="")
+            print(f"; all samplers serving {r['at_target_s']} s into the run" if r["at_target_s"] else "")
+    launches = [g for r in runs if r["samplers"] != "elastic" for g in r["growth_node_joins_s"]]
+    replaced = [x for r in runs for x in r["replace_node_s"]]
+    recovered = [x for r in runs for x in r["recover_s"]]
+    if launches:
+        print(f"# node launch (fixed counts, ask -> node alive): {_span(launches)}")
+    if replaced:
+        print(f"# node replacement (raylet killed -> a new node alive): {_span(replaced)}")
+    if recovered:
+        print(f"# pool back at its count after a kill (at step ends): {_span(recovered)}")
+    if elastic["first_growth_step"] is not None:
+        fixed_best = best
         print(
-            f"# with preemption: fixed {best['samplers']} at {fixed_pre[0]['groups_per_s']:.2f} groups/s "
-            f"({fixed_pre[0]['groups_per_s'] / best['groups_per_s']:.2f} of itself unpreempted), elastic at "
-            f"{elastic_pre[0]['groups_per_s']:.2f} ({elastic_pre[0]['groups_per_s'] / elastic['groups_per_s']:.2f})"
+            f"# elastic: steps 0..{elastic['first_growth_step']} decided on 1 sampler; its steps landed at "
+            f"{elastic['step_times'][:8]} s; all samplers serving at {elastic['at_target_s']} s "
+            f"(best fixed: {fixed_best['start_s']:.1f} s of start, then {fixed_best['wall_s'] - fixed_best['start_s']:.1f} s of steps)"
         )
+    for pre, base in ((fixed_pre, best), (elastic_pre, elastic)):
+        if pre:
+            lost = 1 - pre[0]["groups_per_s"] / base["groups_per_s"]
+            print(
+                f"# with preemption: {pre[0]['samplers']} at {pre[0]['groups_per_s']:.2f} groups/s, lost {lost:.0%} "
+                f"of its unpreempted throughput; budget (preempted share x time back, over the wall) "
+                f"{budget(pre[0]):.0%}: {'within' if lost <= budget(pre[0]) else 'OVER'}"
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(runs, f, indent=1)

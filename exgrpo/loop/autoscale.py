@@ -1,6 +1,7 @@
 """The sampler fleet's size (`samplers.autoscale`): `Policy`, pure, over each step's `Signals`, and `Fleet`,
 which applies it (or the operator's fixed count, `python -m exgrpo.scale`) once per step. No Ray.
-Grow when the learners waited for generation more than `autoscale_up_wait` of the step; shrink when the
+Grow when the learners waited for generation more than `autoscale_up_wait` of the step (the first step of a
+run, which has no update before it: its wait for its groups, so a starved start grows at once); shrink when the
 samplers sat blocked by the staleness bound more than `autoscale_down_idle` and the learners did not wait.
 Either needs `autoscale_hysteresis` steps in a row and stays in [`autoscale_min`, `autoscale_max`]; after a
 change none for `autoscale_cooldown` steps, and none in a run's last eta + 1 steps (`Fleet.last_step`). Each
@@ -189,10 +190,13 @@ class Fleet:
         self._idle_mark, self._time_mark = idle, now
         step = int(record[M.STEP])
         if self.auto and self.policy is not None and (self.last_step is None or step <= self.last_step):
+            wait = float(record.get(wait_key, 0.0))
+            if math.isnan(wait):  # the first update has no gap: the learners, with nothing to do before it,
+                wait = float(record.get(M.WAIT_TIME, math.nan))  # waited the step's whole wait for its groups
             signals = Signals(
                 step=step,
                 step_s=float(record.get(step_s_key, 0.0)),
-                learner_wait_s=float(record.get(wait_key, 0.0)),
+                learner_wait_s=wait,
                 sampler_idle=idle_share,
                 in_flight=int(self._pending()),
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -113,6 +114,51 @@ def test_a_sampler_that_dies_during_evaluation_is_replaced_and_its_slice_evaluat
         scores = pool.evaluate(prompts=prompts, n=2)
         assert len(scores) == 5 and all(len(s) == 2 and set(s) <= {0.0, 1.0} for s in scores)
         assert pool.restarts == 1 and pool.size() == 2 and "exgrpo-sampler-0" not in pool.members()
+    finally:
+        pool.shutdown()
+
+
+class FailingSampler(Sampler):
+    """A sampler whose calls fail (the actor stays up) and whose `close` leaves a mark, then hangs."""
+
+    def __init__(self, *, mark: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.mark = mark
+
+    def generate(self, *, requests):
+        raise RuntimeError("planted sampler failure")
+
+    def close(self) -> None:
+        Path(self.mark).write_text("closed")
+        time.sleep(30)
+
+
+def test_a_failed_sampler_is_killed_without_waiting_for_its_close(ray_cluster, model_dir, tmp_path):
+    """A sampler whose node vanished cannot answer `close`: the pool must not wait for it (the step would
+    stall until Ray declares the node dead). Here sampler 0's calls fail and its close would hang 30 s."""
+    healthy, mark = _spawn(model_dir, "pool-f"), tmp_path / "closed"
+
+    def spawn(index: int):
+        if index:
+            return healthy(index)
+        return remote_actor(
+            FailingSampler,
+            name=f"pool-f-{index}",
+            num_cpus=0.5,
+            mark=str(mark),
+            index=index,
+            engine=EngineSpec(kind="hf", model_path=str(model_dir)),
+            settings=SamplerSettings(template="plain", max_response_len=4, seed=index),
+            replay=None,
+        )
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this file
+    pool = SamplerPool(spawn=spawn, num=1, requests_per_call=1)
+    try:
+        pool.submit(requests=[_request(i) for i in range(3)])
+        results = _collect(pool, 3)
+        assert sorted(i for r in results for i in r.request_ids) == [0, 1, 2]  # served by the replacement
+        assert pool.restarts == 1 and not mark.exists()  # killed, never asked to close
     finally:
         pool.shutdown()
 

@@ -151,3 +151,17 @@ def test_fleet_operator_count_overrides_the_policy():
     scaling.auto = True
     fleet.observe(record(1, gap=9.0), step_s_key=M.STEP_TIME, wait_key=M.UPDATE_GAP)
     assert fleet.decisions and fleet.target == 8
+
+
+def test_fleet_reads_the_first_steps_wait_for_its_groups_as_the_learners_wait():
+    # the run's first update has no gap (NaN): the learners, idle until it, waited the step's whole wait for
+    # its groups, so a starved start grows after step 0 instead of a step later
+    fleet = Fleet(rollouts=FakePool(1), policy=Policy(Settings(max=8, hysteresis=1, cooldown=0)))
+    first = {M.STEP: 0, M.STEP_TIME: 10.0, M.UPDATE_GAP: math.nan, M.WAIT_TIME: 8.5}
+    out = fleet.observe(first, step_s_key=M.STEP_TIME, wait_key=M.UPDATE_GAP)
+    assert out[M.SAMPLERS_TARGET] == 7 and fleet.decisions[0].step == 0  # ceil(1 / (1 - 0.85))
+    fleet = Fleet(rollouts=FakePool(1), policy=Policy(Settings(max=8, hysteresis=1, cooldown=0)))
+    fleet.observe(
+        {M.STEP: 0, M.STEP_TIME: 10.0, M.UPDATE_GAP: math.nan}, step_s_key=M.STEP_TIME, wait_key=M.UPDATE_GAP
+    )
+    assert not fleet.decisions  # no wait recorded at all: no signal
