@@ -1,0 +1,137 @@
+"""What `bench_elastic` watches and measures: the nodes the autoscaler launches (`NodeWatch`), the preemptions it
+makes (`Preempt`, an observer of the driver), and from them the time until the pool was back at its count, a killed
+node's replacement and preemption's throughput budget. Used by bench/system/bench_elastic.py only.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any
+
+from exgrpo.loop.observer import Observer
+
+
+class NodeWatch(threading.Thread):
+    """Polls the GCS every 0.25 s: when each worker node was first seen alive and when it was last seen."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.joined: dict[str, float] = {}  # node id -> monotonic time first seen alive
+        self.gone: dict[str, float] = {}  # node id -> monotonic time first seen dead or missing
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        import ray
+
+        while not self.stop.wait(0.25):
+            try:
+                nodes = ray.nodes()
+            except Exception:  # noqa: BLE001 - a missed poll is retried
+                continue
+            now, alive = time.monotonic(), set()
+            for n in nodes:
+                if n["Resources"].get("sampler_node") and n["Alive"]:
+                    alive.add(n["NodeID"])
+                    self.joined.setdefault(n["NodeID"], now)
+            for node in set(self.joined) - alive - set(self.gone):
+                self.gone[node] = now
+
+    def joins(self, t0: float, t1: float) -> list[float]:
+        return sorted(t for t in self.joined.values() if t0 <= t <= t1)
+
+
+class Preempt(Observer):
+    """An observer: after every `every` steps, kill a quarter (at least one) of the live nodes, that is of
+    the worker nodes that run a live sampler (`fa`), or of the live sampler actors (no `fa`)."""
+
+    def __init__(self, pool: Any, every: int, fa: Any = None) -> None:
+        self.pool, self.every, self.fa, self.killed = pool, every, fa, 0
+        self.samplers: list[int] = []  # live samplers after each step
+        self.times: list[float] = []  # monotonic time of each step's record
+        self.targets: list[float] = []
+        self.kills: list[dict[str, Any]] = []  # {t, nodes, samplers, live}
+
+    def on_step(self, *, record: dict[str, Any]) -> None:
+        import ray
+
+        from exgrpo.core import metric_names as M
+
+        self.times.append(time.monotonic())
+        live = len(self.pool.members())
+        self.samplers.append(live)
+        self.targets.append(float(record.get(M.SAMPLERS_TARGET, live)))
+        step = int(record[M.STEP])
+        if not (self.every and step > 0 and step % self.every == 0):
+            return
+        if self.fa is None:
+            members = list(self.pool.members().values())
+            victims = members[: max(1, math.ceil(len(members) / 4))]
+            for handle in victims:
+                ray.kill(handle, no_restart=True)
+            self.killed += len(victims)
+            self.kills.append(
+                {"t": time.monotonic(), "nodes": len(victims), "samplers": len(victims), "live": live}
+            )
+            return
+        workers = {n["NodeID"] for n in self.fa.worker_nodes()}
+        per_node: dict[str, int] = {}
+        for aid in self.pool._live():  # the pool's own map: sampler -> node
+            node = self.pool._nodes.get(aid)
+            if node in workers:
+                per_node[node] = per_node.get(node, 0) + 1
+        if not per_node:
+            return
+        victims = sorted(per_node)[: max(1, math.ceil(len(per_node) / 4))]
+        t = time.monotonic()
+        for node in victims:
+            self.fa.kill_node(node)
+        self.killed += len(victims)
+        self.kills.append(
+            {"t": t, "nodes": len(victims), "samplers": sum(per_node[n] for n in victims), "live": live}
+        )
+
+
+def recoveries(watch: Preempt, end: float) -> list[float]:
+    """For each kill, the seconds until the pool was back at its count: the first step record, after the one
+    where the pool had noticed the deaths (fewer live samplers), with as many live samplers as before the kill
+    (or the target, if it shrank since); the run's end if never."""
+    out = []
+    rows = list(zip(watch.times, watch.samplers, watch.targets, strict=True))
+    for k in watch.kills:
+        after = [(t, live, tgt) for t, live, tgt in rows if t > k["t"]]
+        noticed = next((i for i, (_, live, _) in enumerate(after) if live < k["live"]), 0)
+        back = next((t for t, live, tgt in after[noticed:] if live >= min(k["live"], tgt)), end)
+        out.append(back - k["t"])
+    return out
+
+
+def replacements(nodes: NodeWatch | None, watch: Preempt, end: float) -> list[float]:
+    """For each killed node, the seconds until a new worker node joined (first kill first)."""
+    if nodes is None:
+        return []
+    kills = sorted(k["t"] for k in watch.kills for _ in range(k["nodes"]))
+    out, joins = [], nodes.joins(kills[0] if kills else end, end)
+    for t in kills:
+        later = [j for j in joins if j > t]
+        if later:
+            out.append(later[0] - t)
+            joins.remove(later[0])
+    return out
+
+
+def budget(run: dict[str, Any]) -> float:
+    """Preemption's budget: sum over kills of (samplers killed / live before) x (s until back), over the wall."""
+    return (
+        sum(
+            k["samplers"] / max(1, k["live"]) * r for k, r in zip(run["kills"], run["recover_s"], strict=True)
+        )
+        / run["wall_s"]
+    )
+
+
+def span(xs: list[float]) -> str:
+    if not xs:
+        return "none"
+    return f"mean {sum(xs) / len(xs):.1f} s (min {min(xs):.1f}, max {max(xs):.1f}, n {len(xs)})"
