@@ -119,10 +119,10 @@ def test_a_sampler_that_dies_during_evaluation_is_replaced_and_its_slice_evaluat
 
 
 class FailingSampler(Sampler):
-    """A sampler whose calls fail (the actor stays up) and whose `close` leaves a mark, then hangs."""
+    """A sampler without an engine whose calls fail (the actor stays up) and whose `close` leaves a mark, then
+    hangs."""
 
-    def __init__(self, *, mark: str, **kwargs) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *, mark: str) -> None:  # no engine: the pool only pings it, calls it and closes it
         self.mark = mark
 
     def generate(self, *, requests):
@@ -146,10 +146,6 @@ def test_a_failed_sampler_is_killed_without_waiting_for_its_close(ray_cluster, m
             name=f"pool-f-{index}",
             num_cpus=0.5,
             mark=str(mark),
-            index=index,
-            engine=EngineSpec(kind="hf", model_path=str(model_dir)),
-            settings=SamplerSettings(template="plain", max_response_len=4, seed=index),
-            replay=None,
         )
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this file
