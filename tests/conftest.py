@@ -53,9 +53,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Run the files that start Ray clusters (any test marked `integration`) first, the rest after, each
     group in its collected order. Under `scripts/test.sh`'s two workers (pytest-xdist, whole files each) the
     long files then start first and the short ones fill in at the end, instead of a long file running alone
-    while the other worker idles."""
+    while the other worker idles. A `timed` file goes before all: its exclusive block (`alone`) then waits
+    only for the other worker's first module, not for whichever long module it is in later."""
     heavy = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("integration")}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in heavy)  # stable: keeps the order within
+    timed = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("timed")}
+
+    def order(item: pytest.Item) -> tuple[bool, bool]:
+        path = item.nodeid.split("::")[0]
+        return path not in timed, path not in heavy
+
+    items.sort(key=order)  # stable: keeps the order within
 
 
 # Under pytest-xdist (scripts/test.sh) every module holds a shared lock while it runs, and `measured_alone()`

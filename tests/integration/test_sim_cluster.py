@@ -14,7 +14,7 @@ import pytest
 from exgrpo.sim.cluster import SimCluster
 from exgrpo.sim.roles import CostModel
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timed]
 
 B, K, STEPS = 32, 8, 6
 # measured steady-state step <= FACTOR[eta] x ideal. The driver's plumbing (broadcast, submit, poll, pull, the

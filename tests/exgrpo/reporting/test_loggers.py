@@ -99,6 +99,7 @@ def test_tensorboard_and_offline_wandb_share_names(tmp_path, monkeypatch):
     run_dirs = list((tmp_path / "wandb").glob(f"offline-run-*-{logger.run_id}"))
     assert len(run_dirs) == 1 and wandb_dir.parent == run_dirs[0]
     history, summary, config = wandb_records(run_dirs[0] / f"run-{logger.run_id}.wandb")
+    assert "trainer" in config, (sorted(config), wandb_kinds(run_dirs[0] / f"run-{logger.run_id}.wandb"))
     assert config["trainer"]["rollouts_per_question"] == cfg.trainer.rollouts_per_question
     assert config["logging"]["backends"] == ["jsonl", "tensorboard", "wandb"]
     assert [h[M.STEP] for h in history] == [0, 1, 2]
@@ -148,8 +149,25 @@ def wandb_records(path) -> tuple[list[dict], dict, dict]:
             )
         elif kind in ("run", "config"):
             items = rec.run.config.update if kind == "run" else rec.config.update
-            config.update({i.key: json.loads(i.value_json) for i in items})
+            for i in items:  # a top-level key, or a path of keys (a nested update)
+                *path, last = [i.key] if i.key else list(i.nested_key)
+                node = config
+                for k in path:
+                    node = node.setdefault(k, {})
+                node[last] = json.loads(i.value_json)
     return history, summary, {k: v.get("value", v) if isinstance(v, dict) else v for k, v in config.items()}
+
+
+def wandb_kinds(path) -> list[str]:
+    """The record kinds of an offline .wandb file, in order (what a failed assertion shows)."""
+    from wandb.proto import wandb_internal_pb2
+
+    kinds = []
+    for data in wandb_log_records(path):
+        rec = wandb_internal_pb2.Record()
+        rec.ParseFromString(data)
+        kinds.append(str(rec.WhichOneof("record_type")))
+    return kinds
 
 
 def test_actor_env_quiet_by_default_and_verbose_restores(monkeypatch):
