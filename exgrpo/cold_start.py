@@ -1,7 +1,7 @@
 """`python -m exgrpo.cold_start`: a short supervised cold start from a run config, before RL.
 
-    python -m exgrpo.cold_start --config configs/smollm2-135m-cpu.yaml --out models/smollm2-cold
-    python -m exgrpo.run --config configs/smollm2-135m-cpu.yaml model.path=models/smollm2-cold
+    python -m exgrpo.cold_start --config configs/smollm2-135m-cpu.yaml --out runs/smollm2-cold
+    python -m exgrpo.run --config configs/smollm2-135m-cpu.yaml model.path=runs/smollm2-cold
 
 It reads the same config and overrides as the run (so it trains on the run's train prompts only, never on its
 held-out or validation questions), resolves `model.path`, fine-tunes it on the builtin task's worked solutions

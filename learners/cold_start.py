@@ -111,10 +111,7 @@ def cold_start(
     torch.manual_seed(spec.seed)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    model.train()
-    for name in ("attention_dropout", "hidden_dropout"):  # deterministic for a given seed
-        if hasattr(model.config, name):
-            setattr(model.config, name, 0.0)
+    model.eval()  # no dropout: the same seed gives the same weights (gradients flow in eval mode too)
     rows = training_rows(tokenizer, prompts, solution, template)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     use_bf16, compute = autocast_choice(
@@ -161,7 +158,6 @@ def cold_start(
         "losses": losses,
         "seconds": seconds,
     }
-    model.eval()
     with atomic_path(Path(out_dir), directory=True) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
