@@ -285,6 +285,10 @@ class SamplerPool(ElasticPool):
                 failed.add(r.actor_id)
                 if node_lost(err, self._gone(r.actor_id)):
                     lost.add(r.actor_id)
+        for aid in self.gone_with(lost):
+            log.warning("sampler %s: its node went (with another sampler on it)", self._index.get(aid))
+            failed.add(aid)
+            lost.add(aid)
         self._replace(failed, lost)
         self._reap_drained()
         self._dispatch()

@@ -62,6 +62,13 @@ class ElasticPool:
             return None
         return lambda: check(node)
 
+    def gone_with(self, lost: set[int]) -> set[int]:
+        """The other samplers on the nodes that `lost` went with: a vanished node takes every sampler on it, and
+        one whose call has not failed yet would hold its requests until Ray declares the node dead (seconds
+        in which a step waits for them)."""
+        nodes = {self._nodes.get(aid) for aid in lost} - {None}
+        return {aid for aid in self.manager.actor_ids() if aid not in lost and self._nodes.get(aid) in nodes}
+
     def idle_seconds(self) -> float:
         """Sampler-seconds so far with nothing queued or in flight (the driver admitted nothing more)."""
         live = len(self._live())

@@ -42,7 +42,7 @@ import sys
 import time
 from typing import Any
 
-from bench.system.elastic_watch import NodeWatch, Preempt, budget, recoveries, replacements, span
+from bench.system.elastic_watch import NodeCpu, NodeWatch, Preempt, budget, recoveries, replacements, span
 
 B, K = 16, 4
 
@@ -80,6 +80,7 @@ def one_run(
     preempt_every: int,
     fa: Any = None,
     nodes: NodeWatch | None = None,
+    cpu: NodeCpu | None = None,
 ) -> dict[str, Any]:
     """One run from one started sampler (and, on the autoscaler, no worker node): a fixed count starts its
     other samplers first (and waits for them), elastic grows as its policy decides; both pay their samplers'
@@ -163,6 +164,11 @@ def one_run(
             for k in watch.kills
         ],
         "replace_node_s": [round(r, 1) for r in replacements(nodes, watch, end)],
+        # launch CPU seconds of the node processes started during the run / after its first kill (replacements)
+        "node_cpu_s": round(cpu.cpu_s(m0, end), 1) if cpu is not None else None,
+        "replacement_cpu_s": round(cpu.cpu_s(first_kill, end), 1)
+        if cpu is not None and watch.kills
+        else None,
         "recover_s": [round(r, 1) for r in recoveries(watch, end)],
     }
 
@@ -176,6 +182,34 @@ def row(run: dict[str, Any]) -> str:
     )
 
 
+def start_autoscaler(args: argparse.Namespace, top: int) -> tuple[Any, NodeWatch, NodeCpu]:
+    """Ray's autoscaler with the fake multi-node provider, this process connected, and the node watchers."""
+    import ray
+
+    from exgrpo.sim.autoscaler import FakeAutoscaler
+
+    need = math.ceil((top - 1) / args.node_cpus)  # the head holds one sampler
+    fa = FakeAutoscaler(max_workers=need + 2, idle_timeout_minutes=0.1, node_cpus=args.node_cpus, head_cpus=1)
+    t = time.monotonic()
+    fa.start()
+    ray.init(
+        address=fa.address,
+        namespace="exgrpo",
+        logging_level="ERROR",
+        configure_logging=False,
+        log_to_driver=False,
+    )
+    print(
+        f"# Ray's autoscaler (fake multi-node provider, this machine): head of 1 CPU, sampler nodes of "
+        f"{args.node_cpus} CPUs (at most {need + 2}), idle timeout 6 s; head up in {time.monotonic() - t:.1f} s",
+        flush=True,
+    )
+    nodes, cpu = NodeWatch(), NodeCpu(fa)
+    nodes.start()
+    cpu.start()
+    return fa, nodes, cpu
+
+
 def main() -> None:
     args = make_parser().parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -184,7 +218,6 @@ def main() -> None:
 
     import ray
 
-    from exgrpo.sim.autoscaler import FakeAutoscaler
     from exgrpo.sim.cluster import SimCluster
     from exgrpo.sim.roles import CostModel
 
@@ -199,32 +232,14 @@ def main() -> None:
         f"# load average at start: {os.getloadavg()[0]:.1f} (2 cores shared with other users' jobs)",
         flush=True,
     )
-    fa: FakeAutoscaler | None = None
+    fa: Any = None
     nodes: NodeWatch | None = None
+    cpu: NodeCpu | None = None
     overrides = ["samplers.autoscale_hysteresis=1", "samplers.autoscale_cooldown=2"]
     if args.autoscaler:
-        need = math.ceil((top - 1) / args.node_cpus)  # the head holds one sampler
-        fa = FakeAutoscaler(
-            max_workers=need + 2, idle_timeout_minutes=0.1, node_cpus=args.node_cpus, head_cpus=1
-        )
-        t = time.monotonic()
-        fa.start()
-        ray.init(
-            address=fa.address,
-            namespace="exgrpo",
-            logging_level="ERROR",
-            configure_logging=False,
-            log_to_driver=False,
-        )
-        print(
-            f"# Ray's autoscaler (fake multi-node provider, this machine): head of 1 CPU, sampler nodes of "
-            f"{args.node_cpus} CPUs (at most {need + 2}), idle timeout 6 s; head up in {time.monotonic() - t:.1f} s",
-            flush=True,
-        )
+        fa, nodes, cpu = start_autoscaler(args, top)
         # every sampler reserves 1 CPU (so needs a node); the pool asks the autoscaler for the target's bundles
         overrides += ["samplers.num_cpus=1", "samplers.autoscale=true", "samplers.preempt_grace_s=2"]
-        nodes = NodeWatch()
-        nodes.start()
     else:
         ray.init(
             address="local", num_cpus=4, include_dashboard=False, namespace="exgrpo", log_to_driver=False
@@ -248,7 +263,7 @@ def main() -> None:
             if fa is None:
                 sim.scale(top)
             sim.run(eta=1, replay=True, steps=3, warmup=2)  # the actors' first calls are slow
-            kw = {"max_samplers": top, "fa": fa, "nodes": nodes}
+            kw = {"max_samplers": top, "fa": fa, "nodes": nodes, "cpu": cpu}
             for n in counts:
                 runs.append(one_run(sim, samplers=n, steps=steps, autoscale=False, preempt_every=0, **kw))
                 print(row(runs[-1]), flush=True)
@@ -269,8 +284,9 @@ def main() -> None:
         finally:
             sim.shutdown()
     finally:
-        if nodes is not None:
-            nodes.stop.set()
+        for watcher in (nodes, cpu):
+            if watcher is not None:
+                watcher.stop.set()
         ray.shutdown()
         if fa is not None:
             fa.stop()
@@ -314,14 +330,32 @@ def report(runs: list[dict[str, Any]], best: dict[str, Any], args: argparse.Name
             f"{elastic['step_times'][:8]} s; all samplers serving at {elastic['at_target_s']} s "
             f"(best fixed: {fixed_best['start_s']:.1f} s of start, then {fixed_best['wall_s'] - fixed_best['start_s']:.1f} s of steps)"
         )
+    cores = os.cpu_count() or 1
+    launched = [
+        (r["node_cpu_s"], len(r["growth_node_joins_s"])) for r in runs if r["node_cpu_s"] and not r["preempt"]
+    ]
+    if launched:
+        per = sum(c for c, _ in launched) / max(1, sum(n for _, n in launched))
+        print(
+            f"# a node's launch took {per:.1f} CPU-s of this machine's {cores} cores (unpreempted runs' node processes)"
+        )
     for pre, base in ((fixed_pre, best), (elastic_pre, elastic)):
         if pre:
-            lost = 1 - pre[0]["groups_per_s"] / base["groups_per_s"]
+            p, lost = pre[0], 1 - pre[0]["groups_per_s"] / base["groups_per_s"]
+            b = budget(p)
             print(
-                f"# with preemption: {pre[0]['samplers']} at {pre[0]['groups_per_s']:.2f} groups/s, lost {lost:.0%} "
+                f"# with preemption: {p['samplers']} at {p['groups_per_s']:.2f} groups/s, lost {lost:.0%} "
                 f"of its unpreempted throughput; budget (preempted share x time back, over the wall) "
-                f"{budget(pre[0]):.0%}: {'within' if lost <= budget(pre[0]) else 'OVER'}"
+                f"{b:.0%}: {'within' if lost <= b else 'OVER'}"
             )
+            if p["replacement_cpu_s"] is not None:
+                # an estimate: the run is CPU-bound on this machine, so CPU the new nodes took is time it lost
+                share = p["replacement_cpu_s"] / cores / p["wall_s"]
+                print(
+                    f"#   its replacement nodes' processes took {p['replacement_cpu_s']:.1f} CPU-s of the {cores} cores "
+                    f"({share:.0%} of the wall); lost without them (on a cluster a node boots on its own host; "
+                    f"an estimate) {lost - share:.0%}: {'within' if lost - share <= b else 'OVER'}"
+                )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(runs, f, indent=1)

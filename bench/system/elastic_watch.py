@@ -1,6 +1,7 @@
-"""What `bench_elastic` watches and measures: the nodes the autoscaler launches (`NodeWatch`), the preemptions it
-makes (`Preempt`, an observer of the driver), and from them the time until the pool was back at its count, a killed
-node's replacement and preemption's throughput budget. Used by bench/system/bench_elastic.py only.
+"""What `bench_elastic` watches and measures: the nodes the autoscaler launches (`NodeWatch`), the CPU their
+processes take from this machine (`NodeCpu`), the preemptions it makes (`Preempt`, an observer of the driver), and
+from them the time until the pool was back at its count, a killed node's replacement and preemption's throughput
+budget. Used by bench/system/bench_elastic.py only.
 """
 
 from __future__ import annotations
@@ -40,6 +41,38 @@ class NodeWatch(threading.Thread):
 
     def joins(self, t0: float, t1: float) -> list[float]:
         return sorted(t for t in self.joined.values() if t0 <= t <= t1)
+
+
+class NodeCpu(threading.Thread):
+    """Polls the worker nodes' processes (`FakeAutoscaler.node_processes`) every 0.5 s: when each started and
+    its CPU seconds in its first `window_s` seconds, a node's launch (its raylet, agents, prestarted workers and
+    the sampler's worker starting). On one machine that CPU is taken from the run being measured; on a cluster it
+    runs on the new host."""
+
+    def __init__(self, fa: Any, window_s: float = 10.0) -> None:
+        super().__init__(daemon=True)
+        self.fa, self.window_s = fa, window_s
+        self.procs: dict[tuple[int, float], tuple[float, float]] = {}  # (pid, created) -> (start, CPU s)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        while not self.stop.wait(0.5):
+            now = time.monotonic()
+            offset = now - time.time()
+            for p in self.fa.node_processes():
+                try:
+                    with p.oneshot():
+                        created, t = p.create_time(), p.cpu_times()
+                except psutil.Error:  # gone since the listing
+                    continue
+                if now - (created + offset) <= self.window_s:  # still launching
+                    self.procs[(p.pid, created)] = (created + offset, t.user + t.system)
+
+    def cpu_s(self, t0: float, t1: float) -> float:
+        """Launch CPU seconds of the node processes that started between t0 and t1 (monotonic)."""
+        return sum(cpu for start, cpu in self.procs.values() if t0 <= start <= t1)
 
 
 class Preempt(Observer):

@@ -49,6 +49,7 @@ class FakeAutoscaler:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.temp_dir = tempfile.mkdtemp(prefix=f"exa{self.port}-", dir="/tmp")
+        self._monitor: psutil.Process | None = None  # the autoscaler's monitor (`node_processes`)
         self.config = {
             "cluster_name": f"exgrpo-fake-{self.port}",
             "max_workers": max_workers,
@@ -125,6 +126,17 @@ class FakeAutoscaler:
                 return time.monotonic() - t
             time.sleep(0.5)
         raise TimeoutError(f"{len(self.worker_nodes())} worker nodes after {timeout_s:.0f} s, wanted {n}")
+
+    def node_processes(self) -> list[psutil.Process]:
+        """Every process of the launched worker nodes (raylets, their agents and workers): the autoscaler's
+        monitor starts each node's processes, so they are its descendants."""
+        if self._monitor is None or not self._monitor.is_running():
+            self._monitor = next(
+                (p for p in self._procs() if "autoscaler/_private/monitor.py" in " ".join(p.cmdline())), None
+            )
+        with contextlib.suppress(psutil.Error):
+            return self._monitor.children(recursive=True) if self._monitor is not None else []
+        return []
 
     def _procs(self) -> list[psutil.Process]:
         out = []
