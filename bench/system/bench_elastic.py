@@ -1,7 +1,7 @@
 """Elastic samplers against the best fixed sampler count, with and without preemption (issue 44).
 
     RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python -m bench.system.bench_elastic [--quick]
-        [--no-autoscaler] [--counts 2 4 6 8] [--steps 80] [--preempt-every 6] [--json out.json]
+        [--no-autoscaler] [--counts 2 4 6 8] [--steps 80] [--preempt-every 6] [--repeats 1] [--json out.json]
 
 The simulated cluster (`exgrpo/sim`): the real driver, replay shards, sampler pool, object-store transport and
 the autoscale policy (`exgrpo/loop/autoscale.py`), with sleeping samplers and one sleeping learner on the cost
@@ -20,6 +20,8 @@ from 6 on). Runs, in one process over one set of actors:
 2. elastic: `samplers.autoscale=true`, min 1, max = the largest count, starting from 1 sampler;
 3. with preemption: the best fixed count and elastic again, a quarter of the live nodes (at least one) killed
    every `--preempt-every` steps (a vanished spot node and its samplers).
+`--repeats N` runs 2 and 3 N times (later rounds also rerun the best count), each preempted run compared with its
+own round's unpreempted run, and prints the rounds' mean and standard error of the loss over the budget.
 
 Every run starts from the same state: one started sampler (on the head) and, on the autoscaler, no worker node
 (before each run the bench waits for the autoscaler to terminate the idle nodes of the run before, 6 s idle
@@ -42,7 +44,15 @@ import sys
 import time
 from typing import Any
 
-from bench.system.elastic_watch import NodeCpu, NodeWatch, Preempt, budget, recoveries, replacements, span
+from bench.system.elastic_watch import (
+    NodeCpu,
+    NodeWatch,
+    Preempt,
+    preemption_lines,
+    recoveries,
+    replacements,
+    span,
+)
 
 B, K = 16, 4
 
@@ -66,6 +76,12 @@ def make_parser() -> argparse.ArgumentParser:
         help="Ray's autoscaler with fake nodes (default); --no-autoscaler: a plain local cluster",
     )
     p.add_argument("--node-cpus", type=int, default=2, help="CPUs (samplers) per autoscaled node")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="rounds of the best count and elastic, each with and without preemption",
+    )
     p.add_argument("--json", default=None, help="also write the runs as JSON here")
     return p
 
@@ -268,19 +284,14 @@ def main() -> None:
                 runs.append(one_run(sim, samplers=n, steps=steps, autoscale=False, preempt_every=0, **kw))
                 print(row(runs[-1]), flush=True)
             best = max(runs, key=lambda r: r["groups_per_s"])
-            for preempt in (0, args.preempt_every):
-                if preempt:
-                    fixed = int(best["samplers"])
-                    runs.append(
-                        one_run(
-                            sim, samplers=fixed, steps=steps, autoscale=False, preempt_every=preempt, **kw
-                        )
-                    )
+            fixed, every = int(best["samplers"]), args.preempt_every
+            for rnd in range(args.repeats):  # round 0 reuses the sweep's run of the best count
+                arms = [(fixed, False, 0)] if rnd else []
+                arms += [(1, True, 0), (fixed, False, every), (1, True, every)]
+                for n, auto, pre in arms:
+                    run = one_run(sim, samplers=n, steps=steps, autoscale=auto, preempt_every=pre, **kw)
+                    runs.append({**run, "round": rnd})
                     print(row(runs[-1]), flush=True)
-                runs.append(
-                    one_run(sim, samplers=1, steps=steps, autoscale=True, preempt_every=preempt, **kw)
-                )
-                print(row(runs[-1]), flush=True)
         finally:
             sim.shutdown()
     finally:
@@ -305,7 +316,6 @@ def report(runs: list[dict[str, Any]], best: dict[str, Any], args: argparse.Name
                 f"# {'preempted' if r['preempt'] else 'elastic'} run, step {d[0]}: {d[1]} -> {d[2]} ({d[3]})"
             )
     elastic = next(r for r in runs if r["samplers"] == "elastic" and not r["preempt"])
-    fixed_pre = [r for r in runs if r["samplers"] != "elastic" and r["preempt"]]
     elastic_pre = [r for r in runs if r["samplers"] == "elastic" and r["preempt"]]
     for r in runs:
         name = f"{'elastic' if r['samplers'] == 'elastic' else 'fixed ' + str(r['samplers'])}"
@@ -339,23 +349,7 @@ def report(runs: list[dict[str, Any]], best: dict[str, Any], args: argparse.Name
         print(
             f"# a node's launch took {per:.1f} CPU-s of this machine's {cores} cores (unpreempted runs' node processes)"
         )
-    for pre, base in ((fixed_pre, best), (elastic_pre, elastic)):
-        if pre:
-            p, lost = pre[0], 1 - pre[0]["groups_per_s"] / base["groups_per_s"]
-            b = budget(p)
-            print(
-                f"# with preemption: {p['samplers']} at {p['groups_per_s']:.2f} groups/s, lost {lost:.0%} "
-                f"of its unpreempted throughput; budget (preempted share x time back, over the wall) "
-                f"{b:.0%}: {'within' if lost <= b else 'OVER'}"
-            )
-            if p["replacement_cpu_s"] is not None:
-                # an estimate: the run is CPU-bound on this machine, so CPU the new nodes took is time it lost
-                share = p["replacement_cpu_s"] / cores / p["wall_s"]
-                print(
-                    f"#   its replacement nodes' processes took {p['replacement_cpu_s']:.1f} CPU-s of the {cores} cores "
-                    f"({share:.0%} of the wall); lost without them (on a cluster a node boots on its own host; "
-                    f"an estimate) {lost - share:.0%}: {'within' if lost - share <= b else 'OVER'}"
-                )
+    preemption_lines(runs, cores)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(runs, f, indent=1)

@@ -168,3 +168,47 @@ def span(xs: list[float]) -> str:
     if not xs:
         return "none"
     return f"mean {sum(xs) / len(xs):.1f} s (min {min(xs):.1f}, max {max(xs):.1f}, n {len(xs)})"
+
+
+def preemption_lines(runs: list[dict[str, Any]], cores: int) -> None:
+    """Each round's preempted runs against the same round's unpreempted run of the same arm: the throughput
+    lost, its budget and, where measured, the loss with the replacement nodes' launch CPU taken off; with
+    several rounds, their mean and standard error."""
+    over: dict[str, list[tuple[float, float, float | None]]] = {}
+    for pre in (r for r in runs if r["preempt"]):
+        base = next(
+            r
+            for r in runs
+            if not r["preempt"] and r["samplers"] == pre["samplers"] and r.get("round", 0) == pre["round"]
+        )
+        lost, b = 1 - pre["groups_per_s"] / base["groups_per_s"], budget(pre)
+        print(
+            f"# with preemption (round {pre['round']}): {pre['samplers']} at {pre['groups_per_s']:.2f} groups/s, lost "
+            f"{lost:.0%} of its unpreempted throughput; budget (preempted share x time back, over the wall) "
+            f"{b:.0%}: {'within' if lost <= b else 'OVER'}"
+        )
+        net = None
+        if pre["replacement_cpu_s"] is not None:
+            # an estimate: the run is CPU-bound on this machine, so CPU the new nodes took is time it lost
+            share = pre["replacement_cpu_s"] / cores / pre["wall_s"]
+            net = lost - share
+            print(
+                f"#   its replacement nodes' processes took {pre['replacement_cpu_s']:.1f} CPU-s of the {cores} cores "
+                f"({share:.0%} of the wall); lost without them (on a cluster a node boots on its own host; "
+                f"an estimate) {net:.0%}: {'within' if net <= b else 'OVER'}"
+            )
+        over.setdefault(str(pre["samplers"]), []).append((lost, b, net))
+    for arm, xs in over.items():
+        if len(xs) > 1:
+            d = [lost - b for lost, b, _ in xs]
+            dn = [net - b for _, b, net in xs if net is not None]
+            print(
+                f"# with preemption, {arm} over {len(xs)} rounds: lost - budget {mean_se(d)}"
+                + (f"; without the replacements' launches {mean_se(dn)}" if dn else "")
+            )
+
+
+def mean_se(xs: list[float]) -> str:
+    m = sum(xs) / len(xs)
+    se = (sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs)) ** 0.5 if len(xs) > 1 else 0.0
+    return f"{m:+.0%} ± {se:.0%}"
