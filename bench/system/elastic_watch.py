@@ -176,6 +176,9 @@ def preemption_lines(runs: list[dict[str, Any]], cores: int) -> None:
     several rounds, their mean and standard error."""
     over: dict[str, list[tuple[float, float, float | None]]] = {}
     for pre in (r for r in runs if r["preempt"]):
+        if not pre["kills"]:  # e.g. elastic never grew past the head's sampler: nothing to compare
+            print(f"# with preemption (round {pre['round']}): {pre['samplers']}: no node was preempted")
+            continue
         base = next(
             r
             for r in runs

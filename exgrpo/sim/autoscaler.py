@@ -130,11 +130,12 @@ class FakeAutoscaler:
     def node_processes(self) -> list[psutil.Process]:
         """Every process of the launched worker nodes (raylets, their agents and workers): the autoscaler's
         monitor starts each node's processes, so they are its descendants."""
-        if self._monitor is None or not self._monitor.is_running():
-            self._monitor = next(
-                (p for p in self._procs() if "autoscaler/_private/monitor.py" in " ".join(p.cmdline())), None
-            )
-        with contextlib.suppress(psutil.Error):
+        with contextlib.suppress(psutil.Error):  # a process that exits while listed is simply not counted
+            if self._monitor is None or not self._monitor.is_running():
+                self._monitor = next(
+                    (p for p in self._procs() if "autoscaler/_private/monitor.py" in " ".join(p.cmdline())),
+                    None,
+                )
             return self._monitor.children(recursive=True) if self._monitor is not None else []
         return []
 
