@@ -39,6 +39,8 @@ class ElasticHooks:
     # a sampler on one takes no new request, and hands back what it holds `preempt_grace_s` before the deadline
     drains: Callable[[], dict[str, float]] | None = None
     node_gone: Callable[[str], bool] | None = None  # a node's raylet is gone (its sampler is a preemption)
+    # of these nodes, those found gone by a probe in the background (`close()` ends it); never blocks
+    probe: Any = None
     preempt_grace_s: float = 5.0
 
 
@@ -79,7 +81,8 @@ class SamplerPool(ElasticPool):
         self.preemptions = 0  # samplers lost to a drained or vanished node (replaced, not failures)
         e = elastic or ElasticHooks()
         self.on_scale, self.node_of, self.drains = e.on_scale, e.node_of, e.drains
-        self.node_gone, self.preempt_grace_s = e.node_gone, e.preempt_grace_s
+        self.node_gone, self.probe, self.preempt_grace_s = e.node_gone, e.probe, e.preempt_grace_s
+        self.lost_at: list[float] = []  # monotonic time each sampler was seen lost with its node
         self._nodes: dict[int, str | None] = {}  # manager actor id -> its node (with node_of)
         self._deadlines: dict[int, float] = {}  # preempted manager actor id -> hand back at (wall clock, s)
         self._idle_s, self._idle_since, self._drains_at = 0.0, None, 0.0
@@ -285,10 +288,11 @@ class SamplerPool(ElasticPool):
                 failed.add(r.actor_id)
                 if node_lost(err, self._gone(r.actor_id)):
                     lost.add(r.actor_id)
-        for aid in self.gone_with(lost):
-            log.warning("sampler %s: its node went (with another sampler on it)", self._index.get(aid))
+        for aid in self.gone_with(lost) | (self.probed_lost() - failed):
+            log.warning("sampler %s: its node went", self._index.get(aid))
             failed.add(aid)
             lost.add(aid)
+        self.lost_at += [time.monotonic()] * len(lost)
         self._replace(failed, lost)
         self._reap_drained()
         self._dispatch()
@@ -362,3 +366,5 @@ class SamplerPool(ElasticPool):
         self._pending.clear()
         if self.on_scale is not None:  # release the autoscaler request
             self.on_scale(0)
+        if self.probe is not None:
+            self.probe.close()

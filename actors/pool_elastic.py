@@ -32,6 +32,7 @@ class ElasticPool:
     manager: Any
     drains: Callable[[], dict[str, float]] | None
     node_gone: Callable[[str], bool] | None
+    probe: Any
     preempt_grace_s: float
     preemptions: int
     _index: dict[int, int]
@@ -68,6 +69,15 @@ class ElasticPool:
         in which a step waits for them)."""
         nodes = {self._nodes.get(aid) for aid in lost} - {None}
         return {aid for aid in self.manager.actor_ids() if aid not in lost and self._nodes.get(aid) in nodes}
+
+    def probed_lost(self) -> set[int]:
+        """The samplers on nodes that the probe found gone: seen before any call to them fails (which, for a
+        host that vanished, waits until Ray declares the node dead)."""
+        if self.probe is None:
+            return set()
+        ids = set(self.manager.actor_ids())
+        gone = self.probe({node for aid, node in self._nodes.items() if node is not None and aid in ids})
+        return {aid for aid in ids if self._nodes.get(aid) in gone}
 
     def idle_seconds(self) -> float:
         """Sampler-seconds so far with nothing queued or in flight (the driver admitted nothing more)."""

@@ -1,7 +1,8 @@
 """Elastic samplers against the best fixed sampler count, with and without preemption (issue 44).
 
     RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python -m bench.system.bench_elastic [--quick]
-        [--no-autoscaler] [--counts 2 4 6 8] [--steps 80] [--preempt-every 6] [--repeats 1] [--json out.json]
+        [--no-autoscaler] [--counts 2 4 6 8] [--steps 80] [--preempt-every 6] [--repeats 1] [--node-probe-s S]
+        [--json out.json]
 
 The simulated cluster (`exgrpo/sim`): the real driver, replay shards, sampler pool, object-store transport and
 the autoscale policy (`exgrpo/loop/autoscale.py`), with sleeping samplers and one sleeping learner on the cost
@@ -52,6 +53,7 @@ from bench.system.elastic_watch import (
     NodeCpu,
     NodeWatch,
     Preempt,
+    detections,
     preemption_lines,
     recoveries,
     replacements,
@@ -85,6 +87,12 @@ def make_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="rounds of the best count and elastic, each with and without preemption",
+    )
+    p.add_argument(
+        "--node-probe-s",
+        type=float,
+        default=None,
+        help="samplers.node_probe_s (default: the config's; 0: no probe, the failed calls tell)",
     )
     p.add_argument("--json", default=None, help="also write the runs as JSON here")
     return p
@@ -190,6 +198,7 @@ def one_run(
         if cpu is not None and watch.kills
         else None,
         "recover_s": [round(r, 1) for r in recoveries(watch, end)],
+        "seen_lost_s": [round(d, 2) for d in detections(s.samplers.lost_at, watch)],  # kill -> pool saw it
     }
 
 
@@ -256,6 +265,8 @@ def main() -> None:
     nodes: NodeWatch | None = None
     cpu: NodeCpu | None = None
     overrides = ["samplers.autoscale_hysteresis=1", "samplers.autoscale_cooldown=2"]
+    if args.node_probe_s is not None:
+        overrides.append(f"samplers.node_probe_s={args.node_probe_s}")
     if args.autoscaler:
         fa, nodes, cpu = start_autoscaler(args, top)
         # every sampler reserves 1 CPU (so needs a node); the pool asks the autoscaler for the target's bundles
@@ -335,6 +346,9 @@ def report(runs: list[dict[str, Any]], best: dict[str, Any], args: argparse.Name
         print(f"# node launch (fixed counts, ask -> node alive): {span(launches)}")
     if replaced:
         print(f"# node replacement (raylet killed -> a new node alive): {span(replaced)}")
+    seen = [x for r in runs for x in r["seen_lost_s"]]
+    if seen:
+        print(f"# a kill seen by the pool (raylet killed -> its samplers lost): {span(seen, 2)}")
     if recovered:
         print(f"# pool back at its count after a kill (at step ends): {span(recovered)}")
     if elastic["first_growth_step"] is not None:

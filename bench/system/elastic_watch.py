@@ -140,6 +140,16 @@ def recoveries(watch: Preempt, end: float) -> list[float]:
     return out
 
 
+def detections(lost_at: list[float], watch: Preempt) -> list[float]:
+    """For each kill, the seconds until the pool saw a sampler of it lost (its first loss after the kill)."""
+    out = []
+    for k in watch.kills:
+        seen = [t for t in lost_at if t >= k["t"]]
+        if seen:
+            out.append(min(seen) - k["t"])
+    return out
+
+
 def replacements(nodes: NodeWatch | None, watch: Preempt, end: float) -> list[float]:
     """For each killed node, the seconds until a new worker node joined (first kill first)."""
     if nodes is None:
@@ -164,10 +174,11 @@ def budget(run: dict[str, Any]) -> float:
     )
 
 
-def span(xs: list[float]) -> str:
+def span(xs: list[float], digits: int = 1) -> str:
     if not xs:
         return "none"
-    return f"mean {sum(xs) / len(xs):.1f} s (min {min(xs):.1f}, max {max(xs):.1f}, n {len(xs)})"
+    f = f".{digits}f"
+    return f"mean {sum(xs) / len(xs):{f}} s (min {min(xs):{f}}, max {max(xs):{f}}, n {len(xs)})"
 
 
 def preemption_lines(runs: list[dict[str, Any]], cores: int) -> None:

@@ -36,6 +36,7 @@ BOUNDS: dict[str, Bound] = {
     "samplers.requests_per_call": Bound(lo=1),
     "samplers.continuous_max_requests": Bound(lo=1),
     "samplers.verify_timeout_s": Bound(lo=0, open_lo=True),
+    "samplers.node_probe_s": Bound(lo=0, note="0 = off"),
     "samplers.gpu_memory_utilization": Bound(lo=0, hi=1, open_lo=True),
     "samplers.tensor_parallel_size": Bound(lo=1, note="1 = one GPU per sampler"),
     "model.max_position_embeddings": Bound(lo=1, note="or null: the model's own"),

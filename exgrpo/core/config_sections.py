@@ -121,8 +121,7 @@ class SamplerConfig:
     # where vLLM's engine core runs: inline (in the sampler's process), child (its own process, vLLM's GPU
     # default), auto = inline on CPU, child on GPU
     engine_process: Literal["auto", "inline", "child"] = "auto"
-    # one sampling seed per request (reproducible draws; vLLM's slower per-sequence sampler); null = on for
-    # CPU samplers, off for GPU samplers
+    # a seed per request (reproducible draws; vLLM's slower sampler); null = on for CPU, off for GPU samplers
     seeded: bool | None = None
     # continuous batching with in-flight weight updates (vLLM, object-store weights)
     continuous: bool = False
@@ -147,6 +146,8 @@ class SamplerConfig:
     autoscale_request_resources: bool = True
     # a sampler on a node drained with a deadline hands back its requests this many seconds before it
     preempt_grace_s: float = 5.0
+    # seconds between probes of each sampler node's raylet (a node gone without notice is seen in about this)
+    node_probe_s: float = 0.25
 
 
 @dataclass(frozen=True)

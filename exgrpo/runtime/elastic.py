@@ -7,6 +7,8 @@
   after a shrink, may terminate the nodes left idle (`idle_timeout_minutes`). The pool's shutdown asks for 0.
 - `node_of`: a joined sampler's node (the GCS's actor table); `node_gone`: whether that node's raylet is gone
   (a sampler unreachable on a vanished node is a preemption, not a failure).
+- `NodeProbe`: a background thread that connects to each sampler node's raylet every `samplers.node_probe_s`;
+  the pool reads which nodes stopped answering (a vanished node seen in about that, not after a call fails).
 - `DrainWatch`: the nodes being drained and their deadlines (`GcsClient.get_draining_nodes`): what a spot
   notice becomes on KubeRay or a cloud provider (`ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION
   --deadline-remaining-seconds S`).
@@ -16,6 +18,8 @@
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -88,6 +92,100 @@ def node_gone(node: str) -> bool:
         return True
 
 
+def raylet_addresses() -> dict[str, tuple[str, int]]:
+    """Every alive node's raylet address (hex id -> host, port), from the GCS."""
+    import ray
+
+    return {
+        n["NodeID"]: (n["NodeManagerAddress"], int(n["NodeManagerPort"]))
+        for n in ray.nodes()
+        if n.get("Alive")
+    }
+
+
+class NodeProbe:
+    """`probe(nodes)`: which of `nodes` (hex ids) are gone, never blocking. A daemon thread connects to each
+    watched node's raylet every `every_s`: a refused connection, or a node the GCS no longer lists as alive, is
+    gone at once; a host that vanished (the connection times out after `timeout_s`) is gone after `misses`
+    timeouts in a row. Each call replaces the watched set; the caller's own node is never watched (if it went,
+    so did the caller)."""
+
+    def __init__(
+        self,
+        *,
+        every_s: float,
+        timeout_s: float = 1.0,
+        misses: int = 2,
+        addresses: Callable[[], dict[str, tuple[str, int]]] = raylet_addresses,
+        own_node: str | None = None,
+    ) -> None:
+        self.every_s, self.timeout_s, self.misses = every_s, timeout_s, misses
+        self._addresses, self._own = addresses, own_node
+        self._lock = threading.Lock()
+        self._watched: set[str] = set()
+        self._gone: set[str] = set()
+        self._known: dict[str, tuple[str, int]] = {}
+        self._missed: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, nodes: set[str]) -> set[str]:
+        with self._lock:
+            self._watched = set(nodes) - {self._own}
+            gone = self._gone & nodes
+            start = self._thread is None and bool(self._watched)
+        if start:
+            self._thread = threading.Thread(target=self._run, name="exgrpo-node-probe", daemon=True)
+            self._thread.start()
+        return gone
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.probe_once()
+            except Exception as err:  # noqa: BLE001 - a failed round is retried; calls that fail still tell
+                log.warning("node probe round failed (retried in %.2f s): %s", self.every_s, err)
+
+    def probe_once(self) -> None:
+        """One round over the watched nodes (the thread's body; tests call it directly)."""
+        with self._lock:
+            watched = self._watched - self._gone
+        if watched - self._known.keys():
+            alive = self._addresses()
+            self._known.update({n: alive[n] for n in watched if n in alive})
+        gone = {n for n in watched if n not in self._known}
+        for node in watched - gone:
+            verdict = self._connect(self._known[node])
+            self._missed[node] = self._missed.get(node, 0) + 1 if verdict == "timeout" else 0
+            if verdict == "refused" or self._missed[node] >= self.misses:
+                gone.add(node)
+        if gone:
+            log.warning("node probe: %s gone (raylet not answering)", ", ".join(sorted(n[-8:] for n in gone)))
+            with self._lock:
+                self._gone |= gone
+
+    def _connect(self, address: tuple[str, int]) -> str:
+        try:
+            with socket.create_connection(address, timeout=self.timeout_s):
+                return "up"
+        except ConnectionRefusedError:  # nothing listens there: the raylet is gone
+            return "refused"
+        except OSError:  # a timeout or an unreachable host: gone only if it lasts
+            return "timeout"
+
+
+def own_node() -> str | None:
+    import ray
+
+    try:
+        return str(ray.get_runtime_context().get_node_id())
+    except Exception:  # noqa: BLE001 - then every node is watched, the caller's too
+        return None
+
+
 class DrainWatch:
     """`drains()`: node (hex id) -> deadline (wall clock, s; 0 for none) of every node being drained."""
 
@@ -121,6 +219,7 @@ def pool_hooks(cfg: Any) -> ElasticHooks:
         node_of=node_of,
         drains=DrainWatch(),
         node_gone=node_gone,
+        probe=NodeProbe(every_s=s.node_probe_s, own_node=own_node()) if s.node_probe_s > 0 else None,
         preempt_grace_s=s.preempt_grace_s,
     )
 

@@ -30,3 +30,22 @@ def test_a_sampler_whose_node_is_unknown_takes_nothing_with_it() -> None:
     pool = _pool({1: None, 2: None, 3: "node-a"})
     assert pool.gone_with({1}) == set()
     assert pool.gone_with(set()) == set()
+
+
+class _Probe:
+    def __init__(self, gone: set[str]) -> None:
+        self.gone = gone
+        self.asked: set[str] = set()
+
+    def __call__(self, nodes: set[str]) -> set[str]:
+        self.asked = set(nodes)
+        return self.gone & nodes
+
+
+def test_the_probe_is_asked_about_the_live_samplers_nodes_and_its_gone_nodes_take_their_samplers() -> None:
+    pool = _pool({1: "node-a", 2: "node-a", 3: "node-b", 4: None})
+    pool.probe = _Probe({"node-a", "node-c"})
+    assert pool.probed_lost() == {1, 2}
+    assert pool.probe.asked == {"node-a", "node-b"}
+    pool.probe = None
+    assert pool.probed_lost() == set()
