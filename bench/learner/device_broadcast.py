@@ -1,7 +1,7 @@
 """The device check's broadcast part: a model's packed weights from one process to another on the one device.
 
 Part ``broadcast``: the model's bf16 parameters (random values, tied embedding once) from rank 0 to
-    rank 1, two processes on the one device, packed into uint8 chunks by vLLM's rule (a chunk closes
+    rank 1, two processes on the one device, packed into uint8 chunks by vLLM's rule (`exgrpo.transport.packed.chunk_cuts`) (a chunk closes
     once it exceeds ``--buffer-mb``, default 1 GiB as in vLLM), through torch.distributed over a
     TCPStore on 127.0.0.1 (NCCL on CUDA, gloo on CPU). NCCL normally refuses two ranks on one GPU;
     then that is printed loudly and the fallback figure is CUDA IPC (torch.multiprocessing hands rank 1
@@ -25,6 +25,7 @@ import torch
 from bench.common import synchronize
 from bench.learner.device_procs import run_processes
 from bench.learner.gpu_learner import Shape, build_model
+from exgrpo.transport.packed import chunk_cuts
 
 GB = 1e9
 
@@ -41,19 +42,6 @@ def state_specs(shape: Shape, dtype: torch.dtype) -> list[Spec]:
 
 def _nbytes(spec: Spec) -> int:
     return math.prod(spec[1]) * getattr(torch, spec[2]).itemsize
-
-
-def chunk_plan(specs: Sequence[Spec], buffer_bytes: int) -> list[list[int]]:
-    """vLLM's packing rule (``pack_tensors``): tensors in order, a chunk closes once it exceeds the buffer."""
-    chunks: list[list[int]] = [[]]
-    size = 0
-    for i, spec in enumerate(specs):
-        chunks[-1].append(i)
-        size += _nbytes(spec)
-        if size > buffer_bytes:
-            chunks.append([])
-            size = 0
-    return [c for c in chunks if c]
 
 
 def checksum(flat: torch.Tensor) -> tuple[int, int]:
@@ -127,7 +115,7 @@ def broadcast_rank(
     import torch.distributed as dist
 
     dev = _device(kind)
-    plan = chunk_plan(specs, buffer_bytes)
+    plan = chunk_cuts([_nbytes(s) for s in specs], buffer_bytes)
     sizes = [sum(_nbytes(specs[i]) for i in c) for c in plan]
     nbytes = sum(sizes)
     out: dict[str, Any] = {"backend": backend, "chunks": len(plan), "bytes": nbytes}
@@ -196,7 +184,7 @@ def ipc_rank(
     into buffers of its own. With ``floor`` (the collective pair brought none back) rank 0 measures the
     memcpy floor first."""
     dev = _device(kind)
-    plan = chunk_plan(specs, buffer_bytes)
+    plan = chunk_cuts([_nbytes(s) for s in specs], buffer_bytes)
     out: dict[str, Any] = {"method": "cuda_ipc" if kind == "cuda" else "shared_memory", "chunks": len(plan)}
     if rank == 0:
         if floor:

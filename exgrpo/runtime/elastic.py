@@ -1,18 +1,12 @@
-"""Elastic samplers on Ray's autoscaler: the sampler pool's hooks into the cluster (`actors.pool.SamplerPool`'s
-`on_scale`, `node_of`, `drains`), wired by `exgrpo.runtime.parts.make_samplers`.
+"""Elastic samplers on Ray's autoscaler: the sampler pool's hooks into the cluster
+(`actors.pool.ElasticHooks`), built by `pool_hooks` for `exgrpo.runtime.parts.make_samplers`.
 
-- `ClusterRequest`: with `samplers.autoscale` (and `autoscale_request_resources`), every new sampler count n
-  becomes `ray.autoscaler.sdk.request_resources(bundles=[one sampler's bundle] x n)`, which replaces the
-  previous request: the autoscaler launches nodes for a growing target ahead of the samplers' own demand and,
-  after a shrink, may terminate the nodes left idle (`idle_timeout_minutes`). The pool's shutdown asks for 0.
-- `node_of`: a joined sampler's node (the GCS's actor table); `node_gone`: whether that node's raylet is gone
-  (a sampler unreachable on a vanished node is a preemption, not a failure).
-- `NodeProbe`: a background thread that connects to each sampler node's raylet every `samplers.node_probe_s`;
-  the pool reads which nodes stopped answering (a vanished node seen in about that, not after a call fails).
-- `DrainWatch`: the nodes being drained and their deadlines (`GcsClient.get_draining_nodes`): what a spot
-  notice becomes on KubeRay or a cloud provider (`ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION
-  --deadline-remaining-seconds S`).
-- `dry_run_line`: what `--dry-run` prints about the policy's largest ask (max samplers x their resources).
+`ClusterRequest` asks the autoscaler for the target's sampler bundles (`request_resources`; each ask replaces
+the last); `node_of` / `node_gone` place a sampler and tell a vanished node from a crash; `NodeProbe` connects
+to each sampler node's raylet in the background, so a node gone without notice is seen in about
+`samplers.node_probe_s`; `DrainWatch` reads the nodes drained with a deadline (a spot notice); `dry_run_line`
+is `--dry-run`'s line on the largest ask. More: docs/operating.md, "Elastic and spot samplers";
+tests/integration/test_elastic_autoscaler.py.
 """
 
 from __future__ import annotations

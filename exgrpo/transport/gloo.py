@@ -33,6 +33,8 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
 from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
 
+from exgrpo.transport.packed import chunk_cuts
+
 GLOO = "gloo"
 DEFAULT_BUFFER_BYTES = 64 << 20  # one gloo broadcast per ~64 MiB chunk
 _ALIGN = 64  # byte alignment of each chunk in the receive buffer (every dtype can view its tensors)
@@ -90,17 +92,12 @@ def _broadcast(group: Any, tensor: torch.Tensor) -> None:
 def chunk_plan(
     metas: Sequence[tuple[str, Sequence[int], torch.dtype]], buffer_size_bytes: int
 ) -> list[list[tuple[str, list[int], torch.dtype, int]]]:
-    """Both sides' chunks: the cut vLLM's `pack_tensors` makes (close a chunk once it exceeds the buffer)."""
-    chunks: list[list[tuple[str, list[int], torch.dtype, int]]] = [[]]
-    size = 0
-    for name, shape, dtype in metas:
-        nbytes = int(torch.Size(shape).numel()) * dtype.itemsize
-        chunks[-1].append((name, list(shape), dtype, nbytes))
-        size += nbytes
-        if size > buffer_size_bytes:
-            chunks.append([])
-            size = 0
-    return [c for c in chunks if c]
+    """Both sides' chunks (`packed.chunk_cuts`, vLLM's cut): (name, shape, dtype, bytes) of each tensor."""
+    rows = [
+        (name, list(shape), dtype, int(torch.Size(shape).numel()) * dtype.itemsize)
+        for name, shape, dtype in metas
+    ]
+    return [[rows[i] for i in cut] for cut in chunk_cuts([r[3] for r in rows], buffer_size_bytes)]
 
 
 class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):

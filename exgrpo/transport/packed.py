@@ -8,7 +8,7 @@ transport (`broadcast.py`) moves one `PackedWeights` per version; nothing here i
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,6 +95,20 @@ def plan_layout(state: Mapping[str, torch.Tensor]) -> tuple[list[TensorSlot], in
         for name, t in state.items()
     ]
     return layout, total
+
+
+def chunk_cuts(sizes: Sequence[int], buffer_bytes: int) -> list[list[int]]:
+    """vLLM's cut of a stream of tensors (`sizes` in bytes, in order) into chunks (its `pack_tensors`): indices in
+    order, a chunk closes once it exceeds `buffer_bytes`. Both sides of a chunked broadcast cut the same way."""
+    chunks: list[list[int]] = [[]]
+    size = 0
+    for i, nbytes in enumerate(sizes):
+        chunks[-1].append(i)
+        size += nbytes
+        if size > buffer_bytes:
+            chunks.append([])
+            size = 0
+    return [c for c in chunks if c]
 
 
 def _view(buffer: torch.Tensor, slot: TensorSlot) -> torch.Tensor:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from exgrpo.runtime.memory_plan import GIB, learner_peak
+from exgrpo.transport.packed import chunk_cuts
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -111,7 +112,7 @@ def test_imports_without_ray_deepspeed_vllm():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
 
 
-def test_chunk_plan_and_checksum():
+def test_vllms_chunk_cut_of_the_device_specs_and_checksum():
     specs = [
         ("a", (3,), "bfloat16"),
         ("b", (2, 2), "float32"),
@@ -119,8 +120,9 @@ def test_chunk_plan_and_checksum():
         ("d", (5,), "bfloat16"),
     ]
     # 6, 16, 2, 10 bytes; a chunk closes once it exceeds 8 bytes (vLLM's rule)
-    assert dc.chunk_plan(specs, 8) == [[0, 1], [2, 3]]
-    assert dc.chunk_plan(specs, 1000) == [[0, 1, 2, 3]]
+    sizes = [dc._nbytes(s) for s in specs]
+    assert chunk_cuts(sizes, 8) == [[0, 1], [2, 3]]
+    assert chunk_cuts(sizes, 1000) == [[0, 1, 2, 3]]
     x = torch.arange(8, dtype=torch.uint8)
     assert dc.checksum(x) == dc.checksum(x.clone())
     assert dc.checksum(x) != dc.checksum(x.flip(0))  # same sum, other order
