@@ -10,7 +10,6 @@ the RL samplers do and checks each trace. More: docs/task.md ("Base models"); te
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import time
 from collections.abc import Sequence
@@ -25,7 +24,14 @@ from exgrpo.core.records import Prompt
 from exgrpo.data.scratchpad import ScratchpadTask
 from exgrpo.data.templates import render_prompt
 from exgrpo.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from exgrpo.models.warmup import WarmupResult, batch_order, check_spec, fit_and_record, learning_rate
+from exgrpo.models.warmup import (
+    WarmupResult,
+    batch_order,
+    check_spec,
+    fit_and_record,
+    learning_rate,
+    spec_fingerprint,
+)
 
 _TRACE_WARMUP_FORMAT = 1  # bump when the training procedure changes, so cached models are rebuilt
 RECORD_NAME = "trace_warmup.json"
@@ -64,16 +70,7 @@ class TraceWarmupSpec:
         )
 
     def fingerprint(self) -> str:
-        """Short hash of the spec, the random start's fingerprint and the warm-up format."""
-        payload = json.dumps(
-            {
-                "spec": dataclasses.asdict(self),
-                "model": self.model.fingerprint(),
-                "format": _TRACE_WARMUP_FORMAT,
-            },
-            sort_keys=True,
-        )
-        return hashlib.sha256(payload.encode()).hexdigest()[:12]
+        return spec_fingerprint(self, _TRACE_WARMUP_FORMAT)
 
 
 SCRATCHPAD_MODEL = TinyModelSpec(

@@ -85,12 +85,16 @@ class WarmupSpec:
         )
 
     def fingerprint(self) -> str:
-        """Short hash of the spec, the random start's fingerprint and the warm-up format."""
-        payload = json.dumps(
-            {"spec": dataclasses.asdict(self), "model": self.model.fingerprint(), "format": _WARMUP_FORMAT},
-            sort_keys=True,
-        )
-        return hashlib.sha256(payload.encode()).hexdigest()[:12]
+        return spec_fingerprint(self, _WARMUP_FORMAT)
+
+
+def spec_fingerprint(spec: Any, warmup_format: str) -> str:
+    """Short hash of a warm-up spec, its random start's fingerprint and its warm-up format (the cache key)."""
+    payload = json.dumps(
+        {"spec": dataclasses.asdict(spec), "model": spec.model.fingerprint(), "format": warmup_format},
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
 ARITH_MODEL = TinyModelSpec(
