@@ -146,7 +146,7 @@ class SamplerConfig:
     autoscale_request_resources: bool = True
     # a sampler on a node drained with a deadline hands back its requests this many seconds before it
     preempt_grace_s: float = 5.0
-    # seconds between probes of each sampler node's raylet (a node gone without notice is seen in about this)
+    # seconds between probes of each sampler node's raylet (a vanished node is seen in about this); 0 = off
     node_probe_s: float = 0.25
 
 
