@@ -99,8 +99,8 @@ def raylet_addresses() -> dict[str, tuple[str, int]]:
 
 class NodeProbe:
     """`probe(nodes)`: which of `nodes` (hex ids) are gone, never blocking. A daemon thread connects to each
-    watched node's raylet every `every_s`: a refused connection, or a node the GCS no longer lists as alive, is
-    gone at once; a host that vanished (the connection times out after `timeout_s`) is gone after `misses`
+    watched node's raylet every `every_s`: a refused connection, or a node the GCS does not list as alive when
+    the probe first looks up its address, is gone at once; a host that vanished (the connection times out after `timeout_s`) is gone after `misses`
     timeouts in a row. Each call replaces the watched set; the caller's own node is never watched (if it went,
     so did the caller)."""
 
