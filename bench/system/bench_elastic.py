@@ -23,10 +23,9 @@ from 6 on). Runs, in one process over one set of actors:
    every `--preempt-every` steps (a vanished spot node and its samplers).
 `--repeats N` runs 2 and 3 N times (later rounds also rerun the best count), each preempted run compared with its
 own round's unpreempted run, and prints the rounds' mean and standard error of the loss over the budget.
-Known: the fake provider never learns that a node was killed (a cloud's API would report the instance gone), so the
-autoscaler counts a killed node as pending capacity until it terminates it as idle, which it does not while the
-samplers' request includes it. A later run that the dead node's capacity would cover then waits for it: with
-`--counts 2 --steps 8 --repeats 2` round 1's second sampler was not placed in 300 s (TimeoutError), twice.
+A killed node is gone for the autoscaler too (`exgrpo/sim/fake_provider.py`, as a cloud stops listing a reclaimed
+instance): Ray's own fake provider kept listing it, so the autoscaler counted it as capacity, and with
+`--counts 2 --steps 8 --repeats 2` a later run waited 300 s for a sampler that had no node (TimeoutError).
 
 Every run starts from the same state: one started sampler (on the head) and, on the autoscaler, no worker node
 (before each run the bench waits for the autoscaler to terminate the idle nodes of the run before, 6 s idle

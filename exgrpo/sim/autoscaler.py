@@ -2,7 +2,8 @@
 are raylets on this host, for the elastic tests and `bench/system/bench_elastic.py --autoscaler`.
 
 `FakeAutoscaler.start()` writes the cluster config (a head of `head_cpus`, `sampler` nodes of `node_cpus` and
-the resource `sampler_node`; the provider's `use_node_id_as_ip`, `disable_node_updaters` and
+the resource `sampler_node`; Ray's fake multi-node provider as `exgrpo.sim.fake_provider.KillAwareProvider`,
+which stops listing a node whose raylet died; the provider's `use_node_id_as_ip`, `disable_node_updaters` and
 `disable_launch_config_check`: without them the autoscaler sees no heartbeat from its nodes, runs an updater
 that fails and terminates busy nodes) and starts the head on a free port with its own temp dir. Invariant: it
 ends only its own processes (`stop()`: those naming its port or temp dir), never `ray stop` nor
@@ -30,6 +31,7 @@ import psutil
 from exgrpo.transport import ranks
 
 HEAD_TYPE = "ray.head.default"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -55,8 +57,9 @@ class FakeAutoscaler:
             "max_workers": max_workers,
             "upscaling_speed": 10.0,
             "idle_timeout_minutes": idle_timeout_minutes,
-            "provider": {
-                "type": "fake_multinode",
+            "provider": {  # Ray's fake multi-node provider that sees a killed node go (fake_provider.py)
+                "type": "external",
+                "module": "exgrpo.sim.fake_provider.KillAwareProvider",
                 "gcs_address": self.address,
                 "use_node_id_as_ip": True,  # else the autoscaler never sees its nodes heartbeat and kills them
                 "disable_node_updaters": True,  # else an updater (ssh) "fails" on each new node, which is killed
@@ -101,6 +104,8 @@ class FakeAutoscaler:
             "RAY_FAKE_CLUSTER": "1",
             "AUTOSCALER_UPDATE_INTERVAL_S": "1",
             "RAY_AUTH_MODE": "disabled",
+            # the autoscaler's monitor imports the provider from this checkout
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
         }
         ray_bin = str(Path(sys.executable).with_name("ray"))
         cmd = [
