@@ -1,8 +1,9 @@
 """The device check's broadcast part: a model's packed weights from one process to another on the one device.
 
 Part ``broadcast``: the model's bf16 parameters (random values, tied embedding once) from rank 0 to
-    rank 1, two processes on the one device, packed into uint8 chunks by vLLM's rule (`exgrpo.transport.packed.chunk_cuts`) (a chunk closes
-    once it exceeds ``--buffer-mb``, default 1 GiB as in vLLM), through torch.distributed over a
+    rank 1, two processes on the one device, packed into uint8 chunks by vLLM's rule
+    (`exgrpo.transport.packed.chunk_cuts`: a chunk closes once it exceeds ``--buffer-mb``, default 1 GiB as
+    in vLLM), through torch.distributed over a
     TCPStore on 127.0.0.1 (NCCL on CUDA, gloo on CPU). NCCL normally refuses two ranks on one GPU;
     then that is printed loudly and the fallback figure is CUDA IPC (torch.multiprocessing hands rank 1
     the packed chunks; it copies them into its own buffers). The IPC pair always runs, so both figures

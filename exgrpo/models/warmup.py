@@ -88,7 +88,7 @@ class WarmupSpec:
         return spec_fingerprint(self, _WARMUP_FORMAT)
 
 
-def spec_fingerprint(spec: Any, warmup_format: str) -> str:
+def spec_fingerprint(spec: Any, warmup_format: int) -> str:
     """Short hash of a warm-up spec, its random start's fingerprint and its warm-up format (the cache key)."""
     payload = json.dumps(
         {"spec": dataclasses.asdict(spec), "model": spec.model.fingerprint(), "format": warmup_format},

@@ -70,20 +70,24 @@ def node_gone(node: str) -> bool:
     """Whether a node's raylet is gone: the GCS marks it dead, or its port refuses (or does not answer) a
     connection. Asked after a sampler on it became unreachable, before the GCS has noticed (a killed raylet,
     a reclaimed host); a sampler killed on a live node finds its raylet there."""
-    import socket
-
     import ray
 
     info = next((n for n in ray.nodes() if n.get("NodeID") == node), None)
     if info is None or not info.get("Alive"):
         return True
+    return raylet_answer((info["NodeManagerAddress"], int(info["NodeManagerPort"])), timeout_s=1.0) != "up"
+
+
+def raylet_answer(address: tuple[str, int], *, timeout_s: float) -> str:
+    """ "up" (a connection opened), "refused" (nothing listens: the raylet is gone) or "timeout" (a timeout or an
+    unreachable host)."""
     try:
-        with socket.create_connection(
-            (info["NodeManagerAddress"], int(info["NodeManagerPort"])), timeout=1.0
-        ):
-            return False
+        with socket.create_connection(address, timeout=timeout_s):
+            return "up"
+    except ConnectionRefusedError:
+        return "refused"
     except OSError:
-        return True
+        return "timeout"
 
 
 def raylet_addresses() -> dict[str, tuple[str, int]]:
@@ -152,7 +156,7 @@ class NodeProbe:
             self._known.update({n: alive[n] for n in watched if n in alive})
         gone = {n for n in watched if n not in self._known}
         for node in watched - gone:
-            verdict = self._connect(self._known[node])
+            verdict = raylet_answer(self._known[node], timeout_s=self.timeout_s)
             self._missed[node] = self._missed.get(node, 0) + 1 if verdict == "timeout" else 0
             if verdict == "refused" or self._missed[node] >= self.misses:
                 gone.add(node)
@@ -160,15 +164,6 @@ class NodeProbe:
             log.warning("node probe: %s gone (raylet not answering)", ", ".join(sorted(n[-8:] for n in gone)))
             with self._lock:
                 self._gone |= gone
-
-    def _connect(self, address: tuple[str, int]) -> str:
-        try:
-            with socket.create_connection(address, timeout=self.timeout_s):
-                return "up"
-        except ConnectionRefusedError:  # nothing listens there: the raylet is gone
-            return "refused"
-        except OSError:  # a timeout or an unreachable host: gone only if it lasts
-            return "timeout"
 
 
 def own_node() -> str | None:
