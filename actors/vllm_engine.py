@@ -18,7 +18,7 @@ from actors.engines import (
     to_tensor,
 )
 from actors.reaper import children, start_reaper
-from actors.vllm_load import direct_load, direct_load_support, end_failed_update, load_staged
+from actors.vllm_load import direct_load, direct_load_support, end_failed_update, load_staged, reload_in_place
 from exgrpo.core.config import Dtype
 from exgrpo.transport.staged import stage_weights
 
@@ -50,16 +50,17 @@ class VLLMEngine(TokenizedEngine):
     `actors.vllm_load`): each linear layer's GEMM kernel is rebuilt straight from the new weight (a fused
     qkv/gate_up weight is a zero-copy view of the packed buffer when its parts lie back to back), and the
     plain parameters are copied in place by the model's own `load_weights`. "reload" (elsewhere, with the
-    reason in `weight_path_reason`): the worker's `reload_weights`
-    (`collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`), vLLM's layerwise in-place
-    reload, which runs the model's `load_weights` on each layer restored to checkpoint form and re-runs
-    its post-processing. Either way the prefix cache is then reset so no KV computed with old weights is
-    reused. With the core in a child process tensors cannot cross to it, so the state dict is staged in a
-    file the worker maps (`exgrpo.transport.staged`, `actors.vllm_load.load_staged`). With
-    `weight_transfer="nccl"|"gloo"` the engine is built with vLLM's `WeightTransferConfig`,
-    and `init_weight_transfer` / `start_weight_update` / `update_weights` / `finish_weight_update` are
-    vLLM's weight-transfer API: its layerwise reload, fed by a broadcast from learner rank 0
-    (`exgrpo.transport.vllm_api`).
+    reason in `weight_path_reason`): the worker's `reload_weights` (`actors.vllm_load.reload_in_place`),
+    vLLM's layerwise in-place reload, which runs the model's `load_weights` on each layer restored to
+    checkpoint form and re-runs its post-processing; one that raises part-way is undone on the worker before
+    the error goes on, so the next load lands whole. Setting `weight_path = "reload"` after start-up takes
+    vLLM's path where the direct one applies (the tests run the GPU path so on CPU). Either way the prefix
+    cache is then reset so no KV computed with old weights is reused. With the core in a child process
+    tensors cannot cross to it, so the state dict is staged in a file the worker maps
+    (`exgrpo.transport.staged`, `actors.vllm_load.load_staged`). With `weight_transfer="nccl"|"gloo"` the
+    engine is built with vLLM's `WeightTransferConfig`, and `init_weight_transfer` / `start_weight_update` /
+    `update_weights` / `finish_weight_update` are vLLM's weight-transfer API: its layerwise reload, fed by a
+    broadcast from learner rank 0 (`exgrpo.transport.vllm_api`).
 
     Checksum: the sum of the served model's parameters. Fused parameters hold the concatenation of
     their parts, so their sum is the sum of the parts; the embedding's vocab padding rows are zero;
@@ -217,7 +218,7 @@ class VLLMEngine(TokenizedEngine):
         elif direct:
             self.llm.collective_rpc(direct_load, args=(list(items.items()),))
         else:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(items.items())})
+            self.llm.collective_rpc(reload_in_place, args=(list(items.items()),))  # undone if it fails
         self.llm.reset_prefix_cache()
         self._version = version
 

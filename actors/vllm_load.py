@@ -4,13 +4,16 @@ On CPU vLLM keeps a linear layer's weight only inside its GEMM kernel, so `direc
 rebuilds each linear layer's kernel from the new weight by the layer's own post-processing (a fused layer from a
 zero-copy view when its parts lie back to back) and copies every other parameter with the model's own
 `load_weights`, instead of vLLM's layerwise reload. `direct_load_support` says whether a model qualifies, and
-`actors.vllm_engine.VLLMEngine` says which path it took (`weight_path`). More: docs/architecture.md ("Weights");
-tests: tests/actors/test_vllm_load.py.
+`actors.vllm_engine.VLLMEngine` says which path it took (`weight_path`). The other path, vLLM's in-place reload,
+runs through `reload_in_place`, which undoes a reload that raised part-way (`undo_failed_reload`); after a failed
+weight-transfer update `end_failed_update` finishes vLLM's session. More: docs/architecture.md ("Weights");
+tests: tests/actors/test_vllm_load.py, tests/actors/test_reload_failure.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -147,7 +150,53 @@ def load_staged(worker: Any, path: str, layout: list, direct: bool) -> None:
     if direct:
         direct_load(worker, items)
     else:
-        worker.reload_weights(weights_iterator=items)
+        reload_in_place(worker, items)
+
+
+def reload_in_place(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Runs on the worker: vLLM's in-place reload (`reload_weights`). One that raises part-way is undone
+    (`undo_failed_reload`) before its error goes on, so the next reload starts from whole layers."""
+    try:
+        worker.reload_weights(weights_iterator=weights)
+    except Exception as err:
+        undone = undo_failed_reload(worker)
+        raise RuntimeError(
+            f"vLLM's in-place weight reload failed part-way ({type(err).__name__}: {err}); {undone} layers "
+            "left open got their served tensors back, the finished ones keep the new weights"
+        ) from err
+
+
+def undo_failed_reload(worker: Any) -> int:
+    """Runs on the worker after vLLM's `reload_weights` raised; returns how many layers were left open.
+
+    vLLM 0.32 leaves such a reload open: each layer not yet finished stays on the meta device, with the
+    tensors it received buffered (the one that raised among them) and its parameters' loaders wrapped. The
+    next reload skips its set-up, counts the stale tensors toward its total and processes it with them: the
+    tensor that raised raises again, or the layer is processed before its new tensors have all arrived
+    (tests/actors/test_reload_failure.py: the next load fails, the one after lands with wrong weights). Here
+    every open layer forgets what it buffered and is closed by vLLM's own finalize, which puts a layer's
+    served tensors back when it loaded nothing. The engine then serves a mix (finished layers new, the rest
+    old) until the next full load, which lands whole."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+
+    model = worker.model_runner.get_model()
+    infos = [get_layerwise_info(layer) for layer in model.modules()]
+    reopened = [info for info in infos if info.can_load()]
+    for info in reopened:
+        info.loaded_weights.clear()
+        info.load_numel = 0
+    quiet = logging.getLogger(finalize_layerwise_reload.__module__)  # its "Failed to load" line per layer
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with set_current_vllm_config(worker.vllm_config):
+            finalize_layerwise_reload(model, worker.model_runner.model_config)
+    finally:
+        quiet.setLevel(level)
+    _unwrap_loaders(model)
+    return len(reopened)
 
 
 def end_failed_update(worker: Any) -> bool:

@@ -267,6 +267,8 @@ class Learner:
         """The full HF-named state dict packed in one byte buffer (rank 0; None elsewhere; collective under
         ZeRO-3). Under LoRA the merged weights: every tensor, since the samplers' loads replace whole models."""
         fault_point("learner.broadcast")
+        if self.device.type == "cuda":  # the step's queued kernels first (`WeightPusher.wait_for_step`)
+            torch.cuda.current_stream(self.device).synchronize()
         with self._full_params():
             return self._packer.pack(self._state()) if self.rank == 0 else None
 

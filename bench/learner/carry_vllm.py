@@ -15,8 +15,9 @@ own). Carry it to the device (``run``'s ``carry``: ``.vllm_carry``). What it hol
 * stubs written here, each marked as one: the empty package files (``vllm/__init__.py`` with the
   wheel's ``__version__``, ``vllm/distributed/__init__.py``, ``vllm/distributed/weight_transfer/__init__.py``,
   ``vllm/config/__init__.py``), ``vllm/config/parallel.py`` and ``vllm/config/weight_transfer.py`` (one
-  empty class each: ``base.py`` names them in annotations only) and ``vllm/logger.py``
-  (``init_logger`` = ``logging.getLogger``).
+  empty class each: ``base.py`` names them in annotations only), ``vllm/logger.py``
+  (``init_logger`` = ``logging.getLogger``) and ``vllm/distributed/utils.py`` (a ``StatelessProcessGroup``
+  whose ``create`` raises: ``exgrpo/transport/gloo.py`` imports it for its CPU rendezvous, never used here).
 
 ``ensure_vllm()`` imports the real vLLM when there is one, else the carried files (the folder goes first on
 ``sys.path``); ``prefer_carry=True`` takes the carried files even where vLLM is installed (the CPU test
@@ -43,6 +44,10 @@ STUBS = {
     "vllm/config/weight_transfer.py": "class WeightTransferConfig:  # named in base.py's annotations only\n"
     "    pass\n",
     "vllm/logger.py": "import logging\n\n\ndef init_logger(name):\n    return logging.getLogger(name)\n",
+    "vllm/distributed/utils.py": "class StatelessProcessGroup:  # imported by exgrpo/transport/gloo.py only\n"
+    "    @classmethod\n"
+    "    def create(cls, *args, **kwargs):\n"
+    "        raise NotImplementedError('not carried: the device check opens no gloo weight world')\n",
 }
 
 

@@ -8,8 +8,12 @@ The default parts answer issue 41's open GPU questions (``bench/learner/device_q
 consumer, the vLLM files carried by ``bench/learner/carry_vllm.py``), ``memory`` (a learner of
 Qwen2.5-Math-7B's layer shapes under the 7B recipe, peaks beside the memory plan), ``slicing`` (long-tailed
 lengths in the recipe's micro-batches) and ``sdpa`` (padded masked attention against per-row calls, and the
-backend that ran): 140 + 110 + 50 + 40 s at most, ``--budget-s`` 340. The device has no DeepSpeed, hjson or
-pydantic: carry them as wheels (``scripts/device_wheels.sh``), and vLLM's files (``carry_vllm``).
+backend that ran): 140 + 110 + 50 + 40 s at most, ``--budget-s`` 340. Part ``stream``
+(``bench/learner/device_stream.py``, 60 s, named in ``--parts``): whether the collective push reads the weights
+only after the optimiser step's kernels (``WeightPusher.wait_for_step``). The device has no DeepSpeed, hjson or
+pydantic: ``bench/learner/device_prepare.py`` makes their wheels and vLLM's files (``carry_vllm``) for its
+Python; the command to run is in docs/benchmarks.md ("GPU device check"). Each part's process prints its
+``max_memory_allocated`` beside ``max_memory_reserved`` and ``memory_reserved`` as it ends (``device_procs``).
 
 The parts that already passed on an H200 (docs/benchmarks.md, "GPU device check") still run when named in
 ``--parts``:
@@ -77,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--parts",
         default=",".join(QUESTION_PARTS),
-        help="comma-separated: export, memory, slicing, sdpa (the default), equality, learner, broadcast",
+        help="comma-separated: export, memory, slicing, sdpa (the default), stream, equality, learner, broadcast",
     )
     parser.add_argument("--equality-timeout-s", type=float, default=150.0, help="the equality part")
     parser.add_argument("--warm", type=int, default=None, help="untimed updates (GPU 2, smoke 1)")
@@ -102,6 +106,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--reps", type=int, default=3, help="timed broadcasts / copies")
     parser.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS, help="MFU denominator")
     parser.add_argument("--learner-timeout-s", type=float, default=240.0)
+    parser.add_argument(
+        "--stream-size", type=int, default=None, help="stream part's square weight (GPU 8192)"
+    )
+    parser.add_argument("--stream-reps", type=int, default=3, help="stream part's steps per mode")
+    parser.add_argument("--stream-timeout-s", type=float, default=60.0, help="the stream part")
     parser.add_argument("--broadcast-timeout-s", type=float, default=150.0, help="both pairs together")
     parser.add_argument("--budget-s", type=float, default=340.0, help="whole run (parts are cut to fit)")
     add_arguments(parser)
@@ -138,6 +147,17 @@ def _run_part(part: str, args: argparse.Namespace, *, kind: str, limit: float, c
             raise RuntimeError(error)
         if part == "equality" and not result["all_ok"]:
             raise RuntimeError("a cell is out of tolerance or did not run (see parts.equality.cells)")
+        return result
+    if part == "stream":
+        from bench.learner.device_stream import check_stream
+
+        size = args.stream_size if args.stream_size is not None else (256 if smoke else 8192)
+        kw = dict(device=device, size=size, reps=args.stream_reps, prefer_carry=args.prefer_carry or smoke)
+        status, result, error = run_processes(check_stream, [None], kw, limit, ctx)[None]
+        if status != "ok":
+            raise RuntimeError(error)
+        if not result["wait_ok"]:
+            raise PartFailed("the push read weights the step had not yet written, after the wait", result)
         return result
     if part == "broadcast":
         coll = args.collective_backend
@@ -191,7 +211,11 @@ def main(argv: list[str] | None = None) -> int:
 
     for part in parts:
         t0 = time.monotonic()
-        timeouts = {"learner": args.learner_timeout_s, "equality": args.equality_timeout_s}
+        timeouts = {
+            "learner": args.learner_timeout_s,
+            "equality": args.equality_timeout_s,
+            "stream": args.stream_timeout_s,
+        }
         timeouts.update({p: getattr(args, f"{p}_timeout_s") for p in LIMITS_S})
         limit = min(timeouts.get(part, args.broadcast_timeout_s), remaining())
         try:

@@ -57,7 +57,7 @@ class _NoStream:
         pass
 
 
-def _cpu_streams(pt: Any) -> None:
+def cpu_streams(pt: Any) -> None:
     """Let vLLM's producer and consumer run on a CPU build (this process only): no-op streams."""
     pt._get_streams = lambda idx, n: tuple(_NoStream() for _ in range(n))
     torch.accelerator.current_device_index = lambda: 0
@@ -197,7 +197,7 @@ def check_export(
     dev = setup_device(device)
     pt = ensure_vllm(prefer_carry=prefer_carry)
     if dev.type == "cpu":
-        _cpu_streams(pt)
+        cpu_streams(pt)
     kw = dict(sizes=sizes, dev=dev, buffer_bytes=buffer_bytes, num_buffers=num_buffers, reps=reps)
     return {f"zero{z}": _export_stage(pt, zero_stage=z, deadline=deadline, **kw) for z in stages}
 

@@ -21,14 +21,34 @@ def _entry(fn: Callable[..., dict[str, Any]], rank: int | None, kwargs: dict[str
     def report(d: dict[str, Any]) -> None:
         partial.update(d)
 
+    who = fn.__name__ if rank is None else f"{fn.__name__} rank {rank}"
     try:
         extra = {"report": report} if rank is not None else {}
         res = fn(rank, **kwargs, **extra) if rank is not None else fn(**kwargs)
+        _print_memory(who)
         results.put(("ok", rank, res, None))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the part loudly
         text = f"{type(exc).__name__}: {exc}"
         print(f"[rank {rank}] FAILED: {text}\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        _print_memory(who)  # an out-of-memory error most of all
         results.put(("error", rank, partial, text))
+
+
+def _print_memory(who: str) -> None:
+    """On CUDA, the caching allocator's reserved bytes beside the allocated peak the parts report (both since
+    the part's last ``reset_peak_memory_stats``): reserved minus allocated is what the cache holds back."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return
+    g = 2**30
+    print(
+        f"[device_check] {who} memory (GiB, since its last peak reset): max_memory_allocated "
+        f"{torch.cuda.max_memory_allocated() / g:.2f}, max_memory_reserved {torch.cuda.max_memory_reserved() / g:.2f}, "
+        f"memory_reserved at the end {torch.cuda.memory_reserved() / g:.2f}, memory_allocated at the end "
+        f"{torch.cuda.memory_allocated() / g:.2f}",
+        flush=True,
+    )
 
 
 def run_processes(

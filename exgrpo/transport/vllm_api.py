@@ -189,9 +189,21 @@ class WeightPusher:
         self._world: tuple[tuple[str, str], ...] = ()
         self.worlds = 0  # worlds built so far
 
+    @staticmethod
+    def wait_for_step(module: Any) -> None:
+        """Wait for the work queued on the current CUDA stream (the optimiser step) when `module`'s weights are
+        on a GPU; nothing on CPU. vLLM's NCCL producer packs the weights on streams of its own without waiting
+        for the default one (vllm/distributed/weight_transfer/packed_tensor.py), and the step returns with its
+        kernels still queued: without this wait a push could send weights the step has not yet written."""
+        for _, param in module.named_parameters():
+            if param.device.type == "cuda":
+                torch.cuda.current_stream(param.device).synchronize()
+            return
+
     def push(self, *, version: int, members: Mapping[str, Any] | None) -> dict[str, Any]:
         """Send the current weights as `version` (members: sampler id -> handle; None on non-sender ranks)."""
         t0 = time.perf_counter()
+        self.wait_for_step(self.source.module)  # every rank: ZeRO-3's gathers read the partitions too
         if not self.is_sender:
             if self._engine is None:
                 self._engine = WeightTransferTrainerFactory.trainer_init(
