@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from exgrpo.core.config import Dtype
+from exgrpo.transport.checksums import grouped_sums
 
 WeightValue = torch.Tensor | np.ndarray
 
@@ -304,6 +305,10 @@ class HFEngine(TokenizedEngine):
 
     def checksum(self) -> float:
         return module_checksum(self.model)
+
+    def layer_sums(self) -> tuple[tuple[str, float], ...]:
+        """(group, float64 sum) of the served parameters per ``exgrpo.transport.checksums.layer_of`` group."""
+        return tuple((g, total) for g, total, _ in grouped_sums(self.model.named_parameters()))
 
 
 # --------------------------------------------------------------------------- factory

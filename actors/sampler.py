@@ -20,6 +20,7 @@ import torch
 from actors.engine_gate import EngineGate, LateWeightUpdate, WeightsFailed
 from actors.engines import GenerationEngine
 from actors.factory import make_engine
+from actors.load_faults import load_fault
 from actors.sampler_common import (
     EngineSpec,
     SamplerSettings,
@@ -97,6 +98,8 @@ class Sampler:
         self.weight_load_s = 0.0  # time spent applying the last weights
         self.gate = self._new_gate()
         self.transfer_inits = self.transfer_shutdowns = 0
+        self.weight_sums = s.weight_sums and self.tp == 1  # per-layer sums of one engine's whole weights
+        self._served: tuple[int, tuple[tuple[str, float], ...]] = (-1, ())  # (version, layer sums) loaded
 
     # -- hooks of ray.rllib's FaultTolerantActorManager (it sends every call, even by method name, through
     # `apply`, and probes health with `ping`) --------------------------------------------------------------
@@ -150,6 +153,7 @@ class Sampler:
             groups=tuple(groups) if self.replay is None else (),
             reward_failures=failures,
             reward_failure_notes=new_failure_notes(self.verifier, self._noted),
+            served_sums=self._served[1] if self._served[0] == version else (),
         )
 
     def evaluate(
@@ -191,9 +195,24 @@ class Sampler:
         t0 = time.perf_counter()
         # a failed broadcast's fallback: ends its session first; a load also repairs a failed one
         with self.gate.engine(wait_session=False, serving=False), self.gate.at_stake("load_weights"):
-            self.engine.load_weights(unpack_weights(weights), version=version)
+            state = unpack_weights(weights)
+            if not load_fault(self.engine, state, version=version, sampler=self.name):  # tests only
+                self.engine.load_weights(state, version=version)
+            self._sum_served()
         self.weight_load_s = time.perf_counter() - t0
         return self.weight_load_s
+
+    def _sum_served(self) -> None:
+        """Right after a load or update, inside the engine: the per-layer sums of what it now serves, sent with
+        every result sampled at this version (`exgrpo.loop.weight_checks` compares them with the learner's)."""
+        if self.weight_sums:
+            layer_sums = getattr(self.engine, "layer_sums", None)
+            if layer_sums is None:
+                raise RuntimeError(
+                    f"{self.name}: {type(self.engine).__name__} cannot sum its served weights; "
+                    "set checks.checksum=false"
+                )
+            self._served = (self.engine.version, layer_sums())
 
     def _new_gate(self) -> EngineGate:
         return EngineGate(
@@ -261,6 +280,7 @@ class Sampler:
                 self._vllm().finish_weight_update(version=version)
             finally:
                 self.gate.session_open = False
+            self._sum_served()
         self.weight_load_s = time.perf_counter() - self._update_start
         return self.weight_load_s
 

@@ -52,6 +52,8 @@ class SamplerSettings:
     seed: int = 0  # trainer.seed: the engine's seed and the base of every request's (`request_seed`)
     rollouts_per_question: int = 8  # K: the seed stride of a request
     seeded: bool = True  # requests (and evaluation samples) carry a seed; False: none (vLLM's batched path)
+    # checks.checksum: sum the served weights per layer after every load or update (`RolloutResult.served_sums`)
+    weight_sums: bool = False
 
 
 def engine_kwargs(spec: EngineSpec) -> dict[str, Any]:

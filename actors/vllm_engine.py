@@ -255,19 +255,32 @@ class VLLMEngine(TokenizedEngine):
     def checksum(self) -> float:
         return float(self.llm.apply_model(_served_checksum)[0])
 
+    def layer_sums(self) -> tuple[tuple[str, float], ...]:
+        """(group, float64 sum) of the served parameters per ``exgrpo.transport.checksums.layer_of`` group
+        (summed as `checksum` is; one worker's: tensor_parallel_size 1)."""
+        return tuple(self.llm.apply_model(_served_layer_sums)[0])
+
 
 def _served_checksum(model: torch.nn.Module) -> float:
     """Runs on the vLLM worker: float64 sum of the served parameters (see `VLLMEngine`)."""
-    total = 0.0
+    return sum(total for _, total in _served_layer_sums(model))
+
+
+def _served_layer_sums(model: torch.nn.Module) -> list[tuple[str, float]]:
+    """Runs on the vLLM worker: float64 sums of the served parameters per `layer_of` group (see `VLLMEngine`)."""
+    from exgrpo.transport.checksums import layer_of
+
+    sums: dict[str, float] = {}
     with torch.no_grad():
-        for p in model.parameters():
-            total += float(p.double().sum())
-        for module in model.modules():
+        for name, p in model.named_parameters():
+            sums[layer_of(name)] = sums.get(layer_of(name), 0.0) + float(p.sum(dtype=torch.float64))
+        for name, module in model.named_modules():
             weight = getattr(module, "weight", None)
             kernel = getattr(module, "cpu_linear", None)
             if kernel is not None and isinstance(weight, torch.Tensor) and weight.numel() == 0:
                 ones = torch.ones(
                     (1, module.input_size_per_partition), dtype=weight.dtype, device=weight.device
                 )
-                total += float(kernel(ones, weight, None).double().sum())
-    return total
+                total = float(kernel(ones, weight, None).double().sum())
+                sums[layer_of(name + ".")] = sums.get(layer_of(name + "."), 0.0) + total
+    return sorted(sums.items())

@@ -26,6 +26,7 @@ from exgrpo.core.config import LearnerConfig, LossConfig
 from exgrpo.core.faults import fault_point
 from exgrpo.core.records import Group, ReplayCandidate, TrainBatch, UpdateResult
 from exgrpo.core.selection import fill_replay_slots, replay_candidates
+from exgrpo.transport.checksums import grouped_sums
 from exgrpo.transport.packed import PackedWeights, Packer
 from exgrpo.transport.ranks import free_port
 from learners import batches, logits, lora
@@ -195,10 +196,37 @@ class Learner:
             groups = fill_replay_slots(groups, entropies, mode=batch.select)  # deterministic: first on ties
         seconds = time.perf_counter() - t0 if batch.select is not None else 0.0
         with self._autocasting():
-            metrics = self._train(groups, clip=batch.clip, version=batch.version)
-        return UpdateResult(metrics={**metrics, M.LEARNER_SELECT_TIME: seconds}, entropies=tuple(entropies))
+            gaps: list[tuple[int, int, float, int]] = []
+            metrics = self._train(
+                groups, clip=batch.clip, version=batch.version, gap_bound=batch.gap_bound, gaps=gaps
+            )
+        sums = self.weight_sums() if batch.weight_sums else ()
+        return UpdateResult(
+            metrics={**metrics, M.LEARNER_SELECT_TIME: seconds},
+            entropies=tuple(entropies),
+            weight_sums=sums,
+            logprob_gaps=tuple(gaps),
+        )
 
-    def _train(self, groups: Sequence[Group], *, clip: bool, version: int) -> dict[str, float]:
+    def weight_sums(self) -> tuple[tuple[str, float, float], ...]:
+        """(layer, sum, sum of |w|) of the HF-named weights the samplers are sent (``_state``: merged under
+        LoRA), per ``exgrpo.transport.checksums.layer_of`` group, float64 over the exported dtype; rank 0's (every rank
+        gathers under ZeRO-3; the others return none). What ``exgrpo.loop.weight_checks`` compares each
+        sampler's served sums with."""
+        with self._full_params(), torch.no_grad():
+            if self.rank != 0:
+                return ()
+            return grouped_sums(self._state().items(), with_abs=True)
+
+    def _train(
+        self,
+        groups: Sequence[Group],
+        *,
+        clip: bool,
+        version: int,
+        gap_bound: float | None = None,
+        gaps: list[tuple[int, int, float, int]] | None = None,
+    ) -> dict[str, float]:
         shares = {}
         if self.cfg.grad_share_every and version % self.cfg.grad_share_every == 0:
             shares = gradient_shares(
@@ -219,6 +247,9 @@ class Learner:
             clip=clip,
             reuse_proximal=self.reuse_proximal,
             grad_clip=self.cfg.grad_clip,
+            version=version,
+            gap_bound=gap_bound,
+            gaps=gaps,
         )
         fault_point("learner.update")
         self._version = version + 1

@@ -57,8 +57,11 @@ def combine_metrics(results: Sequence[dict[str, float]]) -> dict[str, float]:
 
 
 def combine_updates(results: Sequence[UpdateResult]) -> UpdateResult:
-    """The ranks' `update` results as one: metrics combined, entropies in rank (= batch) order."""
+    """The ranks' `update` results as one: metrics combined, entropies and per-request log-prob gaps in rank
+    (= batch) order, the weight sums of the rank that took them (rank 0)."""
     return UpdateResult(
         metrics=combine_metrics([r.metrics for r in results]),
         entropies=tuple(concat([r.entropies for r in results])),
+        weight_sums=next((r.weight_sums for r in results if r.weight_sums), ()),
+        logprob_gaps=tuple(g for r in results for g in r.logprob_gaps),
     )

@@ -101,6 +101,7 @@ def minibatch_backward(
     max_response_len: int,
     clip: bool,
     proximal_is_current: bool = False,
+    seen: Tensor | None = None,
 ) -> list[Part]:
     """Forward every micro-batch of one mini-batch (``engine.micro_batches``) and hand its weighted objective
     to ``engine.backward``.
@@ -109,7 +110,9 @@ def minibatch_backward(
     ``mb.old_logp`` holds only the replayed rows' log-probs; fresh rows take this forward's detached log-probs
     (the weights have not moved since the update began). With ``engine.has_reference``, its
     ``reference_logprobs(enc)`` ((n, R), no grad) give the KL penalty ``loss.kl_coef * kl_k3`` (weighted like
-    the policy loss; metric ``kl``). Returns the non-empty micro-batches' metrics, rows and tokens."""
+    the policy loss; metric ``kl``). ``seen`` (n, R), when given, receives each forward's detached log-probs
+    (the current weights' with ``proximal_is_current``). Returns the non-empty micro-batches' metrics, rows
+    and tokens."""
     rows, old_logp, tis, r_max, totals = mb.rows, mb.old_logp, mb.tis, mb.r_max, mb.totals
     device, world_size, slices = engine.device, engine.world_size, engine.micro_batches(mb.rows)
     n_all, t_all = totals
@@ -126,6 +129,8 @@ def minibatch_backward(
         )  # (n, R) each, 0 at padding
         replayed = torch.tensor([r.replayed for r in chunk] or [False], device=device)  # (n,)
         old = logp.detach()  # (n, R) the proximal log-probs when they are the current ones
+        if seen is not None and n_j:
+            seen[sl] = old.float().cpu()
         if n_j and proximal_is_current:
             old = torch.where(replayed.unsqueeze(1), old_logp[sl].to(device), old)  # (n, R)
         elif n_j:
@@ -208,6 +213,9 @@ def update(
     clip: bool,
     reuse_proximal: bool = True,
     grad_clip: float | None = None,
+    version: int | None = None,
+    gap_bound: float | None = None,
+    gaps: list[tuple[int, int, float, int]] | None = None,
 ) -> dict[str, float]:
     """One ExGRPO update of this process's whole groups; returns ``learner/*`` metrics.
 
@@ -218,7 +226,12 @@ def update(
     engine's module and micro-batches. ``reuse_proximal=False`` always runs that no-grad pass (tests compare
     the two paths). ``grad_clip``: the caller's clip threshold, to count the optimiser steps it scaled down
     (``learner/clipped_steps``). The accumulation weights stay exact whatever the micro-batches (row or
-    token-budget ones): they are per micro-batch rows and tokens over the mini-batch's totals."""
+    token-budget ones): they are per micro-batch rows and tokens over the mini-batch's totals.
+
+    ``gap_bound`` (with ``version``, the weights' version): the ``rollout/logprob_gap_*`` metrics of the fresh
+    tokens sampled at ``version`` (``logprob_gap``), from the log-probs the update computes anyway at the
+    current weights (the proximal pass, or the single mini-batch's forward), summed over ranks; ``gaps``
+    receives the per-request rows."""
     start = time.perf_counter()
     if engine.has_reference != (loss.kl_coef > 0):
         raise ValueError(f"loss.kl_coef={loss.kl_coef} needs a reference policy exactly when it is > 0")
@@ -242,6 +255,8 @@ def update(
             chunk_tokens=engine.chunk_tokens,
         )
     old_logp, tis = old_logprobs(rows, r_max, proximal, tis_cap=loss.tis_cap)  # (N, R) each
+    measure = gap_bound is not None and version is not None
+    seen = torch.zeros(len(rows), r_max) if measure and current else None  # (N, R) the forward's log-probs
     history = []
     for sl in minibatch_slices(bounds, minibatches):
         mb = MiniBatch(
@@ -252,7 +267,13 @@ def update(
             totals=minibatch_totals(rows[sl], device=engine.device, all_reduce=engine.all_reduce),
         )
         parts = minibatch_backward(
-            engine, mb, loss=loss, max_response_len=max_response_len, clip=clip, proximal_is_current=current
+            engine,
+            mb,
+            loss=loss,
+            max_response_len=max_response_len,
+            clip=clip,
+            proximal_is_current=current,
+            seen=seen[sl] if seen is not None else None,
         )
         grad_norm, skipped = engine.step()
         history.append(
@@ -267,5 +288,84 @@ def update(
             )
         )
     out = update_metrics(history)
+    if measure:
+        assert gap_bound is not None and version is not None
+        current_logp = proximal if proximal is not None else seen
+        assert current_logp is not None
+        metrics, per_request = logprob_gap(
+            groups,
+            bounds,
+            current_logp,
+            pad([r.behaviour for r in rows], r_max),
+            version=version,
+            bound=gap_bound,
+            all_reduce=engine.all_reduce,
+            device=engine.device,
+        )
+        out.update(metrics)
+        if gaps is not None:
+            gaps.extend(per_request)
     out[M.LEARNER_UPDATE_TIME] = time.perf_counter() - start
     return out
+
+
+# |gap| histogram edges for the p99 that sums over ranks: 20 bins per decade from 1e-9 to 100 nats
+GAP_EDGES = torch.logspace(-9, 2, 221, dtype=torch.float64)  # (E,)
+
+
+def compared_tokens(groups: Sequence[Group], r_max: int, *, version: int) -> Tensor:
+    """(N, R) bool, rows in ``build_rows`` order: the fresh (not replayed) response tokens sampled at
+    ``version`` (a token of a response whose weights changed mid-way counts with its own version)."""
+    mask = torch.zeros(sum(len(g.trajectories) for g in groups), r_max, dtype=torch.bool)  # (N, R)
+    i = 0
+    for g in groups:
+        for t in g.trajectories:
+            if not t.replayed:
+                mask[i, : len(t.response_ids)] = torch.tensor(t.token_versions(), dtype=torch.long) == version
+            i += 1
+    return mask
+
+
+def logprob_gap(
+    groups: Sequence[Group],
+    bounds: Sequence[int],
+    current: Tensor,
+    behaviour: Tensor,
+    *,
+    version: int,
+    bound: float,
+    all_reduce: Callable[[Tensor], object],
+    device: torch.device,
+) -> tuple[dict[str, float], list[tuple[int, int, float, int]]]:
+    """The ``rollout/logprob_gap_*`` metrics and per-request rows (request id, tokens, sum of |gap|, tokens
+    past ``bound``) of |current - behaviour| ((N, R) each: the learner's log-probs at the weights of
+    ``version`` and the sampler's) over ``compared_tokens``. Counts, sums and a |gap| histogram are summed
+    over ranks by ``all_reduce`` (every rank calls it), so the mean, the share past the bound and the p99
+    (the upper edge of its histogram bin, within 12%) are the whole batch's."""
+    mask = compared_tokens(groups, current.shape[1], version=version)  # (N, R)
+    gap = torch.where(mask, (current.double() - behaviour.double()).abs(), 0.0)  # (N, R)
+    over = mask & (gap > bound)  # (N, R)
+    values = gap[mask]  # (T,)
+    hist = torch.bincount(torch.bucketize(values, GAP_EDGES), minlength=len(GAP_EDGES) + 1)  # (E + 1,)
+    totals = torch.cat(
+        [torch.tensor([float(mask.sum()), float(values.sum()), float(over.sum())]), hist.double()]
+    ).to(device)  # (3 + E + 1,)
+    all_reduce(totals)
+    totals = totals.cpu()
+    tokens, total, past = float(totals[0]), float(totals[1]), float(totals[2])
+    p99 = math.nan
+    if tokens > 0:
+        k = int(torch.searchsorted(totals[3:].cumsum(0), 0.99 * tokens))
+        p99 = float(GAP_EDGES[k]) if k < len(GAP_EDGES) else math.inf
+    metrics = {
+        M.LOGPROB_GAP_TOKENS: tokens,
+        M.LOGPROB_GAP_MEAN: total / tokens if tokens else math.nan,
+        M.LOGPROB_GAP_P99: p99,
+        M.LOGPROB_GAP_OVER: past / tokens if tokens else math.nan,
+    }
+    per_request = []
+    for g, a, b in zip(groups, bounds[:-1], bounds[1:], strict=True):
+        n = int(mask[a:b].sum())
+        if n:
+            per_request.append((g.request_id, n, float(gap[a:b].sum()), int(over[a:b].sum())))
+    return metrics, per_request

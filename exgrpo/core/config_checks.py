@@ -87,6 +87,11 @@ BOUNDS: dict[str, Bound] = {
     "loss.kl_coef": Bound(lo=0, note="0 = off"),
     "logging.samples_every": Bound(lo=0, note="0 = no samples"),
     "logging.samples_per_step": Bound(lo=0, note="0 = no samples"),
+    "checks.checksum_tolerance": Bound(lo=0, open_lo=True, hi=1, note="a share of the layer's sum of |w|"),
+    "checks.logprob_bound": Bound(lo=0, open_lo=True, note="nats"),
+    "checks.logprob_max_share": Bound(lo=0, hi=1),
+    "checks.logprob_min_tokens": Bound(lo=1),
+    "checks.max_failures": Bound(lo=0, note="0 = never stop: the checks only log"),
 }
 
 

@@ -12,6 +12,9 @@ from typing import Any, Literal
 
 import yaml
 
+from exgrpo.core.config_error import ConfigError as ConfigError
+from exgrpo.core.config_weight_checks import ChecksConfig
+
 # The project's literal types, defined here once
 EngineKind = Literal["hf", "vllm"]  # generation engine: transformers or vLLM
 # prompt template (exgrpo.data.templates)
@@ -20,10 +23,6 @@ Dtype = Literal["float32", "bfloat16", "float16"]  # parameter dtype on learners
 # where the verifier looks for the final answer (exgrpo.verify.verifier)
 RewardMode = Literal["boxed", "think"]
 FreshTake = Literal["batch", "needed"]  # fresh questions drawn per step: always B (official) or B - n_replay
-
-
-class ConfigError(ValueError):
-    """An invalid configuration; the message names the field and the fix."""
 
 
 # LoRA's default targets: every attention and MLP projection of a Qwen2 / Llama decoder layer.
@@ -383,6 +382,7 @@ class Config:
     async_: AsyncConfig = field(default_factory=AsyncConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checks: ChecksConfig = field(default_factory=ChecksConfig)
 
     def to_dict(self) -> dict[str, Any]:
         out = {}

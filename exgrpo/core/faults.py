@@ -20,6 +20,7 @@ from typing import Any
 
 FAULTS_VAR = "EXGRPO_FAULTS"
 FAULTS_DIR_VAR = "EXGRPO_FAULTS_DIR"
+LOAD_FAULT_VAR = "EXGRPO_LOAD_FAULT"  # a sampler's weight loads go silently wrong (actors/load_faults.py)
 
 # Every fault point in the code, and where it is. A new point is added here and documented in
 # docs/failures.md (the fault points, the fault matrix).
@@ -112,7 +113,7 @@ def reload() -> None:
 
 def fault_env() -> dict[str, str]:
     """The fault variables of this process's environment, for an actor's runtime env ({} when unset)."""
-    return {k: os.environ[k] for k in (FAULTS_VAR, FAULTS_DIR_VAR) if os.environ.get(k)}
+    return {k: os.environ[k] for k in (FAULTS_VAR, FAULTS_DIR_VAR, LOAD_FAULT_VAR) if os.environ.get(k)}
 
 
 def fault_point(point: str) -> None:

@@ -29,6 +29,13 @@ ZERO_VARIANCE_FRAC = (
 FRESH_ZERO_VARIANCE_FRAC = (
     "rollout/fresh_zero_variance_frac"  # the same over fresh groups only (what new data offers)
 )
+# the weight checks (checks.logprob_gap, T = 1 and top_p = 1 only): |learner - sampler log-prob| of the fresh
+# tokens sampled at the learner's version, from the learner's log-probs at the update's start (summed over ranks)
+LOGPROB_GAP_MEAN = "rollout/logprob_gap_mean"  # mean |gap| (nats)
+LOGPROB_GAP_P99 = "rollout/logprob_gap_p99"  # 99th percentile of |gap| (histogram bin's upper edge)
+LOGPROB_GAP_OVER = "rollout/logprob_gap_over"  # share of the compared tokens past checks.logprob_bound
+LOGPROB_GAP_TOKENS = "rollout/logprob_gap_tokens"  # tokens compared (0: none was sampled at that version)
+LOGPROB_GAP_KEYS = frozenset({LOGPROB_GAP_MEAN, LOGPROB_GAP_P99, LOGPROB_GAP_OVER, LOGPROB_GAP_TOKENS})
 # replay/
 REPLAY_STARTED = "replay/started"  # 1 once the delayed start has switched replay on
 REPLAY_SIZE = "replay/size"  # questions that can be replayed (bucket 1..K-1 with a stored trajectory)
@@ -114,9 +121,11 @@ GRAD_SHARE_KEYS = frozenset(
     }
 )
 # keys only some records carry: evaluations, process checks, the gradient split (learners.grad_share_every),
-# the KL penalty (loss.kl_coef > 0)
+# the KL penalty (loss.kl_coef > 0), the log-prob gap (checks.logprob_gap at T = 1 and top_p = 1)
 OPTIONAL_KEYS = (
-    frozenset({EVAL_ACCURACY, EVAL_PASS, EVAL_VERSION, CHOSEN_VALID, CANDIDATES_VALID, KL}) | GRAD_SHARE_KEYS
+    frozenset({EVAL_ACCURACY, EVAL_PASS, EVAL_VERSION, CHOSEN_VALID, CANDIDATES_VALID, KL})
+    | GRAD_SHARE_KEYS
+    | LOGPROB_GAP_KEYS
 )
 
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_]")

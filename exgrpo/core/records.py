@@ -156,6 +156,9 @@ class RolloutResult:
     reward_failures: int = 0  # rewards that timed out or whose function raised (each scored 0)
     # the first failure of each kind this sampler saw, sent once: (kind, its text with the row's qid)
     reward_failure_notes: tuple[tuple[str, str], ...] = ()
+    # the per-layer sums of the weights this sampler served at `policy_version`, taken inside its engine right
+    # after that version's load (`exgrpo.loop.weight_checks`); empty when `checks.checksum` is off
+    served_sums: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,10 @@ class TrainBatch:
     # carry their candidates; the learners score them under the weights at the update's turn, fill slot 0
     # (`exgrpo.core.selection.fill_replay_slots`) and train on that
     select: str | None = None
+    # the weight checks (`exgrpo.loop.weight_checks`): the log-prob gap's bound (None: the gap is not measured)
+    # and whether rank 0 sums the weights the update makes, per layer
+    gap_bound: float | None = None
+    weight_sums: bool = False
 
 
 @dataclass(frozen=True)
@@ -216,3 +223,9 @@ class UpdateResult:
 
     metrics: dict[str, float]
     entropies: tuple[float, ...] = ()
+    # with `batch.weight_sums`: (layer, sum, sum of |w|) of the weights this update made (rank 0's), what the
+    # samplers are sent for version `batch.version + 1`
+    weight_sums: tuple[tuple[str, float, float], ...] = ()
+    # with `batch.gap_bound`: per request, (request id, compared tokens, sum of |gap|, tokens past the bound)
+    # of its fresh tokens sampled at `batch.version`
+    logprob_gaps: tuple[tuple[int, int, float, int], ...] = ()

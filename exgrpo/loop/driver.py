@@ -37,6 +37,7 @@ from exgrpo.loop.steps import (
     eval_metrics,
     rollout_metrics,
 )
+from exgrpo.loop.weight_checks import WeightChecks
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +104,15 @@ class Driver:
         self.stall_timeout_s = stall_timeout_s
         self.recoveries = recoveries  # in-job recoveries before this driver started (reported, not used)
         # steps 1-3: admission, requests, pulls; step 5: the updates in flight and the learners' version
-        self.scheduler = Scheduler(cfg=cfg, rollouts=roles.rollouts, replay=roles.replay, train=train)
+        # the run checks its own weights every step (`checks.*`): each sampler's served sums and log-prob gap
+        self.weight_checks = checks = WeightChecks.from_config(cfg)
+        self.scheduler = Scheduler(
+            cfg=cfg, rollouts=roles.rollouts, replay=roles.replay, train=train, watch=checks.on_result
+        )
         # the samplers' count: operator or policy
         self.fleet = make_fleet(cfg, rollouts=roles.rollouts, scaling=roles.scaling)
-        self.pipeline = UpdatePipeline(learners=roles.learners, weights=roles.weights, seed=cfg.trainer.seed)
+        self.pipeline = UpdatePipeline(learners=roles.learners, weights=roles.weights, seed=cfg.trainer.seed,
+                                       batch_options=checks.batch_options())  # fmt: skip
         # step 4, slot 0 of the replay groups (`trace_check`: measurement only, the reward stays outcome-only)
         self.mixer = Mixer(
             cfg=cfg,
@@ -249,6 +255,8 @@ class Driver:
         sync_metrics = self.pipeline.broadcast(update)
         self.record(update, batch, mix={**update.notes.mix, **trace}, sync=sync_metrics)
         self.scheduler.retire_plan(update.step)
+        assert update.result is not None
+        self.weight_checks.on_update(update.batch.version, update.result)  # raises WeightCheckFailed
         return True
 
     def trained(self, update: Update) -> tuple[TrainBatch, dict[str, float]]:

@@ -42,13 +42,22 @@ class Update:
 class UpdatePipeline:
     """The updates started and not yet landed, oldest first, and the learners' version."""
 
-    def __init__(self, *, learners: Learners, weights: WeightTransport, seed: int) -> None:
+    def __init__(
+        self,
+        *,
+        learners: Learners,
+        weights: WeightTransport,
+        seed: int,
+        batch_options: dict[str, Any] | None = None,
+    ) -> None:
+        """`batch_options`: `TrainBatch` fields every batch carries (the weight checks' asks of the learners)."""
         self.learners, self.weights = learners, weights
         self.version = 0  # the learners' version: updates landed (what the samplers get at `broadcast`)
         self.shuffle_rng = np.random.default_rng([seed, 1])  # mini-batch shuffle
         self._inflight: list[Update] = []
         self._last_landed: float | None = None  # when the previous update was seen finished
         self._last_broadcast = time.perf_counter()
+        self.batch_options = dict(batch_options or {})
 
     @property
     def in_flight(self) -> int:
@@ -66,7 +75,13 @@ class UpdatePipeline:
         against), start its update and queue the export of the version it makes; the batch as started."""
         order = self.shuffle_rng.permutation(len(groups))
         version = self.version_after_inflight
-        batch = TrainBatch(groups=tuple(groups[i] for i in order), version=version, clip=clip, select=select)
+        batch = TrainBatch(
+            groups=tuple(groups[i] for i in order),
+            version=version,
+            clip=clip,
+            select=select,
+            **self.batch_options,
+        )
         times.issued_at = time.perf_counter()
         pending = self.learners.start_update(batch=batch)
         self.weights.prepare(version=version + 1)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from exgrpo.core.algorithm import DelayedStart
 from exgrpo.core.config import Config
-from exgrpo.core.records import GenerationRequest, Group, Prompt, ReplayPick, ReplayStats
+from exgrpo.core.records import GenerationRequest, Group, Prompt, ReplayPick, ReplayStats, RolloutResult
 from exgrpo.core.roles import Replay, Rollouts
 from exgrpo.data.stream import OutOfQuestions, PromptStream
 from exgrpo.loop.steps import StepPlan, replay_metrics, solve_ratio, zero_variance_share
@@ -42,7 +42,16 @@ class Scheduler:
     """Admission, requests and pulls over `Rollouts` and `Replay`. Admission is paced (AReaL-style), so nothing
     stale is ever dropped; a retired question is never replayed."""
 
-    def __init__(self, *, cfg: Config, rollouts: Rollouts, replay: Replay, train: Sequence[Prompt]) -> None:
+    def __init__(
+        self,
+        *,
+        cfg: Config,
+        rollouts: Rollouts,
+        replay: Replay,
+        train: Sequence[Prompt],
+        watch: Callable[[RolloutResult], None] | None = None,
+    ) -> None:
+        """`watch`: sees every sampler result first (the weight checks, `exgrpo.loop.weight_checks`)."""
         self.cfg = cfg
         self.rollouts, self.replay = rollouts, replay
         self.K = cfg.trainer.rollouts_per_question
@@ -66,6 +75,7 @@ class Scheduler:
         self._collect_from: tuple[int, float] | None = None  # (step, solve ratio) of a start not yet applied
         self.reward_failure_notes: dict[str, str] = {}  # kind -> the first reward failure of that kind
         self.out_of_work: str | None = None  # why training ended before trainer.steps (no questions left)
+        self.watch = watch
 
     @property
     def steps(self) -> int:
@@ -168,6 +178,8 @@ class Scheduler:
         their steps' plans; whether there were any."""
         results = self.rollouts.poll(timeout_s=timeout_s)
         for result in results:
+            if self.watch is not None:
+                self.watch(result)
             # tokens are attributed to the step of the call's first request
             first = self.plans.get(self.owner.get(result.request_ids[0], -1))
             if first is not None:

@@ -19,6 +19,7 @@ from exgrpo.core.config import Config
 from exgrpo.core.names import CONTROLLER, replay_name, sampler_name
 from exgrpo.core.positions import context_len
 from exgrpo.core.roles import Learners, Replay, Rollouts, WeightTransport
+from exgrpo.loop.weight_checks import checksum_on
 from exgrpo.runtime.controller import Controller, ControllerClient
 from exgrpo.runtime.env import remote_actor
 from exgrpo.runtime.resources import sampler_bundles
@@ -212,6 +213,7 @@ class SamplerSpawner:
             seed=cfg.trainer.seed,
             rollouts_per_question=cfg.trainer.rollouts_per_question,
             seeded=seeded(cfg),
+            weight_sums=checksum_on(cfg),
         )
         self.groups: dict[int, Any] = {}  # id(sampler handle) -> its placement group (tensor-parallel)
 

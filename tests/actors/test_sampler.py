@@ -104,6 +104,7 @@ def test_the_spawner_builds_one_picklable_settings_record_from_the_config():
         seed=5,
         rollouts_per_question=4,
         seeded=False,
+        weight_sums=True,  # checks.checksum (on by default)
     )
     assert pickle.loads(pickle.dumps(settings)) == settings
     with pytest.raises(dataclasses.FrozenInstanceError):
