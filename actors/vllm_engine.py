@@ -20,7 +20,7 @@ from actors.engines import (
 from actors.reaper import children, start_reaper
 from actors.vllm_load import direct_load, direct_load_support, end_failed_update, load_staged, reload_in_place
 from exgrpo.core.config import Dtype
-from exgrpo.transport.staged import stage_weights
+from exgrpo.transport.staged import Stager
 
 _VLLM_MISSING = "vLLM is not importable; install the cpu extra: pip install -e .[cpu] -c constraints/cpu.txt"
 
@@ -146,6 +146,9 @@ class VLLMEngine(TokenizedEngine):
         # their memory) with nobody to stop them: a watcher kills them once this process is gone
         ours = [c for c in children() if c not in before]  # the engine core and its workers
         self._reaper = start_reaper(ours) if engine_process == "child" else None
+        # the child core's loads go through one staging file; beside a collective transport they are rare
+        # catch-ups, so its space is given back after each
+        self._stager = Stager(keep=weight_transfer is None) if engine_process == "child" else None
         self.tokenizer = self.llm.get_tokenizer()
         self._version = 0
         reasons = self.llm.collective_rpc(direct_load_support)
@@ -209,12 +212,9 @@ class VLLMEngine(TokenizedEngine):
         """Load a full HF-named state dict in place (`weight_path`), then drop cached prefixes."""
         items = {name: to_tensor(value) for name, value in weights.items()}
         direct = self.weight_path == "direct"
-        if self.engine_process == "child":  # tensors cannot cross to the core's process: a file can
-            staged = stage_weights(items)
-            try:
+        if self._stager is not None:  # tensors cannot cross to the core's process: a file can
+            with self._stager.stage(items) as staged:
                 self.llm.collective_rpc(load_staged, args=(staged.path, staged.layout, direct))
-            finally:
-                staged.remove()  # the worker's views keep their mapping; the name goes now
         elif direct:
             self.llm.collective_rpc(direct_load, args=(list(items.items()),))
         else:

@@ -26,7 +26,6 @@ from actors.sampler import EngineSpec, Sampler, SamplerSettings, WeightsFailed
 from exgrpo.core.records import GenerationRequest, Prompt
 from exgrpo.models.tiny import TinyModelSpec, build_tiny_model
 from exgrpo.transport.packed import Packer
-from exgrpo.transport.staged import map_staged, stage_dir, stage_weights
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.vllm
@@ -42,21 +41,6 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _scaled(base: Path, factor: float) -> dict[str, torch.Tensor]:
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     return {k: (v * factor).contiguous() for k, v in model.state_dict().items()}
-
-
-def test_staged_weights_round_trip_a_tied_state_dict_once(tmp_path: Path) -> None:
-    emb = torch.randn(8, 4)
-    state = {"embed.weight": emb, "lm_head.weight": emb, "norm.weight": torch.ones(4, dtype=torch.bfloat16)}
-    staged = stage_weights(state, directory=tmp_path)
-    assert staged.nbytes == 8 * 4 * 4 + 64  # the tied matrix once, the norm in its own aligned slot
-    got = dict(map_staged(staged.path, staged.layout))
-    assert all(torch.equal(got[k], v) for k, v in state.items())
-    got["norm.weight"].add_(1)  # a private mapping: the file keeps what was staged
-    assert torch.equal(dict(map_staged(staged.path, staged.layout))["norm.weight"], state["norm.weight"])
-    staged.remove()
-    assert not Path(staged.path).exists()
-    with pytest.raises(OSError, match="enlarge /dev/shm"):
-        stage_dir(2**62, candidates=(tmp_path,))
 
 
 def test_a_child_engine_core_loads_by_both_paths(base: Path) -> None:
@@ -78,11 +62,13 @@ def test_a_child_engine_core_loads_by_both_paths(base: Path) -> None:
     with pytest.raises(Exception, match="k_proj"):  # raised in the engine core, reported here
         engine.load_weights(state, version=9)
     assert engine.version == 3
-    # the staged file went with the load (this process's only: another test worker may be staging its own)
-    assert not list(Path("/dev/shm").glob(f"exgrpo-weights-{os.getpid()}-*"))
+    # one staging file for every load (tests/exgrpo/transport/test_staged.py), nameless: none of this
+    # process's in /dev/shm (another test worker may be staging its own)
+    staging = engine._stager.path if engine._stager is not None else None
+    assert staging is not None and not list(Path("/dev/shm").glob(f"exgrpo-*-{os.getpid()}-*"))
     state = _scaled(base, 2.0)
     engine.load_weights(state, version=4)  # the next full load lands whole
-    assert engine.version == 4
+    assert engine.version == 4 and engine._stager is not None and engine._stager.path == staging
     assert engine.checksum() == pytest.approx(weights_checksum(state, tie_word_embeddings=True), rel=1e-6)
 
 
