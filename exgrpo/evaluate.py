@@ -26,6 +26,7 @@ from exgrpo.evaluation.like_run import (
     DEFAULT_MAX_TOKENS,
     context_length,
     default_out,
+    first_questions,
     free_out,
     like_run,
     response_budget,
@@ -90,7 +91,8 @@ def _what_options(p: argparse.ArgumentParser) -> None:
         "--num",
         type=int,
         default=None,
-        help="questions of a builtin task's held-out split (default: 200)",
+        help="questions to evaluate: a builtin task's held-out split draws this many (default: 200), a file or "
+        "dataset gives its first N rows (default: every row; --like-run: as the run did)",
     )
     p.add_argument(
         "--engine",
@@ -128,9 +130,9 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     """Where the results go, the data's columns, seed and dtype, the reward, the paper's preset."""
     p.add_argument(
         "--out",
-        help="JSON output (default: <model dir>/eval-<data stem>.json; for a hub id "
-        "./eval-<org>--<name>-<data stem>.json, never inside the hub cache; when that exists: "
-        "eval-<data stem>-2.json, ...)",
+        help="JSON output (default: <model dir>/eval-<data stem>.json for a model directory of your own; for a "
+        "builtin: model or a hub id ./eval-<model>-<data stem>.json in the current directory, never inside a "
+        "cache; when that exists: eval-<data stem>-2.json, ...)",
     )
     p.add_argument(
         "--overwrite",
@@ -220,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.paper_table:  # the preset sets data, n, T and length per file and calls main once per file
         return _paper_table(parser, args, argv)
+    num_given = args.num is not None  # a file's rows are cut to --num only when it is given
     _fill(parser, args)
     _check(parser, args)
     refused = _refusal(args)
@@ -230,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(loaded, int):
         return loaded
     scorer, model_dir, data = loaded
+    if num_given:
+        data = first_questions(data, args.num)
     from actors.factory import make_engine
 
     engine = make_engine(args.engine, model_dir, dtype=args.dtype, seed=args.seed)
@@ -352,7 +357,11 @@ def _max_tokens(args: argparse.Namespace, engine: Any, model_dir: Path, prompts:
 
 def _write(args: argparse.Namespace, model_dir: Path, data: Any, results: dict[str, Any]) -> None:
     """The JSON of the evaluation: its settings, the rows read, evaluated and skipped, then `results`."""
-    out = Path(args.out) if args.out else default_out(args.model, model_dir, data.name)
+    out = (
+        Path(args.out)
+        if args.out
+        else default_out(args.model, model_dir, data.name, cache_dir=args.cache_dir)
+    )
     earlier = out if out.exists() and not args.overwrite else None
     out = free_out(out) if earlier else out  # a default file that exists: a new name (an --out was refused)
     payload = {

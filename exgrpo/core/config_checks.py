@@ -39,6 +39,13 @@ BOUNDS: dict[str, Bound] = {
     "samplers.node_probe_s": Bound(lo=0, note="0 = off"),
     "samplers.gpu_memory_utilization": Bound(lo=0, hi=1, open_lo=True),
     "samplers.tensor_parallel_size": Bound(lo=1, note="1 = one GPU per sampler"),
+    "samplers.autoscale_min": Bound(lo=1, hi="samplers.autoscale_max", note="the fewest samplers; 1 or more"),
+    "samplers.autoscale_max": Bound(lo=1, note="the most samplers the policy may ask for"),
+    "samplers.autoscale_up_wait": Bound(lo=0, hi=1, open_lo=True, open_hi=True, note="a share of a step"),
+    "samplers.autoscale_down_idle": Bound(lo=0, hi=1, open_lo=True, open_hi=True, note="a share of a step"),
+    "samplers.autoscale_hysteresis": Bound(lo=1, note="1 = change on the first step the signal holds"),
+    "samplers.autoscale_cooldown": Bound(lo=0, note="0 = a change may follow the next step"),
+    "samplers.preempt_grace_s": Bound(lo=0, note="0 = hand requests back at the drain deadline itself"),
     "model.max_position_embeddings": Bound(lo=1, note="or null: the model's own"),
     "model.rope_theta": Bound(lo=0, open_lo=True, note="or null: the model's own"),
     "async.weight_timeout_s": Bound(lo=0, open_lo=True),
@@ -92,6 +99,17 @@ BOUNDS: dict[str, Bound] = {
     "checks.logprob_max_share": Bound(lo=0, hi=1),
     "checks.logprob_min_tokens": Bound(lo=1),
     "checks.max_failures": Bound(lo=0, note="0 = never stop: the checks only log"),
+}
+
+# The numeric settings with no range in BOUNDS, each with what is valid instead (a rule in `validate`, or any
+# value), as the settings reference prints it; tests/exgrpo/core/test_config_bounds.py walks every field and
+# fails for a numeric setting in neither table.
+NO_RANGE: dict[str, str] = {
+    "data.seed": "any integer",
+    "trainer.seed": "any integer",
+    "loss.entropy_coef": "any value (< 0 rewards lower entropy)",
+    "learners.lora_alpha": "> 0 when learners.lora_rank > 0",
+    "learners.betas": "each in [0, 1)",
 }
 
 
@@ -180,9 +198,27 @@ def validate(cfg: Config) -> None:
             "reserve something; set learners.num_cpus=1",
         ),
     ]
-    errors += [msg for ok, msg in checks + _gpu_sampler_checks(cfg) if not ok]
+    errors += [msg for ok, msg in checks + _gpu_sampler_checks(cfg) + _no_range_checks(cfg) if not ok]
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def _no_range_checks(cfg: Config) -> list[tuple[bool, str]]:
+    """The rules of the settings a single range cannot state (`NO_RANGE`), and the autoscale range's fit with
+    samplers.num."""
+    lr, s = cfg.learners, cfg.samplers
+    return [
+        (
+            all(0 <= b < 1 for b in lr.betas),
+            f"learners.betas={list(lr.betas)}: AdamW's betas must each lie in [0, 1), e.g. [0.9, 0.999]",
+        ),
+        (
+            not s.autoscale or s.autoscale_min <= s.num <= s.autoscale_max,
+            f"samplers.num={s.num} lies outside [samplers.autoscale_min, samplers.autoscale_max] = "
+            f"[{s.autoscale_min}, {s.autoscale_max}] with samplers.autoscale=true: the run would start "
+            "with one count and the policy move it at once; set samplers.num inside the range",
+        ),
+    ]
 
 
 def _gpu_sampler_checks(cfg: Config) -> list[tuple[bool, str]]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from exgrpo.core.config import BOUNDS, LOGGING_BACKENDS, Config, did_you_mean, yaml_key
+from exgrpo.core.config_checks import NO_RANGE
 from exgrpo.core.config_files import PACKAGED_CONFIGS, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,6 +123,8 @@ def _valid_text(key: str, tp: Any) -> str:
         text = BOUNDS[key].text()
     elif key in LIST_CHOICES:
         text = "any of " + ", ".join(LIST_CHOICES[key])
+    elif key in NO_RANGE:
+        text = NO_RANGE[key]
     else:
         text = "no bound"
     return f"{text}, or null" if inner is not None else text

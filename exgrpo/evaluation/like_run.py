@@ -3,8 +3,9 @@
 `like_run`: the options of a run's own held-out evaluation, from its config.yaml (`--like-run RUN_DIR`);
 `run_model_dir`: a run directory given as `--model` is its final model (an unfinished run's is refused,
 naming its latest checkpoint's), and `unfinished_run` says the same for `--like-run`; `default_out`: the JSON
-beside the model, or in the current directory for a hub id (never inside the hub cache), and `free_out` the
-next free name beside an earlier evaluation's; `response_budget`: the response tokens asked for, at most what
+beside a model directory of the user's own, or in the current directory for a `builtin:` model or a hub id
+(never inside a cache), and `free_out` the next free name beside an earlier evaluation's; `first_questions`:
+a file's first `--num` questions; `response_budget`: the response tokens asked for, at most what
 the model's context (`context_length`) leaves after the longest prompt, so generation never runs past it.
 """
 
@@ -12,6 +13,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from exgrpo.data.sources import SourceData
 
 
 def like_run(run_dir: Path) -> dict[str, object]:
@@ -59,13 +64,38 @@ def run_model_dir(model: str) -> tuple[str, str | None]:
     return model, None
 
 
-def default_out(model: str, model_dir: Path, data_name: str) -> Path:
-    """Where the JSON goes without --out: beside the model, or for a hub id in the current directory."""
+def default_out(model: str, model_dir: Path, data_name: str, *, cache_dir: str | None = None) -> Path:
+    """Where the JSON goes without --out: beside a model directory of the user's own; in the current directory
+    for a `builtin:` model, a hub id, or any model that lives in a cache (`cache_dir`, the hub's)."""
     from exgrpo.models.resolve import hub_id
 
-    if hub_id(model) is not None and not Path(model).expanduser().is_dir():
-        return Path(f"eval-{model.replace('/', '--').replace('@', '-')}-{data_name}.json")
-    return model_dir / f"eval-{data_name}.json"
+    hub = hub_id(model) is not None and not Path(model).expanduser().is_dir()
+    if not (model.startswith("builtin:") or hub or _in_cache(model_dir, cache_dir)):
+        return model_dir / f"eval-{data_name}.json"
+    name = model.removeprefix("builtin:").replace("/", "--").replace("@", "-") if hub or ":" in model else ""
+    name = name or model_dir.name  # a cached model given by its path
+    return Path(f"eval-{name}-{data_name}.json")
+
+
+def _in_cache(model_dir: Path, cache_dir: str | None) -> bool:
+    """Whether `model_dir` lies inside exgrpo's model cache or Hugging Face's hub cache."""
+    import os
+
+    hf_home = os.environ.get("HF_HOME", "~/.cache/huggingface")
+    caches = [Path(hf_home).expanduser(), *([Path(cache_dir).expanduser()] if cache_dir else [])]
+    where = model_dir.expanduser().resolve()
+    return any(where.is_relative_to(c.resolve()) for c in caches)
+
+
+def first_questions(data: SourceData, num: int) -> SourceData:
+    """`data` cut to its first `num` questions, saying so (`--num` for a file; a builtin split has `num`)."""
+    import sys
+    from dataclasses import replace
+
+    if len(data.prompts) <= num:
+        return data
+    print(f"evaluating the first {num} of {len(data.prompts)} questions (--num {num})", file=sys.stderr)
+    return replace(data, prompts=data.prompts[:num])
 
 
 def free_out(out: Path) -> Path:

@@ -24,7 +24,8 @@ HEADROOM = 1.1  # a shrink keeps 10% more samplers than the idle share alone wou
 
 @dataclass(frozen=True)
 class Settings:
-    """The policy's settings (the `samplers.autoscale_*` fields)."""
+    """The policy's settings (the `samplers.autoscale_*` fields, checked when the config loads:
+    `exgrpo.core.config_checks.BOUNDS`)."""
 
     min: int = 1
     max: int = 8
@@ -33,16 +34,6 @@ class Settings:
     hysteresis: int = 2
     cooldown: int = 3
     requests_per_call: int = 1
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.min <= self.max:
-            raise ValueError(
-                f"autoscale needs 1 <= autoscale_min <= autoscale_max, got {self.min}, {self.max}"
-            )
-        if not (0 < self.up_wait < 1 and 0 < self.down_idle < 1):
-            raise ValueError("autoscale_up_wait and autoscale_down_idle are shares of a step, in (0, 1)")
-        if self.hysteresis < 1 or self.cooldown < 0 or self.requests_per_call < 1:
-            raise ValueError("autoscale needs hysteresis >= 1, cooldown >= 0, requests_per_call >= 1")
 
     @classmethod
     def from_config(cls, samplers: Any) -> Settings:

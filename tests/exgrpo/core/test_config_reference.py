@@ -78,7 +78,8 @@ def test_types_defaults_and_ranges_come_from_the_code():
     assert _row("replay.enabled").valid == "true, false"
     assert (_row("replay.max_age").type, _row("replay.max_age").valid) == ("int or null", ">= 0, or null")
     assert _row("replay.mu").valid == "(0, trainer.rollouts_per_question), or null"
-    assert _row("loss.entropy_coef").valid == "no bound"
+    assert _row("loss.entropy_coef").valid == "any value (< 0 rewards lower entropy)"  # NO_RANGE
+    assert _row("samplers.autoscale_min").valid == "[1, samplers.autoscale_max]"
     assert _row("logging.backends").valid == "any of jsonl, tensorboard, wandb"
     # the default is what a run starts from (the packaged default.yaml), the code's own one beside it
     steps = _row("trainer.steps")

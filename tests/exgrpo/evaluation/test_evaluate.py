@@ -262,12 +262,15 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("cache"))
 
 
-def test_cli_builtin_task_on_tiny_model(cache_dir: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_builtin_task_on_tiny_model(
+    cache_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
     argv = ["--model", "builtin:tiny", "--cache-dir", cache_dir, "--data", "builtin:arith", "--num", "3",
             "--n", "2", "--max-tokens", "8", "--engine", "hf"]  # fmt: skip
     assert main(argv) == 0
-    out_files = list(Path(cache_dir).glob("models/tiny-*/eval-arith.json"))  # default: next to the model
-    assert len(out_files) == 1
+    out_files = list(tmp_path.glob("eval-tiny-arith.json"))  # default: where it ran, never in the model cache
+    assert len(out_files) == 1 and not list(Path(cache_dir).rglob("eval-*.json"))
     payload = json.loads(out_files[0].read_text())
     assert {"model", "data", "engine", "template", "rows", "n", "temperature", "max_tokens", "overall",
             "mean_of_sources", "per_source", "questions"} <= set(payload)  # fmt: skip

@@ -21,18 +21,22 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("cache"))
 
 
-def test_a_second_evaluation_writes_a_new_file_and_says_where(cache_dir, capsys):
+def test_a_second_evaluation_writes_a_new_file_and_says_where(cache_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
     assert main([*TINY, "--cache-dir", cache_dir]) == 0
-    first = next(Path(cache_dir).glob("models/tiny-*/eval-arith.json"))
+    first = Path("eval-tiny-arith.json")  # where it ran: a builtin model's directory is in the cache
+    assert first.is_file() and not list(Path(cache_dir).rglob("eval-*.json"))
     before = first.read_text()
     capsys.readouterr()
     assert main([*TINY, "--cache-dir", cache_dir, "--seed", "1"]) == 0
     err = capsys.readouterr().err
-    second = first.with_name("eval-arith-2.json")
+    second = first.with_name("eval-tiny-arith-2.json")
     assert first.read_text() == before and json.loads(second.read_text())["seed"] == 1  # the first one kept
     assert f"wrote {second}" in err and f"{first} holds an earlier evaluation" in err and "--overwrite" in err
     assert main([*TINY, "--cache-dir", cache_dir, "--overwrite"]) == 0
-    assert f"wrote {first}" in capsys.readouterr().err and not first.with_name("eval-arith-3.json").exists()
+    assert (
+        f"wrote {first}" in capsys.readouterr().err and not first.with_name("eval-tiny-arith-3.json").exists()
+    )
 
 
 def test_an_existing_out_file_is_refused_before_the_model_loads(cache_dir, tmp_path, capsys):
@@ -44,6 +48,23 @@ def test_an_existing_out_file_is_refused_before_the_model_loads(cache_dir, tmp_p
     assert out.read_text() == "{}"
     assert main([*TINY, "--cache-dir", cache_dir, "--out", str(out), "--overwrite"]) == 0
     assert json.loads(out.read_text())["n"] == 1
+
+
+def test_num_cuts_a_file_to_its_first_rows(cache_dir, tmp_path, capsys):
+    """Before: `--num 8` on a 20-row file evaluated 20 questions; a run's --like-run keeps every row."""
+    data = tmp_path / "q20.jsonl"
+    data.write_text(
+        "".join(json.dumps({"question": f"{i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(20))
+    )
+    out = tmp_path / "e.json"
+    argv = ["--model", "builtin:tiny", "--data", str(data), "--num", "8", "--n", "1", "--max-tokens", "2",
+            "--cache-dir", cache_dir, "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert "evaluating the first 8 of 20 questions (--num 8)" in capsys.readouterr().err
+    payload = json.loads(out.read_text())
+    assert payload["overall"]["questions"] == 8 and payload["rows"]["evaluated"] == 8
+    assert main([*argv[:4], "--num", "50", *argv[6:], "--overwrite"]) == 0  # more than the file: every row
+    assert json.loads(out.read_text())["overall"]["questions"] == 20
 
 
 def _interrupted_run(tmp_path: Path, cache_dir: str, *, checkpoint: bool) -> Path:

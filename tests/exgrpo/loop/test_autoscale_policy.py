@@ -7,6 +7,7 @@ import math
 import pytest
 
 from exgrpo.core import metric_names as M
+from exgrpo.core.config import ConfigError, from_dict
 from exgrpo.loop.autoscale import Fleet, Policy, Settings, Signals
 
 
@@ -65,9 +66,9 @@ def test_nan_gap_is_no_wait_and_bad_settings_refused():
     assert (
         Signals(step=0, step_s=1.0, learner_wait_s=float("nan"), sampler_idle=0, in_flight=0).wait_share == 0
     )
-    for bad in (dict(min=0), dict(min=5, max=4), dict(up_wait=1.0), dict(hysteresis=0)):
-        with pytest.raises(ValueError):
-            Settings(**bad)
+    for bad in (dict(min=0), dict(min=5, max=4), dict(up_wait=1.0), dict(hysteresis=0)):  # refused at load
+        with pytest.raises(ConfigError, match="samplers.autoscale_"):
+            from_dict({"samplers": {f"autoscale_{k}": v for k, v in bad.items()}})
 
 
 class FakePool:

@@ -173,8 +173,8 @@ def test_scale_refuses_a_scale_up_the_cluster_cannot_place(ray_cluster):
         refused = scale(50)
         assert refused.returncode == 2, refused.stderr[-2000:]
         assert (
-            f"at most {1 + free} samplers fit (python -m exgrpo.scale --samplers {1 + free})"
-            in refused.stderr
+            f"at most {1 + free} samplers fit (python -m exgrpo.scale --job {address}/" in refused.stderr
+            and f" --samplers {1 + free})" in refused.stderr
         )
         assert ray.get(controller.desired_samplers.remote()) == 1
         ok = scale(1 + free)

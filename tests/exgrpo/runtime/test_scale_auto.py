@@ -26,10 +26,12 @@ def test_the_controller_holds_the_mode():
 
 def _cli(monkeypatch, controller):
     monkeypatch.setattr(scale, "probe_address", lambda address: None)
+    monkeypatch.setattr(scale, "addresses", lambda address: ["10.0.0.1:6379"])
     monkeypatch.setattr(ray, "init", lambda *a, **k: None)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
     monkeypatch.setattr(ray, "get", lambda ref: ref)
     monkeypatch.setattr(ray, "get_actor", lambda name, namespace: controller)
-    monkeypatch.setattr(scale, "describe_job", lambda: "exgrpo job 02000000")
+    monkeypatch.setattr(scale, "describe_job", lambda: ("02000000", "driver pid 42 on 10.0.0.1"))
 
 
 def _remote(fn):
@@ -39,10 +41,19 @@ def _remote(fn):
 def test_auto_hands_the_count_back(monkeypatch, capsys):
     real = Controller(samplers=3, autoscale=True)
     real.set_samplers(n=5)
-    fake = SimpleNamespace(desired_samplers=_remote(real.desired_samplers), set_auto=_remote(real.set_auto))
+    fake = SimpleNamespace(
+        state=_remote(real.state),
+        desired_samplers=_remote(real.desired_samplers),
+        set_auto=_remote(real.set_auto),
+    )
     _cli(monkeypatch, fake)
-    assert scale.main(["--auto"]) == 0
-    assert "back to the job's autoscale policy" in capsys.readouterr().out
+    assert scale.main(["--job", "02000000", "--auto"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "changed exgrpo job 10.0.0.1:6379/02000000 (driver pid 42 on 10.0.0.1): handed the sampler count "
+        in out
+    )
+    assert "back to its autoscale policy" in out
     assert real.state() == (5, True)
 
 
