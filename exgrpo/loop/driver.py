@@ -256,7 +256,7 @@ class Driver:
         self.record(update, batch, mix={**update.notes.mix, **trace}, sync=sync_metrics)
         self.scheduler.retire_plan(update.step)
         assert update.result is not None
-        self.weight_checks.on_update(update.batch.version, update.result)  # raises WeightCheckFailed
+        self.weight_checks.on_update(update.batch, update.result)  # raises WeightCheckFailed
         return True
 
     def trained(self, update: Update) -> tuple[TrainBatch, dict[str, float]]:

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from exgrpo.core.config import ChecksConfig, Config
-from exgrpo.core.records import RolloutResult, UpdateResult
+from exgrpo.core.records import RolloutResult, TrainBatch, UpdateResult
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +117,10 @@ class WeightChecks:
         self.served[key] = result.served_sums
         self._compare(result.policy_version)
 
-    def on_update(self, version: int, result: UpdateResult) -> None:
-        """A landed update trained at `version`: keep the sums of the weights it made (version + 1) and compare
-        what waits for them; judge each sampler's log-prob gap at `version`."""
+    def on_update(self, batch: TrainBatch, result: UpdateResult) -> None:
+        """A landed update of `batch`, trained at `batch.version`: keep the sums of the weights it made (the next
+        version) and compare what waits for them; judge each sampler's log-prob gap at `batch.version`."""
+        version = batch.version
         if self.checksum:
             if result.weight_sums:
                 if (before := self.sent.get(version)) is not None:  # how far a sampler one version behind is
@@ -134,11 +135,8 @@ class WeightChecks:
                 self._say("sent", "the learners report no weight sums")
         if self.gap:
             self._judge_gaps(version, result.logprob_gaps)
-
-    def forget(self, request_ids: Sequence[int]) -> None:
-        """Requests trained or dropped: their samplers are no longer needed."""
-        for rid in request_ids:
-            self.sampler_of.pop(rid, None)
+            for g in batch.groups:  # trained: who sampled them is no longer needed
+                self.sampler_of.pop(g.request_id, None)
 
     # -- the checks -----------------------------------------------------------------------------------
     def _compare(self, version: int) -> None:

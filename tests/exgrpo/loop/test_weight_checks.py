@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from exgrpo.core.config import ChecksConfig, from_dict
-from exgrpo.core.records import RolloutResult, UpdateResult
+from exgrpo.core.records import Group, RolloutResult, TrainBatch, UpdateResult
 from exgrpo.loop.weight_checks import WeightCheckFailed, WeightChecks, mismatch, why_off
 from exgrpo.transport.checksums import grouped_sums, layer_of
 
@@ -22,6 +22,10 @@ def _served(delta: float = 0.0) -> tuple[tuple[str, float], ...]:
 
 def _result(sampler: str, version: int, sums, rids=(0,)) -> RolloutResult:
     return RolloutResult(sampler, tuple(rids), version, 1, 0.0, 0.0, served_sums=sums)
+
+
+def _batch(version: int, rids=()) -> TrainBatch:
+    return TrainBatch(groups=tuple(Group(f"q{r}", (1,), (), request_id=r) for r in rids), version=version)
 
 
 def _checks(**kw) -> WeightChecks:
@@ -55,7 +59,7 @@ def test_mismatch_within_tolerance_missing_layers_and_garbage():
 def test_a_sampler_whose_sums_stay_wrong_stops_the_run_naming_it_and_the_version(caplog):
     checks = _checks(max_failures=3)
     for v in (1, 2):
-        checks.on_update(v - 1, UpdateResult({}, weight_sums=SENT))
+        checks.on_update(_batch(v - 1), UpdateResult({}, weight_sums=SENT))
         checks.on_result(_result("sampler-0", v, _served()))  # healthy
         checks.on_result(_result("sampler-1", v, _served(1.0)))  # wrong
         checks.on_result(_result("sampler-1", v, _served(1.0)))  # judged once per version
@@ -65,20 +69,20 @@ def test_a_sampler_whose_sums_stay_wrong_stops_the_run_naming_it_and_the_version
     with pytest.raises(
         WeightCheckFailed, match=r"sampler-1 at version 3: layer 1 sums to .*3 versions in a row"
     ):
-        checks.on_update(2, UpdateResult({}, weight_sums=SENT))
+        checks.on_update(_batch(2), UpdateResult({}, weight_sums=SENT))
     assert checks.failures == 3 and checks.checked == 5 and checks.worst_match == 0.0
 
 
 def test_a_pass_resets_the_count_and_max_failures_0_only_logs(caplog):
     checks = _checks(max_failures=2)
     for v, delta in [(1, 1.0), (2, 0.0), (3, 1.0)]:
-        checks.on_update(v - 1, UpdateResult({}, weight_sums=SENT))
+        checks.on_update(_batch(v - 1), UpdateResult({}, weight_sums=SENT))
         checks.on_result(_result("sampler-0", v, _served(delta)))
     assert checks.in_a_row[("checksum", "sampler-0")] == 1
     quiet = _checks(max_failures=0)
     with caplog.at_level(logging.ERROR):
         for v in range(1, 6):
-            quiet.on_update(v - 1, UpdateResult({}, weight_sums=SENT))
+            quiet.on_update(_batch(v - 1), UpdateResult({}, weight_sums=SENT))
             quiet.on_result(_result("sampler-0", v, _served(1.0)))
     assert quiet.failures == 5 and "sampler-0 at version 5" in caplog.text
 
@@ -91,16 +95,17 @@ def test_the_gap_check_judges_each_sampler_on_its_own_tokens():
         checks.on_result(_result("sampler-1", step, (), rids=rids[2:]))
         gaps = ((rids[0], 40, 0.4, 0), (rids[1], 40, 0.4, 1), (rids[2], 20, 30.0, 15))  # sampler-1: 75% over
         if step == 0:
-            checks.on_update(step, UpdateResult({}, logprob_gaps=gaps))
+            checks.on_update(_batch(step, rids), UpdateResult({}, logprob_gaps=gaps))
+            assert not set(rids) & set(checks.sampler_of)  # trained: forgotten
             continue
         with pytest.raises(
             WeightCheckFailed, match=r"log-prob gap\): sampler-1 at version 1: 75.0% of its 20"
         ):
-            checks.on_update(step, UpdateResult({}, logprob_gaps=gaps))
+            checks.on_update(_batch(step), UpdateResult({}, logprob_gaps=gaps))
     assert checks.in_a_row[("log-prob gap", "sampler-0")] == 0  # 1 of 80 tokens: 1.25%
     few = _checks(max_failures=1, logprob_min_tokens=30)
     few.on_result(_result("sampler-1", 0, (), rids=(7,)))
-    few.on_update(0, UpdateResult({}, logprob_gaps=((7, 20, 30.0, 15),)))  # too few tokens to judge
+    few.on_update(_batch(0), UpdateResult({}, logprob_gaps=((7, 20, 30.0, 15),)))  # too few tokens to judge
     assert few.failures == 0
 
 
