@@ -2,8 +2,8 @@
 
 Engine calls (generate, evaluate, a weight load) and vLLM's weight-transfer control calls share one engine. One
 call uses it at a time, a waiting control call first; a control call that gets its turn after its deadline, or
-belongs to an abandoned session, is refused (`LateWeightUpdate`); engine calls wait while a session is open, and
-an abandoned one is ended first; after a failed weight write serving calls are refused (`WeightsFailed`) until a
+belongs to an abandoned session, is refused (`LateWeightUpdate`); engine calls wait while a session is open or the
+engine is reserved for a weight world being opened (`reserve`), and an abandoned session is ended first; after a failed weight write serving calls are refused (`WeightsFailed`) until a
 write succeeds. Tests: tests/actors/test_engine_gate.py, tests/actors/test_transfer_hangs.py.
 """
 
@@ -36,7 +36,11 @@ class EngineGate:
         self.session_open = False  # an update started and not finished (vLLM's layers may be on meta)
         self.session_loaded = False  # the open session has received weights (ending it early leaves a mix)
         self.session_deadline = math.inf
+        # a weight world is being opened (`reserve`): engine calls wait until then, so the world's rendezvous
+        # (vLLM's store waits 300 s for every member) never waits behind a generate call
+        self.reserved_until = 0.0
         self.weights_failed: str | None = None  # why the last weight write failed (None: it did not)
+        self.running: tuple[str, float] | None = None  # the control call holding the engine, and its deadline
         self.aborted = self.refused = 0
 
     @contextlib.contextmanager
@@ -68,26 +72,27 @@ class EngineGate:
                 self.refused += 1
                 raise
             self._busy = True
+            self.running = (what, math.inf if deadline is None else deadline)
         try:
             yield
         finally:
+            self.running = None
             self._release()
 
     @contextlib.contextmanager
     def engine(self, *, wait_session: bool = True, serving: bool = True) -> Iterator[None]:
-        """The engine for an engine call: after any control call and any open session (until its deadline; an
-        abandoned one is ended here). `wait_session=False` (the fallback load, sent once the learner gave up
-        on the session) ends an open session at once. A `serving` call is refused while `weights_failed`."""
+        """The engine for an engine call: after any control call, any open session and any reservation (each
+        until its deadline; an abandoned session is ended here). `wait_session=False` (the fallback load, sent once the learner gave up
+        on the session) ends an open session and a reservation at once. A `serving` call is refused while `weights_failed`."""
         with self._cv:
-            while (
-                self._busy
-                or self._control_waiting
-                or (wait_session and self.session_open and time.time() < self.session_deadline)
-            ):
-                timed = self.session_open and not math.isinf(self.session_deadline)
-                wait = max(self.session_deadline - time.time(), 0.0) + 0.01 if timed else None
+            while self._busy or self._control_waiting or (wait_session and self._held()):
+                until = max(self.reserved_until, self.session_deadline if self.session_open else 0.0)
+                timed = wait_session and self._held() and not math.isinf(until)
+                wait = max(until - time.time(), 0.0) + 0.01 if timed else None
                 self._cv.wait(timeout=None if self._busy else wait)
             self._busy = True
+            if not wait_session:
+                self.reserved_until = 0.0
         try:
             self.close_session()
             if serving and self.weights_failed is not None:
@@ -99,14 +104,38 @@ class EngineGate:
         finally:
             self._release()
 
+    def overdue(self) -> tuple[str, float] | None:
+        """The control call holding the engine and how many seconds it is past its deadline (negative: in
+        time); None when none is running. Read without the lock: a probe must answer while a call hangs."""
+        running = self.running
+        return None if running is None else (running[0], time.time() - running[1])
+
+    def _held(self) -> bool:
+        """An open session or a reservation, each until its deadline, keeps engine calls waiting."""
+        now = time.time()
+        return (self.session_open and now < self.session_deadline) or now < self.reserved_until
+
+    def reserve(self, deadline: float | None) -> None:
+        """Hold the engine for control calls only until `deadline` (None: until `unreserve`): the engine is
+        free now and no engine call starts before the weight world is open and its update started."""
+        with self._cv:
+            self.reserved_until = math.inf if deadline is None else deadline
+
+    def unreserve(self) -> None:
+        with self._cv:
+            self.reserved_until = 0.0
+            self._cv.notify_all()
+
     def _release(self) -> None:
         with self._cv:
             self._busy = False
             self._cv.notify_all()
 
     def open_session(self, deadline: float | None) -> None:
+        """An update started: it holds the engine until finished (or its deadline), in place of a reservation."""
         self.session_open, self.session_loaded = True, False
         self.session_deadline = math.inf if deadline is None else deadline
+        self.reserved_until = 0.0
 
     def close_session(self) -> None:
         """End a session that was started and never finished (the engine keeps its served version's tag)."""

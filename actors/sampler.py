@@ -39,6 +39,7 @@ from exgrpo.transport.packed import PackedWeights, unpack_weights
 from exgrpo.verify.rewards import make_scorer
 
 WEIGHTS = "weights"  # the concurrency group of the weight-transfer control calls (see below)
+PROBE = "probe"  # the group of `weight_call`, which answers while a control call hangs
 
 # EngineSpec, SamplerSettings, check_positions, new_failure_notes and request_seed live in actors.sampler_common
 # (shared with the continuous sampler) and stay importable from here
@@ -56,7 +57,7 @@ __all__ = [
 
 
 class Sampler:
-    CONCURRENCY_GROUPS = {WEIGHTS: 1}  # `exgrpo.runtime.env.remote_actor` passes it to Ray
+    CONCURRENCY_GROUPS = {WEIGHTS: 1, PROBE: 1}  # `exgrpo.runtime.env.remote_actor` passes it to Ray
 
     def __init__(
         self,
@@ -242,10 +243,14 @@ class Sampler:
         fault_point("sampler.transfer_init")
         with self.gate.control("init_weight_transfer_engine", deadline):
             self.gate.close_session()
-            if self.transfer_inits > 0:  # vLLM's release of the previous world before this one (no leak)
-                self._vllm().shutdown_weight_transfer()
-                self.transfer_shutdowns += 1
-            self._vllm().init_weight_transfer(init_info)
+            try:
+                if self.transfer_inits > 0:  # vLLM's release of the previous world before this one (no leak)
+                    self._vllm().shutdown_weight_transfer()
+                    self.transfer_shutdowns += 1
+                self._vllm().init_weight_transfer(init_info)
+            except BaseException:
+                self.gate.unreserve()  # no world: serve requests again
+                raise
             self.transfer_inits += 1
 
     @ray.method(concurrency_group=WEIGHTS)
@@ -261,6 +266,7 @@ class Sampler:
         with self.gate.control("update_weights", deadline, session=True):
             self.gate.session_loaded = True
             try:
+                fault_point("sampler.update_weights")
                 self._vllm().update_weights(update_info)
             except BaseException as e:
                 # vLLM's worker has dropped its session without finishing the layerwise reload (layers may
@@ -287,9 +293,18 @@ class Sampler:
     @ray.method(concurrency_group=WEIGHTS)
     def join_world(self, *, deadline: float | None = None) -> bool:
         """Acknowledge a new weight-transfer world before learner rank 0 opens it: returns once the engine is
-        free to join (after the one call in flight), refused past `deadline`."""
+        free to join (after the one call in flight), refused past `deadline`, and holds the engine for the
+        world from then on: no engine call starts until the world's first update has started (a failed init
+        or `deadline` releases it), so the rendezvous never waits behind a generate call."""
         with self.gate.control("join_world", deadline):
+            self.gate.reserve(deadline)
             return True
+
+    @ray.method(concurrency_group=PROBE)
+    def weight_call(self) -> tuple[str, float] | None:
+        """The weight-transfer control call running now and its seconds past its deadline (None: none). The
+        transport kills a sampler whose call outlived its version's deadline (`VLLMTransport`)."""
+        return self.gate.overdue()
 
     @ray.method(concurrency_group=WEIGHTS)
     def transfer_stats(self) -> dict[str, int]:

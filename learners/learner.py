@@ -106,6 +106,7 @@ class Learner:
             world_size=self.world_size,
             master_addr=self.master_addr,
             master_port=self.master_port,
+            timeout_s=self.cfg.collective_timeout_s,
         )
 
         import deepspeed

@@ -3,6 +3,7 @@ checkpointing with dropout forced off (so the first micro-batch's log-probs equa
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 from typing import Any
@@ -123,11 +124,30 @@ def forget_deepspeed_groups(*, only_stale: bool = False) -> None:
     groups._release_process_group_references(None)
 
 
+def deepspeed_world_group(timeout_s: float) -> None:
+    """Give DeepSpeed its copy of the world group, with our timeout. ZeRO's collectives (stage 3's gathers,
+    stage 2's reductions) run in that copy, which DeepSpeed otherwise makes with `dist.new_group` and torch's
+    default timeout for the backend (NCCL 10 minutes, gloo 30), not the one `init_process_group` was given."""
+    from deepspeed.utils import groups
+
+    groups._WORLD_GROUP = dist.new_group(
+        ranks=list(range(dist.get_world_size())), timeout=datetime.timedelta(seconds=timeout_s)
+    )
+
+
 def init_distributed(
-    backend: str, *, rank: int, world_size: int, master_addr: str, master_port: int
+    backend: str,
+    *,
+    rank: int,
+    world_size: int,
+    master_addr: str,
+    master_port: int,
+    timeout_s: float | None = None,
 ) -> torch.device:
     """Join (or check) the learner group's torch.distributed world; returns this rank's device (``backend``
-    "auto": NCCL and the first GPU when CUDA is there, else gloo on the CPU)."""
+    "auto": NCCL and the first GPU when CUDA is there, else gloo on the CPU). ``timeout_s`` bounds each
+    collective (NCCL's watchdog aborts a rank past it; None: torch's default, 10 minutes for NCCL), those of
+    DeepSpeed's own data-parallel group included (`deepspeed_world_group`)."""
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
@@ -148,7 +168,10 @@ def init_distributed(
             rank=rank,
             world_size=world_size,
             device_id=device if device.type == "cuda" else None,
+            timeout=None if timeout_s is None else datetime.timedelta(seconds=timeout_s),
         )
+        if timeout_s is not None:
+            deepspeed_world_group(timeout_s)
     elif (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
         raise RuntimeError("torch.distributed is already initialised with another rank/world size")
     else:  # a world another library started, after DeepSpeed cached the groups of an earlier one

@@ -49,6 +49,9 @@ BOUNDS: dict[str, Bound] = {
     "model.max_position_embeddings": Bound(lo=1, note="or null: the model's own"),
     "model.rope_theta": Bound(lo=0, open_lo=True, note="or null: the model's own"),
     "async.weight_timeout_s": Bound(lo=0, open_lo=True),
+    "learners.collective_timeout_s": Bound(
+        lo=0, open_lo=True, note="or null: derived from async.weight_timeout_s"
+    ),
     "async.max_weight_failures": Bound(lo=1),
     "learners.max_tokens_per_micro_batch": Bound(lo=1, note="or null: micro_batch_size sequences"),
     "learners.logits_chunk_tokens": Bound(lo=1),

@@ -71,8 +71,7 @@ class DataConfig:
     seed: int = 0
     # batch: B fresh questions per step, the first B - n_replay used (official)
     fresh_take: FreshTake = "batch"
-    # at most this many fresh questions per step (None = B - replayed); the stream then takes this many per
-    # step
+    # at most this many fresh questions per step (None = B - replayed); the stream then takes this many a step
     fresh_per_step: int | None = None
 
 
@@ -155,11 +154,9 @@ class ReplayConfig:
     enabled: bool = True
     # share of each batch's questions drawn from replay
     rho: float = 0.5
-    # zero_variance: a step's replay share is the last pulled step's share of all-equal fresh groups, at most
-    # rho
+    # zero_variance: a step's replay share is the last pulled step's share of all-equal fresh groups (<= rho)
     rho_mode: Literal["fixed", "zero_variance"] = "fixed"
-    # retire questions solved K/K for good (null: with replay on; never for on-policy GRPO: enabled=false or
-    # rho 0)
+    # retire questions solved K/K for good (null: with replay on; not in on-policy GRPO: enabled=false/rho 0)
     retire: bool | None = None
     # delayed start: replay starts when fresh solve ratio exceeds this
     start_solve_ratio: float = 0.35
@@ -211,6 +208,9 @@ class LearnerConfig:
     zero_stage: int = 0
     # torch.distributed backend (auto: nccl on GPU)
     backend: Literal["auto", "gloo", "nccl"] = "auto"
+    # timeout of the learner group's collectives (NCCL's watchdog); null: 2 x async.weight_timeout_s + 120 s
+    # (at least 600 s), as rank 0 may open a weight world and send while the other ranks wait in a collective
+    collective_timeout_s: float | None = None
     # AdamW learning rate (constant)
     lr: float = 1e-6
     # AdamW betas
@@ -268,8 +268,7 @@ class LossConfig:
     norm: Literal["constant", "token_mean"] = "constant"
     # entropy bonus; the official 0.001 rescaled to our normaliser (/64, exgrpo.core.algorithm)
     entropy_coef: float = 1.5625e-5
-    # minibatch: one token-mean bonus per optimiser step; micro_batch: one per micro-batch, as the official
-    # code adds it
+    # minibatch: one token-mean bonus per optimiser step; micro_batch: one per micro-batch (the official code)
     entropy_per: Literal["minibatch", "micro_batch"] = "minibatch"
     # divide advantages by the group std (GRPO) instead of Dr.GRPO
     std_normalize: bool = False
@@ -290,8 +289,9 @@ class AsyncConfig:
     # weight loads/updates that may fail in a row (the failed sampler is replaced each time) before the run
     # stops with the cause
     max_weight_failures: int = 3
-    # start each update without waiting for it (the next step's pull and mix run meanwhile); on in the GPU
-    # recipes
+    # after max_weight_failures failed collective versions in a row: stop, or the object store from then on
+    on_collective_failure: Literal["stop", "object_store"] = "stop"
+    # start each update without waiting for it (the next step's pull and mix run meanwhile); on in GPU recipes
     overlap_update: bool = False
     # the learners score the replay candidates and fill slot 0 inside the update call, so the next update can
     # queue behind the running one (false: the driver waits for the scores and picks)

@@ -1,7 +1,9 @@
 """Fault points: named moments at which a test (or an operator rehearsing a failure) makes a process die hard.
 
-`fault_point(name)` SIGKILLs the process when ``EXGRPO_FAULTS`` names that point (``[ACTOR:]POINT[@HIT],...``),
-no cleanup, as a crash or a lost node would; unset, a point costs one dict lookup. A misspelt point is refused
+`fault_point(name)` SIGKILLs the process when ``EXGRPO_FAULTS`` names that point (``[ACTOR:]POINT[@HIT][!ACTION],...``),
+no cleanup, as a crash or a lost node would (``!hang``: the calling thread blocks for good instead, as a collective
+whose peer is gone does; ``!sleepS``: it sleeps S seconds and goes on, as a long call does); unset, a point costs
+one dict lookup. A misspelt point is refused
 (`POINTS`), and each entry fires at most once per run (a marker under ``EXGRPO_FAULTS_DIR``), so an actor Ray
 restarts does not die again. `exgrpo.runtime.env.remote_actor` copies both variables (`fault_env`) into every
 actor. More: docs/failures.md ("Fault points", the fault matrix); tests: tests/exgrpo/core/test_faults.py.
@@ -29,6 +31,7 @@ POINTS = {
     "sampler.push": "actors/sampler.py: the groups are in their shards, the result not yet returned",
     "sampler.evaluate": "actors/sampler.py: inside a held-out evaluation call",
     "sampler.transfer_init": "actors/sampler.py: a new weight-transfer world acknowledged, not yet joined",
+    "sampler.update_weights": "actors/sampler.py: inside vLLM's update_weights (a weight update's data plane)",
     "shard.push.before_log": "buffers/shard.py: a push with new groups, before its log frame",
     "shard.push.logged": "buffers/shard.py: a push logged (fsync'd), not applied, not answered",
     "shard.take.before_log": "buffers/shard.py: a take, before its log frame",
@@ -46,12 +49,14 @@ class FaultSpecError(ValueError):
 
 @dataclass(frozen=True)
 class Fault:
-    """One entry: die at the `hit`-th arrival at `point` in the actor named `actor` (any actor if None)."""
+    """One entry: die (or hang) at the `hit`-th arrival at `point` in the actor named `actor` (any if None)."""
 
     entry: str  # as written, the name of its marker file
     point: str
     actor: str | None
     hit: int
+    hang: bool = False  # block the calling thread for good instead of dying
+    sleep_s: float = 0.0  # sleep this long and go on instead of dying
 
 
 @dataclass
@@ -69,7 +74,17 @@ def parse(spec: str) -> list[Fault]:
         entry = raw.strip()
         if not entry:
             continue
-        actor, _, rest = entry.rpartition(":")
+        body, bang, action = entry.partition("!")
+        sleep = action.removeprefix("sleep")
+        if (
+            bang
+            and action != "hang"
+            and not (action.startswith("sleep") and sleep.replace(".", "", 1).isdigit())
+        ):
+            raise FaultSpecError(
+                f"{FAULTS_VAR}: unknown action {action!r} in {entry!r}; known: hang, sleepS (S seconds)"
+            )
+        actor, _, rest = body.rpartition(":")
         point, _, hit = rest.partition("@")
         if point not in POINTS:
             raise FaultSpecError(
@@ -78,7 +93,14 @@ def parse(spec: str) -> list[Fault]:
         if hit and (not hit.isdigit() or int(hit) < 1):
             raise FaultSpecError(f"{FAULTS_VAR}: the hit count of {entry!r} must be an integer >= 1")
         faults.append(
-            Fault(entry=entry, point=point, actor=_short(actor) if actor else None, hit=int(hit or 1))
+            Fault(
+                entry=entry.replace("!", "-"),
+                point=point,
+                actor=_short(actor) if actor else None,
+                hit=int(hit or 1),
+                hang=action == "hang",
+                sleep_s=float(sleep) if action.startswith("sleep") else 0.0,
+            )
         )
     return faults
 
@@ -142,6 +164,11 @@ def _maybe_die(point: str, faults: list[Fault]) -> None:
         os.write(fd, json.dumps(record).encode())
         os.fsync(fd)
         os.close(fd)
+        while f.hang:
+            time.sleep(3600)
+        if f.sleep_s:
+            time.sleep(f.sleep_s)
+            return
         os.kill(os.getpid(), signal.SIGKILL)
         os._exit(137)  # not reached
 

@@ -16,6 +16,21 @@ from exgrpo.core.config import Config
 # be faster, so a call's time estimated at this rate is conservative (long) - what a timeout must cover.
 ASSUMED_GPU_TOKENS_PER_S = 790.0
 
+# torch's default timeout of a collective (NCCL's watchdog aborts the rank past it)
+TORCH_COLLECTIVE_TIMEOUT_S = 600.0
+# beyond rank 0's two weight bounds: its own gathers of the model and the slack of a busy host
+COLLECTIVE_MARGIN_S = 120.0
+
+
+def collective_timeout_s(cfg: Config) -> float:
+    """The learner group's collective timeout (`learners.collective_timeout_s`, else derived): the other ranks
+    wait in a collective while rank 0 pushes weights (ZeRO-3's per-layer gathers; ZeRO-2 with
+    `async.overlap_update`: the next update's first all-reduce), and rank 0 may spend one
+    `async.weight_timeout_s` opening a weight world and one sending; never below torch's default."""
+    if cfg.learners.collective_timeout_s is not None:
+        return cfg.learners.collective_timeout_s
+    return max(TORCH_COLLECTIVE_TIMEOUT_S, 2 * cfg.async_.weight_timeout_s + COLLECTIVE_MARGIN_S)
+
 
 def longest_call(cfg: Config) -> str:
     """The longest sampler call the run expects (`python -m exgrpo.run --dry-run`): its generated tokens, and
@@ -37,13 +52,17 @@ def longest_call(cfg: Config) -> str:
     )
     if a.weight_sync != "collective":
         return line
+    learners = (
+        f"\n  learner collectives time out after {collective_timeout_s(cfg):g} s (learners.collective_timeout_s; "
+        "null derives it: 2 x async.weight_timeout_s + 120 s, at least 600 s)"
+    )
     if seconds <= a.weight_timeout_s:
-        return line + f"; within async.weight_timeout_s={a.weight_timeout_s:g}"
+        return line + f"; within async.weight_timeout_s={a.weight_timeout_s:g}" + learners
     fit = int(a.weight_timeout_s * ASSUMED_GPU_TOKENS_PER_S // (k * length))
     fixes = f"set async.weight_timeout_s={math.ceil(seconds / 100) * 100}"
     if fit >= 1:
         fixes += f" or samplers.requests_per_call={fit}"
     return (
         line + f"\n  warning: longer than async.weight_timeout_s={a.weight_timeout_s:g}: a collective weight "
-        f"update waits for the call to end and would time out; {fixes}"
+        f"update waits for the call to end and would time out; {fixes}" + learners
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,6 +23,7 @@ from exgrpo.core.roles import Learners, Replay, Rollouts, WeightTransport
 from exgrpo.loop.weight_checks import checksum_on
 from exgrpo.runtime.controller import Controller, ControllerClient
 from exgrpo.runtime.env import remote_actor
+from exgrpo.runtime.longest_call import collective_timeout_s
 from exgrpo.runtime.resources import sampler_bundles
 
 if TYPE_CHECKING:
@@ -110,7 +112,7 @@ def make_learners(cfg: Config, *, model_path: str, wait: bool = True) -> Learner
         num=cfg.learners.num,
         make_actor=remote_actor,
         model_path=model_path,
-        learner_cfg=cfg.learners,
+        learner_cfg=replace(cfg.learners, collective_timeout_s=collective_timeout_s(cfg)),
         loss_cfg=cfg.loss,
         max_response_len=cfg.model.max_response_len,
         seed=cfg.trainer.seed,
@@ -292,6 +294,7 @@ def make_transport(cfg: Config, *, learners: Any, samplers: SamplerPool) -> Weig
         samplers=samplers,
         timeout_s=cfg.async_.weight_timeout_s,
         max_failures=cfg.async_.max_weight_failures,
+        on_failure=cfg.async_.on_collective_failure,
     )
     samplers.on_new = weights.catch_up
     return weights

@@ -4,13 +4,15 @@
 sampler) and ``VLLMTransport`` (``async.weight_sync=collective``: vLLM's weight-transfer API from learner rank 0,
 ``exgrpo/transport/vllm_api.py``) implement ``exgrpo.core.roles.WeightTransport``. Invariants: a sampler the pool
 adds gets the current weights (``catch_up``) before its first request; a failed or timed-out collective broadcast
-sends that version through the object store and rebuilds the world next time. Failures: docs/failures.md
+sends that version through the object store and rebuilds the world next time; `max_failures` failed broadcasts in
+a row stop the run (``WeightSyncFailed``) or, with ``on_failure="object_store"``, move it to the object store for good. Failures: docs/failures.md
 ("Weight transfer"); tests: tests/integration/test_transports.py, tests/exgrpo/transport/test_transport_prepare.py.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol
@@ -153,8 +155,20 @@ class ObjectStoreTransport:
             self._loads.add([handle.load_weights.remote(weights=ref, version=version)])
 
 
+CollectiveFallback = Literal["stop", "object_store"]
+
+# a sampler still inside a weight-transfer call this long past the call's deadline is stuck (vLLM's receive has no
+# timeout: a collective whose peer is gone never returns); the transport kills it and the pool replaces it
+STUCK_GRACE_S = 5.0
+
+
 class VLLMTransport:
-    """Learner rank 0 drives vLLM's weight-transfer API to every vLLM sampler; newcomers catch up by object store."""
+    """Learner rank 0 drives vLLM's weight-transfer API to every vLLM sampler; newcomers catch up by object store.
+
+    A failed broadcast sends its version through the object store; `max_failures` failed broadcasts in a row
+    (the fallback loads succeeding or not) are a collective path that does not work: ``on_failure="stop"``
+    raises `WeightSyncFailed`, ``"object_store"`` says so in an error line and sends every later version
+    through the object store (``switched`` is then true)."""
 
     def __init__(
         self,
@@ -163,8 +177,12 @@ class VLLMTransport:
         samplers: SamplerMembers,
         timeout_s: float = 300.0,
         max_failures: int = 3,
+        on_failure: CollectiveFallback = "stop",
     ) -> None:
         self._learners, self._samplers = learners, samplers
+        self.on_failure = on_failure
+        self.failed_in_a_row = 0  # broadcasts that failed since the last one that succeeded
+        self._object_store: ObjectStoreTransport | None = None  # every version from now on, once switched
         self.timeout_s = (
             timeout_s  # async.weight_timeout_s: bound on one version's update, rendezvous included
         )
@@ -172,23 +190,29 @@ class VLLMTransport:
         self._export: tuple[Any, int] | None = None  # catch-up weights exported since the last broadcast
         self._loads = _Loads(max_failures=max_failures)
         self.fallbacks = 0  # versions that went through the object store because a broadcast failed
+        self.killed: list[str] = []  # samplers killed because a weight-transfer call of theirs hung
+        self._joined: tuple[tuple[str, str], ...] = ()  # the members that acknowledged the current world
         self.last: dict[
             str, Any
         ] = {}  # the learner's report of the last broadcast (send_s, apply_s, rebuilt)
         self._prepared: dict[int, tuple[Mapping[str, Any], Any]] = {}  # version -> (members, queued push)
 
+    @property
+    def switched(self) -> bool:
+        """True once the run moved to the object store for good (``on_failure="object_store"``)."""
+        return self._object_store is not None
+
     def prepare(self, *, version: int) -> None:
         """Queue rank 0's push of `version` behind the update that makes it (before any later update)."""
+        if self._object_store is not None:
+            return self._object_store.prepare(version=version)
         members = self._samplers.members()
-        push = (
-            self._learners.start_push_weights(version=version, members=members, timeout_s=self.timeout_s)
-            if members
-            else None
-        )
-        self._prepared[version] = (members, push)
+        self._prepared[version] = (members, self._push(version, members))
 
     def broadcast(self, *, version: int) -> dict[str, float]:
         """One update of every live sampler through vLLM's API (blocks until all applied it)."""
+        if self._object_store is not None:
+            return self._object_store.broadcast(version=version)
         start = time.perf_counter()
         prepared = self._prepared.pop(version, None)
         self._prepared = {v: p for v, p in self._prepared.items() if v > version}
@@ -196,11 +220,7 @@ class VLLMTransport:
             members, push = prepared
         else:
             members = self._samplers.members()
-            push = (
-                self._learners.start_push_weights(version=version, members=members, timeout_s=self.timeout_s)
-                if members
-                else None
-            )
+            push = self._push(version, members)
         self._broadcast_once, self._export = True, None
         if push is None:
             return _metrics(start, self._loads.take())
@@ -208,21 +228,110 @@ class VLLMTransport:
         try:
             self.last = push.result()
             applied = list(self.last.get("apply_s", []))
-            self._loads.failed_in_a_row = 0
+            self._loads.failed_in_a_row = self.failed_in_a_row = 0
         except ray.exceptions.RayError as e:
             log.warning(
                 "weight transfer of version %d failed (%s); sending it through the object store", version, e
             )
             self.fallbacks += 1
+            self._joined = ()  # rank 0 dropped the world: the next push opens a new one
             self._loads.failed(f"the weight transfer of version {version} failed: {_cause(e)}")
+            members = self._kill_stuck(members, version)
             # rank 0 runs calls in order: an update started since holds newer weights, tagged as what they are
             ref, current = self._learners.get_weights_ref(), self._learners.version()
             loads = [h.load_weights.remote(weights=ref, version=current) for h in members.values()]
             self._loads.add(loads, list(members))
+            self._failed(version, _cause(e), published=(ref, current))
         return _metrics(start, applied + self._loads.take())
+
+    def _push(self, version: int, members: Mapping[str, Any]) -> Any:
+        """Queue rank 0's push of `version` to `members` (every rank's, under ZeRO-3); None without members.
+
+        Members that form a new world acknowledge it first, here (`join_world`: each answers once its engine
+        is free and then holds it for the world): the learner ranks are asked to push only after that, so no
+        rank waits in a collective (ZeRO-3's gathers, or under `async.overlap_update` the next update's
+        all-reduce) while rank 0 waits for a sampler call to end. It blocks the driver for that call, on a
+        membership change only."""
+        if not members:
+            return None
+        world = tuple((name, str(getattr(h, "_actor_id", id(h)))) for name, h in members.items())
+        if world != self._joined:
+            deadline = time.time() + self.timeout_s
+            try:
+                ray.get(
+                    [h.join_world.remote(deadline=deadline) for h in members.values()], timeout=self.timeout_s
+                )
+                self._joined = world
+            except ray.exceptions.RayError as e:  # rank 0 asks again, within its own bound, and fails there
+                log.warning("samplers did not acknowledge the new weight world: %s", _cause(e))
+        return self._learners.start_push_weights(version=version, members=members, timeout_s=self.timeout_s)
+
+    def _kill_stuck(self, members: Mapping[str, Any], version: int) -> dict[str, Any]:
+        """After a failed broadcast: kill every member whose weight-transfer call is still running
+        `STUCK_GRACE_S` past its deadline (waiting for the deadlines, at most `timeout_s`), or whose probe does
+        not answer; returns the others. The pool replaces a killed sampler and it catches up."""
+        alive, stuck = dict(members), {}
+        until = time.monotonic() + self.timeout_s + STUCK_GRACE_S
+        while alive and time.monotonic() < until:
+            probes = {name: h.weight_call.remote() for name, h in alive.items()}
+            ready, _ = ray.wait(list(probes.values()), num_returns=len(probes), timeout=STUCK_GRACE_S)
+            wait = 0.0
+            for name, ref in probes.items():
+                try:
+                    running = ray.get(ref, timeout=0) if ref in ready else ("a probe", math.inf)
+                except ray.exceptions.RayError:
+                    continue  # a dead sampler: the pool replaces it
+                if running is not None and running[1] > STUCK_GRACE_S:
+                    stuck[name] = running
+                elif running is not None:
+                    wait = max(wait, STUCK_GRACE_S - running[1])
+            alive = {n: h for n, h in alive.items() if n not in stuck}
+            if wait == 0.0:
+                break
+            time.sleep(min(wait + 0.1, max(until - time.monotonic(), 0.0)))
+        for name, (what, late) in stuck.items():
+            log.error(
+                "%s: its %s call is still running %.0f s past its deadline (version %d); killed, the pool "
+                "replaces it",
+                name,
+                what,
+                late,
+                version,
+            )
+            ray.kill(members[name])
+            self.killed.append(name)
+        return alive
+
+    def _failed(self, version: int, cause: str, *, published: tuple[Any, int]) -> None:
+        """Count a failed broadcast (the object-store fallback does not reset the count); at `max_failures` in
+        a row stop the run, or move to the object store for good."""
+        self.failed_in_a_row += 1
+        if self.failed_in_a_row < self._loads.max_failures:
+            return
+        what = (
+            f"the collective weight transfer failed {self.failed_in_a_row} versions in a row (up to version "
+            f"{version}; async.max_weight_failures={self._loads.max_failures}); last cause: {cause}"
+        )
+        if self.on_failure == "stop":
+            raise WeightSyncFailed(
+                f"{what}. Each version went through the object store instead; to train on that way, set "
+                "async.on_collective_failure=object_store (or async.weight_sync=object_store)"
+            )
+        log.error(
+            "%s. Every later version goes through the object store (async.on_collective_failure=object_store); "
+            "the collective transport is off for the rest of this run",
+            what,
+        )
+        self._object_store = ObjectStoreTransport(
+            learners=self._learners, samplers=self._samplers, max_failures=self._loads.max_failures
+        )
+        self._object_store._published = published
+        self._object_store._loads = self._loads  # the fallback loads in flight are counted there from now on
 
     def catch_up(self, handle: Any) -> None:
         """Load the learner's current weights (tagged with its version) on a new sampler via the object store."""
+        if self._object_store is not None:
+            return self._object_store.catch_up(handle)
         if not self._broadcast_once:
             return
         if self._export is None:  # rank 0 runs calls in order: this export and this version match
@@ -238,12 +347,18 @@ def make_transport(
     samplers: SamplerMembers,
     timeout_s: float = 300.0,
     max_failures: int = 3,
+    on_failure: CollectiveFallback = "stop",
 ) -> ObjectStoreTransport | VLLMTransport:
-    """The transport named by the config value ``async.weight_sync``."""
+    """The transport named by the config value ``async.weight_sync`` (``on_failure``:
+    ``async.on_collective_failure``)."""
     if kind == "object_store":
         return ObjectStoreTransport(learners=learners, samplers=samplers, max_failures=max_failures)
     if kind == "collective":
         return VLLMTransport(
-            learners=learners, samplers=samplers, timeout_s=timeout_s, max_failures=max_failures
+            learners=learners,
+            samplers=samplers,
+            timeout_s=timeout_s,
+            max_failures=max_failures,
+            on_failure=on_failure,
         )
     raise ValueError(f"unknown weight transport {kind!r}; choose 'object_store' or 'collective'")

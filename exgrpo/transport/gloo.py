@@ -3,10 +3,11 @@
 CPU has no NCCL, so this module registers a ``gloo`` backend in vLLM's worker and trainer factories
 (``register_engines``; every process that builds an engine or a trainer calls it). It keeps vLLM's NCCL
 engine's lifecycle (layerwise reload opened in ``start_weight_update``, chunks loaded by ``update_weights``,
-closed in ``finish_weight_update``) and its packing rule (the cut of vLLM's ``pack_tensors``: a chunk closes
-once it exceeds the buffer size; both sides cut the stream with ``chunk_plan`` from the same metadata, and
-the receiver reads each chunk with vLLM's ``unpack_tensor``), moved over a gloo world of its own (a
-TCPStore hosted by the trainer, never the default process group). Both sides reuse their buffers from one
+closed in ``finish_weight_update``), its rendezvous (vLLM's own ``StatelessProcessGroup``: a TCPStore the trainer
+hosts with the world's size, which waits ``rendezvous_s``, 300 s as vLLM's NCCL engine does, for every member) and
+its packing rule (the cut of vLLM's ``pack_tensors``: a chunk closes once it exceeds the buffer size; both sides cut
+the stream with ``chunk_plan`` from the same metadata, and the receiver reads each chunk with vLLM's
+``unpack_tensor``), moved over a gloo world of its own (never the default process group). Both sides reuse their buffers from one
 version to the next: the sender packs every chunk into one staging buffer, the receiver keeps one buffer
 of the whole version (the model's size in bytes, resident in each sampler).
 """
@@ -21,6 +22,7 @@ from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
+from vllm.distributed.utils import StatelessProcessGroup
 from vllm.distributed.weight_transfer.base import (
     ParamMeta,
     TrainerInitInfo,
@@ -34,9 +36,13 @@ from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
 
 from exgrpo.transport.packed import chunk_cuts
+from exgrpo.transport.ranks import free_port
 
 GLOO = "gloo"
 DEFAULT_BUFFER_BYTES = 64 << 20  # one gloo broadcast per ~64 MiB chunk
+# how long the trainer's store waits for every member of a new world: vLLM's NCCL engine leaves
+# `StatelessProcessGroup.create`'s default, 300 s (tests scale it down)
+RENDEZVOUS_S = 300.0
 _ALIGN = 64  # byte alignment of each chunk in the receive buffer (every dtype can view its tensors)
 
 
@@ -59,6 +65,7 @@ class GlooInitInfo(WeightTransferInitInfo):
     group_name: str
     buffer_size_bytes: int = DEFAULT_BUFFER_BYTES
     timeout_s: float = 300.0
+    rendezvous_s: float = RENDEZVOUS_S
 
 
 @dataclass
@@ -81,6 +88,28 @@ def _gloo_group(store: dist.Store, *, name: str, rank: int, world_size: int, tim
     return dist.ProcessGroupGloo(
         dist.PrefixStore(name, store), rank, world_size, timedelta(seconds=timeout_s)
     )
+
+
+def rendezvous(host: str, port: int, *, rank: int, world_size: int, timeout_s: float) -> Any:
+    """vLLM's `StatelessProcessGroup.create`, as its NCCL engine calls it on both sides: rank 0 hosts a TCPStore
+    with `world_size` that returns once every member connected and raises past `timeout_s`; returns the store."""
+    try:
+        group = StatelessProcessGroup.create(
+            host,
+            port,
+            rank,
+            world_size,
+            store_timeout=timeout_s,  # vLLM hints int seconds; timedelta takes a float
+        )
+    except (
+        OSError,
+        RuntimeError,
+    ) as e:  # rank 0's timeout surfaces as EBADF (vLLM closes the store's fd again)
+        raise TimeoutError(
+            f"the weight world's rendezvous at {host}:{port} (rank {rank} of {world_size}) did not complete "
+            f"within {timeout_s:g} s: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from e
+    return group.store
 
 
 def _broadcast(group: Any, tensor: torch.Tensor) -> None:
@@ -120,12 +149,12 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         self.shutdown()  # a new world (the sampler membership changed) replaces the old one
         rank = init_info.rank_offset + self.parallel_config.rank
-        self._store = dist.TCPStore(
+        self._store = rendezvous(
             init_info.host,
             init_info.port,
-            init_info.world_size,
-            is_master=False,
-            timeout=timedelta(seconds=init_info.timeout_s),
+            rank=rank,
+            world_size=init_info.world_size,
+            timeout_s=init_info.rendezvous_s,
         )
         self._group = _gloo_group(
             self._store,
@@ -183,6 +212,7 @@ class GlooTrainerInitInfo(TrainerInitInfo):
     host: str = "127.0.0.1"
     buffer_size_bytes: int = DEFAULT_BUFFER_BYTES
     timeout_s: float = 300.0
+    rendezvous_s: float = RENDEZVOUS_S
 
 
 class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):
@@ -217,36 +247,39 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             raise ValueError(
                 f"a weight-transfer world needs the trainer and a worker, got world_size={init_info.world_size}"
             )
-        engine._store = dist.TCPStore(
-            init_info.host,
-            0,
-            init_info.world_size,
-            is_master=True,
-            timeout=timedelta(seconds=init_info.timeout_s),
-            wait_for_workers=False,
-        )
         worker = GlooInitInfo(
             host=init_info.host,
-            port=engine._store.port,
+            port=free_port(init_info.host),  # as vLLM's NCCL engine is given its port
             rank_offset=1,
             world_size=init_info.world_size,
             group_name=init_info.group_name,
             buffer_size_bytes=init_info.buffer_size_bytes,
             timeout_s=init_info.timeout_s,
+            rendezvous_s=init_info.rendezvous_s,
         )
-        # the workers block in init until every rank has joined: run their RPC beside our own join, and give
-        # up at once if the RPC fails (a dead sampler never joins; its peers would wait out the timeout)
-        pool = ThreadPoolExecutor(max_workers=2)
-        try:
-            joined = pool.submit(client.init_weight_transfer_engine, asdict(worker))
-            group = pool.submit(
-                _gloo_group,
+
+        def open_world() -> Any:
+            engine._store = rendezvous(
+                init_info.host,
+                worker.port,
+                rank=0,
+                world_size=init_info.world_size,
+                timeout_s=init_info.rendezvous_s,
+            )
+            return _gloo_group(
                 engine._store,
                 name=init_info.group_name,
                 rank=0,
                 world_size=init_info.world_size,
                 timeout_s=init_info.timeout_s,
             )
+
+        # the workers block in init until every rank has joined: run their RPC beside our own join, and give
+        # up at once if the RPC fails (a dead sampler never joins; its peers would wait out the timeout)
+        pool = ThreadPoolExecutor(max_workers=2)
+        try:
+            joined = pool.submit(client.init_weight_transfer_engine, asdict(worker))
+            group = pool.submit(open_world)
             wait([joined, group], return_when=FIRST_EXCEPTION)
             joined.result()
             engine._group = group.result()

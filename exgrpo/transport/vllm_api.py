@@ -49,6 +49,7 @@ from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactor
 from exgrpo.transport.gloo import (  # noqa: E402
     DEFAULT_BUFFER_BYTES,
     GLOO,
+    RENDEZVOUS_S,
     GlooTrainerInitInfo,
     register_engines,
 )
@@ -180,11 +181,14 @@ class WeightPusher:
         is_sender: bool = True,
         buffer_size_bytes: int = DEFAULT_BUFFER_BYTES,
         timeout_s: float = 300.0,
+        rendezvous_s: float = RENDEZVOUS_S,
     ) -> None:
+        """`rendezvous_s`: how long a new world's store waits for its members (gloo; vLLM's NCCL engine
+        fixes it at 300 s)."""
         register_engines()
         self.source = LearnerSource(module, zero3=zero3)
         self.backend, self.host, self.is_sender = backend, host, is_sender
-        self.buffer_size_bytes, self.timeout_s = buffer_size_bytes, timeout_s
+        self.buffer_size_bytes, self.timeout_s, self.rendezvous_s = buffer_size_bytes, timeout_s, rendezvous_s
         self._engine: TrainerWeightTransferEngine | None = None
         self._world: tuple[tuple[str, str], ...] = ()
         self.worlds = 0  # worlds built so far
@@ -236,6 +240,7 @@ class WeightPusher:
                 host=self.host,
                 buffer_size_bytes=self.buffer_size_bytes,
                 timeout_s=self.timeout_s,
+                rendezvous_s=self.rendezvous_s,
                 rank=0 if self.is_sender else 1,
             )
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
@@ -256,8 +261,10 @@ class WeightPusher:
         deadline = time.time() + self.timeout_s
         # every member acknowledges the new world before rank 0 opens it: its engine is free to join (after
         # the one call in flight; both calls run in the samplers' weight-transfer concurrency group, not
-        # behind their generates). A dead or stuck member fails here, within the bound, instead of leaving
-        # rank 0 in a rendezvous that (NCCL) has no timeout of its own.
+        # behind their generates), and it stays held for the world until the first update starts
+        # (`Sampler.join_world`), so the rendezvous, whose store waits 300 s for every member (vLLM's
+        # `StatelessProcessGroup`), never waits behind a generate call that may last longer. A dead or stuck
+        # member fails here, within the bound, instead of failing the rendezvous.
         handles = list(members.values())
         ray.get([h.join_world.remote(deadline=deadline) for h in handles], timeout=self.timeout_s)
         sizes = ray.get([h.tensor_parallel_size.remote() for h in handles], timeout=self.timeout_s)

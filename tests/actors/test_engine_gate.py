@@ -79,3 +79,57 @@ def test_weights_that_may_be_a_mix_refuse_serving_calls_until_a_write_succeeds()
     assert gate.weights_failed is None
     with gate.engine():
         pass
+
+
+def test_a_reservation_holds_engine_calls_until_the_update_starts_not_control_calls() -> None:
+    """`join_world` reserves the engine for a world being opened: generate calls wait, the world's init (a
+    control call) runs, and the update's start turns the reservation into the session."""
+    gate, _ = _gate()
+    order: list[str] = []
+    gate.reserve(time.time() + 30)
+
+    def generate() -> None:
+        with gate.engine():
+            order.append("generate")
+
+    waiting = threading.Thread(target=generate)
+    waiting.start()
+    time.sleep(0.2)
+    assert order == []  # held by the reservation
+    with gate.control("init", deadline=time.time() + 5):
+        order.append("init")
+    time.sleep(0.1)
+    assert order == ["init"]  # still held: the world is open, its update not started
+    with gate.control("start", deadline=time.time() + 5):
+        gate.open_session(time.time() + 0.3)  # the session replaces the reservation
+    waiting.join(5)
+    assert order == ["init", "generate"] and gate.reserved_until == 0.0
+
+
+def test_a_reservation_ends_at_its_deadline_or_when_released() -> None:
+    gate, _ = _gate()
+    gate.reserve(time.time() + 0.3)
+    t0 = time.perf_counter()
+    with gate.engine():
+        pass
+    assert 0.25 < time.perf_counter() - t0 < 3
+    gate.reserve(None)  # until released (a failed init releases it)
+    threading.Timer(0.2, gate.unreserve).start()
+    t0 = time.perf_counter()
+    with gate.engine():
+        pass
+    assert 0.15 < time.perf_counter() - t0 < 3
+    gate.reserve(None)  # the fallback load does not wait for a reservation, and ends it
+    with gate.engine(wait_session=False, serving=False):
+        pass
+    assert gate.reserved_until == 0.0
+
+
+def test_overdue_names_the_running_control_call_while_it_runs() -> None:
+    gate, _ = _gate()
+    assert gate.overdue() is None
+    with gate.control("update_weights", deadline=time.time() - 0.0 + 0.05):
+        time.sleep(0.2)
+        what, late = gate.overdue() or ("", 0.0)
+        assert what == "update_weights" and late > 0.1
+    assert gate.overdue() is None

@@ -71,6 +71,7 @@ class FakeSampler(Sampler):
         self.weight_load_s = 0.0
         self.gate = self._new_gate()
         self.transfer_inits = self.transfer_shutdowns = 0
+        self.weight_sums = False  # no served-weight sums (checks.checksum)
 
     def _generate(self, requests: Any) -> RolloutResult:
         assert not self.engine.on_meta, "generate on a half-updated engine"
@@ -161,5 +162,72 @@ def test_a_busy_sampler_answers_the_update_after_one_call_not_its_queue(ray_clus
         ray.get(slow, timeout=60)
         assert ray.get(h.transfer_stats.remote())["open"] == 0
         print(f"update latency behind a {gen_s:.0f} s generate with 3 more queued: {latency:.2f} s")
+    finally:
+        ray.kill(h)
+
+
+class WorldVLLM(FakeVLLM):
+    """`FakeVLLM` whose init joins the trainer's world for real: vLLM's `StatelessProcessGroup` rendezvous (its
+    store waits for every member) and a gloo group over it, as the gloo engine's worker side does."""
+
+    def init_weight_transfer(self, init_info: Any) -> None:
+        from exgrpo.transport.gloo import GlooInitInfo, _gloo_group, rendezvous
+
+        info = GlooInitInfo(**init_info)
+        store = rendezvous(
+            info.host,
+            info.port,
+            rank=info.rank_offset,
+            world_size=info.world_size,
+            timeout_s=info.rendezvous_s,
+        )
+        self.group = _gloo_group(
+            store, name=info.group_name, rank=info.rank_offset, world_size=info.world_size, timeout_s=60
+        )
+        self.calls.append("init")
+
+
+class WorldSampler(FakeSampler):
+    def __init__(self, gen_s: float = 0.0) -> None:
+        import exgrpo.transport.gloo  # noqa: F401  (vLLM's import takes seconds; a real sampler has it loaded)
+
+        super().__init__(gen_s)
+        self.engine = WorldVLLM(gen_s)  # type: ignore[assignment]
+        self.tp = 1
+
+
+@pytest.mark.integration
+def test_a_world_opens_while_the_sampler_runs_calls_longer_than_the_rendezvous(ray_cluster):
+    """The rendezvous waits 2 s for every member (vLLM's store, its 300 s scaled down); the sampler has 5 s
+    generate calls queued. `join_world` holds the engine once it is free, so the init arrives at once instead of
+    after the next queued generate (which failed the world: the store gave up first)."""
+    import ray
+    import torch
+
+    from exgrpo.runtime.env import remote_actor
+    from exgrpo.transport.vllm_api import WeightPusher
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    gen_s = 5.0
+    h = remote_actor(WorldSampler, name="world-fake-sampler", num_cpus=0.5, gen_s=gen_s)
+    try:
+        ray.get(h.ping.remote())
+        queued = [h.generate.remote(requests=[]) for _ in range(3)]
+        time.sleep(0.5)  # the first is in flight, two wait
+        pusher = WeightPusher(
+            module=torch.nn.Linear(2, 2), backend="gloo", host="127.0.0.1", timeout_s=60, rendezvous_s=2.0
+        )
+        t0 = time.perf_counter()
+        pusher._rebuild({"s0": h})  # acknowledged after the call in flight, then opened at once
+        opened_s = time.perf_counter() - t0
+        assert pusher._engine is not None and opened_s < gen_s + 2, opened_s
+        client = pusher._engine.client
+        client.version = 1
+        client.start_weight_update()  # the update's session takes over from the reservation
+        client.finish_weight_update()
+        results = ray.get(queued, timeout=60)
+        assert [r.policy_version for r in results] == [0, 1, 1]  # nothing generated between join and start
+        assert ray.get(h.calls.remote()) == ["init", "start", "finish:1"]
+        print(f"world opened {opened_s:.2f} s after the push began, behind a {gen_s:.0f} s call")
     finally:
         ray.kill(h)

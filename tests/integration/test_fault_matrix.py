@@ -68,7 +68,10 @@ EXPECTED = {
 
 
 # points the matrix's runs never reach (its transport opens no weight-transfer world), armed by another test
-ELSEWHERE = {"sampler.transfer_init": "tests/integration/test_transports.py"}
+ELSEWHERE = {
+    "sampler.transfer_init": "tests/integration/test_transports.py",
+    "sampler.update_weights": "tests/integration/test_transports.py",
+}
 
 
 def test_every_fault_point_has_a_cell():

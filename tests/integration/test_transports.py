@@ -267,3 +267,45 @@ def _request(i: int) -> GenerationRequest:
 def test_make_transport_rejects_unknown_kinds():
     with pytest.raises(ValueError, match="unknown weight transport"):
         make_transport("carrier_pigeon", learners=None, samplers=None)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow  # 144 s here: three vLLM samplers start
+@pytest.mark.vllm
+def test_a_sampler_whose_update_never_returns_is_killed_replaced_and_caught_up(
+    learners, model_dir, tmp_path, monkeypatch
+):
+    """vLLM's receive has no timeout: a sampler whose peer is gone stays inside `update_weights` for good (here
+    the fault point hangs it). Past the version's deadline the transport kills it; the pool replaces it, its
+    requests are re-queued, and the next broadcast brings every sampler to the latest version."""
+    pytest.importorskip("vllm")
+    pool = _pool(model_dir, "hangs", engine="vllm")
+    transport = VLLMTransport(learners=learners, samplers=pool, timeout_s=15)
+    try:
+        monkeypatch.setenv(faults.FAULTS_VAR, "hangs-1:sampler.update_weights@2!hang")  # read as actors start
+        monkeypatch.setenv(faults.FAULTS_DIR_VAR, str(tmp_path / "fired"))
+        _start(pool, transport, 2)
+        monkeypatch.delenv(faults.FAULTS_VAR)  # its replacement starts without the fault
+        transport.broadcast(version=learners.version())  # the first update of each sampler
+        v = _step(learners)
+        t0 = time.perf_counter()
+        transport.broadcast(version=v)  # hangs-1 never returns from its second
+        took = time.perf_counter() - t0
+        assert transport.killed == ["exgrpo-sampler-1"] and transport.fallbacks == 1, transport.killed
+        assert took < 15 + 30, took
+        [fired] = faults.fired(tmp_path / "fired")
+        assert fired["actor"] == "hangs-1"
+        pool.submit(requests=[_request(i) for i in range(4)])  # the pool finds it dead and replaces it
+        done = []
+        deadline = time.monotonic() + 300
+        while len(done) < 4 and time.monotonic() < deadline:
+            done += pool.poll(timeout_s=5)
+        assert sorted(r for res in done for r in res.request_ids) == [0, 1, 2, 3]
+        assert pool.restarts == 1
+        pool.wait_started(timeout_s=300)
+        v = _step(learners)
+        transport.broadcast(version=v)  # a new world: the survivor and the replacement
+        assert transport.fallbacks == 1 and len(pool.members()) == 2
+        _assert_in_sync(pool, learners, v, rel=VLLM_REL)
+        print(f"hung sampler killed {took:.1f} s after the broadcast began (weight timeout 15 s)")
+    finally:
+        pool.shutdown()

@@ -78,3 +78,18 @@ def test_fault_env_copies_only_what_is_set(monkeypatch, tmp_path):
     monkeypatch.setenv(faults.FAULTS_VAR, "learner.save")
     monkeypatch.setenv(faults.FAULTS_DIR_VAR, str(tmp_path))
     assert faults.fault_env() == {faults.FAULTS_VAR: "learner.save", faults.FAULTS_DIR_VAR: str(tmp_path)}
+
+
+def test_a_hang_or_sleep_action_blocks_the_caller_instead_of_killing_it(tmp_path):
+    [hang, sleep] = faults.parse("sampler.update_weights@2!hang, sampler-0:sampler.generate!sleep1.5")
+    assert (hang.hang, hang.sleep_s, hang.hit) == (True, 0.0, 2) and "!" not in hang.entry
+    assert (sleep.hang, sleep.sleep_s, sleep.actor) == (False, 1.5, "sampler-0")
+    with pytest.raises(faults.FaultSpecError, match="unknown action 'nap'"):
+        faults.parse("sampler.generate!nap")
+    out = run("sampler.generate@2!sleep1", tmp_path / "a")  # sleeps at the second arrival, then goes on
+    assert out.returncode == 0 and out.stdout.split() == ["0", "1", "2"]
+    assert [r["entry"] for r in faults.fired(tmp_path / "a")] == ["sampler.generate@2-sleep1"]
+    with pytest.raises(subprocess.TimeoutExpired):  # blocks at the second arrival, for good
+        env = {**os.environ, "PYTHONPATH": str(ROOT), faults.FAULTS_VAR: "sampler.generate@2!hang"}
+        env[faults.FAULTS_DIR_VAR] = str(tmp_path / "b")
+        subprocess.run([sys.executable, "-c", PROGRAM], env=env, capture_output=True, timeout=5)
