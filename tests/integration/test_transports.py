@@ -56,6 +56,12 @@ def learners(ray_cluster, model_dir):
 def _step(learners: LearnerGroup) -> int:
     """One real update (mixed rewards, so the weights move); returns the new version."""
     v = learners.version()
+    learners.update(batch=_batch(v))
+    return v + 1
+
+
+def _batch(v: int) -> TrainBatch:
+    """Two fresh groups sampled at version `v`, with mixed rewards."""
     groups = tuple(
         Group(
             qid=f"q{i}",
@@ -74,8 +80,7 @@ def _step(learners: LearnerGroup) -> int:
         )
         for i in range(2)
     )
-    learners.update(batch=TrainBatch(groups=groups, version=v))
-    return v + 1
+    return TrainBatch(groups=groups, version=v)
 
 
 def _pool(model_dir: Path, prefix: str, *, engine: str = "hf") -> SamplerPool:

@@ -11,11 +11,19 @@ import time
 
 import pytest
 import ray
-from test_transports import VLLM_REL, _assert_in_sync, _check_metrics, _pool, _request, _start, _step
+from test_transports import (
+    VLLM_REL,
+    _assert_in_sync,
+    _batch,
+    _check_metrics,
+    _pool,
+    _request,
+    _start,
+    _step,
+)
 
 from exgrpo.core import faults
 from exgrpo.core.config import LearnerConfig, LossConfig
-from exgrpo.core.records import Group, TrainBatch, Trajectory
 from exgrpo.runtime.env import remote_actor
 from exgrpo.transport.broadcast import VLLMTransport
 from learners.group import LearnerGroup
@@ -83,28 +91,6 @@ def _group(model_dir, zero_stage: int) -> LearnerGroup:
         loss_cfg=LossConfig(),
         max_response_len=4,
     )
-
-
-def _batch(version: int) -> TrainBatch:
-    groups = tuple(
-        Group(
-            qid=f"q{i}",
-            prompt_ids=(3, 4 + i),
-            kind="fresh",
-            trajectories=tuple(
-                Trajectory(
-                    qid=f"q{i}",
-                    response_ids=(5 + k, 6 + i),
-                    logprobs=(-4.0, -4.0),
-                    reward=float(k % 2),
-                    policy_version=version,
-                )
-                for k in range(4)
-            ),
-        )
-        for i in range(2)
-    )
-    return TrainBatch(groups=groups, version=version)
 
 
 def _busy_new_world(pool, transport, group, tmp_path, monkeypatch, prefix: str) -> None:

@@ -8,6 +8,7 @@ pool; the object-store transport's refs are real (a local Ray cluster).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -36,8 +37,12 @@ class Exports:
         return 0
 
 
-@ray.remote(num_cpus=0)
-class Loads:
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this file
+
+
+class Recorder:
+    """A sampler's object-store loads, recorded."""
+
     def __init__(self) -> None:
         self.seen: list[tuple[int, int]] = []  # (version, export number)
 
@@ -47,6 +52,9 @@ class Loads:
 
     def get(self) -> list[tuple[int, int]]:
         return self.seen
+
+
+Loads = ray.remote(num_cpus=0)(Recorder)
 
 
 class Members:
@@ -137,18 +145,8 @@ class BrokenCollective(Exports):
 
 
 @ray.remote(num_cpus=0)
-class IdleSampler:
+class IdleSampler(Recorder):
     """A sampler that takes object-store loads and runs no weight-transfer call."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[int, int]] = []  # (version, export number)
-
-    def load_weights(self, *, weights: dict, version: int) -> float:
-        self.seen.append((version, weights["export"]))
-        return 0.0
-
-    def get(self) -> list[tuple[int, int]]:
-        return self.seen
 
     def weight_call(self) -> None:
         return None
