@@ -103,7 +103,7 @@ class _Loopback:
         return End()
 
 
-def _push(pt: Any, source: Any, group: Any, buffer_bytes: int, num_buffers: int) -> None:
+def push_packed(pt: Any, source: Any, group: Any, buffer_bytes: int, num_buffers: int) -> None:
     """One push, as vLLM's NCCL trainer engine makes it (``_broadcast`` with ``packed=True``)."""
     source.new_round()
     pt.packed_nccl_broadcast_producer(
@@ -147,7 +147,7 @@ def _loopback_push(
     synchronize(dev)
     t0 = time.perf_counter()
     thread.start()
-    _push(pt, source, loop.end("producer"), buffer_bytes, num_buffers)
+    push_packed(pt, source, loop.end("producer"), buffer_bytes, num_buffers)
     thread.join(timeout=HANDOFF_TIMEOUT_S)
     synchronize(dev)
     seconds = time.perf_counter() - t0
@@ -242,7 +242,7 @@ def _export_stage(
         base = allocated(dev)
         reset_peak(dev)
         sink = _Sink()
-        out["push_s"].append(timed(partial(_push, pt, source, sink, buffer_bytes, num_buffers), dev))
+        out["push_s"].append(timed(partial(push_packed, pt, source, sink, buffer_bytes, num_buffers), dev))
         out["extra_peak_bytes"].append(peak(dev) - base)
     out.update(chunks=sink.chunks, pushed_bytes=sink.bytes)
     loop_s, received, loop = _loopback_push(pt, source, dev, buffer_bytes, num_buffers)

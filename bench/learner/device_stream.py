@@ -23,6 +23,7 @@ import torch
 
 from bench.common import synchronize
 from bench.learner.carry_vllm import ensure_vllm
+from bench.learner.device_export import push_packed
 from bench.learner.device_shapes import setup_device
 
 MATMULS = 4  # the gradient's chain: 4 matmuls of size^3 multiply-adds (~75 ms at 8192 on an H100 in fp32)
@@ -42,15 +43,7 @@ class _Capture:
 def _push(pt: Any, source: Any) -> torch.Tensor:
     """The producer as vLLM's NCCL trainer engine calls it (``_broadcast``, packed): the bytes it sent."""
     group = _Capture()
-    source.new_round()
-    pt.packed_nccl_broadcast_producer(
-        iterator=iter(source),
-        group=group,
-        src=0,
-        post_iter_func=lambda item: item[1],
-        buffer_size_bytes=2**30,
-        num_buffers=2,
-    )
+    push_packed(pt, source, group, 2**30, 2)
     return torch.cat(group.chunks)
 
 
