@@ -149,7 +149,11 @@ def _run_part(part: str, args: argparse.Namespace, *, kind: str, limit: float, c
             raise RuntimeError("a cell is out of tolerance or did not run (see parts.equality.cells)")
         return result
     if part == "stream":
+        from bench.learner.carry_vllm import CARRY, carry
         from bench.learner.device_stream import check_stream
+
+        if smoke and not (CARRY / "vllm").exists():
+            carry()  # the smoke checks the carried set the device imports
 
         size = args.stream_size if args.stream_size is not None else (256 if smoke else 8192)
         kw = dict(device=device, size=size, reps=args.stream_reps, prefer_carry=args.prefer_carry or smoke)

