@@ -34,6 +34,7 @@ class UpdateEngine(Protocol):
     world_size: int  # ranks whose gradients `backward` averages (1: one process)
     chunk_tokens: int | None  # response positions per lm_head + log-softmax chunk (None: the full logits)
     has_reference: bool  # whether `reference_logprobs` exists (exactly when `loss.kl_coef` > 0)
+    pack: bool  # rows sharing a prompt run as one sequence (`learners.batches.packed`)
 
     def micro_batches(self, rows: Sequence[Row]) -> list[slice]:
         """The micro-batches (gradient accumulation) of a mini-batch's rows; also the slices of the no-grad
@@ -70,8 +71,10 @@ class RankEngine:
         device: torch.device,
         world_size: int,
         reference: Callable[[Encoded], Tensor] | None = None,
+        pack: bool = False,
     ) -> None:
         self.module, self.optimizer, self.device, self.world_size = engine, optimizer, device, world_size
+        self.pack = pack
         self.cfg, self.chunk_tokens, self._reference = cfg, cfg.logits_chunk_tokens, reference
         self.has_reference = reference is not None
 
@@ -128,8 +131,9 @@ class ModelEngine:
         chunk_tokens: int | None = None,
         reference: Callable[[Encoded], Tensor] | None = None,
         device: torch.device | None = None,
+        pack: bool = False,
     ) -> None:
-        self.module, self.device = model, device or torch.device("cpu")
+        self.module, self.device, self.pack = model, device or torch.device("cpu"), pack
         self.micro_batch_size, self.max_tokens = micro_batch_size, max_tokens_per_micro_batch
         self.chunk_tokens, self._step, self._reference = chunk_tokens, step, reference
         self.has_reference = reference is not None

@@ -39,6 +39,7 @@ from learners.modeling import (
     checkpointing_on,
     init_distributed,
     op_build_env,
+    packing_choice,
     set_checkpointing,
 )
 from learners.optim import deepspeed_config, make_optimizer
@@ -117,6 +118,7 @@ class Learner:
         model.config.use_cache = False
         model.eval()
         self._num_parameters = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
+        self._pack, packing = packing_choice(self.cfg.pack_prompts, device=self.device, model=model)
         if self.lora:
             model = lora.wrap(model, self.cfg)
         if self.loss_cfg.kl_coef > 0:
@@ -135,6 +137,7 @@ class Learner:
         self._autocast, self.compute = autocast_choice(
             self.cfg.autocast, device=self.device, dtype=self.dtype, chunked=self._chunk_tokens is not None
         )
+        self.compute = f"{self.compute}; {packing}"
         return self.compute
 
     def _autocasting(self) -> contextlib.AbstractContextManager:
@@ -142,8 +145,7 @@ class Learner:
         return torch.autocast("cpu", dtype=torch.bfloat16) if self._autocast else contextlib.nullcontext()
 
     def version(self) -> int:
-        """Policy version of the current weights (the version of the last update + 1): the tag of weights
-        exported now."""
+        """Policy version of the current weights (the last update's + 1): the tag of weights exported now."""
         return self._version
 
     # ---------------------------------------------------------------- forward helpers
@@ -163,6 +165,7 @@ class Learner:
                 slices=self._engine().micro_batches(rows),
                 device=self.device,
                 chunk_tokens=self._chunk_tokens,
+                pack=self._pack,
             )
 
     # ---------------------------------------------------------------- public verbs
@@ -210,10 +213,8 @@ class Learner:
         )
 
     def weight_sums(self) -> tuple[tuple[str, float, float], ...]:
-        """(layer, sum, sum of |w|) of the HF-named weights the samplers are sent (``_state``: merged under
-        LoRA), per ``exgrpo.transport.checksums.layer_of`` group, float64 over the exported dtype; rank 0's (every rank
-        gathers under ZeRO-3; the others return none). What ``exgrpo.loop.weight_checks`` compares each
-        sampler's served sums with."""
+        """(layer, sum, sum of |w|) per ``checksums.layer_of`` group of the weights samplers are sent (merged under
+        LoRA), float64; rank 0's (all gather under ZeRO-3). ``exgrpo.loop.weight_checks`` compares them."""
         with self._full_params(), torch.no_grad():
             if self.rank != 0:
                 return ()
@@ -265,6 +266,7 @@ class Learner:
             device=self.device,
             world_size=self.world_size,
             reference=self._reference_logprobs if self._reference is not None else None,
+            pack=self._pack,
         )
 
     def _reference_logprobs(self, enc: batches.Encoded) -> Tensor:
@@ -305,11 +307,9 @@ class Learner:
             return self._packer.pack(self._state()) if self.rank == 0 else None
 
     def num_parameters(self) -> int:
-        """Distinct parameters of the full model (a tied embedding counts once)."""
-        return self._num_parameters
+        return self._num_parameters  # distinct parameters of the full model (a tied embedding counts once)
 
-    def num_trainable(self) -> int:
-        """Parameters the optimiser updates: all of them, or the adapters' under LoRA."""
+    def num_trainable(self) -> int:  # the optimiser's parameters: the adapters' under LoRA
         return lora.trainable_count(self.engine.module) if self.lora else self._num_parameters
 
     def push_weights(

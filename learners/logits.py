@@ -18,9 +18,8 @@ from learners.batches import PADDING_ROW, Encoded, Row, chunks, encode
 
 def response_logits(model: torch.nn.Module, enc: Encoded) -> Tensor:
     """(n, R, V) the logits predicting each response token (the full-logits path: tests and fallbacks)."""
-    logits = model(input_ids=enc.input_ids, attention_mask=enc.attention_mask, use_cache=False).logits
-    index = enc.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])  # (n, R, V)
-    return logits.gather(1, index)  # (n, R, V)
+    logits = model(**enc.forward_kwargs(), use_cache=False).logits  # (m, S, V)
+    return logits[enc.seq.unsqueeze(1), enc.positions]  # (n, R, V)
 
 
 def _chunked_head(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -101,16 +100,10 @@ def response_stats(
         zero = torch.zeros((), device=logp.device)
         return torch.where(enc.mask, logp, zero), torch.where(enc.mask, ent, zero)
     assert chunk_tokens is not None
-    out = model(
-        input_ids=enc.input_ids,
-        attention_mask=enc.attention_mask,
-        use_cache=False,
-        output_hidden_states=True,
-        logits_to_keep=1,
-    )
-    hidden = out.hidden_states[-1]  # (n, S, D) after the final norm: what lm_head reads
+    out = model(**enc.forward_kwargs(), use_cache=False, output_hidden_states=True, logits_to_keep=1)
+    hidden = out.hidden_states[-1]  # (m, S, D) after the final norm: what lm_head reads
     rows, cols = enc.mask.nonzero(as_tuple=True)  # (T,) each: the response tokens
-    picked = hidden[rows, enc.positions[rows, cols]]  # (T, D)
+    picked = hidden[enc.seq[rows], enc.positions[rows, cols]]  # (T, D)
     tokens = enc.tokens[rows, cols]  # (T,)
     logp_parts, ent_parts = [], []
     slices = chunks(tokens.shape[0], chunk_tokens)
@@ -142,14 +135,15 @@ def per_token(
     slices: Sequence[slice],
     device: torch.device,
     chunk_tokens: int | None = None,
+    pack: bool = False,
 ) -> Tensor:
     """(N, R) float32 on the CPU: no-grad log-probs (``what="logp"``) or entropies of the response tokens,
     one forward per slice (an empty slice runs a padding forward, as ZeRO-3 needs; 0 at padding), the
-    logits ``chunk_tokens`` positions at a time (``response_stats``)."""
+    logits ``chunk_tokens`` positions at a time (``response_stats``), rows sharing a prompt packed with ``pack``."""
     out = torch.zeros(len(rows), r_max)  # (N, R)
     for sl in slices:
         chunk = rows[sl] or [PADDING_ROW]
-        enc = encode(chunk, r_max, device)
+        enc = encode(chunk, r_max, device, pack=pack)
         logp, ent = response_stats(model, enc, chunk_tokens=chunk_tokens, entropy=what != "logp")  # (n, R)
         vals = logp if what == "logp" else ent  # (n, R)
         if rows[sl]:

@@ -64,6 +64,27 @@ def autocast_choice(
     return True, f"bfloat16 autocast, {head} ({why})"
 
 
+def packing_choice(setting: str, *, device: torch.device, model: torch.nn.Module) -> tuple[bool, str]:
+    """(whether rows sharing a prompt run as one sequence, the clause that says so) for ``learners.pack_prompts``
+    (``learners.batches.packed``): auto packs on CPU learners, where the matmuls are the update's time and a
+    group's K rows would otherwise compute their prompt K times. Needs the model's SDPA attention (a boolean
+    (S, S) mask) and position ids; ``on`` without them is refused."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if setting == "off" or (setting == "auto" and device.type != "cpu"):
+        return False, f"one row a sequence, padded (learners.pack_prompts={setting})"
+    if impl != "sdpa":
+        if setting == "on":
+            raise ValueError(
+                f"learners.pack_prompts=on needs the model's attention to be sdpa (a boolean (S, S) mask), "
+                f"this model's is {impl!r}: set learners.pack_prompts=off"
+            )
+        return False, f"one row a sequence, padded (learners.pack_prompts=auto: {impl} attention)"
+    return (
+        True,
+        f"a group's rows packed in one sequence, its prompt computed once (learners.pack_prompts={setting})",
+    )
+
+
 DROPOUT_FIELDS = (
     "attention_dropout",
     "hidden_dropout",

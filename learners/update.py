@@ -123,7 +123,7 @@ def minibatch_backward(
         engine.boundary(j == len(slices) - 1)
         chunk = rows[sl]
         n_j, t_j = len(chunk), sum(lengths[sl])
-        enc = encode(chunk or [PADDING_ROW], r_max, device)
+        enc = encode(chunk or [PADDING_ROW], r_max, device, pack=engine.pack)
         logp, ent = response_stats(
             engine.module, enc, chunk_tokens=engine.chunk_tokens
         )  # (n, R) each, 0 at padding
@@ -253,6 +253,7 @@ def update(
             slices=engine.micro_batches(rows),
             device=engine.device,
             chunk_tokens=engine.chunk_tokens,
+            pack=engine.pack,
         )
     old_logp, tis = old_logprobs(rows, r_max, proximal, tis_cap=loss.tis_cap)  # (N, R) each
     measure = gap_bound is not None and version is not None

@@ -208,8 +208,7 @@ class LearnerConfig:
     zero_stage: int = 0
     # torch.distributed backend (auto: nccl on GPU)
     backend: Literal["auto", "gloo", "nccl"] = "auto"
-    # timeout of the learner group's collectives (NCCL's watchdog); null: 2 x async.weight_timeout_s + 120 s
-    # (at least 600 s), as rank 0 may open a weight world and send while the other ranks wait in a collective
+    # timeout of the learner group's collectives (NCCL's watchdog); null: 2 x async.weight_timeout_s + 120 s, >= 600
     collective_timeout_s: float | None = None
     # AdamW learning rate (constant)
     lr: float = 1e-6
@@ -233,9 +232,10 @@ class LearnerConfig:
     gradient_checkpointing: Literal["auto", "on", "off"] = "auto"
     # response positions per lm_head + log-softmax chunk (bounds the logits memory)
     logits_chunk_tokens: int = 4096
-    # float32 CPU learners: matmuls under bfloat16 autocast (the loss, and lm_head with chunked logits, in
-    # float32); auto = when the CPU has avx512_bf16 or amx_bf16 (decided at start-up and printed)
+    # float32 CPU learners: bfloat16 autocast (loss, chunked lm_head in float32); auto = with avx512_bf16/amx_bf16
     autocast: Literal["off", "auto", "bfloat16"] = "off"
+    # one sequence per run of rows that share a prompt (the prompt computed once); auto = on CPU learners
+    pack_prompts: Literal["auto", "on", "off"] = "auto"
     # LoRA rank r through PEFT: only the adapters train (0 = off: full fine-tuning)
     lora_rank: int = 0
     # LoRA scale numerator: an adapter adds (lora_alpha / lora_rank) * B @ A to W

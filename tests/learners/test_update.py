@@ -99,9 +99,10 @@ class FakeEngine:
         size: int,
         step: Callable[[], tuple[float, bool]],
         chunk_tokens: int | None = None,
+        pack: bool = False,
     ) -> None:
         self.module, self.device, self.chunk_tokens = model, torch.device("cpu"), chunk_tokens
-        self.size, self._step = size, step
+        self.size, self._step, self.pack = size, step, pack
         self.boundaries: list[bool] = []
 
     def micro_batches(self, rows: Sequence[batches.Row]) -> list[slice]:
@@ -160,7 +161,7 @@ def test_pure_update_matches_learner(model_path, case):
     cfg_kw, loss, clip = CASES[case]
     cfg = LearnerConfig(lr=1e-3, zero_stage=0, **cfg_kw)
     learner = Learner(model_path=model_path, learner=cfg, loss=loss, max_response_len=MAX_LEN)
-    learner.setup()
+    assert "packed" in learner.setup()  # learners.pack_prompts=auto on a CPU learner
     assert learner.engine.optimizer is learner.optimizer  # ZeRO-0, fp32: the client optimiser itself
     theirs: list[list[torch.Tensor]] = []
     _record_grads(learner.optimizer, theirs)
@@ -181,7 +182,13 @@ def test_pure_update_matches_learner(model_path, case):
         groups = _groups(version)
         want = learner.update(TrainBatch(groups=groups, version=version, clip=clip)).metrics
         # the learner's logits path (bit-equal only on the same one)
-        engine = FakeEngine(model, size=cfg.micro_batch_size, step=step, chunk_tokens=cfg.logits_chunk_tokens)
+        engine = FakeEngine(
+            model,
+            size=cfg.micro_batch_size,
+            step=step,
+            chunk_tokens=cfg.logits_chunk_tokens,
+            pack=learner._pack,
+        )
         got = U.update(
             engine, groups, loss=loss, minibatches=cfg.minibatches, max_response_len=MAX_LEN, clip=clip
         )
