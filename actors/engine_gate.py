@@ -42,6 +42,7 @@ class EngineGate:
         self.weights_failed: str | None = None  # why the last weight write failed (None: it did not)
         self.running: tuple[str, float] | None = None  # the control call holding the engine, and its deadline
         self.aborted = self.refused = 0
+        self.on_busy: Callable[[bool], object] | None = None  # told when a call takes and leaves the engine
 
     @contextlib.contextmanager
     def control(self, what: str, deadline: float | None, *, session: bool = False) -> Iterator[None]:
@@ -71,7 +72,7 @@ class EngineGate:
             except LateWeightUpdate:
                 self.refused += 1
                 raise
-            self._busy = True
+            self._take()
             self.running = (what, math.inf if deadline is None else deadline)
         try:
             yield
@@ -90,7 +91,7 @@ class EngineGate:
                 timed = wait_session and self._held() and not math.isinf(until)
                 wait = max(until - time.time(), 0.0) + 0.01 if timed else None
                 self._cv.wait(timeout=None if self._busy else wait)
-            self._busy = True
+            self._take()
             if not wait_session:
                 self.reserved_until = 0.0
         try:
@@ -126,9 +127,16 @@ class EngineGate:
             self.reserved_until = 0.0
             self._cv.notify_all()
 
+    def _take(self) -> None:
+        self._busy = True
+        if self.on_busy is not None:
+            self.on_busy(True)
+
     def _release(self) -> None:
         with self._cv:
             self._busy = False
+            if self.on_busy is not None:
+                self.on_busy(False)
             self._cv.notify_all()
 
     def open_session(self, deadline: float | None) -> None:

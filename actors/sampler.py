@@ -31,6 +31,7 @@ from actors.sampler_common import (
     reward_failures,
 )
 from actors.sampling import build_groups, generate_scored, sample_rewards, verifier_workers
+from exgrpo.core.cores import Lender, job_ledger
 from exgrpo.core.faults import fault_point
 from exgrpo.core.names import sampler_name
 from exgrpo.core.records import GenerationRequest, Prompt, RolloutResult
@@ -216,9 +217,17 @@ class Sampler:
             self._served = (self.engine.version, layer_sums())
 
     def _new_gate(self) -> EngineGate:
-        return EngineGate(
+        """The engine's gate; on a CPU sampler in a Ray job it marks the core busy in the node's ledger while a call
+        holds the engine, so a learner may borrow it in between (`exgrpo.core.cores`)."""
+        gate = EngineGate(
             self.name, end_session=lambda: self._vllm().finish_weight_update(version=self.engine.version)
         )
+        ledger = job_ledger() if not torch.cuda.is_available() else None
+        if ledger is not None:
+            lender = Lender(ledger, cores=1)  # the engine computes on one thread (`torch.set_num_threads(1)`)
+            gate.on_busy, self._lender = lender.mark, lender
+            lender.mark(False)
+        return gate
 
     @property
     def weights_failed(self) -> str | None:

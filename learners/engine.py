@@ -72,9 +72,10 @@ class RankEngine:
         world_size: int,
         reference: Callable[[Encoded], Tensor] | None = None,
         pack: bool = False,
+        resize: Callable[[], object] | None = None,
     ) -> None:
         self.module, self.optimizer, self.device, self.world_size = engine, optimizer, device, world_size
-        self.pack = pack
+        self.pack, self._resize = pack, resize
         self.cfg, self.chunk_tokens, self._reference = cfg, cfg.logits_chunk_tokens, reference
         self.has_reference = reference is not None
 
@@ -91,6 +92,8 @@ class RankEngine:
         return slices
 
     def boundary(self, last: bool) -> None:
+        if self._resize is not None:  # the threads, to the cores free now (`exgrpo.core.cores.Borrower`)
+            self._resize()
         self.module.set_gradient_accumulation_boundary(last)
 
     def backward(self, objective: Tensor) -> None:

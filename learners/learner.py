@@ -35,11 +35,11 @@ from learners.diagnostics import gradient_shares
 from learners.engine import RankEngine
 from learners.modeling import (
     DTYPES,
-    autocast_choice,
+    ComputePlan,
     checkpointing_on,
+    compute_plan,
     init_distributed,
     op_build_env,
-    packing_choice,
     set_checkpointing,
 )
 from learners.optim import deepspeed_config, make_optimizer
@@ -78,7 +78,7 @@ class Learner:
         self.lora = learner.lora_rank > 0
         self._reference: Reference | None = None  # the KL penalty's reference policy (loss.kl_coef > 0)
         self._initial_path = model_path  # where the initial policy's weights came from (see ``load``)
-        self._autocast = False  # CPU bfloat16 autocast of forwards and backwards (learners.autocast), set up
+        self.plan = ComputePlan(False, False, None, dtype)  # how the rank computes (``compute_plan``), set up
         self.compute = dtype  # in words: what the forwards and backwards compute in (``setup`` returns it)
 
     # ---------------------------------------------------------------- setup
@@ -118,7 +118,6 @@ class Learner:
         model.config.use_cache = False
         model.eval()
         self._num_parameters = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
-        self._pack, packing = packing_choice(self.cfg.pack_prompts, device=self.device, model=model)
         if self.lora:
             model = lora.wrap(model, self.cfg)
         if self.loss_cfg.kl_coef > 0:
@@ -134,15 +133,13 @@ class Learner:
                 optimizer=self.optimizer,
                 config=deepspeed_config(self.cfg, world_size=self.world_size, dtype=self.dtype),
             )
-        self._autocast, self.compute = autocast_choice(
-            self.cfg.autocast, device=self.device, dtype=self.dtype, chunked=self._chunk_tokens is not None
-        )
-        self.compute = f"{self.compute}; {packing}"
+        self.plan = compute_plan(self.cfg, device=self.device, dtype=self.dtype, model=model)
+        self.compute = self.plan.sentence
         return self.compute
 
     def _autocasting(self) -> contextlib.AbstractContextManager:
         """CPU bfloat16 autocast when ``learners.autocast`` chose it, else nothing."""
-        return torch.autocast("cpu", dtype=torch.bfloat16) if self._autocast else contextlib.nullcontext()
+        return torch.autocast("cpu", dtype=torch.bfloat16) if self.plan.autocast else contextlib.nullcontext()
 
     def version(self) -> int:
         """Policy version of the current weights (the last update's + 1): the tag of weights exported now."""
@@ -156,6 +153,8 @@ class Learner:
 
     def _per_token(self, rows: Sequence[batches.Row], r_max: int, what: str) -> Tensor:
         """(N, R) no-grad log-probs (``what="logp"``) or entropies of the response tokens."""
+        if self.plan.threads is not None:
+            self.plan.threads.resize()
         with self._autocasting():
             return logits.per_token(
                 self.engine,
@@ -165,7 +164,7 @@ class Learner:
                 slices=self._engine().micro_batches(rows),
                 device=self.device,
                 chunk_tokens=self._chunk_tokens,
-                pack=self._pack,
+                pack=self.plan.pack,
             )
 
     # ---------------------------------------------------------------- public verbs
@@ -266,7 +265,8 @@ class Learner:
             device=self.device,
             world_size=self.world_size,
             reference=self._reference_logprobs if self._reference is not None else None,
-            pack=self._pack,
+            pack=self.plan.pack,
+            resize=self.plan.threads.resize if self.plan.threads is not None else None,
         )
 
     def _reference_logprobs(self, enc: batches.Encoded) -> Tensor:

@@ -6,10 +6,14 @@ from __future__ import annotations
 import datetime
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from exgrpo.core.config import LearnerConfig
+from exgrpo.core.cores import Borrower, job_ledger
 
 DEFAULT_TORCH_EXTENSIONS_DIR = "~/.cache/exgrpo/torch_extensions"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -83,6 +87,35 @@ def packing_choice(setting: str, *, device: torch.device, model: torch.nn.Module
         True,
         f"a group's rows packed in one sequence, its prompt computed once (learners.pack_prompts={setting})",
     )
+
+
+@dataclass(frozen=True)
+class ComputePlan:
+    """How a learner rank computes, decided at start-up from its settings, device and CPU (``compute_plan``)."""
+
+    autocast: bool  # CPU bfloat16 autocast (``autocast_choice``)
+    pack: bool  # a group's rows in one sequence (``packing_choice``)
+    threads: Borrower | None  # torch threads sized to the node's idle sampler cores (``exgrpo.core.cores``)
+    sentence: str  # all of it in words, printed at start-up
+
+
+def compute_plan(
+    cfg: LearnerConfig, *, device: torch.device, dtype: str, model: torch.nn.Module
+) -> ComputePlan:
+    """The ``ComputePlan`` of a rank: ``learners.autocast``, ``learners.pack_prompts`` and, on a CPU learner in a
+    Ray job, ``learners.borrow_idle_cores``."""
+    chunked = cfg.logits_chunk_tokens is not None
+    autocast, compute = autocast_choice(cfg.autocast, device=device, dtype=dtype, chunked=chunked)
+    pack, packing = packing_choice(cfg.pack_prompts, device=device, model=model)
+    own = max(1, int(cfg.num_cpus))
+    ledger = job_ledger() if device.type == "cpu" and cfg.borrow_idle_cores else None
+    threads = None if ledger is None else Borrower(ledger, own=own, set_threads=torch.set_num_threads)
+    borrow = f"{own} thread(s)"
+    if threads is not None:
+        borrow += (
+            f", up to {threads.limit} while this node's CPU samplers are idle (learners.borrow_idle_cores)"
+        )
+    return ComputePlan(autocast, pack, threads, f"{compute}; {packing}; {borrow}")
 
 
 DROPOUT_FIELDS = (

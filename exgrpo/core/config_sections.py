@@ -116,8 +116,7 @@ class SamplerConfig:
     allow_untested_tp: bool = False
     # vLLM without CUDA graphs; null = eager on CPU, CUDA graphs on GPU
     enforce_eager: bool | None = None
-    # where vLLM's engine core runs: inline (in the sampler's process), child (its own process, vLLM's GPU
-    # default), auto = inline on CPU, child on GPU
+    # where vLLM's engine core runs: inline (the sampler's process), child (its own); auto = inline on CPU only
     engine_process: Literal["auto", "inline", "child"] = "auto"
     # a seed per request (reproducible draws; vLLM's slower sampler); null = on for CPU, off for GPU samplers
     seeded: bool | None = None
@@ -236,6 +235,8 @@ class LearnerConfig:
     autocast: Literal["off", "auto", "bfloat16"] = "off"
     # one sequence per run of rows that share a prompt (the prompt computed once); auto = on CPU learners
     pack_prompts: Literal["auto", "on", "off"] = "auto"
+    # CPU learners: torch threads also on the cores of this node's CPU samplers while they do not generate
+    borrow_idle_cores: bool = True
     # LoRA rank r through PEFT: only the adapters train (0 = off: full fine-tuning)
     lora_rank: int = 0
     # LoRA scale numerator: an adapter adds (lora_alpha / lora_rank) * B @ A to W
@@ -286,8 +287,7 @@ class AsyncConfig:
     weight_sync: Literal["object_store", "collective"] = "object_store"
     # bound on one collective weight update; past it the sampler world is rebuilt
     weight_timeout_s: float = 300.0
-    # weight loads/updates that may fail in a row (the failed sampler is replaced each time) before the run
-    # stops with the cause
+    # weight loads/updates that may fail in a row (each failed sampler replaced) before the run stops with the cause
     max_weight_failures: int = 3
     # after max_weight_failures failed collective versions in a row: stop, or the object store from then on
     on_collective_failure: Literal["stop", "object_store"] = "stop"

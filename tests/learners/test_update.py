@@ -187,7 +187,7 @@ def test_pure_update_matches_learner(model_path, case):
             size=cfg.micro_batch_size,
             step=step,
             chunk_tokens=cfg.logits_chunk_tokens,
-            pack=learner._pack,
+            pack=learner.plan.pack,
         )
         got = U.update(
             engine, groups, loss=loss, minibatches=cfg.minibatches, max_response_len=MAX_LEN, clip=clip
