@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import math
 import mmap
 import os
 import re
 import struct
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -104,17 +106,38 @@ class Lender:
         self._ledger.write(self._slot, 0, 0, 0)
 
 
+def machine_idle() -> tuple[float, float]:
+    """(idle, total) CPU seconds of the whole machine since boot, from /proc/stat ((0, 0) where it is missing)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    hz = os.sysconf("SC_CLK_TCK")
+    return (fields[3] + fields[4]) / hz, sum(fields) / hz  # idle + iowait; user .. steal
+
+
 class Borrower:
     """A learner's threads: ``own`` cores, plus the idle lenders' while they are idle (``resize``, between
-    micro-batches), at most ``limit`` (default: the cores this process may run on). ``set_threads`` is
-    ``torch.set_num_threads``; it is called only when the count changes."""
+    micro-batches), at most ``limit`` (default: the cores this process may run on), and never more than the
+    machine had free over the last interval (its idle cores, plus what this process itself used past ``own``): a
+    lent core that something else took is not used. ``set_threads`` is ``torch.set_num_threads``; it is called
+    only when the count changes."""
 
     def __init__(
-        self, path: Path, *, own: int, set_threads: Callable[[int], object], limit: int | None = None
+        self,
+        path: Path,
+        *,
+        own: int,
+        set_threads: Callable[[int], object],
+        limit: int | None = None,
+        free: Callable[[], float] | None = None,
     ) -> None:
         self._ledger, self.own, self._set = _Ledger(path), max(int(own), 1), set_threads
         self.limit = node_cores() if limit is None else limit
+        self._free = self.free if free is None else free  # tests pass their own
         self.threads = 0
+        self._last: tuple[float, float, float, float] | None = None  # wall, idle, total, own CPU seconds
         self.resize()
 
     def lendable(self) -> int:
@@ -126,9 +149,25 @@ class Borrower:
                 total += cores
         return total
 
+    def free(self) -> float:
+        """Cores this process could have used past ``own`` over the interval since the last call (inf at first)."""
+        t = os.times()
+        now = (time.monotonic(), *machine_idle(), t.user + t.system)
+        last, self._last = self._last, now
+        if last is None or now[2] <= last[2] or now[0] <= last[0]:
+            return math.inf
+        cpus = os.cpu_count() or 1  # /proc/stat sums every CPU of the machine
+        idle = (now[1] - last[1]) / (now[2] - last[2]) * cpus  # idle cores on average
+        mine = (now[3] - last[3]) / (now[0] - last[0])  # cores this process used on average
+        return idle + max(mine - self.own, 0.0)
+
     def resize(self) -> int:
         """Size the threads to what is free now; returns the count."""
-        n = max(self.own, min(self.own + self.lendable(), self.limit))
+        free = self._free()
+        n = min(self.own + self.lendable(), self.limit)
+        if math.isfinite(free):
+            n = min(n, self.own + int(free + 0.25))
+        n = max(self.own, n)
         if n != self.threads:
             self._set(n)
             self.threads = n

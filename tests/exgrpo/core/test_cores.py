@@ -3,6 +3,7 @@ sampler lends nothing and its slot is taken again; ``EngineGate`` marks its call
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -63,7 +64,7 @@ def ledger(tmp_path) -> Path:
 
 def test_threads_follow_the_idle_samplers_within_the_limit(ledger):
     calls: list[int] = []
-    borrower = Borrower(ledger, own=1, set_threads=calls.append, limit=2)
+    borrower = Borrower(ledger, own=1, set_threads=calls.append, limit=2, free=lambda: math.inf)
     assert calls == [1] and borrower.lendable() == 0
     a, b = Child(ledger), Child(ledger)
     try:
@@ -87,7 +88,7 @@ def test_threads_follow_the_idle_samplers_within_the_limit(ledger):
 
 
 def test_a_killed_sampler_lends_nothing_and_its_slot_is_reused(ledger):
-    borrower = Borrower(ledger, own=2, set_threads=lambda n: None, limit=8)
+    borrower = Borrower(ledger, own=2, set_threads=lambda n: None, limit=8, free=lambda: math.inf)
     dead = Child(ledger, cores=3)
     dead.say("idle")
     assert borrower.lendable() == 3 and borrower.resize() == 5
@@ -99,6 +100,23 @@ def test_a_killed_sampler_lends_nothing_and_its_slot_is_reused(ledger):
         assert dead.proc.pid not in pids and again.proc.pid in pids  # the dead one's slot, taken again
     finally:
         again.kill()
+
+
+def test_a_lent_core_that_something_else_uses_is_not_taken(ledger):
+    free = [math.inf]
+    borrower = Borrower(ledger, own=1, set_threads=lambda n: None, limit=4, free=lambda: free[0])
+    lender = Child(ledger)
+    try:
+        lender.say("idle")
+        assert borrower.resize() == 2
+        free[0] = (
+            0.4  # the machine had under a core free in the last interval: the idle sampler's core is taken
+        )
+        assert borrower.resize() == 1
+    finally:
+        lender.kill()
+    real = Borrower(ledger, own=1, set_threads=lambda n: None, limit=4)  # the machine's own measure
+    assert real.free() >= 0.0  # the constructor's resize took the first reading
 
 
 def test_this_process_never_lends_to_itself(ledger):
