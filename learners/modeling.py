@@ -3,9 +3,11 @@ checkpointing with dropout forced off (so the first micro-batch's log-probs equa
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,10 +29,34 @@ def op_build_env() -> None:
     again, 30-90 s on 2 cores, each time the two alternate: measured in the test suite, where learners in
     the test process and learners in Ray actors loaded it in turn, six times in one run."""
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser(DEFAULT_TORCH_EXTENSIONS_DIR))
+    clear_stale_build_lock(os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], "deepspeed_shm_comm", "lock"))
     here = os.path.dirname(sys.executable)
     path = os.environ.get("PATH", os.defpath)
     if path.split(os.pathsep)[0] != here:
         os.environ["PATH"] = os.pathsep.join((here, path))
+
+
+STALE_LOCK_S = 600.0  # a build of the op takes 30-90 s on 2 cores
+
+
+def clear_stale_build_lock(lock: str, *, stale_s: float = STALE_LOCK_S) -> bool:
+    """Remove torch's extension-build lock file when it is older than ``stale_s`` (its builder was killed
+    mid-build: torch waits for the file to go, forever); says so on stderr. Returns whether it removed it."""
+    try:
+        age = time.time() - os.path.getmtime(lock)
+    except OSError:
+        return False
+    if age < stale_s:
+        return False
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(lock)
+    print(
+        f"[exgrpo] removed {lock}, a build lock {age:.0f} s old (its build was killed part-way); "
+        "DeepSpeed builds its op again",
+        file=sys.stderr,
+        flush=True,
+    )
+    return True
 
 
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs with bfloat16 matmul instructions

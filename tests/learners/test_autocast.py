@@ -58,3 +58,19 @@ def test_an_autocast_update_stays_within_bf16_tolerance_of_float32(model_path): 
     assert compute32.startswith("float32") and compute16.startswith("bfloat16 autocast")
     np.testing.assert_allclose(norm16, norm32, rtol=0.05)  # bfloat16 matmuls: ~3 significant digits
     assert norm16 != norm32  # the autocast really ran
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path, capsys):
+    import os
+    import time
+
+    from learners.modeling import clear_stale_build_lock
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    assert not clear_stale_build_lock(str(lock)) and lock.exists()  # a build may be running
+    old = time.time() - 3600
+    os.utime(lock, (old, old))
+    assert clear_stale_build_lock(str(lock)) and not lock.exists()
+    assert "build lock 3600 s old" in capsys.readouterr().err
+    assert not clear_stale_build_lock(str(lock))  # none there
