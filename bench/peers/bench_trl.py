@@ -3,8 +3,9 @@
     .venv/bin/pip install -e '.[bench]' -c constraints/cpu.txt      # trl, a peer baseline only
     .venv/bin/python -m bench.peers.bench_trl                        # the embedded default (~5 min)
     .venv/bin/python -m bench.peers.bench_trl --smollm2              # SmolLM2-135M on gsm (~15 min)
+    .venv/bin/python -m bench.peers.bench_trl --recipe               # the SmolLM2 recipe, 30 steps, scored
 
-Workloads:
+Workloads (`--recipe`: a mode of its own, bench/peers/trl_recipe.py's docstring):
 - default: the embedded default config (builtin:scratchpad-base, the scratchpad task, plain template);
 - `--smollm2`: configs/smollm2-135m-cpu.yaml (SmolLM2-135M-Instruct converted once into the project's
   model cache by `resolve_model`, gsm, chat template). Kept to 1 warm-up + 1 timed step per run by
@@ -123,9 +124,10 @@ def run_project(
 
 
 # -------------------------------------------------------------------------------- TRL
-def grpo_config(cfg: Any, *, out_dir: str, max_steps: int) -> Any:
+def grpo_config(cfg: Any, *, out_dir: str, max_steps: int, **extra: Any) -> Any:
     """TRL's GRPOConfig for the project's config: the same B x K, micro-batches, optimiser, loss and sampling,
-    on the CPU in the model's dtype, one optimiser step per generation of B x K completions."""
+    on the CPU in the model's dtype, one optimiser step per generation of B x K completions; `extra`: more
+    GRPOConfig fields, or other values for these."""
     import torch
     from trl import GRPOConfig
 
@@ -133,7 +135,7 @@ def grpo_config(cfg: Any, *, out_dir: str, max_steps: int) -> Any:
     micro = min(lr.micro_batch_size, b * k)
     if (b * k) % micro:
         raise ValueError(f"B*K={b * k} is not a multiple of the micro-batch size {micro}")
-    return GRPOConfig(
+    fields = dict(
         output_dir=out_dir,
         max_steps=max_steps,
         seed=cfg.trainer.seed,
@@ -170,6 +172,7 @@ def grpo_config(cfg: Any, *, out_dir: str, max_steps: int) -> Any:
         log_completions=False,
         model_init_kwargs={"dtype": getattr(torch, cfg.model.dtype)},
     )
+    return GRPOConfig(**{**fields, **extra})
 
 
 def run_trl(smollm2: bool, steps: int, warmup: int, out_dir: str) -> dict[str, Any]:
@@ -248,12 +251,53 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-replay", action="store_true", help="project as plain GRPO (replay.enabled=false)"
     )
-    parser.add_argument("--out", default=None, help="JSON results (default bench/out/trl-<workload>.json)")
+    parser.add_argument(
+        "--out", default=None, help="JSON results (default bench/out/trl-<workload>.json, trl-recipe.json)"
+    )
+    recipe = parser.add_argument_group("--recipe (bench/peers/trl_recipe.py)")
+    recipe.add_argument(
+        "--recipe",
+        action="store_true",
+        help="TRL (LoRA, 2 threads) and the project on configs/smollm2-135m-cpu.yaml's work, 30 steps each "
+        "(--steps), both final models and the base scored by python -m exgrpo.evaluate",
+    )
+    recipe.add_argument("--model", default=None, help="model.path of both sides (default: the recipe's)")
+    recipe.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override of the recipe, for both sides and the scoring (repeatable)",
+    )
+    recipe.add_argument(
+        "--eval-engine", choices=("hf", "vllm"), default="hf", help="exgrpo.evaluate's --engine (default: hf)"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.recipe:
+        from bench.peers import trl_recipe
+
+        other = args.smollm2 or args.no_replay or args.warmup is not None or args.rounds != 1
+        if other or args.runs != parser.get_default("runs") or (args.steps is not None and args.steps < 1):
+            parser.error(
+                "--recipe runs both sides once for --steps >= 1 steps: no --smollm2, --no-replay, "
+                "--warmup, --rounds or --runs"
+            )
+
+        trl_recipe.main(
+            model=args.model,
+            overrides=args.set,
+            steps=30 if args.steps is None else args.steps,
+            eval_engine=args.eval_engine,
+            out=args.out,
+        )
+        return
+    if args.model or args.set:
+        parser.error("--model and --set go with --recipe")
     steps = args.steps if args.steps is not None else (1 if args.smollm2 else 10)
     warmup = args.warmup if args.warmup is not None else (1 if args.smollm2 else 3)
     name = "smollm2" if args.smollm2 else "default"
