@@ -99,7 +99,7 @@ def lora_config(cfg: Config) -> Any:
         raise ValueError("the recipe mode compares LoRA runs: learners.lora_rank must be > 0")
     return LoraConfig(
         r=lr.lora_rank,
-        lora_alpha=lr.lora_alpha,  # type: ignore[arg-type]  # a float, as learners/lora.py passes it
+        lora_alpha=lr.lora_alpha,  # a float, as learners/lora.py passes it
         target_modules=list(lr.lora_target_modules),
         lora_dropout=0.0,
         bias="none",
@@ -252,7 +252,7 @@ def trl_side(
         generation_s.append(time.perf_counter() - t0)
         return out
 
-    trainer._generate_and_score_completions = timed_generate  # type: ignore[method-assign]
+    trainer._generate_and_score_completions = timed_generate
     trainer.train()
     scorer.close()
     if len(ends) != steps + 1 or len(generation_s) != steps:
