@@ -222,7 +222,10 @@ class Sampler:
         gate = EngineGate(
             self.name, end_session=lambda: self._vllm().finish_weight_update(version=self.engine.version)
         )
-        ledger = job_ledger() if not torch.cuda.is_available() else None
+        ctx = ray.get_runtime_context() if ray.is_initialized() else None
+        ledger = (
+            job_ledger(ctx.get_job_id(), ctx.get_node_id()) if ctx and not torch.cuda.is_available() else None
+        )
         if ledger is not None:
             lender = Lender(ledger, cores=1)  # the engine computes on one thread (`torch.set_num_threads(1)`)
             gate.on_busy, self._lender = lender.mark, lender

@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -115,6 +116,19 @@ def packing_choice(setting: str, *, device: torch.device, model: torch.nn.Module
     )
 
 
+def ray_ledger() -> Path | None:
+    """This Ray worker's core ledger (``exgrpo.core.cores.job_ledger``); None outside Ray (ray imported lazily:
+    the learner imports without it)."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    if not ray.is_initialized():
+        return None
+    ctx = ray.get_runtime_context()
+    return job_ledger(ctx.get_job_id(), ctx.get_node_id())
+
+
 @dataclass(frozen=True)
 class ComputePlan:
     """How a learner rank computes, decided at start-up from its settings, device and CPU (``compute_plan``)."""
@@ -134,7 +148,7 @@ def compute_plan(
     autocast, compute = autocast_choice(cfg.autocast, device=device, dtype=dtype, chunked=chunked)
     pack, packing = packing_choice(cfg.pack_prompts, device=device, model=model)
     own = max(1, int(cfg.num_cpus))
-    ledger = job_ledger() if device.type == "cpu" and cfg.borrow_idle_cores else None
+    ledger = ray_ledger() if device.type == "cpu" and cfg.borrow_idle_cores else None
     threads = None if ledger is None else Borrower(ledger, own=own, set_threads=torch.set_num_threads)
     borrow = f"{own} thread(s)"
     if threads is not None:

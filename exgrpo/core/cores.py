@@ -174,14 +174,10 @@ class Borrower:
         return n
 
 
-def job_ledger() -> Path | None:
-    """The ledger of this Ray worker's job on its node (None outside a Ray worker, or without /dev/shm). The
-    node id is drawn anew at each Ray start, so a ledger never outlives its cluster's pids."""
-    try:
-        import ray
-    except ImportError:
+def job_ledger(job: str | None, node: str | None) -> Path | None:
+    """The ledger of Ray job ``job`` on node ``node`` (ids from Ray's runtime context; None for either, or
+    without /dev/shm: no ledger). The node id is drawn anew at each Ray start, so a ledger never outlives its
+    cluster's pids."""
+    if not job or not node or not SHM.is_dir():
         return None
-    if not ray.is_initialized() or not SHM.is_dir():
-        return None
-    ctx = ray.get_runtime_context()
-    return ledger_path(f"{ctx.get_job_id()}-{ctx.get_node_id()[:16]}")
+    return ledger_path(f"{job}-{node[:16]}")

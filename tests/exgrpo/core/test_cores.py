@@ -137,8 +137,7 @@ def test_the_gate_marks_engine_and_control_calls():
 
 
 def test_no_ledger_outside_a_ray_worker():
-    import ray
-
-    assert not ray.is_initialized() and job_ledger() is None
+    assert job_ledger(None, None) is None and job_ledger("01000000", "") is None
+    assert job_ledger("01000000", "ab" * 20) == ledger_path("01000000-" + "ab" * 8)
     assert ledger_path("01/../x").name == "exgrpo-cores-01____x"  # no path separator survives
     assert cores.node_cores() == len(os.sched_getaffinity(0))
