@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
@@ -19,6 +21,7 @@ from bench.learner.device_slicing import MODES  # noqa: E402
 from exgrpo.runtime.memory_plan import learner_peak  # noqa: E402
 
 
+@pytest.mark.slow  # 43 s in CI: a benchmark's smoke run, not the product
 def test_cpu_smoke_of_the_gpu_questions(tmp_path):
     out = tmp_path / "dc.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}

@@ -171,6 +171,7 @@ def summary(batch):
     ]
 
 
+@pytest.mark.slow  # 105 s in CI; each fault alone stays in CI: test_shard_restart, test_runtime's dead sampler, test_pool
 def test_chaos_kills_of_samplers_and_shards_change_nothing(
     ray_cluster, tmp_path, warm_model, single_digit_data
 ):

@@ -66,6 +66,52 @@ def get_json(url: str, timeout: float = 10.0):
         return json.loads(r.read())
 
 
+# ------------------------------------------------------------------------------ a finished run's outputs
+# It runs before the live run's tests (file order): the live run trains until the module ends, and would share
+# the cores with this run.
+def test_finished_run_writes_every_logger_and_a_quiet_terminal(tmp_path):
+    """A short CLI run with all backends: same names in metrics.jsonl, TensorBoard and the offline W&B
+    run; report.html; the phase lines and the summary's overhead split; no per-actor progress bars."""
+    run = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "exgrpo.run",
+        "--config",
+        "tiny-cpu",
+        "trainer.steps=3",
+        "logging.backends=[tensorboard,wandb]",
+        f"logging.run_dir={run}",
+    ]
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "offline"}
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    terminal = out.stdout + out.stderr
+    for noise in ("Loading weights", "Writing model shards"):
+        assert noise not in terminal, terminal[-3000:]
+    assert "fixed overhead (s)" in out.stdout and "held-out accuracy after" in out.stdout
+    lines = [r for r in (run / "metrics.jsonl").read_text().splitlines() if r]
+    keys = {
+        k
+        for line in lines
+        for k, v in json.loads(line).items()
+        if k != "step" and isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    assert keys <= set(acc.Tags()["scalars"]), keys - set(acc.Tags()["scalars"])
+    run_id = json.loads((run / "run.json").read_text())["run_id"]
+    assert list((run / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    page = (run / "report.html").read_text()
+    assert page.count('src="data:image/png;base64,') == 6 and run_id in page
+    summary = json.loads((run / "summary.json").read_text())
+    assert {"Ray start-up", "actor start-up", "train loop"} <= set(summary["phases_s"])
+    print(f"\nreport.html {len(page) / 1024:.0f} KiB; phases {summary['phases_s']}")
+
+
 @pytest.fixture(scope="module")
 def live_run(tmp_path_factory):
     """A tiny run with the dashboard on, long enough to be watched; stopped with Ctrl-C afterwards."""
@@ -258,50 +304,6 @@ def test_dashboard_pages_list_the_named_actors(live_run, tmp_path):
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
         shutil.copy(shot, Path(keep) / "dashboard-actors.png")
-
-
-# ------------------------------------------------------------------------------ a finished run's outputs
-def test_finished_run_writes_every_logger_and_a_quiet_terminal(tmp_path):
-    """A short CLI run with all backends: same names in metrics.jsonl, TensorBoard and the offline W&B
-    run; report.html; the phase lines and the summary's overhead split; no per-actor progress bars."""
-    run = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "exgrpo.run",
-        "--config",
-        "tiny-cpu",
-        "trainer.steps=3",
-        "logging.backends=[tensorboard,wandb]",
-        f"logging.run_dir={run}",
-    ]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "offline"}
-    env.pop("RAY_ADDRESS", None)
-    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    terminal = out.stdout + out.stderr
-    for noise in ("Loading weights", "Writing model shards"):
-        assert noise not in terminal, terminal[-3000:]
-    assert "fixed overhead (s)" in out.stdout and "held-out accuracy after" in out.stdout
-    lines = [r for r in (run / "metrics.jsonl").read_text().splitlines() if r]
-    keys = {
-        k
-        for line in lines
-        for k, v in json.loads(line).items()
-        if k != "step" and isinstance(v, int | float) and not isinstance(v, bool)
-    }
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run / "tensorboard"))
-    acc.Reload()
-    assert keys <= set(acc.Tags()["scalars"]), keys - set(acc.Tags()["scalars"])
-    run_id = json.loads((run / "run.json").read_text())["run_id"]
-    assert list((run / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
-    page = (run / "report.html").read_text()
-    assert page.count('src="data:image/png;base64,') == 6 and run_id in page
-    summary = json.loads((run / "summary.json").read_text())
-    assert {"Ray start-up", "actor start-up", "train loop"} <= set(summary["phases_s"])
-    print(f"\nreport.html {len(page) / 1024:.0f} KiB; phases {summary['phases_s']}")
 
 
 # ------------------------------------------------------------------------------------ shipped files

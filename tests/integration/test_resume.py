@@ -91,6 +91,7 @@ def test_resume_matches_uninterrupted_run(ray_cluster, tmp_path, model_path, sin
     assert sum_split == pytest.approx(sum_full, rel=1e-6)
 
 
+@pytest.mark.slow  # 48 s in CI; resume itself stays in CI (above, and test_learner_death)
 def test_killed_checkpoint_writer_leaves_previous_loadable(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [

@@ -253,6 +253,7 @@ def test_vllm_api_falls_back_to_the_object_store_when_a_sampler_died(learners, m
         pool.shutdown()
 
 
+@pytest.mark.slow  # 95 s in CI; the fallback on a dead sampler and a rebuilt world stay in CI (above)
 @pytest.mark.vllm
 def test_a_sampler_that_dies_between_joining_and_the_transfer_costs_one_fallback(
     learners, model_dir, tmp_path, monkeypatch

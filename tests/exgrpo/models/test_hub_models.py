@@ -131,6 +131,7 @@ def test_evaluate_scores_a_cached_hub_id_and_writes_outside_the_cache(hf_home, t
     assert not list(snapshot.glob("eval-*"))  # nothing written into the hub cache
 
 
+@pytest.mark.slow  # 82 s in CI; resolving a cached hub id stays in CI (above, test_hub_dry_run)
 @pytest.mark.integration
 def test_a_run_from_a_hub_id_in_an_offline_cache_records_its_commit(hf_home, tmp_path):
     run = tmp_path / "run"
