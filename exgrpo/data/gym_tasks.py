@@ -122,4 +122,11 @@ class GymTask:
 # builtin task names -> factories (seed=...) for `exgrpo.data.tasks.BUILTIN_TASKS`
 GYM_TASKS: dict[str, Callable[..., GymTask]] = {
     "sum-1digit": lambda seed=0: GymTask(seed=seed),
+    # chain sums of 2-3 terms of 1-2 digits: a question space far past any split (the 1-digit pairs have 200
+    # questions in all) and a spread of difficulty for a small model (docs/smollm2.md, "A spread of difficulty")
+    "sum-mixed": lambda seed=0: GymTask(
+        seed=seed,
+        name="sum-mixed",
+        params=(("min_terms", 2), ("max_terms", 3), ("min_digits", 1), ("max_digits", 2)),
+    ),
 }

@@ -63,3 +63,16 @@ def test_asking_for_more_questions_than_the_space_holds_fails_clearly() -> None:
         GymTask().make_split(split="eval", n=100, seed=0)
     with pytest.raises(ValueError, match="split="):
         GymTask().make_split(split="test", n=1)  # type: ignore[arg-type]
+
+
+def test_the_mixed_sums_hold_hundreds_of_held_out_questions_over_three_grades() -> None:
+    """builtin:sum-mixed (2-3 terms of 1-2 digits): a held-out split of >= 200 questions disjoint from a large
+    train split, every grade of difficulty in both."""
+    task = builtin_task("builtin:sum-mixed")
+    held_out = read_source("builtin:sum-mixed", split="eval", num=240, seed=0).prompts
+    train = read_source("builtin:sum-mixed", split="train", num=2000, seed=0).prompts
+    assert len({p.question for p in held_out}) == 240 and len({p.question for p in train}) == 2000
+    assert not {p.question for p in held_out} & {p.question for p in train}
+    for split in (held_out, train):
+        assert {task.difficulty(p) for p in split} == {0, 1, 2}
+    assert held_out[0].qid == "sum-mixed-eval-00000" and held_out[0].data_source == "sum-mixed"
