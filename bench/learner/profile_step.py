@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import env_defaults, free_port, in_child, stopwatch
+from bench.common import env_defaults, in_child, stopwatch
 
 env_defaults(ray=True, vllm_cpu=True, tokenizers=True, torch_extensions=True)
 
 import torch  # noqa: E402
 
-from bench.models.bench_smollm2 import model_dir, run_engine  # noqa: E402
+from bench.models.bench_smollm2 import in_process_learner, model_dir, run_engine  # noqa: E402
 from exgrpo.core.config import Config  # noqa: E402
 from exgrpo.core.config_files import load_config  # noqa: E402
 from exgrpo.core.records import Group, ReplayCandidate, TrainBatch, Trajectory  # noqa: E402
@@ -211,18 +211,7 @@ def profile_learner(path: str | Path, groups: tuple[Group, ...], candidates: lis
     call."""
     from torch.profiler import ProfilerActivity, profile
 
-    from learners.learner import Learner
-
-    torch.set_num_threads(1)
-    learner = Learner(
-        model_path=str(path),
-        learner=cfg.learners,
-        loss=cfg.loss,
-        max_response_len=cfg.model.max_response_len,
-        master_port=free_port(),
-        seed=cfg.trainer.seed,
-        dtype=cfg.model.dtype,
-    )
+    learner = in_process_learner(path, cfg=cfg)
     with stopwatch() as setup:
         compute = learner.setup()
     mark_optimizer_step(learner)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.common import env_defaults, free_port, in_child, stopwatch
 
@@ -36,6 +37,9 @@ from actors.sampler import EngineSpec, Sampler, SamplerSettings  # noqa: E402
 from exgrpo.core.config import Config, EngineKind  # noqa: E402
 from exgrpo.core.config_files import load_config  # noqa: E402
 from exgrpo.core.records import GenerationRequest, Group, Prompt, TrainBatch  # noqa: E402
+
+if TYPE_CHECKING:
+    from learners.learner import Learner
 from exgrpo.data.sources import read_source  # noqa: E402
 from exgrpo.models.resolve import resolve_model  # noqa: E402
 from exgrpo.verify.answers import BOX_COMMAND  # noqa: E402
@@ -109,13 +113,12 @@ def run_engine(kind: EngineKind, path: Path, prompts: list[Prompt], *, cfg: Conf
     )
 
 
-def run_update(path: Path, groups: tuple[Group, ...], *, cfg: Config) -> tuple[float, dict[str, float], str]:
-    """(setup seconds, update metrics, what it computed in) of one in-process learner at world size 1; the
-    update runs twice on the same groups and the second is timed (the first pays one-time costs)."""
+def in_process_learner(path: str | Path, *, cfg: Config) -> Learner:
+    """The production learner at world size 1, in this process on one torch thread (not set up yet)."""
     from learners.learner import Learner
 
     torch.set_num_threads(1)
-    learner = Learner(
+    return Learner(
         model_path=str(path),
         learner=cfg.learners,
         loss=cfg.loss,
@@ -124,6 +127,12 @@ def run_update(path: Path, groups: tuple[Group, ...], *, cfg: Config) -> tuple[f
         seed=cfg.trainer.seed,
         dtype=cfg.model.dtype,
     )
+
+
+def run_update(path: Path, groups: tuple[Group, ...], *, cfg: Config) -> tuple[float, dict[str, float], str]:
+    """(setup seconds, update metrics, what it computed in) of one in-process learner at world size 1; the
+    update runs twice on the same groups and the second is timed (the first pays one-time costs)."""
+    learner = in_process_learner(path, cfg=cfg)
     with stopwatch() as setup:
         compute = learner.setup()
     learner.update(TrainBatch(groups=groups, version=0, clip=True))

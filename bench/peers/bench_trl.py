@@ -124,6 +124,20 @@ def run_project(
 
 
 # -------------------------------------------------------------------------------- TRL
+def step_clock(ends: list[float], now: Any) -> Any:
+    """A TrainerCallback appending `now()` to `ends` when training begins and after every optimizer step."""
+    from transformers import TrainerCallback
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):  # noqa: ANN001, ANN003
+            ends.append(now())
+
+        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001, ANN003
+            ends.append(now())
+
+    return Clock()
+
+
 def grpo_config(cfg: Any, *, out_dir: str, max_steps: int, **extra: Any) -> Any:
     """TRL's GRPOConfig for the project's config: the same B x K, micro-batches, optimiser, loss and sampling,
     on the CPU in the model's dtype, one optimiser step per generation of B x K completions; `extra`: more
@@ -180,7 +194,7 @@ def run_trl(smollm2: bool, steps: int, warmup: int, out_dir: str) -> dict[str, A
 
     torch.set_num_threads(1)
     from datasets import Dataset
-    from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
+    from transformers import AutoTokenizer, PrinterCallback
     from trl import GRPOTrainer
 
     from exgrpo.data.sources import load_prompts
@@ -213,14 +227,7 @@ def run_trl(smollm2: bool, steps: int, warmup: int, out_dir: str) -> dict[str, A
         return verifier.score_many(completions, answer)
 
     ends: list[float] = []
-
-    class Clock(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kw):  # noqa: ANN001, ANN003
-            ends.append(time.perf_counter())
-
-        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001, ANN003
-            ends.append(time.perf_counter())
-
+    clock = step_clock(ends, time.perf_counter)
     args = grpo_config(cfg, out_dir=out_dir, max_steps=warmup + steps)
     trainer = GRPOTrainer(
         model=model_dir,
@@ -228,7 +235,7 @@ def run_trl(smollm2: bool, steps: int, warmup: int, out_dir: str) -> dict[str, A
         args=args,
         train_dataset=data,
         processing_class=tokenizer,
-        callbacks=[Clock()],
+        callbacks=[clock],
     )
     trainer.remove_callback(PrinterCallback)  # no metrics dict printed per step
     trainer.train()

@@ -199,10 +199,10 @@ def trl_side(
 
     torch.set_num_threads(TRL_THREADS)
     from datasets import Dataset
-    from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
+    from transformers import AutoTokenizer, PrinterCallback
     from trl import GRPOTrainer
 
-    from bench.peers.bench_trl import grpo_config
+    from bench.peers.bench_trl import grpo_config, step_clock
     from exgrpo.data.sources import load_prompts
     from exgrpo.data.templates import render_prompt, reward_mode
     from exgrpo.models.resolve import resolve_model
@@ -224,21 +224,14 @@ def trl_side(
         return scorer.score_prompts([by_qid[q] for q in qid], completions)
 
     ends: list[float] = []
-
-    class Clock(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kw):  # noqa: ANN001, ANN003
-            ends.append(time.time())
-
-        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001, ANN003
-            ends.append(time.time())
-
+    clock = step_clock(ends, time.time)
     trainer = GRPOTrainer(
         model=model_dir,
         reward_funcs=reward,
         args=grpo_config(cfg, out_dir=out_dir, max_steps=steps, **TRL_OVERRIDES),
         train_dataset=data,
         processing_class=tokenizer,
-        callbacks=[Clock()],
+        callbacks=[clock],
         peft_config=lora_config(cfg),
     )
     trainer.remove_callback(PrinterCallback)  # no metrics dict printed per step
