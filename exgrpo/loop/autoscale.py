@@ -5,8 +5,11 @@ run, which has no update before it: its wait for its groups, so a starved start 
 samplers sat blocked by the staleness bound more than `autoscale_down_idle` and the learners did not wait.
 Either needs `autoscale_hysteresis` steps in a row and stays in [`autoscale_min`, `autoscale_max`]; after a
 change none for `autoscale_cooldown` steps, and none in a run's last eta + 1 steps (`Fleet.last_step`). Each
-`Decision` is logged as a warning. The targets' formulas: docs/operating.md ("Elastic and spot samplers");
-tests: tests/exgrpo/loop/test_autoscale_policy.py.
+`Decision` is logged as a warning; a policy that holds says why (`Policy.hold`) in an info line after its first
+`autoscale_hysteresis` steps without a change, every `HOLD_EVERY` such steps after that and at its last step, and
+`make_fleet` logs the policy's range and window at the start (a warning when the run is too short for any
+decision). The targets' formulas: docs/operating.md ("Elastic and spot samplers"); tests:
+tests/exgrpo/loop/test_autoscale_policy.py, tests/exgrpo/loop/test_autoscale_hold.py.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 log = logging.getLogger("exgrpo.loop.driver")  # the driver's decisions, where its scaling lines always were
 
 HEADROOM = 1.1  # a shrink keeps 10% more samplers than the idle share alone would leave
+HOLD_EVERY = 10  # steps without a change between two of the policy's "holds" lines
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class Policy:
         self.up_streak = 0
         self.down_streak = 0
         self.last_change: int | None = None  # the step of the last change
+        self.hold = ""  # why the last `decide` changed nothing
 
     def decide(self, signals: Signals, *, current: int) -> Decision | None:
         """The new target after `signals`, or None (no change). `current`: the target now."""
@@ -94,6 +99,9 @@ class Policy:
         self.up_streak = self.up_streak + 1 if starved else 0
         self.down_streak = self.down_streak + 1 if surplus else 0
         if self.last_change is not None and step - self.last_change <= s.cooldown:
+            self.hold = (
+                f"cooling down after the change at step {self.last_change} (autoscale_cooldown={s.cooldown})"
+            )
             return None
         if self.up_streak >= s.hysteresis:
             useful = max(1, math.ceil(signals.in_flight / s.requests_per_call))
@@ -104,6 +112,13 @@ class Policy:
                 return self._change(
                     step, current, new, f"learners waited {wait:.0%} of the step for {self.up_streak} steps"
                 )
+            self.hold = f"the learners waited {wait:.0%} of the step, but " + (
+                f"{current} is autoscale_max"
+                if current >= s.max
+                else f"{signals.in_flight} requests in flight keep no more samplers busy "
+                f"(one per requests_per_call={s.requests_per_call})"
+            )
+            return None
         if self.down_streak >= s.hysteresis:
             new = max(
                 s.min, (current + 1) // 2, min(current - 1, math.ceil(current * (1.0 - idle) * HEADROOM))
@@ -115,7 +130,29 @@ class Policy:
                     new,
                     f"samplers blocked {idle:.0%} of the step for {self.down_streak} steps",
                 )
+            self.hold = f"the samplers were blocked {idle:.0%} of the step, but {current} is autoscale_min"
+            return None
+        self.hold = self._quiet(wait, idle)
         return None
+
+    def _quiet(self, wait: float, idle: float) -> str:
+        """Why a step with no streak long enough changes nothing."""
+        s = self.settings
+        if self.up_streak:
+            return (
+                f"the learners waited {wait:.0%} of the step for {self.up_streak} of "
+                f"autoscale_hysteresis={s.hysteresis} steps"
+            )
+        if self.down_streak:
+            return (
+                f"the samplers were blocked {idle:.0%} of the step for {self.down_streak} of "
+                f"autoscale_hysteresis={s.hysteresis} steps"
+            )
+        return (
+            f"nothing asks for a change: the learners waited {wait:.0%} of the step (it grows above "
+            f"autoscale_up_wait={s.up_wait:g}), the samplers were blocked {idle:.0%} (it shrinks above "
+            f"autoscale_down_idle={s.down_idle:g} while the learners do not wait)"
+        )
 
     def _change(self, step: int, old: int, new: int, reason: str) -> Decision:
         self.last_change, self.up_streak, self.down_streak = step, 0, 0
@@ -146,6 +183,10 @@ class Fleet:
         self.decisions: list[Decision] = []
         self._idle_mark = self._idle_now()
         self._time_mark = self.clock()
+        self._quiet: list[
+            tuple[int, float, float]
+        ] = []  # (step, wait, blocked) since the last change or line
+        self._quiet_total = 0  # steps since the last change
 
     @property
     def auto(self) -> bool:
@@ -195,6 +236,7 @@ class Fleet:
             if decision is not None:
                 self.decisions.append(decision)
                 self.target = decision.new
+                self._quiet, self._quiet_total = [], 0
                 log.warning(
                     "step %d: autoscale samplers %d -> %d: %s",
                     decision.step,
@@ -202,12 +244,44 @@ class Fleet:
                     decision.new,
                     decision.reason,
                 )
+            else:
+                self._held(signals)
         return {
             M.SAMPLERS_TARGET: float(self.target),
             M.SAMPLERS_LIVE: float(len(self._members())),
             M.SAMPLERS_BLOCKED: idle_share,
             M.SAMPLER_PREEMPTIONS: float(getattr(self.rollouts, "preemptions", 0)),
         }
+
+    def _held(self, signals: Signals) -> None:
+        """A step the policy changed nothing: an info line saying why after its first `autoscale_hysteresis`
+        such steps, every `HOLD_EVERY` after that, and at the policy's last step."""
+        assert self.policy is not None
+        self._quiet.append((signals.step, signals.wait_share, signals.sampler_idle))
+        self._quiet_total += 1
+        n, h, last = self._quiet_total, self.policy.settings.hysteresis, signals.step == self.last_step
+        if not (n == h or (n > h and (n - h) % HOLD_EVERY == 0) or last):
+            return
+        first, wait, idle = self._quiet[0][0], max(q[1] for q in self._quiet), max(q[2] for q in self._quiet)
+        since = f"steps {first}-{signals.step}" if first != signals.step else f"step {first}"
+        tail = (
+            f"; its last step (the run's last steps admit no new request): {self.target} samplers to the end, "
+            f"{len(self.decisions)} change(s) in this run"
+            if last
+            else ""
+        )
+        log.info(
+            "step %d: autoscale holds at %d samplers: %s (%s: the learners waited at most %.0f%% of a step, "
+            "the samplers were blocked at most %.0f%%)%s",
+            signals.step,
+            self.target,
+            self.policy.hold,
+            since,
+            100 * wait,
+            100 * idle,
+            tail,
+        )
+        self._quiet = []
 
     def _idle_now(self) -> float:
         fn = getattr(self.rollouts, "idle_seconds", None)
@@ -227,4 +301,34 @@ def make_fleet(cfg: Any, *, rollouts: Any, scaling: Any) -> Fleet:
     s = cfg.samplers
     policy = Policy(Settings.from_config(s)) if getattr(s, "autoscale", False) else None
     last = cfg.trainer.steps - 2 - cfg.async_.max_staleness  # the run's last eta + 1 steps admit nothing new
-    return Fleet(rollouts=rollouts, scaling=scaling, policy=policy, last_step=last)
+    fleet = Fleet(rollouts=rollouts, scaling=scaling, policy=policy, last_step=last)
+    if policy is not None:
+        log_window(policy.settings, last=last, eta=cfg.async_.max_staleness, now=fleet.target)
+    return fleet
+
+
+def log_window(s: Settings, *, last: int, eta: int, now: int) -> None:
+    """The start's line on what the policy will do in this run; a warning when it can decide at no step."""
+    if last + 1 < s.hysteresis:
+        log.warning(
+            "samplers.autoscale: the policy can change nothing in this run: it needs autoscale_hysteresis=%d "
+            "steps in a row and decides up to step %d only (the last %d steps admit no new request); "
+            "trainer.steps=%d or more gives it a step",
+            s.hysteresis,
+            last,
+            eta + 1,
+            s.hysteresis + eta + 1,
+        )
+        return
+    log.info(
+        "samplers.autoscale: samplers now %d; the policy keeps %d..%d and decides at steps 0-%d: it grows when "
+        "the learners wait more than %.0f%% of a step, shrinks when the samplers are blocked more than %.0f%% "
+        "(%d step(s) in a row)",
+        now,
+        s.min,
+        s.max,
+        last,
+        100 * s.up_wait,
+        100 * s.down_idle,
+        s.hysteresis,
+    )

@@ -4,14 +4,18 @@
 CPUs, and the GPUs, memory and object store Ray would detect); `cluster_totals`: the running cluster at
 an address (after `probe_address`, a plain TCP probe, since `ray.init` retries a silent address for
 minutes). `dry_run_fit(cfg)` (`python -m exgrpo.run --dry-run`) checks the run's plan against the one a
-run would use, as a start does (`exgrpo.runtime.resources.shortfalls`).
+run would use, as a start does (`exgrpo.runtime.resources.shortfalls`), and with `samplers.autoscale` says how
+many of its `autoscale_max` samplers that cluster holds as it is, and whether an autoscaler can add nodes for
+the rest (`autoscale_reach`; tests: tests/exgrpo/runtime/test_autoscale_reach.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 from exgrpo.core.config import Config
 from exgrpo.core.positions import check_context
@@ -79,11 +83,19 @@ def cluster_totals(address: str) -> tuple[dict[str, float], list[dict[str, float
     probe_address(address)
     import ray
 
+    from exgrpo.runtime.elastic import autoscaler_status
+
     ray.init(address=address, namespace="exgrpo", configure_logging=False, log_to_driver=False)
     try:
+        AUTOSCALERS[address] = autoscaler_status()
         return dict(ray.cluster_resources()), alive_nodes(ray)
     finally:
         ray.shutdown()
+
+
+AUTOSCALERS: dict[
+    str, tuple[str, list[str]]
+] = {}  # address -> `autoscaler_status` there, read by cluster_totals
 
 
 def dry_run_fit(cfg: Config) -> str:
@@ -119,7 +131,61 @@ def dry_run_fit(cfg: Config) -> str:
     problems = shortfalls(cfg, plan, total, nodes, have=have)
     if problems:
         raise ResourceError(f"the run cannot be placed on {where}:\n  - " + "\n  - ".join(problems))
-    return (
+    fit = (
         f"fits {where}: the plan needs {plan.cpus:g} of {total.get('CPU', 0):g} CPUs and "
         f"{plan.gpus:g} of {total.get('GPU', 0):g} GPUs"
+    )
+    verdict = AUTOSCALERS.get(address, ("unknown", [])) if address else ("local", [])
+    reach = autoscale_reach(cfg, total, nodes, autoscaler=verdict)
+    return f"{fit}\n{reach}" if reach else fit
+
+
+def most_samplers(cfg: Config, total: dict[str, float], nodes: list[dict[str, float]]) -> int:
+    """The most samplers in [`samplers.autoscale_min`, `autoscale_max`] that fit these resources beside the
+    learners, checked as a start checks the plan (`shortfalls`); `samplers.num` (which fits: checked before)
+    when none does."""
+    s, model_bytes = cfg.samplers, model_weight_bytes(cfg.model.path)
+    for n in range(s.autoscale_max, s.autoscale_min - 1, -1):
+        sized = dataclasses.replace(cfg, samplers=dataclasses.replace(s, num=n))
+        if not shortfalls(sized, plan_resources(sized, model_bytes=model_bytes), total, nodes):
+            return n
+    return min(s.num, s.autoscale_max)
+
+
+def autoscale_reach(
+    cfg: Config, total: dict[str, float], nodes: list[dict[str, float]], *, autoscaler: tuple[str, list[str]]
+) -> str | None:
+    """The dry run's line on the autoscale policy's largest target (None when the policy is off): whether
+    `autoscale_max` samplers fit the cluster as it is, and if not whether anything can add nodes for the rest.
+    `autoscaler`: `exgrpo.runtime.elastic.autoscaler_status` of the cluster at RAY_ADDRESS, or ("local", [])
+    for the local cluster a run starts (which has none)."""
+    s = cfg.samplers
+    if not s.autoscale:
+        return None
+    most, top = most_samplers(cfg, total, nodes), s.autoscale_max
+    if most >= top:
+        return (
+            f"samplers.autoscale: the cluster as it is holds all autoscale_max={top} samplers beside the "
+            "learners: the policy's largest target is reachable"
+        )
+    short = (
+        f"samplers.autoscale: the cluster as it is holds {most} of autoscale_max={top} samplers beside the "
+        "learners; "
+    )
+    kind, types = autoscaler
+    rest: dict[str, Any] = {
+        "local": "a local cluster has no autoscaler, so samplers past "
+        f"{most} would wait unplaced: set samplers.autoscale_max={most}, or run on an autoscaling Ray "
+        'cluster (docs/operating.md, "Elastic samplers, step by step")',
+        "none": "no autoscaler can add nodes there (its nodes were started by hand; Ray's read-only provider), "
+        f"so samplers past {most} would wait unplaced: set samplers.autoscale_max={most}, or start the "
+        "cluster with an autoscaler (ray start --autoscaling-config, KubeRay's enableInTreeAutoscaling)",
+        "autoscaler": "the rest need nodes from its autoscaler (one runs there; its nodes now: "
+        f"{', '.join(types) or 'none named'}); whether its node types and max_workers allow {top} samplers is "
+        "not checked here",
+    }
+    return short + rest.get(
+        kind,
+        "whether an autoscaler can add nodes there was not readable (no autoscaler status in its GCS), so "
+        f"samplers past {most} may wait unplaced",
     )

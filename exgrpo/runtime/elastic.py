@@ -5,12 +5,16 @@
 the last); `node_of` / `node_gone` place a sampler and tell a vanished node from a crash; `NodeProbe` connects
 to each sampler node's raylet in the background, so a node gone without notice is seen in about
 `samplers.node_probe_s`; `DrainWatch` reads the nodes drained with a deadline (a spot notice); `dry_run_line`
-is `--dry-run`'s line on the largest ask. More: docs/operating.md, "Elastic and spot samplers";
-tests/integration/test_elastic_autoscaler.py.
+is `--dry-run`'s line on the largest ask. `autoscaler_status` reads from the GCS whether an autoscaler that can
+add nodes watches the cluster (Ray's read-only provider, which a local cluster or one started without
+`--autoscaling-config` runs, cannot): the start says so, and `ClusterRequest` asks quietly there. More:
+docs/operating.md, "Elastic and spot samplers"; tests/integration/test_elastic_autoscaler.py,
+tests/exgrpo/runtime/test_elastic_status.py.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
@@ -32,27 +36,89 @@ def sampler_bundle(samplers: Any) -> dict[str, float]:
     return {k: v for k, v in bundle.items() if v > 0}
 
 
-class ClusterRequest:
-    """`on_scale(n)`: ask Ray's autoscaler for n sampler bundles (each call replaces the previous request)."""
+NONE, AUTOSCALER, UNKNOWN = "none", "autoscaler", "unknown"  # `autoscaler_status`'s verdicts
 
-    def __init__(self, bundle: dict[str, float], *, request: Callable[..., Any] | None = None) -> None:
+
+def autoscaler_from_status(raw: bytes | str | None) -> tuple[str, list[str]]:
+    """The verdict on the (v1) autoscaler's status JSON, as its monitor writes it to the GCS, and the node types
+    it names: NONE when every node type is Ray's read-only provider's (`node_<id>`, one per node started by hand:
+    nothing can add a node), AUTOSCALER when it names others (a cluster config's node types, e.g. KubeRay's worker
+    groups), UNKNOWN without a readable status (not written yet, or the v2 autoscaler)."""
+    try:
+        report = json.loads(raw or "")["autoscaler_report"]
+    except (ValueError, KeyError, TypeError):
+        return UNKNOWN, []
+    types = set((report.get("node_type_mapping") or {}).values())
+    types |= set(report.get("active_nodes") or {}) | set(report.get("idle_nodes") or {})
+    types |= set(report.get("pending_launches") or {})
+    named = sorted(t for t in types if not str(t).startswith("node_"))
+    if not types:
+        return UNKNOWN, []
+    return (AUTOSCALER, named) if named else (NONE, [])
+
+
+def autoscaler_status() -> tuple[str, list[str]]:
+    """`autoscaler_from_status` of the connected cluster (after `ray.init`)."""
+    try:
+        from ray._private import ray_constants
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        return autoscaler_from_status(_internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS))
+    except Exception:  # noqa: BLE001 - an unreadable status says nothing either way
+        return UNKNOWN, []
+
+
+NO_AUTOSCALER = (
+    "no autoscaler can add nodes to this Ray cluster (a local cluster, or one started without "
+    "--autoscaling-config): samplers past what its nodes hold wait unplaced (the run goes on without them); "
+    "python -m exgrpo.run --dry-run says how many fit, docs/operating.md how to run on an autoscaling cluster"
+)
+
+
+class ClusterRequest:
+    """`on_scale(n)`: ask Ray's autoscaler for n sampler bundles (each call replaces the previous request).
+    `status` (default `autoscaler_status`) is read at the first ask: on a cluster without an autoscaler the
+    asks are made quietly (a warning says so once), a 0 (the run's end) is logged as the request's release."""
+
+    def __init__(
+        self,
+        bundle: dict[str, float],
+        *,
+        request: Callable[..., Any] | None = None,
+        status: Callable[[], tuple[str, list[str]]] | None = None,
+        verdict: str | None = None,
+    ) -> None:
         if request is None:
             from ray.autoscaler.sdk import request_resources
 
             request = request_resources
-        self.bundle, self.request = bundle, request
+        self.bundle, self.request, self.status = bundle, request, status or autoscaler_status
         self.asked: list[tuple[float, int]] = []  # (wall clock, samplers asked for)
+        # `autoscaler_status`'s (already logged when given), else read (and logged) at the first ask
+        self.verdict = verdict if verdict in (NONE, AUTOSCALER) else None
 
     def __call__(self, num: int) -> None:
         if not self.bundle:  # samplers that reserve nothing need no node
             return
+        if self.verdict is None:
+            self.verdict, types = self.status()
+            if self.verdict == NONE:
+                log.warning("samplers.autoscale: %s", NO_AUTOSCALER)
+            elif self.verdict == AUTOSCALER:
+                log.info(
+                    "samplers.autoscale: Ray's autoscaler here launches nodes of types %s", ", ".join(types)
+                )
         try:
             self.request(bundles=[dict(self.bundle) for _ in range(num)])
         except Exception as err:  # noqa: BLE001 - no autoscaler is no reason to stop a run
             log.warning("could not ask Ray's autoscaler for %d sampler bundles: %s", num, err)
             return
         self.asked.append((time.time(), num))
-        log.info("asked Ray's autoscaler for %d sampler bundles of %s", num, self.bundle)
+        level = logging.DEBUG if self.verdict == NONE else logging.INFO
+        if num == 0:
+            log.log(level, "released the run's request to Ray's autoscaler for sampler bundles")
+        else:
+            log.log(level, "asked Ray's autoscaler for %d sampler bundles of %s", num, self.bundle)
 
 
 def node_of(handle: Any) -> str | None:
@@ -203,8 +269,14 @@ def pool_hooks(cfg: Any) -> ElasticHooks:
     """The `SamplerPool`'s hooks of an elastic fleet: drains and node lookups always (spot samplers at a fixed
     count also lose nodes), the autoscaler request with `samplers.autoscale`."""
     s = cfg.samplers
+    verdict, types = autoscaler_status() if s.autoscale else (UNKNOWN, [])  # UNKNOWN: read at the first ask
+    if verdict == NONE:
+        log.warning("samplers.autoscale: %s", NO_AUTOSCALER)
+    elif verdict == AUTOSCALER:
+        log.info("samplers.autoscale: Ray's autoscaler here launches nodes of types %s", ", ".join(types))
+    ask = s.autoscale and s.autoscale_request_resources
     return ElasticHooks(
-        on_scale=ClusterRequest(sampler_bundle(s)) if s.autoscale and s.autoscale_request_resources else None,
+        on_scale=ClusterRequest(sampler_bundle(s), verdict=verdict) if ask else None,
         node_of=node_of,
         drains=DrainWatch(),
         node_gone=node_gone,
@@ -223,5 +295,5 @@ def dry_run_line(cfg: Any) -> str | None:
     each = ", ".join(f"{v:g} {k}" for k, v in bundle.items()) or "nothing"
     return (
         f"samplers.autoscale: {s.autoscale_min}..{s.autoscale_max} samplers; the run may ask Ray's autoscaler for "
-        f"up to {s.autoscale_max} x ({each}) = {total}"
+        f"up to {s.autoscale_max} x ({each}) = {total} (how many the cluster holds: the fit lines below)"
     )
