@@ -35,7 +35,7 @@ WHEELS = ROOT / ".whl"
 LIMIT_BYTES = 64 * 2**20  # what the device tool carries, working tree and carried folders together
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
 # what the device has for sure: torch with what it requires, and numpy. Not transformers' closure: the lent H200
-# image had transformers without pydantic, which transformers' hub client requires here (docs/gpu.md)
+# image had transformers without pydantic, which transformers' hub client requires here (docs/benchmarks.md)
 ON_DEVICE = ("torch", "numpy")
 NEWER_THAN_TORCH = ("typing-extensions",)  # torch requires it too, but pydantic a newer one
 RUN = (

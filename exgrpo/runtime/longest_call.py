@@ -11,9 +11,10 @@ import math
 
 from exgrpo.core.config import Config
 
-# The one GPU generation rate recorded here (docs/gpu.md, "Figures seen": HF generate on one H200, 1.5B shape,
-# 64 rows, 790 tokens/s). vLLM on a GPU has not been measured here; it batches more rows per step and should
-# be faster, so a call's time estimated at this rate is conservative (long) - what a timeout must cover.
+# The one GPU generation rate recorded here (docs/benchmarks.md, "GPU learner and HF generate": HF generate on
+# one H200, 1.5B shape, 64 rows, 790 tokens/s). vLLM on a GPU has not been measured here; it batches more rows
+# per step and should be faster, so a call's time estimated at this rate is conservative (long) - what a timeout
+# must cover.
 ASSUMED_GPU_TOKENS_PER_S = 790.0
 
 # torch's default timeout of a collective (NCCL's watchdog aborts the rank past it)
@@ -48,7 +49,7 @@ def longest_call(cfg: Config) -> str:
     seconds = tokens / ASSUMED_GPU_TOKENS_PER_S
     line += (
         f"; about {seconds:.0f} s at {ASSUMED_GPU_TOKENS_PER_S:.0f} tokens/s (the only GPU generation rate "
-        "recorded, HF generate on an H200, docs/gpu.md; vLLM should be faster)"
+        "recorded, HF generate on an H200, docs/benchmarks.md; vLLM should be faster)"
     )
     if a.weight_sync != "collective":
         return line

@@ -21,6 +21,7 @@ from typing import Any
 from exgrpo.core.config import Config, ConfigError
 from exgrpo.core.names import CONTROLLER, learner_name, replay_name, sampler_name
 from exgrpo.runtime.longest_call import longest_call
+from exgrpo.runtime.step_time import step_time
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +306,8 @@ def check_cluster(cfg: Config, *, model_path: str | Path | None = None, wait_s: 
 
 
 def placement_plan(cfg: Config) -> str:
-    """Which actors start, with which resources, and the longest sampler call (`python -m exgrpo.run --dry-run`)."""
+    """Which actors start, with which resources, the longest sampler call and, for GPU runs, the time a step
+    and the run would take at the recorded rates (`python -m exgrpo.run --dry-run`)."""
     s, lr, r = cfg.samplers, cfg.learners, cfg.replay
     rows = [
         (learner_name(i), lr.num_cpus, lr.num_gpus, "placement group 'learners' (PACK)")
@@ -328,6 +330,8 @@ def placement_plan(cfg: Config) -> str:
         f"stage {lr.zero_stage}, weight sync {cfg.async_.weight_sync}, max staleness {cfg.async_.max_staleness}"
     )
     lines.append(longest_call(cfg))
+    if estimate := step_time(cfg):
+        lines.append(estimate)
     return "\n".join(lines)
 
 

@@ -64,8 +64,9 @@ def test_checkpointing_and_chunking_shrink_what_they_should():
 
 
 def test_the_recorded_h200_peak_is_predicted_within_five_percent():
-    """docs/gpu.md: 53.5 GiB for the 1.5B shape, bf16, one rank, 4 x (256 + 1024) tokens, full logits (ZeRO-1 on
-    one rank partitions nothing: the plan is ZeRO-0's, which bf16 configs may not use)."""
+    """docs/benchmarks.md ("GPU learner and HF generate"): 53.5 GiB for the 1.5B shape, bf16, one rank,
+    4 x (256 + 1024) tokens, full logits (ZeRO-1 on one rank partitions nothing: the plan is ZeRO-0's, which bf16
+    configs may not use)."""
     cfg = load_config(
         "configs/qwen2.5-math-1.5b.yaml",
         [
