@@ -3,7 +3,9 @@
 `train(config, overrides=, reward_fn=, train_data=, eval_data=)` runs what `python -m exgrpo.run` runs
 (`exgrpo.runtime.recipe.train`) on the same cluster choice. A `reward_fn` runs in the verifier's workers exactly
 as a `reward.fn` (deadline, isolation, failures scored 0); rows in memory are written into `<run_dir>/data/`, so
-the run dir holds what `--resume` needs, and a bad row is named by its index before anything starts. More:
+the run dir holds what `--resume` needs, and a bad row is named by its index before anything starts. With
+`logging.progress=false` (no phase lines, no step bar) it prints one line before the start-up naming what it
+starts (`quiet_start`), then nothing until the summary. More:
 README.md ("Python API"), docs/data.md ("Rows in memory"); tests: tests/integration/test_api.py.
 """
 
@@ -15,6 +17,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -79,6 +82,8 @@ def train(
         # a run directory that works from anywhere, as the command line's: absolute paths, a reward file copied
         cfg, copied = self_contained(cfg)
         made = made or copied
+        if not cfg.logging.progress:  # no phase lines nor step bar: one line, so the caller knows it started
+            print(quiet_start(cfg), file=sys.stderr, flush=True)
         return recipe.train(cfg)
     except _refused():
         _forget(made)
@@ -86,6 +91,21 @@ def train(
     finally:
         if started_here:
             ray.shutdown()
+
+
+def quiet_start(cfg: Config) -> str:
+    """The line a start with `logging.progress=false` prints: what it starts, and that it stays quiet."""
+    from exgrpo.reporting.console import PREFIX
+
+    def n(count: int, what: str) -> str:
+        return f"{count} {what}{'' if count == 1 else 's'}"
+
+    run_dir = f"; metrics in {cfg.logging.run_dir}/metrics.jsonl" if cfg.logging.run_dir else ""
+    return (
+        f"{PREFIX} starting Ray and {n(cfg.samplers.num, 'sampler')}, {n(cfg.learners.num, 'learner')}, "
+        f"{n(cfg.replay.num_shards, 'replay shard')} to train {cfg.model.path} for {n(cfg.trainer.steps, 'step')}; "
+        f"quiet until the summary (logging.progress=false){run_dir}"
+    )
 
 
 def _refused() -> tuple[type[BaseException], ...]:

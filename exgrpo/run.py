@@ -43,8 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = _config(parser, args)
     if isinstance(cfg, int):  # --help-config, or an error already printed
         return cfg
-    if args.print_config:
-        print(cfg.to_yaml(), end="")
+    if args.print_config:  # a reward given to train(reward_fn=...) by its name, not its cloudpickle spec
+        from exgrpo.core.config_display import shown_yaml
+
+        print(shown_yaml(cfg), end="")
         return 0
     from exgrpo.runtime import recipe as launch
 

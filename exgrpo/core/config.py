@@ -130,27 +130,58 @@ def parse_sections(data: Any) -> dict[str, Any]:
     """
     if not isinstance(data, dict):
         raise ConfigError(f"a config must be a mapping of sections, got {type(data).__name__}")
+    _no_unknown_keys(data)
     sections: dict[str, Any] = {}
-    top_keys = [yaml_key(f.name) for f in fields(Config)]
     hints = get_type_hints(Config)
     for key, value in data.items():
         name = field_name(Config, key)
-        if name is None:
-            raise ConfigError(f"unknown config section {key!r}{did_you_mean(key, top_keys)}")
+        assert name is not None  # _no_unknown_keys
         cls = hints[name]
         if value is None:
             value = {}
         if not isinstance(value, dict):
             raise ConfigError(f"config section {key!r} must be a mapping, got {value!r}")
         sub_hints = get_type_hints(cls)
-        sub_keys = [f.name for f in fields(cls)]
-        kwargs = {}
-        for sub, v in value.items():
-            if sub not in sub_hints:
-                raise ConfigError(f"unknown config key {key}.{sub}{did_you_mean(sub, sub_keys)}")
-            kwargs[sub] = _coerce(v, sub_hints[sub], f"{key}.{sub}")
+        kwargs = {sub: _coerce(v, sub_hints[sub], f"{key}.{sub}") for sub, v in value.items()}
         sections[name] = cls(**kwargs)
     return sections
+
+
+def _no_unknown_keys(data: dict[Any, Any]) -> None:
+    """Raise one ConfigError naming every unknown section and key of `data`, each with its closest valid
+    name (a typo or two in a file are all reported at once, not one per try)."""
+    top_keys = [yaml_key(f.name) for f in fields(Config)]
+    hints = get_type_hints(Config)
+    unknown: list[str] = []
+    for key, value in data.items():
+        name = field_name(Config, key)
+        if name is None:
+            unknown.append(f"unknown config section {key!r}{did_you_mean(key, top_keys)}")
+        elif isinstance(value, dict):
+            sub_keys = [f.name for f in fields(hints[name])]
+            unknown += [
+                f"unknown config key {key}.{sub}{_nearest(sub, sub_keys, hints)}"
+                for sub in value
+                if sub not in sub_keys
+            ]
+    if len(unknown) == 1:
+        raise ConfigError(unknown[0])
+    if unknown:
+        kinds = sorted({u.split()[2] for u in unknown})  # key, section
+        listed = "\n".join(f"  {u.removeprefix('unknown config ')}" for u in unknown)
+        raise ConfigError(f"{len(unknown)} unknown config {' and '.join(k + 's' for k in kinds)}:\n{listed}")
+
+
+def _nearest(sub: Any, sub_keys: list[str], hints: dict[str, Any]) -> str:
+    """The tail of an unknown-key error: the closest key of its own section; else the same key, or else the
+    closest one, in another section (`trainer.lr`: `learners.lr`); else the section's valid keys."""
+    if difflib.get_close_matches(str(sub), sub_keys, n=1):
+        return did_you_mean(sub, sub_keys)
+    others = {f"{yaml_key(f.name)}.{g.name}": g.name for f in fields(Config) for g in fields(hints[f.name])}
+    same = [full for full, name in others.items() if name == sub]
+    near = same or difflib.get_close_matches(str(sub), list(others.values()), n=1)
+    homes = same or [full for full, name in others.items() if near and name == near[0]]
+    return f"; did you mean {' or '.join(homes)}?" if homes else did_you_mean(sub, sub_keys)
 
 
 def from_dict(data: dict[str, Any]) -> Config:

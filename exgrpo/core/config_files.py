@@ -101,14 +101,14 @@ def load_config(
             raise ConfigError(f"{path}: a config file must be a mapping of sections")
         if resolve_config_path(path).resolve().parent == PACKAGED_CONFIGS.resolve():
             user = anchor_paths(user, PROJECT_ROOT)
-        layers.append(_checked(user, f"config file {str(path)!r}"))
-    layers += [_checked(parse_override(text), f"override {text!r}") for text in overrides]
-    return from_dict(_layered(data, layers))
+        layers.append((user, f"config file {str(path)!r}"))
+    layers += [(parse_override(text), f"override {text!r}") for text in overrides]
+    return from_dict(_layered(data, _checked_all(layers)))
 
 
 def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Config:
     """`cfg` with dotted overrides applied (as on the command line), validated."""
-    layers = [_checked(parse_override(text), f"override {text!r}") for text in overrides]
+    layers = _checked_all([(parse_override(text), f"override {text!r}") for text in overrides])
     return from_dict(_layered(cfg.to_dict(), layers)) if layers else cfg
 
 
@@ -138,6 +138,20 @@ def anchor_paths(data: dict[str, Any], root: Path) -> dict[str, Any]:
         if not Path(file).is_absolute() and (root / file).exists():
             out[section][key] = f"{root / file}{sep}{name}"
     return out
+
+
+def _checked_all(layers: list[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
+    """The layers (a file, then the overrides) after `_checked`; the errors of all of them in one ConfigError,
+    so a file and an override with a typo each are both reported at once."""
+    errors = []
+    for data, where in layers:
+        try:
+            _checked(data, where)
+        except ConfigError as err:
+            errors.append(str(err))
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return [data for data, _ in layers]
 
 
 def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:

@@ -114,7 +114,8 @@ def heldout_gain(evals: Sequence[dict[str, Any]]) -> dict[str, Any]:
     se = (sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d)) ** 0.5
     out: dict[str, Any] = {"eval_gain": mean, "eval_gain_se": se}
     sources = evals[0].get("sources")
-    if sources and len(sources) == len(d):
+    # one source: its gain is the total's, so it is left out (the summary would print the same line twice)
+    if sources and len(sources) == len(d) and len(set(sources)) > 1:
         by: dict[str, list[float]] = {}
         for src, x in zip(sources, d, strict=True):
             by.setdefault(src, []).append(x)

@@ -9,6 +9,7 @@ plan leaves out: docs/gpu.md ("The plan's arithmetic"); tests: tests/exgrpo/runt
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,7 +214,7 @@ def plan(cfg: Config, shape: Shape, *, device_gib: float = 80.0) -> Plan:
     kv_tokens = max(0, budget) // per_token
     seq = m.max_prompt_len + m.max_response_len
     needed = s.requests_per_call * cfg.trainer.rollouts_per_question * seq
-    knobs = _knobs(cfg, terms, device, on_gpu[0])
+    knobs = _knobs(cfg, shape, terms, device, on_gpu[0])
     receive = PACKED_NUM_BUFFERS * _packed_chunk(shape, b) if cfg.async_.weight_sync == "collective" else 0
     return Plan(
         learner=terms,
@@ -234,7 +235,7 @@ def plan(cfg: Config, shape: Shape, *, device_gib: float = 80.0) -> Plan:
     )
 
 
-def _knobs(cfg: Config, terms: dict[str, int], device: int, on_gpu: bool) -> tuple[str, ...]:
+def _knobs(cfg: Config, shape: Shape, terms: dict[str, int], device: int, on_gpu: bool) -> tuple[str, ...]:
     """What would make an unfitting learner fit, most direct first."""
     lr = cfg.learners
     limit = HEADROOM * device
@@ -260,7 +261,35 @@ def _knobs(cfg: Config, terms: dict[str, int], device: int, on_gpu: bool) -> tup
     if lr.zero_stage < 3:
         out.append("set learners.zero_stage=3 (partitions the weights too)")
     out.append(f"more learner ranks (learners.num > {lr.num}) to partition the optimiser state")
+    out += _lora_knob(cfg, shape, limit)
     return tuple(out)
+
+
+LORA_RANK = 16  # the rank the LoRA fix names (docs/lora-kl.md)
+
+
+def _lora_knob(cfg: Config, shape: Shape, limit: float) -> list[str]:
+    """LoRA as a fix, when the run trains the full weights and LoRA fits (at ZeRO <= 2, which it needs; with
+    gradient checkpointing when it fits only so): it keeps no full gradients nor optimiser state, and trains
+    adapters instead of the weights."""
+    lr = cfg.learners
+    if lr.lora_rank > 0:
+        return []
+    lora = dataclasses.replace(lr, lora_rank=LORA_RANK, zero_stage=min(lr.zero_stage, 2))
+    for checkpointing in (lr.gradient_checkpointing, "on"):  # alone; else with gradient checkpointing
+        with_lora = dataclasses.replace(lora, gradient_checkpointing=checkpointing)
+        peak = learner_peak(learner_terms(dataclasses.replace(cfg, learners=with_lora), shape, on_gpu=True))
+        if peak <= limit:
+            sets = " ".join(
+                f"learners.{k}={getattr(with_lora, k)}"
+                for k in ("lora_rank", "zero_stage", "gradient_checkpointing")
+                if getattr(with_lora, k) != getattr(lr, k)
+            )
+            return [
+                f"set {sets} (LoRA: a rank then needs {peak / GIB:.1f} GiB; it trains low-rank adapters, not "
+                "the full weights: docs/lora-kl.md)"
+            ]
+    return []
 
 
 def _phase_of(term: str) -> str:
@@ -315,10 +344,28 @@ def render(p: Plan, *, title: str) -> str:
             f"trainer.keep_checkpoints={p.checkpoints_kept} keeps {p.checkpoints_kept * one / GIB:.1f} GiB, "
             f"{(p.checkpoints_kept + 1) * one / GIB:.1f} GiB while the next one is written"
         )
-    verdict = "fits" if p.fits else "DOES NOT FIT"
-    lines.append(f"  plan: {verdict} (a learner fits under {HEADROOM:.0%} of the device)")
+    lines.append(verdict(p))
     lines += [f"  fix: {k}" for k in p.knobs]
     return "\n".join(lines)
+
+
+def verdict(p: Plan) -> str:
+    """The plan's verdict: what a learner rank (and a sampler GPU) needs against what it may use."""
+    limit = HEADROOM * p.device_bytes
+    allowed = f"{limit / GIB:.1f} GiB ({HEADROOM:.0%} of the {p.device_bytes / GIB:.0f} GiB device)"
+    need = f"a learner rank needs {p.learner_peak / GIB:.1f} GiB"
+    short = []  # what does not fit
+    if p.on_gpu[0] and p.learner_peak > limit:
+        short.append(f"{need}; it may use {allowed}")
+    if p.on_gpu[1] and p.kv_tokens < p.seq_tokens:
+        short.append(
+            f"the sampler's KV cache holds {p.kv_tokens} tokens, less than one sequence ({p.seq_tokens})"
+        )
+    if p.on_gpu[1] and p.sampler_peak > p.device_bytes:
+        short.append(f"a sampler GPU needs {p.sampler_peak / GIB:.1f} GiB of {p.device_bytes / GIB:.0f} GiB")
+    if short:
+        return f"  plan: DOES NOT FIT: {'; '.join(short)}"
+    return f"  plan: fits: {need}; it may use {allowed}" if p.on_gpu[0] else "  plan: fits"
 
 
 def dry_run_report(

@@ -171,6 +171,10 @@ def test_heldout_gain_is_the_paired_mean_with_its_standard_error():
         (0.25, 0.25)
     )  # d = [0.5, 0]: s.e. = 0.5 / sqrt(2) / sqrt(2)
     assert heldout_gain(evals[:1]) == {}  # one evaluation: no gain
+    one = [dict(e, sources=["math"] * 4) for e in evals]  # one source: its gain is the total, not repeated
+    assert "gain_by_source" not in heldout_gain(one) and "  gain math" not in format_summary(
+        summary(fake_run()[0], [dict(fake_run()[1][i], **one[i]) for i in (0, 1)], 30.0)
+    )
 
 
 NASTY = '<script>document.title="pwned"</script> & <b>1</b> \\boxed{7}'
