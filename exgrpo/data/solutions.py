@@ -1,33 +1,26 @@
 """Worked solutions from a data file, for the supervised cold start (`python -m exgrpo.cold_start`).
 
-`read_solutions(spec)` reads a parquet / JSON-lines file, a `save_to_disk` directory or an `hf:` dataset with the
-project's reader rules (docs/data.md: the layout decides the question, the qid and the data source; a row that is
-no prompt is a bad row) and pairs each prompt with the text of its solution column: `column`, else the first of
-`SOLUTION_COLUMNS` the file has (a `DataError` naming the columns found when none). A solution is a non-empty
-string, or chat messages (openr1's `target`), whose last assistant message is taken. Rows without a solution are
-counted and skipped (`on_bad_row="skip"`) or refused (`"error"`), never dropped silently. Tests:
+`read_solutions(spec)` reads a parquet / JSON-lines file, a `save_to_disk` directory or an `hf:` dataset as a run
+reads it (`exgrpo.data.readers.read_prompts`, docs/data.md: the layout decides the question, the qid and the data
+source; a row that is no prompt is a bad row, skipped and counted; a gold answer is not needed) and pairs each
+prompt with the text of its row's solution column: `column`, else the first of `SOLUTION_COLUMNS` the file has (a
+`DataError` naming the columns found when none). A solution is a non-empty string, or chat messages (openr1's
+`target`), whose last assistant message is taken. Rows without a solution are counted and skipped
+(`on_bad_row="skip"`) or refused (`"error"`), never dropped silently. Tests:
 tests/learners/test_cold_start_rows.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from exgrpo.core.records import Prompt
 from exgrpo.data.errors import DataError
-from exgrpo.data.readers import (
-    _LAYOUT_COLUMNS,
-    JSONL_SUFFIXES,
-    PARQUET_SUFFIXES,
-    BadRow,
-    _choose_layout,
-    _parquet_rows,
-    _read_jsonl,
-)
-from exgrpo.data.rows import RowError, to_prompt
+from exgrpo.data.readers import JSONL_SUFFIXES, PARQUET_SUFFIXES, BadRow, read_prompts
 
 SOLUTION_COLUMNS = ("solution", "target", "response", "completion", "output")  # tried in this order
 
@@ -66,32 +59,38 @@ def solution_text(value: Any) -> str:
     return ""
 
 
-def _raw_rows(spec: str) -> tuple[list[str], Iterable[tuple[int, dict[str, Any]]], list[BadRow]]:
-    """(columns, (row, record) pairs, rows that are no JSON object) of a data spec, every column kept."""
+def _column_by_row(spec: str, pick: Callable[[list[str]], str]) -> tuple[str, dict[int, Any]]:
+    """The column `pick(column names)` chooses and its value per row (rows numbered as the project's reader numbers
+    them: docs/data.md, "Question ids"); a line or item that is no JSON object is left out (the reader counts it
+    as a bad row). A parquet file's other columns are not read."""
     from exgrpo.data import hf_datasets
 
     if hf_datasets.is_dataset_spec(spec):
         columns, rows = hf_datasets.load_rows(spec)
-        return columns, rows, []
+        chosen = pick(columns)
+        return chosen, {row: rec.get(chosen) for row, rec in rows}
     path = Path(spec)
-    if not path.is_file():
-        raise DataError(f"dataset file {spec!r} does not exist")
-    suffix = path.suffix.lower()
-    if suffix in PARQUET_SUFFIXES:
+    if path.suffix.lower() in PARQUET_SUFFIXES:
         import pyarrow.parquet as pq
 
-        try:
-            columns = pq.read_schema(path).names
-        except Exception as err:  # noqa: BLE001 - any unreadable file is the same error to the user
-            raise DataError(f"{spec!r} is not a readable parquet file: {err}") from err
-        return columns, _parquet_rows(path, None), []
-    if suffix in JSONL_SUFFIXES:
-        records, bad = _read_jsonl(path)
-        return sorted({key for _, rec in records for key in rec}), records, bad
-    raise DataError(
-        f"cannot read {spec!r}: unknown suffix {path.suffix!r}; use one of "
-        f"{', '.join(PARQUET_SUFFIXES + JSONL_SUFFIXES)}, a save_to_disk directory or hf:org/name"
-    )
+        chosen = pick(pq.read_schema(path).names)
+        return chosen, dict(enumerate(pq.read_table(path, columns=[chosen]).column(chosen).to_pylist()))
+    assert path.suffix.lower() in JSONL_SUFFIXES  # read_prompts refused any other suffix
+    data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
+    if path.suffix.lower() == ".json" and data.lstrip().startswith(b"["):
+        items = enumerate(json.loads(data.decode("utf-8")))
+    else:
+        items = enumerate(_json_or_none(line) for line in data.split(b"\n"))
+    records = {row: item for row, item in items if isinstance(item, dict)}
+    chosen = pick(sorted({key for rec in records.values() for key in rec}))
+    return chosen, {row: rec.get(chosen) for row, rec in records.items()}
+
+
+def _json_or_none(line: bytes) -> Any:
+    try:
+        return json.loads(line.decode("utf-8")) if line.strip() else None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
 
 
 def pick_column(columns: Sequence[str], column: str | None, *, spec: str, question_key: str) -> str:
@@ -124,41 +123,24 @@ def read_solutions(
 ) -> Solutions:
     """The (prompt, solution) pairs of a data spec (module docstring). Raises `DataError` for a file the reader
     refuses, no solution column, no row with a solution, or (`on_bad_row="error"`) any row without one."""
-    columns, rows, bad = _raw_rows(spec)
-    layout = _choose_layout("auto", columns, question_key=question_key, path=Path(spec))
-    chosen = pick_column(columns, column, spec=spec, question_key=question_key)
-    from exgrpo.data.hf_datasets import is_dataset_spec, source_name
-
-    source = source_name(spec) if is_dataset_spec(spec) else Path(spec).stem
-    keep = {*_LAYOUT_COLUMNS[layout], question_key, answer_key}
+    # the prompts as a run reads them (an answer optional: a solution needs no gold answer)
+    read = read_prompts(spec, question_key=question_key, answer_key=answer_key, for_reward_fn=True)
+    chosen, records = _column_by_row(
+        spec, lambda columns: pick_column(columns, column, spec=spec, question_key=question_key)
+    )
+    skipped = {b.row for b in read.skipped}
+    rows = [row for row in sorted(records) if row not in skipped]  # the rows the prompts came from, in order
+    if len(rows) != len(read.prompts):
+        raise DataError(f"{spec!r}: {len(read.prompts)} prompts but {len(rows)} rows; cannot pair them")
     pairs: list[tuple[Prompt, str]] = []
     unsolved: list[BadRow] = []
-    seen: set[str] = set()
-    n = len(bad)
-    for row, record in rows:
-        n += 1
-        try:  # the layout's own columns only, an answer optional: a solution needs no gold answer
-            prompt = to_prompt(
-                {k: v for k, v in record.items() if k in keep},
-                row=row,
-                layout=layout,
-                source=source,
-                question_key=question_key,
-                answer_key=answer_key,
-                for_reward_fn=True,
-            )
-        except RowError as err:
-            bad.append(BadRow(row, str(err)))
-            continue
-        if prompt.qid in seen:
-            bad.append(BadRow(row, f"duplicate qid {prompt.qid!r}"))
-            continue
-        seen.add(prompt.qid)
-        text = solution_text(record.get(chosen))
-        if not text:
+    for row, prompt in zip(rows, read.prompts, strict=True):
+        text = solution_text(records[row])
+        if text:
+            pairs.append((prompt, text))
+        else:
             unsolved.append(BadRow(row, f"no solution in column {chosen!r} (qid {prompt.qid})"))
-            continue
-        pairs.append((prompt, text))
+    n, layout, bad = len(records) + len(skipped - records.keys()), read.layout, list(read.skipped)
     found = Solutions(
         tuple(pairs), chosen, layout, n, tuple(unsolved), tuple(sorted(bad, key=lambda b: b.row))
     )

@@ -115,3 +115,22 @@ def test_held_out_questions_and_a_builtin_task_with_a_column_are_refused(tmp_pat
     assert main([*argv, "--solution-column", "solution"]) == 2
     assert "data.train=builtin:arith is a builtin task" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_json_lines_pair_each_prompt_with_its_own_rows_solution(tmp_path: Path) -> None:
+    lines = [
+        '{"question": "What is 1 + 1?", "response": "1 + 1 = 2"}',
+        "",  # a blank line is no row but shifts the row numbers after it
+        "not JSON",
+        '{"question": "", "response": "an empty question: a bad row"}',
+        '{"question": "What is 2 + 2?", "response": "2 + 2 = 4"}',
+    ]
+    path = tmp_path / "mine.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    found = read_solutions(str(path))
+    assert found.column == "response" and len(found.bad) == 2
+    assert [(p.qid, p.question, t) for p, t in found.pairs] == [
+        ("mine:0", "What is 1 + 1?", "1 + 1 = 2"),
+        ("mine:4", "What is 2 + 2?", "2 + 2 = 4"),
+    ]
+    assert "skipped 2 malformed" in found.summary(str(path))
