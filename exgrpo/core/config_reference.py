@@ -225,9 +225,9 @@ def markdown() -> str:
         f"<!-- generated from exgrpo/core/config.py by `{REGENERATE}`; do not edit by hand -->",
         "",
         f"Every setting of a training run: {n} settings in {len(found)} sections. The default is the value "
-        "`python -m exgrpo.run` starts from (the packaged default config on top of the code's defaults; "
-        "where the code's own default differs it follows in parentheses). The valid range is checked "
-        "when the config loads.",
+        "every run starts from: the packaged default config (`exgrpo/configs/default.yaml`), which "
+        "`python -m exgrpo.run` and `exgrpo.train()` (given a file, a config's name or nothing) read first. The valid range is checked when the config "
+        f"loads. {IN_CODE_NOTE} The same settings by the names of TRL and verl: [peers.md](peers.md).",
         "",
         "## Config files",
         "",
@@ -251,13 +251,30 @@ def markdown() -> str:
             "|---|---|---|---|---|",
         ]
         for s in rows:
-            default = f"`{_cell(s.default)}`" + (
-                f" (code: `{_cell(s.code_default)}`)" if s.code_default != s.default else ""
-            )
             lines.append(
-                f"| `{s.key}` | {_cell(s.type)} | {default} | {_cell(s.valid)} | {_cell(s.meaning)} |"
+                f"| `{s.key}` | {_cell(s.type)} | `{_cell(s.default)}` | {_cell(s.valid)} | {_cell(s.meaning)} |"
             )
+    differ = [s for rows in found.values() for s in rows if s.code_default != s.default]
+    lines += [
+        "",
+        f"## {IN_CODE}",
+        "",
+        IN_CODE_TABLE,
+        "",
+        "| key | a run's default | `Config()`'s |",
+        "|---|---|---|",
+    ]
+    lines += [f"| `{s.key}` | `{_cell(s.default)}` | `{_cell(s.code_default)}` |" for s in differ]
     return "\n".join(lines) + "\n"
+
+
+IN_CODE = "`Config()` in Python"
+BUILT = (
+    "A `Config()` built in Python (which `exgrpo.train` also takes) does not read the packaged default config: it "
+    "keeps the dataclasses' own values"
+)
+IN_CODE_NOTE = f'{BUILT}; the settings where they differ are listed under "{IN_CODE}" at the end.'
+IN_CODE_TABLE = f"{BUILT}. They differ from a run's defaults in these settings:"
 
 
 def plain_text(section: str | None = None) -> str:
@@ -271,9 +288,15 @@ def plain_text(section: str | None = None) -> str:
             continue
         out.append(name)
         for s in rows:
-            code = f" (code: {s.code_default})" if s.code_default != s.default else ""
-            out.append(f"  {s.key}: {s.type} = {s.default}{code}; valid: {s.valid}")
+            out.append(f"  {s.key}: {s.type} = {s.default}; valid: {s.valid}")
             out += textwrap.wrap(s.meaning, width=100, initial_indent="      ", subsequent_indent="      ")
+        differ = ", ".join(f"{s.key}={s.code_default}" for s in rows if s.code_default != s.default)
+        if differ:  # once per section: the default is a run's; a Config() built in Python starts elsewhere
+            note = (
+                "(the defaults above are a run's, from exgrpo/configs/default.yaml; a Config() built in Python "
+                f"without that file has {differ})"
+            )
+            out += textwrap.wrap(note, width=100, initial_indent="  ", subsequent_indent="  ")
         out.append("")
     return "\n".join(out)
 

@@ -11,7 +11,14 @@ from exgrpo import run
 from exgrpo.core import config_reference
 from exgrpo.core.config import BOUNDS, Config, ConfigError, setting
 from exgrpo.core.config_files import load_config
-from exgrpo.core.config_reference import REGENERATE, field_comments, markdown, sections, undocumented
+from exgrpo.core.config_reference import (
+    REGENERATE,
+    field_comments,
+    markdown,
+    plain_text,
+    sections,
+    undocumented,
+)
 
 
 def test_docs_config_md_is_current():
@@ -81,10 +88,16 @@ def test_types_defaults_and_ranges_come_from_the_code():
     assert _row("loss.entropy_coef").valid == "any value (< 0 rewards lower entropy)"  # NO_RANGE
     assert _row("samplers.autoscale_min").valid == "[1, samplers.autoscale_max]"
     assert _row("logging.backends").valid == "any of jsonl, tensorboard, wandb"
-    # the default is what a run starts from (the packaged default.yaml), the code's own one beside it
+    # the default shown is what a run starts from (the packaged default.yaml); the code's own one, where it
+    # differs, is listed once at the end (markdown) or once per section (--help-config)
     steps = _row("trainer.steps")
     assert (steps.default, steps.code_default) == (str(load_config().trainer.steps), "20")
-    assert "| `trainer.steps` | int | `100` (code: `20`) | >= 1 |" in markdown()
+    text = markdown()
+    assert "| `trainer.steps` | int | `100` | >= 1 |" in text and "(code:" not in text
+    assert text.split("## `Config()` in Python", 1)[1].count("| `trainer.steps` | `100` | `20` |") == 1
+    help_text = plain_text("trainer")
+    assert "trainer.steps: int = 100; valid" in help_text and "(code:" not in help_text
+    assert "a Config() built in Python without that file has trainer.steps=20," in " ".join(help_text.split())
 
 
 def test_the_header_lists_the_shipped_configs_and_the_override_syntax():
