@@ -1,4 +1,4 @@
-"""The config as `--print-config` shows it: a reward given as a Python callable by its name.
+"""The config as `--print-config` and report.html show it: a reward given as a Python callable by its name.
 
 `train(reward_fn=...)` (the Python API) stores the callable in `reward.fn` as a `cloudpickle:` spec, a
 base64 string of several hundred to a few thousand characters that the run's `config.yaml` must keep
@@ -34,11 +34,30 @@ def shown_yaml(cfg: Config) -> str:
 
     data = cfg.to_dict()
     data["reward"]["fn"] = packed_name(spec)
-    note = (
+    return _note(spec) + yaml.safe_dump(data, sort_keys=False)
+
+
+def shown_text(config_yaml: str) -> str:
+    """A config's YAML text (a run's `config.yaml`, as report.html shows it) with a packed reward by its name;
+    any other text as it is."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(config_yaml)
+        spec = data["reward"]["fn"]
+    except (yaml.YAMLError, KeyError, TypeError):
+        return config_yaml
+    if not isinstance(spec, str) or not spec.startswith(PACKED):
+        return config_yaml
+    data["reward"]["fn"] = packed_name(spec)
+    return _note(spec) + yaml.safe_dump(data, sort_keys=False)
+
+
+def _note(spec: str) -> str:
+    return (
         "# reward.fn: a Python callable given to train(reward_fn=...), shown by its name;\n"
         f"# the run's config.yaml keeps the callable itself ({len(spec)} characters of cloudpickle)\n"
     )
-    return note + yaml.safe_dump(data, sort_keys=False)
 
 
 def packed_name(spec: str) -> str:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.core import metric_names as M
+from exgrpo.core.config_display import shown_text
 from exgrpo.core.fileio import atomic_write_text
 from exgrpo.reporting.console import Phase
 from exgrpo.reporting.plots import FIGURES as FIGURES  # the figure names, for its readers
@@ -344,7 +345,7 @@ def report_html(
             f'<img alt="{esc(title)}" src="data:image/png;base64,{data}" '
             f'onload="this.dataset.loaded=this.naturalWidth" onerror="this.dataset.failed=1"></div>'
         )
-    config = f"<h2>Config</h2><pre>{esc(config_yaml)}</pre>" if config_yaml else ""
+    config = f"<h2>Config</h2><pre>{esc(shown_text(config_yaml))}</pre>" if config_yaml else ""
     return (
         f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>exgrpo run {esc(run_id)}</title>'
         f"<style>{_CSS}</style></head><body>\n<h1>exgrpo run {esc(run_id)}</h1>\n"

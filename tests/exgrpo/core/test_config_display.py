@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from exgrpo.core.config_display import packed_name, shown_yaml
+from exgrpo.core.config_display import packed_name, shown_text, shown_yaml
 from exgrpo.core.config_files import load_config
 from exgrpo.verify.closure import combine, pack
 
@@ -61,3 +61,13 @@ def test_print_config_shows_the_name_and_config_yaml_keeps_the_spec(tmp_path, ca
     assert (
         shown_yaml(load_config("tiny-cpu", ())) == load_config("tiny-cpu", ()).to_yaml()
     )  # others unchanged
+
+
+def test_report_html_shows_the_name_too():
+    from exgrpo.reporting.report import report_html, summary
+
+    cfg = load_config("tiny-cpu", ())
+    packed = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, fn=pack(exact_match)))
+    page = report_html(summary([], [], 1.0), {}, run_id="r", config_yaml=packed.to_yaml())
+    assert "cloudpickle:" not in page and f"fn: {__name__}:exact_match (in-memory)" in page
+    assert shown_text(cfg.to_yaml()) == cfg.to_yaml() and shown_text("[unparsed") == "[unparsed"
