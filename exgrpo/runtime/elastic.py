@@ -9,7 +9,7 @@ is `--dry-run`'s line on the largest ask. `autoscaler_status` reads from the GCS
 add nodes watches the cluster (Ray's read-only provider, which a local cluster or one started without
 `--autoscaling-config` runs, cannot): the start says so, and `ClusterRequest` asks quietly there. More:
 docs/operating.md, "Elastic and spot samplers"; tests/integration/test_elastic_autoscaler.py,
-tests/exgrpo/runtime/test_elastic_status.py.
+tests/exgrpo/runtime/test_autoscale_reach.py.
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ class ClusterRequest:
                 log.warning("samplers.autoscale: %s", NO_AUTOSCALER)
             elif self.verdict == AUTOSCALER:
                 log.info(
-                    "samplers.autoscale: Ray's autoscaler here launches nodes of types %s", ", ".join(types)
+                    "samplers.autoscale: an autoscaler runs on this Ray cluster (its nodes now: %s)",
+                    ", ".join(types),
                 )
         try:
             self.request(bundles=[dict(self.bundle) for _ in range(num)])
@@ -273,7 +274,9 @@ def pool_hooks(cfg: Any) -> ElasticHooks:
     if verdict == NONE:
         log.warning("samplers.autoscale: %s", NO_AUTOSCALER)
     elif verdict == AUTOSCALER:
-        log.info("samplers.autoscale: Ray's autoscaler here launches nodes of types %s", ", ".join(types))
+        log.info(
+            "samplers.autoscale: an autoscaler runs on this Ray cluster (its nodes now: %s)", ", ".join(types)
+        )
     ask = s.autoscale and s.autoscale_request_resources
     return ElasticHooks(
         on_scale=ClusterRequest(sampler_bundle(s), verdict=verdict) if ask else None,

@@ -1,4 +1,4 @@
-"""The cold start on the user's own rows (exgrpo/data/solutions.py, exgrpo/cold_start.py): a real parquet file's
+"""The cold start on the user's own rows (exgrpo/cold_start.py): a real parquet file's
 solution column (named, or found: openr1's `target` messages), rows without a solution counted and skipped (or
 refused), a clear error naming the columns when no column fits, the run's held-out questions refused, and the
 tiny model fine-tuned on the file's solutions through the command line with the prompt tokens never trained on."""
@@ -14,9 +14,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from exgrpo.cold_start import main
+from exgrpo.cold_start import main, read_solutions, solution_text
 from exgrpo.data.errors import DataError
-from exgrpo.data.solutions import read_solutions, solution_text
 from exgrpo.data.tasks import builtin_task
 from learners.cold_start import batch_tensors, training_rows
 

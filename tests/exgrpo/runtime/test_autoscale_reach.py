@@ -62,7 +62,7 @@ def test_asks_with_an_autoscaler_are_logged_and_the_end_is_a_release(caplog):
         req(2)
         req(0)
     text = caplog.text
-    assert "launches nodes of types ray.head.default, sampler" in text
+    assert "an autoscaler runs on this Ray cluster (its nodes now: ray.head.default, sampler)" in text
     assert "asked Ray's autoscaler for 2 sampler bundles of {'CPU': 1.0}" in text
     assert "released the run's request to Ray's autoscaler" in text and "0 sampler bundles" not in text
 
