@@ -73,7 +73,7 @@ def read_prompts(
         raise DataError(f"on_bad_row={on_bad_row!r} must be 'skip' or 'error'")
     dataset = hf_datasets.is_dataset_spec(spec)  # a save_to_disk directory or hf:org/name (datasets)
     if not dataset and not path.is_file():
-        raise DataError(f"dataset file {spec!r} does not exist")
+        raise DataError(f"dataset file {spec!r} does not exist{_builder_hint(path)}")
     source = source_name or (hf_datasets.source_name(spec) if dataset else path.stem)
     suffix = path.suffix.lower()
     bad: list[BadRow] = []
@@ -137,6 +137,18 @@ def read_prompts(
         detail = f": {_bad_rows_message(path, bad, n_rows)}" if bad else ""
         raise DataError(f"{str(path)!r} holds no valid prompt ({n_rows} rows, layout {chosen}){detail}")
     return ReadResult(prompts=tuple(prompts), skipped=tuple(bad), layout=chosen)
+
+
+def _builder_hint(path: Path) -> str:
+    """For a missing file named as one the benchmark builder writes: the command that writes it."""
+    from exgrpo.data.benchmarks import BY_NAME
+
+    if path.stem not in BY_NAME:
+        return ""
+    return (
+        f"; `python -m exgrpo.data.benchmarks --out {path.parent} --only {path.stem}` writes it "
+        '(docs/data.md, "The paper\'s benchmarks")'
+    )
 
 
 def _bad_rows_message(path: Path, bad: Sequence[BadRow], n_rows: int) -> str:

@@ -195,8 +195,11 @@ def test_unknown_suffix_and_missing_file(tmp_path: Path) -> None:
     csv.write_text("question,answer\n1+1,2\n")
     with pytest.raises(DataError, match=r"unknown suffix '\.csv'.*\.parquet"):
         read_prompts(csv)
-    with pytest.raises(DataError, match="does not exist"):
+    with pytest.raises(DataError, match="does not exist$"):
         read_prompts(tmp_path / "nope.parquet")
+    # a file the benchmark builder writes: the error names the command that writes it
+    with pytest.raises(DataError, match=r"exgrpo\.data\.benchmarks --out \S+ --only math500` writes it"):
+        read_prompts(tmp_path / "math500.parquet")
     garbage = tmp_path / "garbage.parquet"
     garbage.write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(DataError, match="not a readable parquet file"):
