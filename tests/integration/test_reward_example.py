@@ -40,6 +40,7 @@ class Rewards(Observer):
         self.rewards += [t.reward for g in batch.groups for t in g.trajectories]
 
 
+@pytest.mark.slow  # 41 s in CI; a reward of the user's own in a run stays in CI (test_api's closure)
 def test_a_non_math_task_learns_from_its_own_reward(ray_cluster, tmp_path):
     from pathlib import Path
 

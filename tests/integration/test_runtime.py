@@ -185,6 +185,7 @@ def test_vllm_eta0_through_the_weight_transfer_api(ray_cluster, tmp_path, model_
     assert sampler_sums[0] == pytest.approx(learner_sums[0], rel=1e-5)
 
 
+@pytest.mark.slow  # 89 s in CI; the child engine's loads (test_engine_process) and a vLLM run in that layout (above) stay in CI
 @pytest.mark.vllm
 def test_vllm_engine(ray_cluster, tmp_path, model_path, single_digit_data):
     cfg, records, batches, learner_sums, sampler_sums, versions = run(
