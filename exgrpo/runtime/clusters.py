@@ -74,9 +74,9 @@ def probe_address(address: str, timeout_s: float = 5.0) -> None:
             raise ConnectionError(f"nothing answers at {host}:{port}: {err}") from err
 
 
-def cluster_totals(address: str) -> tuple[dict[str, float], list[dict[str, float]]]:
-    """The total resources and alive nodes of the running cluster at `address` (connects as a driver,
-    starts no actor, disconnects).
+def cluster_totals(address: str) -> tuple[dict[str, float], list[dict[str, float]], tuple[str, list[str]]]:
+    """The total resources, alive nodes and `autoscaler_status` of the running cluster at `address` (connects
+    as a driver, starts no actor, disconnects).
 
     A `host:port` address is first probed (`probe_address`). Raises ConnectionError when nothing answers.
     """
@@ -87,15 +87,9 @@ def cluster_totals(address: str) -> tuple[dict[str, float], list[dict[str, float
 
     ray.init(address=address, namespace="exgrpo", configure_logging=False, log_to_driver=False)
     try:
-        AUTOSCALERS[address] = autoscaler_status()
-        return dict(ray.cluster_resources()), alive_nodes(ray)
+        return dict(ray.cluster_resources()), alive_nodes(ray), autoscaler_status()
     finally:
         ray.shutdown()
-
-
-AUTOSCALERS: dict[
-    str, tuple[str, list[str]]
-] = {}  # address -> `autoscaler_status` there, read by cluster_totals
 
 
 def dry_run_fit(cfg: Config) -> str:
@@ -109,9 +103,10 @@ def dry_run_fit(cfg: Config) -> str:
     plan = plan_resources(cfg, model_bytes=model_weight_bytes(cfg.model.path))
     address = os.environ.get("RAY_ADDRESS")
     nodes: list[dict[str, float]] = []
+    autoscaler: tuple[str, list[str]] = ("local", [])  # a local cluster a run starts has none
     if address:
         try:
-            total, nodes = cluster_totals(address)
+            total, nodes, autoscaler = cluster_totals(address)
             where, have = f"the Ray cluster at {address}", "the cluster has {n}"
         except (ConnectionError, TimeoutError, RuntimeError, ValueError) as err:
             raise ResourceError(
@@ -135,8 +130,7 @@ def dry_run_fit(cfg: Config) -> str:
         f"fits {where}: the plan needs {plan.cpus:g} of {total.get('CPU', 0):g} CPUs and "
         f"{plan.gpus:g} of {total.get('GPU', 0):g} GPUs"
     )
-    verdict = AUTOSCALERS.get(address, ("unknown", [])) if address else ("local", [])
-    reach = autoscale_reach(cfg, total, nodes, autoscaler=verdict)
+    reach = autoscale_reach(cfg, total, nodes, autoscaler=autoscaler)
     return f"{fit}\n{reach}" if reach else fit
 
 

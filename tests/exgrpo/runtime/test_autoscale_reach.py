@@ -98,8 +98,7 @@ def _no_skip(monkeypatch):
 
 def test_the_dry_run_prints_the_reach_of_the_cluster_at_ray_address(monkeypatch, capsys, _no_skip):
     def two_cpus(address):
-        clusters.AUTOSCALERS[address] = (NONE, [])
-        return {"CPU": 2.0, "GPU": 0.0}, [{"CPU": 2.0, "GPU": 0.0}]
+        return {"CPU": 2.0, "GPU": 0.0}, [{"CPU": 2.0, "GPU": 0.0}], (NONE, [])
 
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     monkeypatch.setattr(clusters, "cluster_totals", two_cpus)

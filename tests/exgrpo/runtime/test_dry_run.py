@@ -43,7 +43,7 @@ def test_more_cpus_than_the_cluster_has_exits_2(monkeypatch, capsys):
 
     def two_cpus(address):
         asked.append(address)
-        return {"CPU": 2.0, "GPU": 0.0}, [{"CPU": 2.0, "GPU": 0.0}]
+        return {"CPU": 2.0, "GPU": 0.0}, [{"CPU": 2.0, "GPU": 0.0}], ("unknown", [])
 
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     monkeypatch.setattr(clusters, "cluster_totals", two_cpus)
