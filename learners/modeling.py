@@ -117,8 +117,9 @@ def packing_choice(setting: str, *, device: torch.device, model: torch.nn.Module
 
 
 def ray_ledger() -> Path | None:
-    """This Ray worker's core ledger (``exgrpo.core.cores.job_ledger``); None outside Ray (ray imported lazily:
-    the learner imports without it)."""
+    """This Ray actor's core ledger (``exgrpo.core.cores.job_ledger``); None outside a Ray actor (ray imported
+    lazily: the learner imports without it). A learner built in a driver that happens to have Ray initialised
+    (a notebook, a test process) keeps its own threads: varying them would change its results' last bits."""
     try:
         import ray
     except ImportError:
@@ -126,6 +127,8 @@ def ray_ledger() -> Path | None:
     if not ray.is_initialized():
         return None
     ctx = ray.get_runtime_context()
+    if ctx.get_actor_id() is None:
+        return None
     return job_ledger(ctx.get_job_id(), ctx.get_node_id())
 
 

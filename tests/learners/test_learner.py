@@ -360,6 +360,28 @@ def test_chunked_logits_under_zero_stages_equal_one_plain_rank(model_path, zero_
 
 
 @pytest.mark.integration
+def test_only_a_ray_actor_borrows_idle_cores(ray_cluster):
+    """A learner built in a driver that has Ray up (this test process) keeps its own thread count, so its
+    results stay bit-reproducible; a learner actor reads the job's core ledger. (CI once saw two checkpoint
+    round-trips differ in their last bits when the driver-side learners borrowed cores.)"""
+    import ray
+
+    from learners.modeling import ray_ledger
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def ledger(self):
+            return ray_ledger()
+
+    assert ray.is_initialized() and ray_ledger() is None
+    probe = Probe.remote()
+    try:
+        assert ray.get(probe.ledger.remote()) is not None
+    finally:
+        ray.kill(probe)
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("zero_stage, chunk", [(2, 4096), (3, 2)], ids=["zero2-whole", "zero3-chunked"])
 def test_two_learners_under_ray_match_one_learner(ray_cluster, model_path, zero_stage, chunk):
     import ray
