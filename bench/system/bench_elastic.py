@@ -4,9 +4,9 @@
         [--no-autoscaler] [--counts 2 4 6 8] [--steps 80] [--preempt-every 6] [--repeats 1] [--node-probe-s S]
         [--json out.json]
 
-The simulated cluster (`exgrpo/sim`): the real driver, replay shards, sampler pool, object-store transport and
+The simulated cluster (`bench/sim`): the real driver, replay shards, sampler pool, object-store transport and
 the autoscale policy (`exgrpo/loop/autoscale.py`), with sleeping samplers and one sleeping learner on the cost
-model (`CostModel`). By default on Ray's real autoscaler (`exgrpo/sim/autoscaler.py`: the fake multi-node
+model (`CostModel`). By default on Ray's real autoscaler (`bench/sim/autoscaler.py`: the fake multi-node
 provider, every node a raylet on this one machine): a head of 1 CPU holds the driver's shards and learner
 (0 CPUs) and the first sampler; every further sampler (1 CPU) needs a `sampler` node of `--node-cpus` (2) CPUs
 that the autoscaler launches (the pool asks for the target's bundles, `samplers.autoscale_request_resources`).
@@ -23,7 +23,7 @@ from 6 on). Runs, in one process over one set of actors:
    every `--preempt-every` steps (a vanished spot node and its samplers).
 `--repeats N` runs 2 and 3 N times (later rounds also rerun the best count), each preempted run compared with its
 own round's unpreempted run, and prints the rounds' mean and standard error of the loss over the budget.
-A killed node is gone for the autoscaler too (`exgrpo/sim/fake_provider.py`, as a cloud stops listing a reclaimed
+A killed node is gone for the autoscaler too (`bench/sim/fake_provider.py`, as a cloud stops listing a reclaimed
 instance): Ray's own fake provider kept listing it, so the autoscaler counted it as capacity, and with
 `--counts 2 --steps 8 --repeats 2` a later run waited 300 s for a sampler that had no node (TimeoutError).
 
@@ -214,7 +214,7 @@ def start_autoscaler(args: argparse.Namespace, top: int) -> tuple[Any, NodeWatch
     """Ray's autoscaler with the fake multi-node provider, this process connected, and the node watchers."""
     import ray
 
-    from exgrpo.sim.autoscaler import FakeAutoscaler
+    from bench.sim.autoscaler import FakeAutoscaler
 
     need = math.ceil((top - 1) / args.node_cpus)  # the head holds one sampler
     fa = FakeAutoscaler(max_workers=need + 2, idle_timeout_minutes=0.1, node_cpus=args.node_cpus, head_cpus=1)
@@ -246,8 +246,8 @@ def main() -> None:
 
     import ray
 
-    from exgrpo.sim.cluster import SimCluster
-    from exgrpo.sim.roles import CostModel
+    from bench.sim.cluster import SimCluster
+    from bench.sim.roles import CostModel
 
     counts = args.counts or [2, 4, 6, 8]
     steps = args.steps or (40 if args.quick else 80)

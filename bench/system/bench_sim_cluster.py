@@ -1,5 +1,5 @@
 """Simulated cluster: the real driver, replay shards, sampler pool and weight transport with sleeping samplers
-and learners (`exgrpo/sim/roles.py`), measured against the cost model's ideal step.
+and learners (`bench/sim/roles.py`), measured against the cost model's ideal step.
 
     RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python -m bench.system.bench_sim_cluster [--diagnostics]
         [--update-real-s 1.0] [--steps 8] [--warmup 2] [--full] [--json out.jsonl]
@@ -189,9 +189,9 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
+    from bench.sim.cluster import SimCluster
+    from bench.sim.roles import CostModel
     from exgrpo.runtime.env import ACTOR_ENV
-    from exgrpo.sim.cluster import SimCluster
-    from exgrpo.sim.roles import CostModel
 
     logging_quiet()
     cmd = (

@@ -3,7 +3,7 @@ one run, started as named Ray actors and wired together (`build_system`), and `S
 
 `build_system` is the start's checks (`exgrpo.runtime.preflight.check_start`) followed by the builder parts of
 `exgrpo.runtime.parts`, in order; the CLI, the sweep, the integration tests and the benchmarks share it. The
-simulated cluster (`exgrpo/sim/cluster.py`) composes the same parts around its own samplers and learners.
+simulated cluster (`bench/sim/cluster.py`) composes the same parts around its own samplers and learners.
 """
 
 from __future__ import annotations

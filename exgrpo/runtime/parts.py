@@ -3,7 +3,7 @@
 and mypy checks that it still does: `make_replay` (`ShardedReplay`), `make_learners` (`LearnerGroup`),
 `make_samplers` over a `SamplerSpawner` (`SamplerPool`), `make_transport`, `make_controller`.
 `exgrpo.runtime.assembly.build_system` composes them after `exgrpo.runtime.preflight.check_start`, and
-`exgrpo/sim/cluster.py` around its sleeping roles. Actor names: `exgrpo/core/names.py`. More:
+`bench/sim/cluster.py` around its sleeping roles. Actor names: `exgrpo/core/names.py`. More:
 docs/architecture.md ("Roles").
 """
 

@@ -31,7 +31,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("actors", "buffers", "learners", "exgrpo.models", "exgrpo.loop"),  # the roles and the loop
     ("exgrpo.evaluation", "exgrpo.reporting"),  # measuring models; showing runs
     ("exgrpo.runtime",),  # Ray environment, assembly, the training recipe
-    ("exgrpo.sim",),  # simulated roles on the real runtime
     (
         "exgrpo.run",
         "exgrpo.scale",
@@ -164,6 +163,33 @@ def test_imports_go_one_way():
 
 def test_no_import_cycles():
     assert cycles(import_graph()) == []
+
+
+def harness_imports(source: str) -> list[str]:
+    """The imports of `bench` (the benchmarks and the simulated cluster) in one module's source."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.split(".")[0] == "bench"]
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and not node.level
+            and (node.module or "").split(".")[0] == "bench"
+        ):
+            found.append(node.module or "")
+    return found
+
+
+def test_the_package_never_imports_the_harness():
+    """bench/ (the simulated cluster and the sweep analyses included) sits above every package and is not
+    installed with them (pyproject.toml's packages.find): no installed module may import it."""
+    assert harness_imports("import os\nfrom bench.sim.cluster import SimCluster\n") == ["bench.sim.cluster"]
+    found = {
+        p.relative_to(ROOT).as_posix(): harness_imports(p.read_text())
+        for pkg in PACKAGES
+        for p in sorted((ROOT / pkg).rglob("*.py"))
+    }
+    assert {path: mods for path, mods in found.items() if mods} == {}
 
 
 def test_the_checks_catch_a_planted_upward_import_and_cycle():

@@ -1,6 +1,7 @@
-"""Elastic samplers on Ray's real autoscaler (fake multi-node provider, one machine; `fake_autoscaler.py`).
+"""Elastic samplers on Ray's real autoscaler (fake multi-node provider, one machine;
+`bench/sim/autoscaler.py`).
 
-The run is the simulated cluster (`exgrpo/sim`: the real driver, replay shards, sampler pool, transport and
+The run is the simulated cluster (`bench/sim`: the real driver, replay shards, sampler pool, transport and
 controller; sleeping samplers of 1 CPU each, sleeping learners of 0 CPUs) with `samplers.autoscale` on. The
 head has one CPU, for the first sampler; every further sampler needs a worker node that the autoscaler launches.
 
@@ -23,8 +24,8 @@ from typing import Any
 
 import pytest
 import ray
-from fake_autoscaler import FakeAutoscaler
 
+from bench.sim.autoscaler import FakeAutoscaler
 from exgrpo.core import metric_names as M
 from exgrpo.loop.observer import Observer
 
@@ -38,8 +39,8 @@ EVENTS: list[tuple[float, str]] = []  # the module's node launches, kills, drain
 def elastic():
     import conftest
 
-    from exgrpo.sim.cluster import SimCluster
-    from exgrpo.sim.roles import CostModel
+    from bench.sim.cluster import SimCluster
+    from bench.sim.roles import CostModel
 
     if conftest._CLUSTER:  # the shared local cluster of earlier modules: this module runs its own
         conftest._stop_cluster()

@@ -1,4 +1,4 @@
-"""The simulated cluster (`exgrpo/sim/roles.py`) on a real local Ray cluster: the real driver, replay shards,
+"""The simulated cluster (`bench/sim/roles.py`) on a real local Ray cluster: the real driver, replay shards,
 sampler pool and object-store transport with 8 sleeping samplers and 2 sleeping learners.
 
 Cost model (time_scale 0.003, B = 32, K = 8): one sampler needs 800 simulated s for a batch, so 8 samplers
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from exgrpo.sim.cluster import SimCluster
-from exgrpo.sim.roles import CostModel
+from bench.sim.cluster import SimCluster
+from bench.sim.roles import CostModel
 
 # slow: 78 s in CI, and its timed block holds the other worker idle; it checks the simulated cluster (a harness)
 pytestmark = [pytest.mark.integration, pytest.mark.timed, pytest.mark.slow]

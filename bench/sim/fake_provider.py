@@ -3,7 +3,7 @@
 Ray's `FakeMultiNodeProvider` (every node a raylet on this machine) keeps listing a node whose raylet was killed,
 so the autoscaler counts the dead node as capacity and may never launch its replacement. `KillAwareProvider`
 stops listing a worker node once its raylet has exited (and ends the node's other processes), as a cloud stops
-listing a reclaimed instance. Used by `exgrpo/sim/autoscaler.py` (`provider: {type: external, module: ...}`).
+listing a reclaimed instance. Used by `bench/sim/autoscaler.py` (`provider: {type: external, module: ...}`).
 """
 
 from __future__ import annotations

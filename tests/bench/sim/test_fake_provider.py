@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from exgrpo.sim.fake_provider import KillAwareProvider
+from bench.sim.fake_provider import KillAwareProvider
 
 
 class _Node:

@@ -1,4 +1,4 @@
-"""Runs of the simulated cluster (`exgrpo/sim/roles.py`) under the real driver, with what they measured.
+"""Runs of the simulated cluster (`bench/sim/roles.py`) under the real driver, with what they measured.
 
 `sim_system` builds one system from the builder parts of `exgrpo.runtime.parts` (real replay shards, sampler pool,
 object-store transport and controller; `SimSampler`s and a `SimLearnerGroup` in place of the engines and DeepSpeed
@@ -18,10 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from exgrpo.core import metric_names as M
-from exgrpo.core.config import Config
-from exgrpo.loop.observer import Observer
-from exgrpo.sim.roles import (
+from bench.sim.roles import (
     CostModel,
     Difficulty,
     SimLearnerGroup,
@@ -29,6 +26,9 @@ from exgrpo.sim.roles import (
     sampler_factory,
     sim_prompts,
 )
+from exgrpo.core import metric_names as M
+from exgrpo.core.config import Config
+from exgrpo.loop.observer import Observer
 
 if TYPE_CHECKING:
     from exgrpo.runtime.assembly import System

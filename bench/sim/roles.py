@@ -1,6 +1,6 @@
 """A simulated cluster's roles: `SimSampler` and `SimLearner` sleep per a `CostModel` behind the real plumbing
 (driver, replay shards, sampler pool, object-store transport, every Ray call between them;
-`exgrpo/sim/cluster.py::sim_system` wires them with `exgrpo.runtime.parts`). A `SimSampler` sleeps for its
+`bench/sim/cluster.py::sim_system` wires them with `exgrpo.runtime.parts`). A `SimSampler` sleeps for its
 rollouts, builds `Group`s with the real `actors/sampling.py::build_groups` and pushes them to the real shards;
 `SimLearner` ranks sleep under the real `LearnerGroup`. Rewards follow a seeded per-question `Difficulty`, so
 buckets fill and questions retire. Both take `num_cpus=0` (64 samplers fit 2 cores). Cost model and results:

@@ -2,7 +2,7 @@
 are raylets on this host, for the elastic tests and `bench/system/bench_elastic.py --autoscaler`.
 
 `FakeAutoscaler.start()` writes the cluster config (a head of `head_cpus`, `sampler` nodes of `node_cpus` and
-the resource `sampler_node`; Ray's fake multi-node provider as `exgrpo.sim.fake_provider.KillAwareProvider`,
+the resource `sampler_node`; Ray's fake multi-node provider as `bench.sim.fake_provider.KillAwareProvider`,
 which stops listing a node whose raylet died; the provider's `use_node_id_as_ip`, `disable_node_updaters` and
 `disable_launch_config_check`: without them the autoscaler sees no heartbeat from its nodes, runs an updater
 that fails and terminates busy nodes) and starts the head on a free port with its own temp dir. Invariant: it
@@ -28,14 +28,10 @@ from typing import Any
 
 import psutil
 
-from exgrpo.transport import ranks
+from exgrpo.transport.ranks import free_port
 
 HEAD_TYPE = "ray.head.default"
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    return ranks.free_port("127.0.0.1")
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: bench/ is not installed with the package
 
 
 class FakeAutoscaler:
@@ -48,7 +44,7 @@ class FakeAutoscaler:
         head_cpus: int = 0,
     ) -> None:
         self.head_cpus = head_cpus
-        self.port = free_port()
+        self.port = free_port("127.0.0.1")
         self.address = f"127.0.0.1:{self.port}"
         self.temp_dir = tempfile.mkdtemp(prefix=f"exa{self.port}-", dir="/tmp")
         self._monitor: psutil.Process | None = None  # the autoscaler's monitor (`node_processes`)
@@ -59,7 +55,7 @@ class FakeAutoscaler:
             "idle_timeout_minutes": idle_timeout_minutes,
             "provider": {  # Ray's fake multi-node provider that sees a killed node go (fake_provider.py)
                 "type": "external",
-                "module": "exgrpo.sim.fake_provider.KillAwareProvider",
+                "module": "bench.sim.fake_provider.KillAwareProvider",
                 "gcs_address": self.address,
                 "use_node_id_as_ip": True,  # else the autoscaler never sees its nodes heartbeat and kills them
                 "disable_node_updaters": True,  # else an updater (ssh) "fails" on each new node, which is killed
@@ -104,14 +100,14 @@ class FakeAutoscaler:
             "RAY_FAKE_CLUSTER": "1",
             "AUTOSCALER_UPDATE_INTERVAL_S": "1",
             "RAY_AUTH_MODE": "disabled",
-            # the autoscaler's monitor imports the provider from this checkout
+            # the autoscaler's monitor imports the provider (bench/sim/fake_provider.py) from the checkout
             "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
         }
         ray_bin = str(Path(sys.executable).with_name("ray"))
         cmd = [
             ray_bin, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={self.port}",
             f"--autoscaling-config={path}", f"--temp-dir={self.temp_dir}", f"--num-cpus={self.head_cpus}", f"--object-store-memory={200 * 1024**2}",
-            "--include-dashboard=false", "--disable-usage-stats", f"--ray-client-server-port={free_port()}",
+            "--include-dashboard=false", "--disable-usage-stats", f"--ray-client-server-port={free_port('127.0.0.1')}",
         ]  # fmt: skip
         subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=120)
         self.t0 = time.monotonic()
