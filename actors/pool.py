@@ -4,8 +4,8 @@ Over RLlib's `FaultTolerantActorManager`. Invariants: a request stays the pool's
 done (a failed sampler's go back to the front of the queue, and it is replaced); a sampler it adds is *starting*
 until it answers a `ping` (no request, not in `members()`, never blocks a step), then goes to `on_new` (the
 weights' `catch_up`) before its first request; a scale-down removes starting samplers first, then drains the
-newest live ones. Elastic fleets: `ElasticHooks`, `actors.pool_elastic`. More: docs/architecture.md ("Scaling
-and faults"); tests/integration/test_pool.py, tests/integration/test_pending_sampler.py.
+newest live ones. Elastic fleets: `ElasticHooks`, and the samplers' nodes in an `actors.nodes.NodeBook`.
+More: docs/architecture.md ("Scaling and faults"); tests/integration/test_pool.py and test_pending_sampler.py.
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray.rllib.utils.actor_manager import FaultTolerantActorManager
 
-from actors.pool_elastic import ElasticPool, node_lost
+from actors.nodes import ElasticHooks, NodeBook
 from exgrpo.core.names import sampler_name
 from exgrpo.core.records import GenerationRequest, Prompt, RolloutResult
 
@@ -29,22 +28,7 @@ log = logging.getLogger(__name__)
 TAG = "generate"
 
 
-@dataclass(frozen=True)
-class ElasticHooks:
-    """A fleet that grows, shrinks and loses nodes (`exgrpo.runtime.elastic.pool_hooks`; none: a fixed fleet)."""
-
-    on_scale: Callable[[int], None] | None = None  # hears every new count (asks the autoscaler for n)
-    node_of: Callable[[Any], str | None] | None = None  # a joined sampler's node
-    # the nodes being drained (Ray's drain API: a spot notice) -> their deadlines (wall clock, s), read <= 1/s;
-    # a sampler on one takes no new request, and hands back what it holds `preempt_grace_s` before the deadline
-    drains: Callable[[], dict[str, float]] | None = None
-    node_gone: Callable[[str], bool] | None = None  # a node's raylet is gone (its sampler is a preemption)
-    # of these nodes, those found gone by a probe in the background (`close()` ends it); never blocks
-    probe: Any = None
-    preempt_grace_s: float = 5.0
-
-
-class SamplerPool(ElasticPool):
+class SamplerPool:
     """Samplers spawned by `spawn(index)`; requests go out `requests_per_call` at a time."""
 
     def __init__(
@@ -80,12 +64,11 @@ class SamplerPool(ElasticPool):
         self.restarts = 0  # samplers replaced after a failure
         self.preemptions = 0  # samplers lost to a drained or vanished node (replaced, not failures)
         e = elastic or ElasticHooks()
-        self.on_scale, self.node_of, self.drains = e.on_scale, e.node_of, e.drains
-        self.node_gone, self.probe, self.preempt_grace_s = e.node_gone, e.probe, e.preempt_grace_s
+        self.on_scale = e.on_scale
+        self._nodes = NodeBook(e)  # manager actor id -> its node; drained nodes' deadlines
         self.lost_at: list[float] = []  # monotonic time each sampler was seen lost with its node
-        self._nodes: dict[int, str | None] = {}  # manager actor id -> its node (with node_of)
-        self._deadlines: dict[int, float] = {}  # preempted manager actor id -> hand back at (wall clock, s)
-        self._idle_s, self._idle_since, self._drains_at = 0.0, None, 0.0
+        self._idle_s = 0.0  # sampler-seconds with nothing queued or in flight, up to `_idle_since`
+        self._idle_since: float | None = None  # since when the pool is idle (None: busy)
         self._add(num)
         self._start_initial()
 
@@ -98,6 +81,10 @@ class SamplerPool(ElasticPool):
     def members(self) -> dict[str, Any]:
         """Live samplers that take new requests: stable id -> handle, oldest first."""
         return {sampler_name(self._index[a]): self._handles[a] for a in self._live()}
+
+    def nodes(self) -> dict[str, str | None]:
+        """The live samplers' nodes: `members()`'s ids -> node id (None: unknown, e.g. a fixed fleet)."""
+        return {sampler_name(self._index[a]): self._nodes.node(a) for a in self._live()}
 
     def size(self) -> int:
         """Samplers that count towards the desired number: live ones and starting ones (not draining)."""
@@ -169,7 +156,7 @@ class SamplerPool(ElasticPool):
         self._index[aid] = index
         self._handles[aid] = handle
         self._in_flight[aid] = []
-        self._nodes[aid] = self.node_of(handle) if self.node_of is not None else None
+        self._nodes.join(aid, handle)
 
     def scale(self, *, num: int) -> None:
         """Grow to `num` samplers, or shrink: starting samplers are removed first (newest first; this
@@ -217,8 +204,7 @@ class SamplerPool(ElasticPool):
         declares the node dead, seconds in which the step would stall)."""
         handle = self.manager.remove_actor(aid)
         self._draining.discard(aid)
-        self._deadlines.pop(aid, None)
-        self._nodes.pop(aid, None)
+        self._nodes.forget(aid)
         for chunk in reversed(self._in_flight.pop(aid, [])):  # back to the front of the queue
             self._pending.extendleft(reversed(chunk))
         self._index.pop(aid, None)
@@ -232,6 +218,42 @@ class SamplerPool(ElasticPool):
         ray.kill(handle)
         if self.on_removed is not None:  # e.g. release a tensor-parallel sampler's placement group
             self.on_removed(handle)
+
+    # -- nodes and idle time ---------------------------------------------------------------------------
+    def preempt(self, aid: int, *, deadline: float) -> None:
+        """The sampler `aid`'s node is going away at `deadline` (wall clock, s; 0: none given): drain it, start
+        a replacement now."""
+        draining = aid in self._draining
+        self._nodes.mark(aid, deadline=deadline)
+        self._draining.add(aid)
+        log.warning("sampler %s: its node is drained (preemption); draining it", self._index.get(aid))
+        if not draining:  # it counted towards the target: replace it
+            self.preemptions += 1
+            self._add(1)
+
+    def _watch_drains(self) -> None:
+        """Samplers on drained nodes take no new request; past deadline - grace, they hand back their own."""
+        for aid, deadline in self._nodes.drained(self.manager.actor_ids()).items():
+            self.preempt(aid, deadline=deadline)
+        for aid in self._nodes.due():
+            if aid in self._in_flight:
+                log.warning("sampler %s hands back its requests before its node's deadline", self._index[aid])
+                self._remove(aid)
+
+    def idle_seconds(self) -> float:
+        """Sampler-seconds so far with nothing queued or in flight (the driver admitted nothing more): the
+        autoscale policy's signal (`exgrpo/loop/autoscale.py`)."""
+        since = self._idle_since
+        return self._idle_s + (len(self._live()) * (time.monotonic() - since) if since is not None else 0.0)
+
+    def _account(self, *, end: bool) -> None:
+        """At a verb's start, add the idle time since the last one; at its end, note whether it left the pool
+        idle."""
+        if not end:
+            self._idle_s = self.idle_seconds()
+            self._idle_since = None
+        elif not self.num_pending():
+            self._idle_since = time.monotonic()
 
     # -- requests ------------------------------------------------------------------------------------
     def submit(self, *, requests: Sequence[GenerationRequest]) -> None:
@@ -286,9 +308,10 @@ class SamplerPool(ElasticPool):
                 err = r.get()
                 log.error("sampler %s failed: %s", self._index.get(r.actor_id), err)
                 failed.add(r.actor_id)
-                if node_lost(err, self._gone(r.actor_id)):
+                if self._nodes.lost(r.actor_id, err):
                     lost.add(r.actor_id)
-        for aid in self.gone_with(lost) | (self.probed_lost() - failed):
+        ids = set(self.manager.actor_ids())
+        for aid in self._nodes.gone_with(lost, ids) | (self._nodes.probed_lost(ids) - failed):
             log.warning("sampler %s: its node went", self._index.get(aid))
             failed.add(aid)
             lost.add(aid)
@@ -366,5 +389,4 @@ class SamplerPool(ElasticPool):
         self._pending.clear()
         if self.on_scale is not None:  # release the autoscaler request
             self.on_scale(0)
-        if self.probe is not None:
-            self.probe.close()
+        self._nodes.close()

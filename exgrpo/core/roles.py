@@ -16,7 +16,7 @@ Data between roles are the frozen records of `exgrpo/core/records.py`. Every ver
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -38,6 +38,7 @@ class Rollouts(Protocol):
     """Samplers: turn requests into verified groups, pushed to Replay before the result is reported."""
 
     restarts: int  # samplers replaced after a failure, since the start
+    preemptions: int  # samplers lost to a drained or vanished node (replaced too), since the start
 
     def submit(self, *, requests: Sequence[GenerationRequest]) -> None:
         """Queue requests; each is reported by `poll` exactly once, after its group reached Replay."""
@@ -53,6 +54,15 @@ class Rollouts(Protocol):
 
     def size(self) -> int:
         """Live samplers that take new requests."""
+
+    def members(self) -> Mapping[str, Any]:
+        """The live samplers that take requests: stable id -> handle."""
+
+    def num_pending(self) -> int:
+        """Requests queued or generating."""
+
+    def idle_seconds(self) -> float:
+        """Sampler-seconds so far with nothing queued or in flight (the autoscale policy's signal)."""
 
 
 class Replay(Protocol):

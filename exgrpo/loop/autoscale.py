@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger("exgrpo.loop.driver")  # the driver's decisions, where its scaling lines always were
 
@@ -159,16 +159,37 @@ class Policy:
         return Decision(step=step, old=old, new=new, reason=reason)
 
 
+class Pool(Protocol):
+    """What `Fleet` reads and sets of the samplers (`actors.pool.SamplerPool`; `exgrpo.core.roles.Rollouts`
+    has all of it)."""
+
+    preemptions: int  # samplers lost to a drained or vanished node, since the start
+
+    def scale(self, *, num: int) -> None:
+        """Grow to `num` samplers or drain the newest."""
+
+    def size(self) -> int:
+        """Samplers that count towards the target (live and starting)."""
+
+    def members(self) -> Mapping[str, Any]:
+        """The live samplers that take requests."""
+
+    def num_pending(self) -> int:
+        """Requests queued or generating."""
+
+    def idle_seconds(self) -> float:
+        """Sampler-seconds so far with nothing queued or in flight."""
+
+
 class Fleet:
     """Sets the samplers' count once per step: the operator's fixed count (`scaling.desired_samplers()`), or,
     while the run sizes itself (`samplers.autoscale`, not overridden by `exgrpo.scale --samplers`; `--auto`
-    hands it back), the policy's target. `rollouts` is the pool (`scale(num=)`, `size()`, and, where it has
-    them, `idle_seconds()` and `num_pending()`)."""
+    hands it back), the policy's target, on the pool `rollouts` (`Pool`)."""
 
     def __init__(
         self,
         *,
-        rollouts: Any,
+        rollouts: Pool,
         scaling: Any = None,
         policy: Policy | None = None,
         clock: Callable[[], float] | None = None,
@@ -250,7 +271,7 @@ class Fleet:
             M.SAMPLERS_TARGET: float(self.target),
             M.SAMPLERS_LIVE: float(len(self._members())),
             M.SAMPLERS_BLOCKED: idle_share,
-            M.SAMPLER_PREEMPTIONS: float(getattr(self.rollouts, "preemptions", 0)),
+            M.SAMPLER_PREEMPTIONS: float(self.rollouts.preemptions),
         }
 
     def _held(self, signals: Signals) -> None:
@@ -284,19 +305,16 @@ class Fleet:
         self._quiet = []
 
     def _idle_now(self) -> float:
-        fn = getattr(self.rollouts, "idle_seconds", None)
-        return float(fn()) if fn is not None else 0.0
+        return float(self.rollouts.idle_seconds())
 
     def _pending(self) -> int:
-        fn = getattr(self.rollouts, "num_pending", None)
-        return int(fn()) if fn is not None else 0
+        return self.rollouts.num_pending()
 
-    def _members(self) -> Any:
-        fn = getattr(self.rollouts, "members", None)
-        return fn() if fn is not None else range(self.rollouts.size())
+    def _members(self) -> Mapping[str, Any]:
+        return self.rollouts.members()
 
 
-def make_fleet(cfg: Any, *, rollouts: Any, scaling: Any) -> Fleet:
+def make_fleet(cfg: Any, *, rollouts: Pool, scaling: Any) -> Fleet:
     """The driver's `Fleet`: with the policy when `samplers.autoscale` is on."""
     s = cfg.samplers
     policy = Policy(Settings.from_config(s)) if getattr(s, "autoscale", False) else None

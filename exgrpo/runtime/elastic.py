@@ -1,5 +1,5 @@
 """Elastic samplers on Ray's autoscaler: the sampler pool's hooks into the cluster
-(`actors.pool.ElasticHooks`), built by `pool_hooks` for `exgrpo.runtime.parts.make_samplers`.
+(`actors.nodes.ElasticHooks`), built by `pool_hooks` for `exgrpo.runtime.parts.make_samplers`.
 
 `ClusterRequest` asks the autoscaler for the target's sampler bundles (`request_resources`; each ask replaces
 the last); `node_of` / `node_gone` place a sampler and tell a vanished node from a crash; `NodeProbe` connects
@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from actors.pool import ElasticHooks
+from actors.nodes import ElasticHooks
 
 log = logging.getLogger("exgrpo")
 

@@ -94,6 +94,7 @@ class FakeRollouts:
     duplicate: Callable[[GenerationRequest], bool] = lambda r: False  # push a second, re-generated copy
     before_push: Callable[[FakeRollouts, GenerationRequest], None] | None = None
     restarts: int = 0
+    preemptions: int = 0
     # reward failures a sampler reports with a request: (count, the first-of-kind notes it sends)
     failures: Callable[[GenerationRequest], tuple[int, tuple[tuple[str, str], ...]]] = lambda r: (0, ())
     submissions: list[Submission] = field(default_factory=list)
@@ -199,6 +200,15 @@ class FakeRollouts:
 
     def size(self) -> int:
         return 1
+
+    def members(self) -> dict[str, Any]:
+        return {"fake-sampler-0": self}
+
+    def num_pending(self) -> int:
+        return len(self.pending)
+
+    def idle_seconds(self) -> float:
+        return 0.0  # the fake's sampler is never counted idle: an autoscale policy would see no surplus
 
 
 class Recorder(Observer):

@@ -35,14 +35,25 @@ def test_each_hold_names_its_reason():
 
 
 class Pool:
+    """A fleet of `n` samplers that never idle, with nothing pending (`exgrpo.loop.autoscale.Pool`)."""
+
     def __init__(self, n: int) -> None:
-        self.n = n
+        self.n, self.preemptions = n, 0
 
     def size(self) -> int:
         return self.n
 
     def scale(self, *, num: int) -> None:
         self.n = num
+
+    def members(self) -> dict[str, int]:
+        return {str(i): i for i in range(self.n)}
+
+    def num_pending(self) -> int:
+        return 0
+
+    def idle_seconds(self) -> float:
+        return 0.0
 
 
 def observe(fleet: Fleet, step: int, gap: float) -> None:
