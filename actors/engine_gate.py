@@ -27,7 +27,10 @@ class LateWeightUpdate(RuntimeError):
 class EngineGate:
     """The engine's turns, the open update session and whether the served weights are whole."""
 
-    def __init__(self, name: str, *, end_session: Callable[[], None]) -> None:
+    def __init__(
+        self, name: str, *, end_session: Callable[[], None], on_busy: Callable[[bool], object] | None = None
+    ) -> None:
+        """`on_busy`: told True when a call takes the engine and False when it leaves it (a core's lending)."""
         self.name = name
         self._end_session = end_session  # finishes an open update on the engine, keeping the served version
         self._cv = threading.Condition()
@@ -42,7 +45,7 @@ class EngineGate:
         self.weights_failed: str | None = None  # why the last weight write failed (None: it did not)
         self.running: tuple[str, float] | None = None  # the control call holding the engine, and its deadline
         self.aborted = self.refused = 0
-        self.on_busy: Callable[[bool], object] | None = None  # told when a call takes and leaves the engine
+        self.on_busy = on_busy
 
     @contextlib.contextmanager
     def control(self, what: str, deadline: float | None, *, session: bool = False) -> Iterator[None]:
@@ -154,6 +157,14 @@ class EngineGate:
                 self._end_session()
             if self.session_loaded:  # some layers took the new weights, the others kept theirs
                 self.weights_failed = "a weight update was abandoned after some weights had arrived"
+
+    def session_loading(self) -> None:
+        """The open session receives weights: ended before it finishes, the engine holds a mix of versions."""
+        self.session_loaded = True
+
+    def finish_session(self) -> None:
+        """The open session's update finished (or raised finishing, `at_stake` says which): it holds nothing."""
+        self.session_open = False
 
     def session_failed(self, err: BaseException) -> None:
         """An update call raised inside the session: the session is over and the weights are a mix."""

@@ -219,18 +219,19 @@ class Sampler:
     def _new_gate(self) -> EngineGate:
         """The engine's gate; on a CPU sampler in a Ray job it marks the core busy in the node's ledger while a call
         holds the engine, so a learner may borrow it in between (`exgrpo.core.cores`)."""
-        gate = EngineGate(
-            self.name, end_session=lambda: self._vllm().finish_weight_update(version=self.engine.version)
-        )
         ctx = ray.get_runtime_context() if ray.is_initialized() else None
         ledger = (
             job_ledger(ctx.get_job_id(), ctx.get_node_id()) if ctx and not torch.cuda.is_available() else None
         )
+        lender = None
         if ledger is not None:
             lender = Lender(ledger, cores=1)  # the engine computes on one thread (`torch.set_num_threads(1)`)
-            gate.on_busy, self._lender = lender.mark, lender
             lender.mark(False)
-        return gate
+        return EngineGate(
+            self.name,
+            end_session=lambda: self._vllm().finish_weight_update(version=self.engine.version),
+            on_busy=None if lender is None else lender.mark,
+        )
 
     @property
     def weights_failed(self) -> str | None:
@@ -276,7 +277,7 @@ class Sampler:
     @ray.method(concurrency_group=WEIGHTS)
     def update_weights(self, *, update_info: dict[str, Any], deadline: float | None = None) -> None:
         with self.gate.control("update_weights", deadline, session=True):
-            self.gate.session_loaded = True
+            self.gate.session_loading()
             try:
                 fault_point("sampler.update_weights")
                 self._vllm().update_weights(update_info)
@@ -297,7 +298,7 @@ class Sampler:
             try:
                 self._vllm().finish_weight_update(version=version)
             finally:
-                self.gate.session_open = False
+                self.gate.finish_session()
             self._sum_served()
         self.weight_load_s = time.perf_counter() - self._update_start
         return self.weight_load_s

@@ -1,7 +1,7 @@
 """LearnerGroup: L learner actors (DeepSpeed data-parallel ranks) in one Ray placement group.
 
 It implements ``exgrpo.core.roles.Learners`` plus what the weight transports need; the ranks are ``learner_cls``
-actors (the DeepSpeed ``Learner``, or ``exgrpo/sim/roles.py::SimLearner``, which reuses this fan-out and checks).
+actors (the DeepSpeed ``Learner``, or ``bench/sim/roles.py::SimLearner``, which reuses this fan-out and checks).
 Invariants: a batch is split into L equal contiguous slices of whole groups in the order given (``learners/split.py``;
 the group never reorders); ``start_update`` refuses slices with different rows per mini-batch (every rank must run
 the same micro-batches); optimiser step m uses the m-th mini-batch of every rank's slice. More: docs/architecture.md

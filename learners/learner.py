@@ -25,7 +25,7 @@ from exgrpo.core import metric_names as M
 from exgrpo.core.config import LearnerConfig, LossConfig
 from exgrpo.core.faults import fault_point
 from exgrpo.core.records import Group, ReplayCandidate, TrainBatch, UpdateResult
-from exgrpo.core.selection import fill_replay_slots, replay_candidates
+from exgrpo.core.selection import place_picks, replay_candidates, replay_picks
 from exgrpo.transport.checksums import grouped_sums
 from exgrpo.transport.packed import PackedWeights, Packer
 from exgrpo.transport.ranks import free_port
@@ -185,18 +185,17 @@ class Learner:
         ``learner/*`` metrics (with the gradient's split by row origin, ``learners.diagnostics.gradient_shares``,
         every ``learners.grad_share_every`` steps, and the scoring time ``learner/select_time_s``).
 
-        With ``batch.select`` (lowest or highest entropy) the replay groups' candidates are scored under the
-        current weights first and the pick fills slot 0 of each (what the driver would do between two
-        updates, done here so the call can be queued behind the previous update); the result then holds every
-        candidate's entropy (group order, then candidate order). ``select=None``: slot 0 is already filled."""
-        groups, entropies, t0 = batch.groups, [], time.perf_counter()
+        With ``batch.select`` the replay groups' candidates are picked first and the pick fills slot 0 of each
+        (what the driver would do between two updates, done here so the call can be queued behind the previous
+        update): by entropy under the current weights, or at random from ``batch.select_seed``
+        (``exgrpo.core.selection.replay_picks``). The result holds the picks and every scored candidate's entropy
+        (group order, then candidate order). ``select=None``: slot 0 is already filled."""
+        groups, entropies, picks, t0 = batch.groups, [], (), time.perf_counter()
         if batch.select is not None:
-            if batch.select not in ("lowest_entropy", "highest_entropy"):
-                raise ValueError(
-                    f"select={batch.select!r}: the learners pick by entropy only (lowest_entropy, highest_entropy)"
-                )
-            entropies = self.entropies(candidates=replay_candidates(groups))
-            groups = fill_replay_slots(groups, entropies, mode=batch.select)  # deterministic: first on ties
+            if batch.select != "random":
+                entropies = self.entropies(candidates=replay_candidates(groups))
+            picks = replay_picks(groups, entropies, mode=batch.select, seed=batch.select_seed)
+            groups = place_picks(groups, picks)
         seconds = time.perf_counter() - t0 if batch.select is not None else 0.0
         with self._autocasting():
             gaps: list[tuple[int, int, float, int]] = []
@@ -207,6 +206,7 @@ class Learner:
         return UpdateResult(
             metrics={**metrics, M.LEARNER_SELECT_TIME: seconds},
             entropies=tuple(entropies),
+            picks=picks,
             weight_sums=sums,
             logprob_gaps=tuple(gaps),
         )

@@ -1,10 +1,10 @@
 """The learner group's batch split and metric combine, one definition for the real group
-(`learners/group.py::LearnerGroup`) and the simulated one (`exgrpo/sim/roles.py::SimLearnerGroup`).
+(`learners/group.py::LearnerGroup`) and the simulated one (`bench/sim/roles.py::SimLearnerGroup`).
 
 A batch is split into L equal contiguous slices of whole groups, in the order given (`split_groups`);
 candidates to score into L contiguous chunks (`split_candidates`). The ranks' answers come back as one:
-metrics averaged over the ranks that report a number (NaN-aware), `SUMMED_METRICS` summed, entropies
-concatenated in rank (= batch) order (`combine_metrics`, `combine_updates`). Pure: no Ray, no torch.
+metrics averaged over the ranks that report a number (NaN-aware), `SUMMED_METRICS` summed, entropies and
+picks concatenated in rank (= batch) order (`combine_metrics`, `combine_updates`). Pure: no Ray, no torch.
 """
 
 from __future__ import annotations
@@ -57,11 +57,12 @@ def combine_metrics(results: Sequence[dict[str, float]]) -> dict[str, float]:
 
 
 def combine_updates(results: Sequence[UpdateResult]) -> UpdateResult:
-    """The ranks' `update` results as one: metrics combined, entropies and per-request log-prob gaps in rank
-    (= batch) order, the weight sums of the rank that took them (rank 0)."""
+    """The ranks' `update` results as one: metrics combined, entropies, picks and per-request log-prob gaps in
+    rank (= batch) order, the weight sums of the rank that took them (rank 0)."""
     return UpdateResult(
         metrics=combine_metrics([r.metrics for r in results]),
         entropies=tuple(concat([r.entropies for r in results])),
+        picks=tuple(p for r in results for p in r.picks),
         weight_sums=next((r.weight_sums for r in results if r.weight_sums), ()),
         logprob_gaps=tuple(g for r in results for g in r.logprob_gaps),
     )

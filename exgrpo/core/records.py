@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 GroupKind = Literal["fresh", "replay"]
+# how a replayed question's stored trajectory is chosen for slot 0 (`exgrpo.core.selection.replay_picks`)
+Selection = Literal["lowest_entropy", "highest_entropy", "random"]
+SELECTIONS: tuple[Selection, ...] = ("lowest_entropy", "highest_entropy", "random")
 
 
 # A reward above this counts as a correct answer everywhere: the k-of-K buckets, `rollout/solve_ratio`, the
@@ -205,24 +208,31 @@ class TrainBatch:
     groups: tuple[Group, ...]
     version: int  # learner version the batch is trained at
     clip: bool = True  # PPO clipping on fresh tokens (removed from the step after the delayed start)
-    # None: every replay group's slot 0 is filled. "lowest_entropy" / "highest_entropy": replay groups still
-    # carry their candidates; the learners score them under the weights at the update's turn, fill slot 0
-    # (`exgrpo.core.selection.fill_replay_slots`) and train on that
-    select: str | None = None
+    # None: every replay group's slot 0 is filled. Otherwise replay groups still carry their candidates; the
+    # learners pick one per group (`exgrpo.core.selection.replay_picks`: by entropy under the weights at the
+    # update's turn, or "random" from `select_seed`), fill slot 0 and train on that
+    select: Selection | None = None
+    select_seed: int = 0  # the seed of "random" selection (each group draws from (seed, request id))
     # the weight checks (`exgrpo.loop.weight_checks`): the log-prob gap's bound (None: the gap is not measured)
     # and whether rank 0 sums the weights the update makes, per layer
     gap_bound: float | None = None
     weight_sums: bool = False
 
+    def __post_init__(self) -> None:
+        if self.select is not None and self.select not in SELECTIONS:
+            raise ValueError(f"select={self.select!r}; choose one of {SELECTIONS} or None")
+
 
 @dataclass(frozen=True)
 class UpdateResult:
-    """What one learner update returns: its `learner/` metrics and, for a batch with `select`, the entropy
-    of every candidate it scored (the batch's replay groups in order, then each one's candidates in order):
-    `fill_replay_slots(batch.groups, entropies, mode=batch.select, ...)` gives the groups it trained on."""
+    """What one learner update returns: its `learner/` metrics and, for a batch with `select`, which candidate
+    filled slot 0 of each replay group (`picks`: `place_picks(batch.groups, picks)` gives the groups it trained
+    on) and the entropy of every candidate it scored (replay groups in order, then each one's candidates in
+    order; empty under "random", which scores nothing)."""
 
     metrics: dict[str, float]
     entropies: tuple[float, ...] = ()
+    picks: tuple[int, ...] = ()  # per replay group, in batch order: the index of its chosen candidate
     # with `batch.weight_sums`: (layer, sum, sum of |w|) of the weights this update made (rank 0's), what the
     # samplers are sent for version `batch.version + 1`
     weight_sums: tuple[tuple[str, float, float], ...] = ()

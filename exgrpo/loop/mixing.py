@@ -23,7 +23,7 @@ import numpy as np
 
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import Config
-from exgrpo.core.records import Group, Prompt, TrainBatch
+from exgrpo.core.records import Group, Prompt, Selection, TrainBatch
 from exgrpo.core.roles import Learners, Pending, RunObserver
 from exgrpo.core.selection import fill_replay_slots, replay_candidates
 from exgrpo.loop.steps import candidate_rows
@@ -34,7 +34,7 @@ class MixedGroups:
     """A step's groups as they go to the update (`Mixer.mix`)."""
 
     groups: tuple[Group, ...]  # slot 0 filled here, or (with `select`) still carrying their candidates
-    select: str | None  # the selection the learners apply inside the update; None: slot 0 is filled
+    select: Selection | None  # the selection the learners apply inside the update; None: slot 0 is filled
     scoring_s: float  # the driver's scoring of the candidates (0 when the learners score them)
     trace_metrics: Mapping[str, float]  # with a trace check: the shares of valid chosen and candidate traces
 

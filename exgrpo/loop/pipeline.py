@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from exgrpo.core.records import Group, TrainBatch, UpdateResult
+from exgrpo.core.records import Group, Selection, TrainBatch, UpdateResult
 from exgrpo.core.roles import Learners, Pending, WeightTransport
 from exgrpo.loop.steps import StepNotes, StepTimes
 
@@ -69,7 +69,7 @@ class UpdatePipeline:
         """The version the next update starts from: every update in flight lands before it on the learners."""
         return self.version + len(self._inflight)
 
-    def issue(self, *, step: int, groups: Sequence[Group], clip: bool, select: str | None, times: StepTimes,
+    def issue(self, *, step: int, groups: Sequence[Group], clip: bool, select: Selection | None, times: StepTimes,
               notes: StepNotes) -> TrainBatch:  # fmt: skip
         """Shuffle `groups` into a batch at `version_after_inflight` (which `notes.staleness` was computed
         against), start its update and queue the export of the version it makes; the batch as started."""

@@ -269,6 +269,8 @@ class Scheduler:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The state `state_dict` wrote, into a scheduler over restored roles: Replay collects again when the
+        delayed start had fired."""
         self.next_schedule, self.next_request_id = int(state["next_schedule"]), int(state["next_request_id"])
         self.rng.bit_generator.state = state["rng"]
         self.stream.load_state_dict(state["stream"])
@@ -276,3 +278,4 @@ class Scheduler:
         self.fresh_zero_var = float(state.get("fresh_zero_var", 0.5))  # older checkpoints: the start value
         self.plans = {p["step"]: StepPlan.from_state_dict(p) for p in state["plans"]}
         self.replay_stats = self.replay.stats()
+        self.replay.set_collect(on=self.delayed_start.started)

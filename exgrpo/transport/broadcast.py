@@ -90,8 +90,12 @@ class _Loads:
             except Exception as e:  # noqa: BLE001 - counted; the sampler refuses requests until it loads
                 self.failed(f"{name}'s weight load failed: {_cause(e)}")
                 continue
-            self.failed_in_a_row = 0
+            self.succeeded()
         return out
+
+    def succeeded(self) -> None:
+        """A load or update went through: the failures in a row start again from 0."""
+        self.failed_in_a_row = 0
 
     def failed(self, cause: str) -> None:
         """Count one failed load or update; raise once `max_failures` happened in a row."""
@@ -122,11 +126,20 @@ def _metrics(start: float, loads: Sequence[float]) -> dict[str, float]:
 class ObjectStoreTransport:
     """Rank 0's packed weights, put in the object store once per version, loaded by every sampler."""
 
-    def __init__(self, *, learners: WeightProvider, samplers: SamplerMembers, max_failures: int = 3) -> None:
+    def __init__(
+        self,
+        *,
+        learners: WeightProvider,
+        samplers: SamplerMembers,
+        max_failures: int = 3,
+        taken_over: tuple[_Loads, tuple[Any, int]] | None = None,
+    ) -> None:
+        """`taken_over`: from a collective transport that gives up on its path, its loads in flight (counted
+        here from now on) and its last published (object ref, version)."""
         self._learners, self._samplers = learners, samplers
-        self._published: tuple[Any, int] | None = None  # (object ref, version) of the last broadcast
+        self._loads, published = taken_over or (_Loads(max_failures=max_failures), None)
+        self._published: tuple[Any, int] | None = published  # (object ref, version) of the last broadcast
         self._prepared: dict[int, Any] = {}  # version -> the export queued behind the update that makes it
-        self._loads = _Loads(max_failures=max_failures)
 
     def prepare(self, *, version: int) -> None:
         """Queue rank 0's export behind the update that makes `version` (it runs before any later update)."""
@@ -228,7 +241,8 @@ class VLLMTransport:
         try:
             self.last = push.result()
             applied = list(self.last.get("apply_s", []))
-            self._loads.failed_in_a_row = self.failed_in_a_row = 0
+            self.failed_in_a_row = 0
+            self._loads.succeeded()
         except ray.exceptions.RayError as e:
             log.warning(
                 "weight transfer of version %d failed (%s); sending it through the object store", version, e
@@ -323,10 +337,8 @@ class VLLMTransport:
             what,
         )
         self._object_store = ObjectStoreTransport(
-            learners=self._learners, samplers=self._samplers, max_failures=self._loads.max_failures
+            learners=self._learners, samplers=self._samplers, taken_over=(self._loads, published)
         )
-        self._object_store._published = published
-        self._object_store._loads = self._loads  # the fallback loads in flight are counted there from now on
 
     def catch_up(self, handle: Any) -> None:
         """Load the learner's current weights (tagged with its version) on a new sampler via the object store."""

@@ -65,7 +65,7 @@ def backend_for(device: str) -> str:
 class SamplerClient:
     """vLLM's `VLLMWeightSyncClient` over sampler actors: each call fans out and waits for all of them.
 
-    `version` is set before each `send_weights`; `finish_weight_update` carries it to the samplers, which
+    `tag` sets the version before each `send_weights`; `finish_weight_update` carries it to the samplers, which
     tag what they generate next with it. `apply_s` holds each sampler's seconds from start to finish.
     """
 
@@ -79,6 +79,10 @@ class SamplerClient:
         self.version = 0
         self.apply_s: list[float] = []
         self._deadline = time.time() + timeout_s  # this version's (set by start_weight_update)
+
+    def tag(self, version: int) -> None:
+        """The version the next update sends (what `finish_weight_update` tells the samplers)."""
+        self.version = version
 
     def _all(self, refs: list[Any], deadline: float) -> list[Any]:
         import ray
@@ -221,7 +225,7 @@ class WeightPusher:
             if _world(members) != self._world or self._engine is None:
                 self._rebuild(members)
             assert self._engine is not None
-            self._engine.client.version = version
+            self._engine.client.tag(version)
             _bounded(self._engine.send_weights, self.timeout_s, what=f"weight update to version {version}")
         except BaseException:
             self.source.finish_round()  # keep the other ranks' gathers from waiting forever

@@ -65,7 +65,7 @@ def test_an_open_session_holds_engine_calls_until_its_deadline_then_is_ended() -
 def test_weights_that_may_be_a_mix_refuse_serving_calls_until_a_write_succeeds() -> None:
     gate, _ = _gate()
     gate.open_session(None)
-    gate.session_loaded = True  # an update arrived, then the session was abandoned
+    gate.session_loading()  # an update arrived, then the session was abandoned
     with gate.engine(wait_session=False, serving=False):  # the fallback load's turn ends it
         pass
     assert "abandoned after some weights" in (gate.weights_failed or "")

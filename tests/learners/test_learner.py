@@ -22,7 +22,12 @@ from exgrpo.core import metric_names as M  # noqa: E402
 from exgrpo.core.algorithm import exgrpo_loss, token_entropy, token_logprobs  # noqa: E402
 from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
 from exgrpo.core.records import Group, ReplayCandidate, TrainBatch, Trajectory  # noqa: E402
-from exgrpo.core.selection import fill_replay_slots, replay_candidates  # noqa: E402
+from exgrpo.core.selection import (  # noqa: E402
+    fill_replay_slots,
+    place_picks,
+    replay_candidates,
+    replay_picks,
+)
 from exgrpo.transport.packed import PackedWeights, unpack_weights  # noqa: E402
 from learners.learner import Learner  # noqa: E402
 
@@ -295,7 +300,7 @@ def _unresolved(seed: int, *, replays: tuple[int, ...] = (0,)) -> tuple[Group, .
 
 
 def test_select_update_scores_picks_and_trains_what_the_driver_would(model_path):
-    groups = _unresolved(8)
+    groups = _unresolved(8, replays=(0, 3))
     a, b = _learner(model_path), _learner(model_path)
     got_u = a.update(TrainBatch(groups=groups, version=0, clip=True, select="lowest_entropy"))
     got_e, got = got_u.entropies, got_u.metrics
@@ -303,12 +308,27 @@ def test_select_update_scores_picks_and_trains_what_the_driver_would(model_path)
     filled = fill_replay_slots(groups, want_e, mode="lowest_entropy")
     want = b.update(TrainBatch(groups=filled, version=0, clip=True)).metrics
     np.testing.assert_allclose(got_e, want_e, rtol=1e-6)
-    assert len(got_e) == 3 and len(set(got_e)) == 3  # three different scores: the pick is not a tie-break
+    assert len(got_e) == 6 and len(set(got_e)) == 6  # six different scores: the picks are not tie-breaks
+    # the picks: per replay group, the index of the candidate `fill_replay_slots` put in slot 0
+    assert got_u.picks == (int(np.argmin(want_e[:3])), int(np.argmin(want_e[3:])))
+    assert place_picks(groups, got_u.picks) == filled
     assert got[M.LOSS] == pytest.approx(want[M.LOSS], rel=1e-6) and got[M.LEARNER_SELECT_TIME] > 0
     assert a.version() == b.version() == 1
     _assert_weights_close(a.get_weights(), b.get_weights(), atol=0)
-    with pytest.raises(ValueError, match="by entropy only"):
-        a.update(TrainBatch(groups=groups, version=1, clip=True, select="random"))
+
+
+def test_random_select_is_seeded_and_scores_nothing(model_path):
+    groups = tuple(replace(g, request_id=i) for i, g in enumerate(_unresolved(9, replays=(0, 1, 2, 3))))
+    a, b = _learner(model_path), _learner(model_path)
+    got = [x.update(TrainBatch(groups=groups, version=0, select="random", select_seed=7)) for x in (a, b)]
+    assert got[0].picks == got[1].picks == replay_picks(groups, [], mode="random", seed=7)
+    assert got[0].entropies == () and len(got[0].picks) == 4
+    assert all(0 <= p < 3 for p in got[0].picks)
+    _assert_weights_close(a.get_weights(), b.get_weights(), atol=0)
+    # the seed draws: over seeds 0..19 the four picks are not always the same
+    assert len({replay_picks(groups, [], mode="random", seed=s) for s in range(20)}) > 1
+    with pytest.raises(ValueError, match="select='entropy'"):
+        TrainBatch(groups=groups, version=1, select="entropy")  # type: ignore[arg-type]
 
 
 def test_get_weights_is_the_hf_state_dict(fresh_learner, model_path):
@@ -435,7 +455,14 @@ def test_two_learners_under_ray_match_one_learner(ray_cluster, model_path, zero_
         want_u = single.update(TrainBatch(groups=groups, version=3, clip=True, select="lowest_entropy"))
         want_e, want_m = want_u.entropies, want_u.metrics
         np.testing.assert_allclose(got_u.entropies, want_e, rtol=1e-5)
+        assert got_u.picks == want_u.picks and len(got_u.picks) == 2
         assert got_u.metrics[M.GRAD_NORM] == pytest.approx(want_m[M.GRAD_NORM], rel=1e-5)
+        # random picks: each group draws from (seed, request id), so the split over ranks changes nothing
+        groups = tuple(replace(g, request_id=i) for i, g in enumerate(_unresolved(41, replays=(0, 1, 2))))
+        batch = TrainBatch(groups=groups, version=4, clip=True, select="random", select_seed=3)
+        got_u, want_u = group.update(batch=batch), single.update(batch)
+        assert got_u.picks == want_u.picks == replay_picks(groups, [], mode="random", seed=3)
+        assert got_u.metrics[M.GRAD_NORM] == pytest.approx(want_u.metrics[M.GRAD_NORM], rel=1e-5)
         with pytest.raises(ValueError, match="multiple of learners.num=2"):
             group.update(batch=TrainBatch(groups=_groups(30, n=3), version=3))
     finally:

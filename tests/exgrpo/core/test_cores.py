@@ -126,9 +126,8 @@ def test_this_process_never_lends_to_itself(ledger):
 
 
 def test_the_gate_marks_engine_and_control_calls():
-    gate = EngineGate("sampler-0", end_session=lambda: None)
     marks: list[bool] = []
-    gate.on_busy = marks.append
+    gate = EngineGate("sampler-0", end_session=lambda: None, on_busy=marks.append)
     with gate.engine():
         assert marks == [True]
     with gate.control("join_world", time.time() + 5):

@@ -48,7 +48,7 @@ class _Engine:
 
     def __init__(self, calls: list[str]) -> None:
         self.calls = calls
-        self.client = SimpleNamespace(version=0, apply_s=[0.1])
+        self.client = SimpleNamespace(tag=lambda version: calls.append(f"tag {version}"), apply_s=[0.1])
 
     def send_weights(self) -> None:
         self.calls.append("send")
@@ -66,4 +66,4 @@ def test_every_rank_waits_for_the_step_before_the_send(monkeypatch: pytest.Monke
     pusher._engine = _Engine(calls)  # a world already open with these members: no rebuild
     pusher._world = _world(members) if members else ()
     pusher.push(version=3, members=members)
-    assert calls == ["wait Linear", "send"]
+    assert calls == ["wait Linear", "tag 3", "send"] if sender else ["wait Linear", "send"]
