@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT_DIR = ROOT / "bench" / "out"  # ignored by git (.gitignore)
 TORCH_EXTENSIONS_DIR = "~/.cache/exgrpo/torch_extensions"  # where DeepSpeed's compiled ops are cached
 # A step's time split, as the driver records it: generation wait, entropy scoring, update, weight sync, idle.
-STEP_SPLIT = [M.WAIT_TIME, M.ENTROPY_TIME, M.UPDATE_TIME, M.SYNC_TIME, M.IDLE_TIME]
+STEP_SPLIT = [M.WAIT_TIME, M.UPDATE_TIME, M.SYNC_TIME, M.IDLE_TIME]
 
 T = TypeVar("T")
 

@@ -25,7 +25,7 @@ from exgrpo.core import metric_names as M
 from exgrpo.core.config import LearnerConfig, LossConfig
 from exgrpo.core.faults import fault_point
 from exgrpo.core.records import Group, ReplayCandidate, TrainBatch, UpdateResult
-from exgrpo.core.selection import place_picks, replay_candidates, replay_picks
+from exgrpo.core.selection import fill_slots
 from exgrpo.transport.checksums import grouped_sums
 from exgrpo.transport.packed import PackedWeights, Packer
 from exgrpo.transport.ranks import free_port
@@ -186,16 +186,12 @@ class Learner:
         every ``learners.grad_share_every`` steps, and the scoring time ``learner/select_time_s``).
 
         With ``batch.select`` the replay groups' candidates are picked first and the pick fills slot 0 of each
-        (what the driver would do between two updates, done here so the call can be queued behind the previous
-        update): by entropy under the current weights, or at random from ``batch.select_seed``
-        (``exgrpo.core.selection.replay_picks``). The result holds the picks and every scored candidate's entropy
-        (group order, then candidate order). ``select=None``: slot 0 is already filled."""
-        groups, entropies, picks, t0 = batch.groups, [], (), time.perf_counter()
-        if batch.select is not None:
-            if batch.select != "random":
-                entropies = self.entropies(candidates=replay_candidates(groups))
-            picks = replay_picks(groups, entropies, mode=batch.select, seed=batch.select_seed)
-            groups = place_picks(groups, picks)
+        (done here so the call can be queued behind the previous update): by entropy under the current weights,
+        or at random from ``batch.select_seed`` (``exgrpo.core.selection.fill_slots``). The result holds the picks
+        and every scored candidate's entropy (group order, then candidate order). ``select=None``: slot 0 is
+        already filled."""
+        t0 = time.perf_counter()
+        groups, entropies, picks = fill_slots(batch, lambda flat: self.entropies(candidates=flat))
         seconds = time.perf_counter() - t0 if batch.select is not None else 0.0
         with self._autocasting():
             gaps: list[tuple[int, int, float, int]] = []

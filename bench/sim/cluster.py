@@ -43,7 +43,6 @@ class SimRun:
     eta: int
     replay: bool
     overlap: bool  # async.overlap_update
-    select_on_learners: bool  # async.select_on_learners
     steps: int
     warmup: int
     step_s: float  # mean period between the starts of two updates on the learners, steady state
@@ -59,7 +58,7 @@ class SimRun:
     replaced: int  # replay requests re-issued as fresh at pull time (question retired in flight), all steps
     trajectories: int  # stored trajectories in the shards at the end
     active: int  # replayable questions at the end
-    driver: dict[str, float]  # mean seconds per step: wait, entropy, update, gap, sync, idle (driver records)
+    driver: dict[str, float]  # mean seconds per step: wait, update, gap, sync, idle (driver records)
     calls: dict[str, float]  # mean seconds per steady-state step inside each role verb the driver called
     cpu: dict[
         str, float
@@ -111,7 +110,6 @@ def _cpu_s(pids: Sequence[int]) -> float:
 
 DRIVER_KEYS = {  # SimRun.driver: the driver's step-record keys averaged over the steady state
     "wait": M.WAIT_TIME,
-    "entropy": M.ENTROPY_TIME,
     "update": M.UPDATE_TIME,
     "gap": M.UPDATE_GAP,
     "sync": M.SYNC_TIME,
@@ -250,9 +248,7 @@ class SimCluster:
         self._empty = tempfile.mkdtemp(prefix="sim-empty-replay-")
         self.system.replay.snapshot(path=self._empty)
 
-    def config(
-        self, *, eta: int, replay: bool, steps: int, overlap: bool = True, select_on_learners: bool = True
-    ) -> Any:
+    def config(self, *, eta: int, replay: bool, steps: int, overlap: bool = True) -> Any:
         from exgrpo.core.config_files import load_config
 
         return load_config(
@@ -263,7 +259,6 @@ class SimCluster:
                 f"replay.enabled={str(replay).lower()}",
                 f"trainer.steps={steps}",
                 f"async.overlap_update={str(overlap).lower()}",
-                f"async.select_on_learners={str(select_on_learners).lower()}",
             ],
         )
 
@@ -308,7 +303,6 @@ class SimCluster:
         steps: int,
         warmup: int = 2,
         overlap: bool = True,
-        select_on_learners: bool = True,
     ) -> SimRun:
         """A fresh real `Driver` over the system for `steps` steps; what its steady state measured."""
         from exgrpo.loop.driver import Driver, Roles
@@ -318,9 +312,7 @@ class SimCluster:
                 f"steps={steps} must exceed warmup={warmup} (the steady state is what follows it)"
             )
         self.reset()
-        cfg = self.config(
-            eta=eta, replay=replay, steps=steps, overlap=overlap, select_on_learners=select_on_learners
-        )
+        cfg = self.config(eta=eta, replay=replay, steps=steps, overlap=overlap)
         s, seconds = self.system, dict[str, float]()
         measure = Measure(warmup=warmup, steps=steps, pids=self.pids(), seconds=seconds)
         driver = Driver(
@@ -328,7 +320,7 @@ class SimCluster:
             roles=Roles(
                 rollouts=_Timed(s.samplers, ("submit", "poll"), seconds),
                 replay=_Timed(s.replay, ("sample_questions", "pull_batch"), seconds),
-                learners=_Timed(s.learners, ("start_entropies", "start_update"), seconds),
+                learners=_Timed(s.learners, ("start_update",), seconds),
                 weights=_Timed(s.weights, ("broadcast",), seconds),
             ),
             train=self.prompts,
@@ -336,9 +328,7 @@ class SimCluster:
             stall_timeout_s=120.0,
         )
         records = driver.train()
-        return self._result(
-            records, measure, eta=eta, replay=replay, overlap=overlap, select_on_learners=select_on_learners
-        )
+        return self._result(records, measure, eta=eta, replay=replay, overlap=overlap)
 
     def _result(
         self,
@@ -348,7 +338,6 @@ class SimCluster:
         eta: int,
         replay: bool,
         overlap: bool,
-        select_on_learners: bool,
     ) -> SimRun:
         """The run's `SimRun`: its window runs from the start of update warmup - 1 to the start of update
         steps - 1 (n updates)."""
@@ -367,7 +356,6 @@ class SimCluster:
             eta=eta,
             replay=replay,
             overlap=overlap,
-            select_on_learners=select_on_learners,
             steps=steps,
             warmup=warmup,
             step_s=(t_b - t_a) / n,

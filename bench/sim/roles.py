@@ -32,7 +32,7 @@ from exgrpo.core.records import (
     TrainBatch,
     UpdateResult,
 )
-from exgrpo.core.selection import fill_replay_slots, replay_candidates
+from exgrpo.core.selection import fill_slots
 from learners.group import LearnerGroup
 
 
@@ -245,14 +245,12 @@ class SimLearner:
         return [float(-np.mean(c.trajectory.logprobs)) for c in candidates]
 
     def update(self, batch: TrainBatch) -> UpdateResult:
-        """`learners/learner.py::Learner.update`: with `batch.select`, score this rank's candidates and fill
-        slot 0 first; then sleep for the update."""
-        groups: Sequence[Group] = batch.groups
-        entropies: list[float] = []
-        if batch.select is not None:
-            entropies = self.entropies(candidates=replay_candidates(groups))
-            groups = fill_replay_slots(groups, entropies, mode=batch.select)
-        return UpdateResult(metrics=self._train(groups, version=batch.version), entropies=tuple(entropies))
+        """`learners/learner.py::Learner.update`: slot 0 filled as the learner fills it
+        (`exgrpo.core.selection.fill_slots`), then a sleep for the update."""
+        groups, entropies, picks = fill_slots(batch, lambda flat: self.entropies(candidates=flat))
+        return UpdateResult(
+            metrics=self._train(groups, version=batch.version), entropies=entropies, picks=picks
+        )
 
     def set_cost(self, cost: CostModel) -> None:  # e.g. the learners become the bottleneck mid-run
         self.cost = cost

@@ -4,7 +4,7 @@ and learners (`bench/sim/roles.py`), measured against the cost model's ideal ste
     RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python -m bench.system.bench_sim_cluster [--diagnostics]
         [--update-real-s 1.0] [--steps 8] [--warmup 2] [--full] [--json out.jsonl]
         [--samplers 64 16] [--learners 8] [--etas 0 1] [--replay on off] [--requests-per-call 2] [--shards 2]
-        [--overlap on off] [--select learners driver] [--variants ovl+lrn ser+drv] [--repeat 1]
+        [--overlap on off] [--repeat 1]
 
 Cost model (`CostModel`, from the paper's 155 s 7B step on 8 GPUs, split 100 s generation / 55 s update, an
 assumption): one sampler takes 800 s for a step's batch (B = 128 questions x K = 8), one learner 440 s for
@@ -21,9 +21,8 @@ process (`foreign`: CPU on this machine used by processes outside this run, i.e.
 
 `--overlap on off` runs every combination twice, side by side: with `async.overlap_update` (variant `ovl`) and
 without (`ser`, the default, as in the config: the driver finishes each update before its next pull).
-`--select learners driver` likewise for `async.select_on_learners`: the learners score and pick the replayed
-trajectories inside the update (`+lrn`, the default; the next update queues behind the running one) or the
-driver waits for the scores and picks (`+drv`, the driver before this setting existed).
+The learners score and pick the replayed trajectories inside the update (the next update queues behind the
+running one); the driver-side scoring that earlier figures compare against (`+drv`) is gone from the loop.
 
 Settings: samplers.requests_per_call = 2 (64 chunks per step: one per sampler at S = 64), 2 replay shards,
 32-token responses. `--diagnostics` then changes one knob at L = 8: requests_per_call = B/S (one chunk per
@@ -42,13 +41,6 @@ from pathlib import Path
 from typing import Any
 
 GEN_S, UPDATE_S = 800.0, 440.0
-# variant label -> (async.overlap_update, async.select_on_learners)
-VARIANTS = {
-    "ovl+lrn": (True, True),
-    "ovl+drv": (True, False),
-    "ser+lrn": (False, True),
-    "ser+drv": (False, False),
-}
 
 
 def grid(args: argparse.Namespace) -> list[tuple[int, int, int, bool]]:
@@ -87,7 +79,7 @@ def block(
     requests_per_call: int,
     shards: int,
     label: str = "",
-    variants: tuple[tuple[bool, bool], ...] = ((False, True),),
+    variants: tuple[bool, ...] = (False,),
 ) -> list:
     """Build one cluster of L learners and max(S) samplers, warm it up, run `plan` [(S, eta, replay)] over it
     (samplers descending, the pool drained between) and shut it down."""
@@ -110,7 +102,7 @@ def block(
         if cluster.samplers != S:
             cluster.scale(S)
         for _, eta, replay in [g for g in plan if g[0] == S]:
-            for overlap, select in variants * args.repeat:
+            for overlap in variants * args.repeat:
                 t = time.perf_counter()
                 run = cluster.run(
                     eta=eta,
@@ -118,9 +110,8 @@ def block(
                     steps=args.steps,
                     warmup=args.warmup,
                     overlap=overlap,
-                    select_on_learners=select,
                 )
-                name = label or f"{'ovl' if overlap else 'ser'}+{'lrn' if select else 'drv'}"
+                name = label or ("ovl" if overlap else "ser")
                 out.append((run, cost.time_scale, name))
                 print(
                     f"#   S={S} L={L} eta={eta} replay={'on' if replay else 'off'} {name}: "
@@ -160,19 +151,6 @@ def make_parser() -> argparse.ArgumentParser:
         choices=("on", "off"),
         default=["off"],
         help="async.overlap_update (both: side by side)",
-    )
-    parser.add_argument(
-        "--select",
-        nargs="+",
-        choices=("learners", "driver"),
-        default=["learners"],
-        help="async.select_on_learners: who scores and picks the replayed trajectories (both: side by side)",
-    )
-    parser.add_argument(
-        "--variants",
-        nargs="+",
-        choices=VARIANTS,
-        help="instead of --overlap x --select: exactly these (e.g. ovl+lrn ser+drv: after / before)",
     )
     parser.add_argument(
         "--repeat", type=int, default=1, help="run the variants this many times, interleaved (noise)"
@@ -226,9 +204,7 @@ def main() -> None:
             update_real_s=args.update_real_s,
             requests_per_call=args.requests_per_call,
             shards=args.shards,
-            variants=tuple(VARIANTS[v] for v in args.variants)
-            if args.variants
-            else tuple((o == "on", w == "learners") for o in args.overlap for w in args.select),
+            variants=tuple(o == "on" for o in args.overlap),
         )
     extra = []
     if args.diagnostics:  # the same cost model with one knob changed each (see the module docstring)
@@ -299,13 +275,13 @@ def print_tables(runs) -> None:
         "\nWhere a step goes (ms per steady-state step): driver wall time inside each verb; CPU ms of each process"
     )
     print(
-        f"{'variant':>8} {'S':>3} {'L':>2} {'eta':>3} {'rep':>3} | {'submit':>6} {'poll':>6} {'sample':>6} {'pull':>6} {'entr':>6} "
+        f"{'variant':>8} {'S':>3} {'L':>2} {'eta':>3} {'rep':>3} | {'submit':>6} {'poll':>6} {'sample':>6} {'pull':>6} "
         f"{'upd-c':>6} {'gap':>6} {'bcast':>6} {'rest':>6} | {'driver':>6} {'shards':>6} {'sampl':>6} {'learn':>6} {'ray':>6} "
         f"{'foreign':>7} {'busy%':>5}"
     )
     for r, _, label in runs:
         c = {k: 1000 * v for k, v in r.calls.items()}
-        verbs = ("submit", "poll", "sample_questions", "pull_batch", "start_entropies")
+        verbs = ("submit", "poll", "sample_questions", "pull_batch")
         upd_call = c.get("start_update", 0.0)
         inside = sum(c.get(k, 0.0) for k in (*verbs, "start_update", "broadcast"))
         rest = 1000 * r.step_s - inside
@@ -321,7 +297,7 @@ def print_tables(runs) -> None:
             + f" {foreign:>7.0f} {busy:>5.0f}"
         )
     print(
-        "\nentr, upd-c: starting the entropy and update calls (pickling; their waits are polls, with the "
+        "\nupd-c: starting the update calls (pickling; their waits are polls, with the "
         "samplers', in poll and rest); gap: system/update_gap_s, the learners' wait for the driver between updates; "
         "poll includes waiting for generation and for the update; rest: the driver loop outside the verbs. CPU columns are CPU ms per step; busy%: the machine."
     )

@@ -107,7 +107,7 @@ PANELS: list[tuple[str, str, str, bool, list[tuple[str, str]]]] = [
         "learner update, weight sync, the rest.",
         "s",
         True,
-        [q(M.WAIT_TIME), q(M.ENTROPY_TIME), q(M.UPDATE_TIME), q(M.SYNC_TIME), q(M.IDLE_TIME)],
+        [q(M.WAIT_TIME), q(M.UPDATE_TIME), q(M.SYNC_TIME), q(M.IDLE_TIME)],
     ),
     (
         "Weight sync",

@@ -293,9 +293,6 @@ class AsyncConfig:
     on_collective_failure: Literal["stop", "object_store"] = "stop"
     # start each update without waiting for it (the next step's pull and mix run meanwhile); on in GPU recipes
     overlap_update: bool = False
-    # the learners score the replay candidates and fill slot 0 inside the update call, so the next update can
-    # queue behind the running one (false: the driver waits for the scores and picks)
-    select_on_learners: bool = True
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,6 @@ STALENESS_MEAN = "system/staleness_mean"  # mean (training version - sampling ve
 STALENESS_MAX = "system/staleness_max"  # max of the same; never above async.max_staleness
 STEP_TIME = "system/step_time_s"  # wall time of the step
 WAIT_TIME = "system/wait_s"  # waiting for the step's generations
-ENTROPY_TIME = "system/entropy_s"  # scoring replay candidates on the learner
 UPDATE_TIME = "system/update_s"  # learner update
 UPDATE_GAP = (
     "system/update_gap_s"  # learners without an update: the previous one seen finished -> this one started

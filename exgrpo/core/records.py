@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 GroupKind = Literal["fresh", "replay"]
-# how a replayed question's stored trajectory is chosen for slot 0 (`exgrpo.core.selection.replay_picks`)
+# how a replayed question's stored trajectory is chosen for slot 0 (`exgrpo.core.selection.fill_slots`)
 Selection = Literal["lowest_entropy", "highest_entropy", "random"]
 SELECTIONS: tuple[Selection, ...] = ("lowest_entropy", "highest_entropy", "random")
 
@@ -209,10 +209,12 @@ class TrainBatch:
     version: int  # learner version the batch is trained at
     clip: bool = True  # PPO clipping on fresh tokens (removed from the step after the delayed start)
     # None: every replay group's slot 0 is filled. Otherwise replay groups still carry their candidates; the
-    # learners pick one per group (`exgrpo.core.selection.replay_picks`: by entropy under the weights at the
+    # learners pick one per group (`exgrpo.core.selection.fill_slots`: by entropy under the weights at the
     # update's turn, or "random" from `select_seed`), fill slot 0 and train on that
     select: Selection | None = None
     select_seed: int = 0  # the seed of "random" selection (each group draws from (seed, request id))
+    # with "random": score every candidate anyway (a trace check logs each one's entropy beside its validity)
+    score_candidates: bool = False
     # the weight checks (`exgrpo.loop.weight_checks`): the log-prob gap's bound (None: the gap is not measured)
     # and whether rank 0 sums the weights the update makes, per layer
     gap_bound: float | None = None

@@ -25,7 +25,6 @@ from exgrpo.core.records import (
     GenerationRequest,
     Prompt,
     PulledBatch,
-    ReplayCandidate,
     ReplayPick,
     ReplayStats,
     RolloutResult,
@@ -119,15 +118,13 @@ class Done(Generic[T]):
 
 class Learners(Protocol):
     """The learner group (L data-parallel ranks). Calls start without waiting and run in the order they were
-    started, so entropies started after an update score the weights that update produces."""
-
-    def start_entropies(self, *, candidates: Sequence[ReplayCandidate]) -> Pending[list[float]]:
-        """Mean response-token entropy of each candidate under the weights at its turn, in order."""
+    started, so an update started after another scores its candidates under the weights that one produces."""
 
     def start_update(self, *, batch: TrainBatch) -> Pending[UpdateResult]:
         """One optimiser step (or `minibatches` of them) on the batch; its value holds the `learner/` metrics.
-        With `batch.select`, the replay groups' candidates are scored first, under the weights at the call's
-        turn, slot 0 is filled with the chosen one and the value holds every candidate's entropy."""
+        With `batch.select`, slot 0 of each replay group is filled first (`exgrpo.core.selection.fill_slots`:
+        the candidates scored under the weights at the call's turn, or a seeded random pick) and the value holds
+        the picks and every scored candidate's entropy."""
 
     def save(self, *, path: str) -> None:
         """HF safetensors (rank 0) and optimiser state (every rank) under `path`."""

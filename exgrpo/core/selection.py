@@ -6,21 +6,21 @@ slot 0 of each replayed group (docs/architecture.md, "The algorithm").
 - `allocate`: bucket counts, multinomial with capping and re-drawing of the excess.
 - `split_over_shards`: the global bucket counts divided among shards by a multivariate
   hypergeometric draw (exactly uniform without replacement over a bucket's union across shards).
-- `select_trajectory` / `fill_replay_slots`: per replayed question, the candidate with the lowest
-  (or highest, or a random) mean token entropy goes into slot 0 with `replayed=True`; `replay_picks` /
-  `place_picks` do the same in two halves (which index; slot 0 from those indices), the learners' way;
-  `replay_candidates` lists what there is to score, in the order `fill_replay_slots` reads the scores.
+- `fill_slots`: per replayed question, the candidate with the lowest (or highest) mean token entropy, or
+  one at random, goes into slot 0 with `replayed=True`, in two halves: `replay_picks` (which index, by
+  `select_trajectory`) and `place_picks` (slot 0 from those indices); `replay_candidates` lists what there
+  is to score, in the order the scores are read.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
 
-from exgrpo.core.records import Group, ReplayCandidate, Selection
+from exgrpo.core.records import Group, ReplayCandidate, Selection, TrainBatch
 
 
 def bucket_weights(
@@ -170,37 +170,46 @@ def draw_plan(
     return split_over_shards(allocate(weights, total, n, rng=rng), per_shard, rng=rng)
 
 
-def fill_replay_slots(
-    groups: Sequence[Group],
-    entropies: Sequence[float],
-    *,
-    mode: str,
-    rng: np.random.Generator | None = None,
-) -> list[Group]:
-    """Put each replay group's chosen candidate into slot 0 (`replayed=True`) and drop its candidates.
-
-    `entropies` holds one score per candidate of the replay groups, in group order then candidate
-    order (what `Learners.entropies` returns for that flat list); fresh groups pass through unchanged.
-    "random" draws from `rng`, one draw per replay group in order.
-    """
-    return place_picks(groups, _scored_picks(groups, entropies, mode=mode, rng=rng))
+def fill_slots(
+    batch: TrainBatch, score: Callable[[Sequence[ReplayCandidate]], Sequence[float]]
+) -> tuple[list[Group], tuple[float, ...], tuple[int, ...]]:
+    """A batch's groups as trained, every scored candidate's entropy and the picks (`replay_picks`): with
+    `batch.select`, slot 0 of each replay group is filled by `score` (the learner's entropies of the replay
+    candidates, in `replay_candidates` order; called once, and not under "random" unless
+    `batch.score_candidates`); without, the groups as they are. What a learner rank does before it trains."""
+    if batch.select is None:
+        return list(batch.groups), (), ()
+    wanted = batch.select != "random" or batch.score_candidates
+    flat = replay_candidates(batch.groups)
+    # every rank of a learner group scores (its share may be empty): scoring is a collective on some engines
+    entropies = tuple(float(e) for e in score(flat)) if wanted else ()
+    picks = replay_picks(
+        batch.groups, () if batch.select == "random" else entropies, mode=batch.select, seed=batch.select_seed
+    )
+    return place_picks(batch.groups, picks), entropies, picks
 
 
 def replay_picks(
     groups: Sequence[Group], entropies: Sequence[float], *, mode: Selection, seed: int = 0
 ) -> tuple[int, ...]:
     """Which candidate fills slot 0 of each replay group (its index among the group's candidates, replay groups
-    in order): the lowest or highest entropy (`entropies` as `fill_replay_slots` reads them), or under "random"
-    (no entropies) a uniform draw from an rng seeded by (`seed`, the group's request id), so the picks do not
-    depend on how the batch is split over the learners."""
-    if mode != "random":
-        return tuple(_scored_picks(groups, entropies, mode=mode))
-    if entropies:
-        raise ValueError(f"{len(entropies)} entropies given for random selection, which scores nothing")
-    return tuple(
-        int(np.random.default_rng([seed, g.request_id]).integers(len(g.candidates)))
-        for g in _replay_groups(groups)
-    )
+    in order): the lowest or highest entropy (`entropies`: one per candidate, in `replay_candidates` order), or
+    under "random" (no entropies) a uniform draw from an rng seeded by (`seed`, the group's request id), so the
+    picks do not depend on how the batch is split over the learners."""
+    replay = _replay_groups(groups)
+    if mode == "random":
+        if entropies:
+            raise ValueError(f"{len(entropies)} entropies given for random selection, which reads none")
+        return tuple(
+            int(np.random.default_rng([seed, g.request_id]).integers(len(g.candidates))) for g in replay
+        )
+    picks, i = [], 0
+    for g in replay:
+        picks.append(select_trajectory(entropies[i : i + len(g.candidates)], mode=mode))
+        i += len(g.candidates)
+    if i != len(entropies):
+        raise ValueError(f"{len(entropies)} entropies for {i} candidates")
+    return tuple(picks)
 
 
 def place_picks(groups: Sequence[Group], picks: Sequence[int]) -> list[Group]:
@@ -220,18 +229,6 @@ def place_picks(groups: Sequence[Group], picks: Sequence[int]) -> list[Group]:
     return out
 
 
-def _scored_picks(
-    groups: Sequence[Group], entropies: Sequence[float], *, mode: str, rng: np.random.Generator | None = None
-) -> list[int]:
-    picks, i = [], 0
-    for g in _replay_groups(groups):
-        picks.append(select_trajectory(entropies[i : i + len(g.candidates)], mode=mode, rng=rng))
-        i += len(g.candidates)
-    if i != len(entropies):
-        raise ValueError(f"{len(entropies)} entropies for {i} candidates")
-    return picks
-
-
 def _replay_groups(groups: Sequence[Group]) -> list[Group]:
     replay = [g for g in groups if g.kind == "replay"]
     for g in replay:
@@ -242,7 +239,7 @@ def _replay_groups(groups: Sequence[Group]) -> list[Group]:
 
 def replay_candidates(groups: Sequence[Group]) -> list[ReplayCandidate]:
     """Every candidate of the replay groups, in group order then candidate order (the order of the scores
-    `fill_replay_slots` takes)."""
+    `replay_picks` reads)."""
     return [
         ReplayCandidate(qid=g.qid, prompt_ids=g.prompt_ids, trajectory=c)
         for g in groups

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from exgrpo.loop.steps import StepTimes
+
 log = logging.getLogger("exgrpo.loop.driver")  # the driver's decisions, where its scaling lines always were
 
 HEADROOM = 1.1  # a shrink keeps 10% more samplers than the idle share alone would leave
@@ -232,8 +234,9 @@ class Fleet:
             log.warning("step %d: scaling samplers %d -> %d", step, self.rollouts.size(), self.target)
             self.rollouts.scale(num=self.target)
 
-    def observe(self, record: dict[str, Any], *, step_s_key: str, wait_key: str) -> dict[str, float]:
-        """A landed step's record: feed the policy (auto mode) and return the fleet's metrics for the record."""
+    def observe(self, *, step: int, times: StepTimes) -> dict[str, float]:
+        """A landed step (its number and the pipeline's timings of it): feed the policy (auto mode) and return the
+        fleet's metrics for the step's record."""
         from exgrpo.core import metric_names as M
 
         idle, now = self._idle_now(), self.clock()
@@ -241,14 +244,13 @@ class Fleet:
         window = max(now - self._time_mark, 1e-9)
         idle_share = min(1.0, max(0.0, (idle - self._idle_mark) / (live * window)))
         self._idle_mark, self._time_mark = idle, now
-        step = int(record[M.STEP])
         if self.auto and self.policy is not None and (self.last_step is None or step <= self.last_step):
-            wait = float(record.get(wait_key, 0.0))
-            if math.isnan(wait):  # the first update has no gap: the learners, with nothing to do before it,
-                wait = float(record.get(M.WAIT_TIME, math.nan))  # waited the step's whole wait for its groups
+            # the first update has no gap: the learners, with nothing to do before it, waited the step's whole
+            # wait for its groups
+            wait = times.wait_s if math.isnan(times.gap_s) else times.gap_s
             signals = Signals(
                 step=step,
-                step_s=float(record.get(step_s_key, 0.0)),
+                step_s=times.step_s,
                 learner_wait_s=wait,
                 sampler_idle=idle_share,
                 in_flight=int(self._pending()),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,7 @@ import numpy as np
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import Config
 from exgrpo.core.records import Group, Prompt, TrainBatch
-from exgrpo.core.roles import Learners, Pending, Replay, Rollouts, RunObserver, Scaling, WeightTransport
+from exgrpo.core.roles import Learners, Replay, Rollouts, RunObserver, Scaling, WeightTransport
 from exgrpo.data.stream import OutOfQuestions
 from exgrpo.loop.autoscale import make_fleet
 from exgrpo.loop.mixing import MixedGroups, Mixer
@@ -29,12 +29,11 @@ from exgrpo.loop.observer import Observer
 from exgrpo.loop.pipeline import Update, UpdatePipeline
 from exgrpo.loop.scheduler import Scheduler
 from exgrpo.loop.steps import (
+    Evaluations,
     StepNotes,
     StepPlan,
-    StepTimes,
     checkpoint_due,
     eval_due,
-    eval_metrics,
     rollout_metrics,
 )
 from exgrpo.loop.weight_checks import WeightChecks
@@ -47,7 +46,8 @@ log = logging.getLogger(__name__)
 # 0.01 s: ~5 ms). A poll costs the driver ~0.1 ms of CPU, so 100 polls/s stay under 1% of a core.
 POLL_S = 0.01
 
-# driver.json's keys, in the order written; older checkpoints may lack pick_rng, eval_history, fresh_zero_var
+# driver.json's keys, in the order written; older checkpoints may lack eval_history and fresh_zero_var (and
+# may hold pick_rng, the driver's random picks before the learners made them, which is ignored)
 STATE_KEYS = (
     "step",
     "next_schedule",
@@ -55,7 +55,6 @@ STATE_KEYS = (
     "next_request_id",
     "rng",
     "shuffle_rng",
-    "pick_rng",
     "stream",
     "delayed_start",
     "plans",
@@ -98,7 +97,6 @@ class Driver:
         recoveries: int = 0,
     ) -> None:
         self.cfg = cfg
-        self.scaling = roles.scaling
         self.observer: RunObserver = observer if observer is not None else Observer()
         self.checkpointer = checkpointer  # callable(driver) that writes a checkpoint
         self.stall_timeout_s = stall_timeout_s
@@ -111,18 +109,15 @@ class Driver:
         )
         # the samplers' count: operator or policy
         self.fleet = make_fleet(cfg, rollouts=roles.rollouts, scaling=roles.scaling)
-        self.pipeline = UpdatePipeline(learners=roles.learners, weights=roles.weights, seed=cfg.trainer.seed,
-                                       batch_options=checks.batch_options())  # fmt: skip
         # step 4, slot 0 of the replay groups (`trace_check`: measurement only, the reward stays outcome-only)
         self.mixer = Mixer(
-            cfg=cfg,
-            learners=roles.learners,
-            prompts=self.scheduler.prompts,
-            observer=self.observer,
-            trace_check=trace_check,
+            cfg=cfg, prompts=self.scheduler.prompts, observer=self.observer, trace_check=trace_check
         )
-        self.evaluation = list(evaluation)
-        self.eval_history: list[dict[str, Any]] = []  # eval/ metrics + per-question Avg@n and sources
+        options = {**checks.batch_options(), **self.mixer.batch_options()}  # what every TrainBatch carries
+        self.pipeline = UpdatePipeline(learners=roles.learners, weights=roles.weights, seed=cfg.trainer.seed,
+                                       batch_options=options)  # fmt: skip
+        # the held-out questions and each evaluation's eval/ metrics, per-question Avg@n and sources
+        self.evals = Evaluations(prompts=tuple(evaluation), n=cfg.trainer.eval_samples)
         self.step = 0  # next step to train (steps whose update started)
         # set from outside (the recipe's SIGINT / SIGTERM handler): stop at the next step boundary, checkpoint
         self.stop_requested: str | None = None
@@ -166,7 +161,7 @@ class Driver:
         """Run (or, after `load_state_dict`, continue) until `trainer.steps`; returns this call's records. With
         `async.overlap_update` the next step's wait and pull run while an update runs (module docstring)."""
         sched, self._records = self.scheduler, []
-        if self.step == 0 and not self.eval_history and (before := self.evaluate()):
+        if self.step == 0 and not self.evals.history and (before := self.evaluate()):
             self.observer.on_eval(record={M.STEP: -1, **before})  # eval/version = step + 1, as in every row
         while self.step < sched.steps and self.stop_requested is None:  # a stop waits for a step boundary
             # --- step t: scale, admit, collect (updates that finish meanwhile land), mix, start the update ---
@@ -176,10 +171,7 @@ class Driver:
             groups = self.collect(step)
             if groups is None:  # the data ran out
                 break
-            t_wait = time.perf_counter()
-            mixed = self.mixer.mix(groups, step=step, wait=self._await)
-            times = StepTimes(started_at=t0, wait_s=t_wait - t0, entropy_s=mixed.scoring_s)
-            self.update(step, mixed, times=times)
+            self.update(step, self.mixer.mix(groups), started_at=t0, wait_s=time.perf_counter() - t0)
             # --- land (broadcast, record): what finished; everything before a checkpoint or without overlap ---
             if not self.cfg.async_.overlap_update or self._checkpoint_after(step + 1):
                 self.land_all()
@@ -211,21 +203,16 @@ class Driver:
             return None
         return sorted(groups, key=lambda g: g.request_id)
 
-    def update(self, step: int, mixed: MixedGroups, *, times: StepTimes) -> None:
+    def update(self, step: int, mixed: MixedGroups, *, started_at: float, wait_s: float) -> None:
         """Step 5: the scheduler reads the step's groups (its delayed start, clipping), the update starts (it
-        lands later), then a delayed start fired by this step switches on Replay's collecting."""
+        lands later; the step began at `started_at`, its groups came `wait_s` later), then a delayed start fired
+        by this step switches on Replay's collecting."""
         start = self.scheduler.start_batch(step, mixed.groups)
         version = self.pipeline.version_after_inflight  # the weights this update starts from
-        notes = StepNotes(
-            plan=start.plan,
-            solve=start.solve,
-            replay=start.replay,
-            staleness=[version - g.oldest_version for g in mixed.groups],  # a mid-response update: the oldest
-            mix=dict(mixed.trace_metrics),
-        )
-        self.pipeline.issue(
-            step=step, groups=mixed.groups, clip=start.clip, select=mixed.select, times=times, notes=notes
-        )
+        # a mid-response update: the oldest version counts
+        notes = StepNotes(start=start, staleness=[version - g.oldest_version for g in mixed.groups])
+        self.pipeline.issue(step=step, groups=mixed.groups, clip=start.clip, select=mixed.select,
+                            started_at=started_at, wait_s=wait_s, notes=notes)  # fmt: skip
         self.step += 1
         self.scheduler.apply_delayed_start()
 
@@ -240,31 +227,26 @@ class Driver:
             self.checkpointer(self)
 
     def land_ready(self) -> None:
-        """Land the updates that already finished (e.g. behind the scores awaited in the mix), oldest first."""
+        """Land the updates that already finished, oldest first."""
         while self.pipeline.in_flight and self.land(block=False):
             pass
 
     def land(self, *, block: bool) -> bool:
         """Land the oldest update in flight if it finished (with `block`, once it has): version += 1, the batch
         as trained, the broadcast of the new version, the step's record, its plan retired. Whether it landed."""
-        update = self.pipeline.land(block=block, wait=self._await)
+        if block:
+            self.wait_for_update()
+        update = self.pipeline.land()
         if update is None:
             return False
-        batch, trace = self.trained(update)
+        assert update.result is not None
+        batch, trace = self.mixer.trained(update.batch, update.result, step=update.step)
         self.observer.on_batch(batch=batch)  # right before its step's record, also with overlap
         sync_metrics = self.pipeline.broadcast(update)
-        self.record(update, batch, mix={**update.notes.mix, **trace}, sync=sync_metrics)
+        self.record(update, batch, mix=trace, sync=sync_metrics)
         self.scheduler.retire_plan(update.step)
-        assert update.result is not None
         self.weight_checks.on_update(update.batch, update.result)  # raises WeightCheckFailed
         return True
-
-    def trained(self, update: Update) -> tuple[TrainBatch, dict[str, float]]:
-        """The batch of a landed update as trained, and its trace metrics (when the learners picked slot 0)."""
-        assert update.result is not None
-        if update.batch.select is None:  # slot 0 was filled before the update started
-            return update.batch, {}
-        return self.mixer.trained(update.batch, step=update.step, entropies=update.result.entropies)
 
     def record(
         self, update: Update, batch: TrainBatch, *, mix: dict[str, float], sync: dict[str, float]
@@ -272,25 +254,25 @@ class Driver:
         """The record of a landed update's step (`batch`: as trained; `mix`: its trace metrics; `sync`: the
         broadcast's), with the evaluation when one is due, to `observer.on_step`."""
         assert update.result is not None
-        step, notes = update.step, update.notes
+        step, start, staleness = update.step, update.notes.start, update.notes.staleness
         record = {
             M.STEP: step,
             **update.result.metrics,
             **rollout_metrics(
-                list(batch.groups), notes.plan, solve_ratio=notes.solve, wall_s=update.times.step_s
+                list(batch.groups), start.plan, solve_ratio=start.solve, wall_s=update.times.step_s
             ),
-            **notes.replay,
+            **start.replay,
             **mix,
             **sync,
             M.VERSION: self.pipeline.version,
-            M.STALENESS_MEAN: float(np.mean(notes.staleness)),
-            M.STALENESS_MAX: int(max(notes.staleness)),
+            M.STALENESS_MEAN: float(np.mean(staleness)),
+            M.STALENESS_MAX: int(max(staleness)),
             **update.times.metrics(),
             M.SAMPLERS: self.rollouts.size(),
             M.SAMPLER_RESTARTS: self.rollouts.restarts,
             M.RECOVERIES: self.recoveries,
         }
-        record.update(self.fleet.observe(record, step_s_key=M.STEP_TIME, wait_key=M.UPDATE_GAP))
+        record.update(self.fleet.observe(step=step, times=update.times))
         if eval_due(self.cfg.trainer, done=step + 1, steps=self.scheduler.steps):
             record.update(self.evaluate())
         self._records.append(record)
@@ -312,7 +294,7 @@ class Driver:
 
     def apply_scaling(self) -> None:
         """The samplers' count: the operator's (`python -m exgrpo.scale`) or `samplers.autoscale`'s policy's."""
-        self.fleet.apply(self.step, self.scaling)
+        self.fleet.apply(self.step)
 
     # -- waiting ---------------------------------------------------------------------------------------
     def wait_and_land(self, step: int) -> StepPlan | None:
@@ -349,23 +331,22 @@ class Driver:
             if sched.receive(timeout_s=0.0 if self.pipeline.in_flight else POLL_S):
                 last_progress = time.monotonic()
 
-    def _await(self, pending: Pending[Any]) -> Any:
-        """A learner call's value; until it is there, the samplers' results are received every POLL_S (and
-        updates in flight that finish meanwhile are timed then)."""
-        while not pending.wait(timeout_s=POLL_S):
+    def wait_for_update(self) -> None:
+        """Until the oldest update in flight finished; meanwhile the samplers' results are received every POLL_S
+        (and the updates that finish are timed as they do)."""
+        while not self.pipeline.oldest_done(timeout_s=POLL_S):
             self.scheduler.receive(timeout_s=0.0)
             self.pipeline.note_landed()
-        self.pipeline.note_landed()
-        return pending.result()
 
     # -- evaluation ------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        if not self.evaluation:
-            return {}
-        scores = self.rollouts.evaluate(prompts=self.evaluation, n=self.cfg.trainer.eval_samples)
-        out, per_question = eval_metrics(self.evaluation, scores, version=self.pipeline.version)
-        self.eval_history.append({**out, **per_question})
-        return out
+        """The held-out evaluation at the learners' version ({} without held-out questions)."""
+        return self.evals.run(self.rollouts, version=self.pipeline.version)
+
+    @property
+    def eval_history(self) -> list[dict[str, Any]]:
+        """Every evaluation so far: eval/ metrics, per-question Avg@n and sources."""
+        return self.evals.history
 
     # -- checkpoint state ------------------------------------------------------------------------------
     def drain(self) -> None:
@@ -381,8 +362,7 @@ class Driver:
         """JSON-able driver state (the keys of `STATE_KEYS`); call `drain()` first."""
         state = {
             "step": self.step,
-            "pick_rng": self.mixer.rng.bit_generator.state,
-            "eval_history": self.eval_history,
+            "eval_history": self.evals.history,
             **self.scheduler.state_dict(),
             **self.pipeline.state_dict(),
         }
@@ -390,8 +370,6 @@ class Driver:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
-        if "pick_rng" in state:  # checkpoints before it had one stream for both selections
-            self.mixer.rng.bit_generator.state = state["pick_rng"]
-        self.eval_history = list(state.get("eval_history", []))
+        self.evals = replace(self.evals, history=list(state.get("eval_history", [])))
         self.pipeline.load_state_dict(state)
         self.scheduler.load_state_dict(state)

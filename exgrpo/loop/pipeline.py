@@ -16,7 +16,7 @@ broadcast, and the wall time between two broadcasts. Imports no Ray.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,10 +69,11 @@ class UpdatePipeline:
         """The version the next update starts from: every update in flight lands before it on the learners."""
         return self.version + len(self._inflight)
 
-    def issue(self, *, step: int, groups: Sequence[Group], clip: bool, select: Selection | None, times: StepTimes,
-              notes: StepNotes) -> TrainBatch:  # fmt: skip
+    def issue(self, *, step: int, groups: Sequence[Group], clip: bool, select: Selection | None,
+              started_at: float, wait_s: float, notes: StepNotes) -> TrainBatch:  # fmt: skip
         """Shuffle `groups` into a batch at `version_after_inflight` (which `notes.staleness` was computed
-        against), start its update and queue the export of the version it makes; the batch as started."""
+        against), start its update and queue the export of the version it makes; the batch as started. The
+        update's timings start here (`StepTimes`: the step began at `started_at`, its groups came `wait_s` later)."""
         order = self.shuffle_rng.permutation(len(groups))
         version = self.version_after_inflight
         batch = TrainBatch(
@@ -82,7 +83,7 @@ class UpdatePipeline:
             select=select,
             **self.batch_options,
         )
-        times.issued_at = time.perf_counter()
+        times = StepTimes(started_at=started_at, wait_s=wait_s, issued_at=time.perf_counter())
         pending = self.learners.start_update(batch=batch)
         self.weights.prepare(version=version + 1)
         self._inflight.append(Update(step=step, batch=batch, pending=pending, times=times, notes=notes))
@@ -92,13 +93,11 @@ class UpdatePipeline:
         """Whether the oldest update in flight finished (waiting up to `timeout_s` for it); False when none."""
         return bool(self._inflight) and self._inflight[0].pending.wait(timeout_s=timeout_s)
 
-    def land(self, *, block: bool, wait: Callable[[Pending[Any]], Any]) -> Update | None:
-        """The oldest update in flight, out of flight with its result and times, once it finished (with
-        `block`, awaited through `wait`); None when it is still running. version += 1."""
+    def land(self) -> Update | None:
+        """The oldest update in flight, out of flight with its result and times, if it finished; None when it
+        is still running (the driver waits with `oldest_done`). version += 1."""
         update = self._inflight[0]
-        if block:
-            wait(update.pending)
-        elif not update.pending.wait(timeout_s=0.0):
+        if not update.pending.wait(timeout_s=0.0):
             return None
         self.note_landed()
         update.result = update.pending.result()

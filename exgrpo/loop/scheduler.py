@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,19 +22,9 @@ from exgrpo.core.config import Config
 from exgrpo.core.records import GenerationRequest, Group, Prompt, ReplayPick, ReplayStats, RolloutResult
 from exgrpo.core.roles import Replay, Rollouts
 from exgrpo.data.stream import OutOfQuestions, PromptStream
-from exgrpo.loop.steps import StepPlan, replay_metrics, solve_ratio, zero_variance_share
+from exgrpo.loop.steps import BatchStart, StepPlan, replay_metrics, solve_ratio, zero_variance_share
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BatchStart:
-    """What the scheduler says of a step as its update starts (`Scheduler.start_batch`)."""
-
-    plan: StepPlan
-    solve: float  # the fresh solve ratio
-    clip: bool  # PPO clipping on fresh tokens: on until the step after the delayed start
-    replay: dict[str, float]  # replay/ metrics as the step's groups were pulled
 
 
 class Scheduler:

@@ -1,6 +1,7 @@
 """One step's plan (`StepPlan`: the requests admitted for it, and its checkpoint form), what its record needs
-from the moment its update started (`StepNotes`) and its driver timings (`StepTimes`, mapped to metric names in
-`StepTimes.metrics`), the cadence rules (`checkpoint_due`, `eval_due`), and the metrics of a step as plain
+from the moment its update started (`StepNotes`, over the scheduler's `BatchStart`) and its driver timings (`StepTimes`, mapped to metric names in
+`StepTimes.metrics`), the held-out evaluations (`Evaluations`), the cadence rules (`checkpoint_due`, `eval_due`),
+and the metrics of a step as plain
 functions of what the driver holds: `rollout/` of the batch, `replay/` occupancy, `eval/` of a held-out
 evaluation (docs/metrics.md), and the rows of the replay candidates a trace check scored.
 """
@@ -22,6 +23,7 @@ from exgrpo.core.records import (
     Prompt,
     ReplayStats,
 )
+from exgrpo.core.roles import Rollouts
 
 
 @dataclass
@@ -69,15 +71,22 @@ class StepPlan:
         )
 
 
-@dataclass
-class StepNotes:
-    """What a step's record takes from the moment its update started (its update may finish steps later)."""
+@dataclass(frozen=True)
+class BatchStart:
+    """What the scheduler says of a step as its update starts (`exgrpo.loop.scheduler.Scheduler.start_batch`)."""
 
     plan: StepPlan
     solve: float  # the fresh solve ratio
+    clip: bool  # PPO clipping on fresh tokens: on until the step after the delayed start
     replay: dict[str, float]  # replay/ metrics as the step's groups were pulled
+
+
+@dataclass(frozen=True)
+class StepNotes:
+    """What a step's record takes from the moment its update started (its update may finish steps later)."""
+
+    start: BatchStart  # the scheduler's
     staleness: list[int]  # per group: the batch's version minus the group's oldest version
-    mix: dict[str, float]  # the mix's (trace shares)
 
 
 @dataclass
@@ -87,8 +96,7 @@ class StepTimes:
 
     started_at: float  # when the step started
     wait_s: float  # from the step's start until its groups were pulled
-    entropy_s: float  # the driver's scoring of the replay candidates
-    issued_at: float = math.nan  # when its update started
+    issued_at: float  # when its update started
     landed_at: float | None = None  # when the update was first seen finished
     gap_s: float = math.nan  # the learners' idle time before this update (NaN for the first)
     sync_s: float = 0.0  # the broadcast of the weights it made
@@ -109,11 +117,10 @@ class StepTimes:
         return {
             M.STEP_TIME: self.step_s,
             M.WAIT_TIME: self.wait_s,
-            M.ENTROPY_TIME: self.entropy_s,
             M.UPDATE_TIME: self.update_s,
             M.UPDATE_GAP: self.gap_s,
             M.SYNC_TIME: self.sync_s,
-            M.IDLE_TIME: max(0.0, self.loop_s - self.wait_s - self.entropy_s),
+            M.IDLE_TIME: max(0.0, self.loop_s - self.wait_s),
         }
 
 
@@ -180,6 +187,24 @@ def replay_metrics(stats: ReplayStats, *, started: bool, k_rollouts: int) -> dic
     for k in range(1, k_rollouts):
         out[M.REPLAY_BUCKET.format(k=k)] = stats.bucket_sizes.get(k, 0)
     return out
+
+
+@dataclass
+class Evaluations:
+    """The run's held-out questions, scored with `n` samples each (`run`), and every evaluation so far."""
+
+    prompts: tuple[Prompt, ...]
+    n: int
+    history: list[dict[str, Any]] = field(default_factory=list)  # eval/ metrics + per-question Avg@n, sources
+
+    def run(self, rollouts: Rollouts, *, version: int) -> dict[str, float]:
+        """Score the held-out questions on the samplers at `version`: the eval/ metrics ({} without questions)."""
+        if not self.prompts:
+            return {}
+        scores = rollouts.evaluate(prompts=self.prompts, n=self.n)
+        out, per_question = eval_metrics(self.prompts, scores, version=version)
+        self.history.append({**out, **per_question})
+        return out
 
 
 def eval_metrics(

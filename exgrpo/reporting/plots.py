@@ -13,7 +13,6 @@ from exgrpo.core import metric_names as M
 # the stacked step-time split: (name, metric key), in stacking order
 TIME_SPLIT = (
     ("generation_wait", M.WAIT_TIME),
-    ("entropy", M.ENTROPY_TIME),
     ("update", M.UPDATE_TIME),
     ("sync", M.SYNC_TIME),
     ("idle", M.IDLE_TIME),

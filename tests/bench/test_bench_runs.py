@@ -91,8 +91,8 @@ CASES = [
             "--overlap",
             "on",
         )
-        + ("--replay", "on", "--select", "learners"),
-        ("ovl+lrn",),
+        + ("--replay", "on"),
+        ("eta=1 replay=on ovl:",),
     ),
     Case(
         "bench.system.bench_runtime",

@@ -27,7 +27,7 @@ from exgrpo.core.records import (
     UpdateResult,
 )
 from exgrpo.core.roles import Done, Learners, Pending, Replay, Rollouts, RunObserver, WeightTransport
-from exgrpo.core.selection import fill_replay_slots, replay_candidates
+from exgrpo.core.selection import fill_slots
 from exgrpo.loop.observer import Observer
 
 # reward(request, index, version) -> 0.0 or 1.0
@@ -263,7 +263,7 @@ class Lagging(Generic[T]):
 
 class FakeLearners:
     """Calls finish at once (`Done`), or with `lag` > 0 at their lag-th wait (`Lagging`). `events` lists
-    ("update", step) and ("entropies", step) as calls start and ("updated", step) as updates finish."""
+    ("update", step) as calls start and ("updated", step) as updates finish."""
 
     def __init__(self, *, lag: int = 0, events: list[tuple[str, int]] | None = None) -> None:
         self.batches: list[TrainBatch] = []
@@ -284,26 +284,23 @@ class FakeLearners:
 
         return Lagging(value, lag=self.lag, on_done=finished)
 
-    def start_entropies(self, *, candidates: Sequence[ReplayCandidate]) -> Pending[list[float]]:
-        self.scored.append(list(candidates))
-        self.events.append(("entropies", len(self.batches)))  # the step whose mix asks
-        return self._pending([score(c.trajectory) for c in candidates])
-
     def start_update(self, *, batch: TrainBatch) -> Pending[UpdateResult]:
-        """`batches` holds what is trained: with `batch.select`, slot 0 filled as the learners fill it (and
-        the scored candidates in `scored`, like `start_entropies`)."""
+        """`batches` holds what is trained: with `batch.select`, slot 0 filled as the learners fill it
+        (`exgrpo.core.selection.fill_slots`; the scored candidates in `scored`)."""
         step = len(self.batches)
         self.events.append(("update", step))
-        entropies: tuple[float, ...] = ()
-        if batch.select is not None:
-            flat = replay_candidates(batch.groups)
-            self.scored.append(flat)
-            entropies = tuple(score(c.trajectory) for c in flat)
-            filled = fill_replay_slots(batch.groups, entropies, mode=batch.select)
-            batch = TrainBatch(groups=tuple(filled), version=batch.version, clip=batch.clip)
+
+        def scores(flat: Sequence[ReplayCandidate]) -> list[float]:
+            self.scored.append(list(flat))
+            return [score(c.trajectory) for c in flat]
+
+        groups, entropies, picks = fill_slots(batch, scores)
+        if batch.select is not None:  # the batch as trained
+            batch = TrainBatch(groups=tuple(groups), version=batch.version, clip=batch.clip)
         self.batches.append(batch)
         metrics = {"learner/loss": float(len(self.batches))}
-        return self._pending(UpdateResult(metrics=metrics, entropies=entropies), done=("updated", step))
+        result = UpdateResult(metrics=metrics, entropies=entropies, picks=picks)
+        return self._pending(result, done=("updated", step))
 
     def save(self, *, path: str) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)

@@ -22,12 +22,7 @@ from exgrpo.core import metric_names as M  # noqa: E402
 from exgrpo.core.algorithm import exgrpo_loss, token_entropy, token_logprobs  # noqa: E402
 from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
 from exgrpo.core.records import Group, ReplayCandidate, TrainBatch, Trajectory  # noqa: E402
-from exgrpo.core.selection import (  # noqa: E402
-    fill_replay_slots,
-    place_picks,
-    replay_candidates,
-    replay_picks,
-)
+from exgrpo.core.selection import place_picks, replay_candidates, replay_picks  # noqa: E402
 from exgrpo.transport.packed import PackedWeights, unpack_weights  # noqa: E402
 from learners.learner import Learner  # noqa: E402
 
@@ -305,11 +300,11 @@ def test_select_update_scores_picks_and_trains_what_the_driver_would(model_path)
     got_u = a.update(TrainBatch(groups=groups, version=0, clip=True, select="lowest_entropy"))
     got_e, got = got_u.entropies, got_u.metrics
     want_e = b.entropies(candidates=replay_candidates(groups))
-    filled = fill_replay_slots(groups, want_e, mode="lowest_entropy")
+    filled = place_picks(groups, replay_picks(groups, want_e, mode="lowest_entropy"))
     want = b.update(TrainBatch(groups=filled, version=0, clip=True)).metrics
     np.testing.assert_allclose(got_e, want_e, rtol=1e-6)
     assert len(got_e) == 6 and len(set(got_e)) == 6  # six different scores: the picks are not tie-breaks
-    # the picks: per replay group, the index of the candidate `fill_replay_slots` put in slot 0
+    # the picks: per replay group, the index of the candidate put in slot 0 (the lowest entropy)
     assert got_u.picks == (int(np.argmin(want_e[:3])), int(np.argmin(want_e[3:])))
     assert place_picks(groups, got_u.picks) == filled
     assert got[M.LOSS] == pytest.approx(want[M.LOSS], rel=1e-6) and got[M.LEARNER_SELECT_TIME] > 0

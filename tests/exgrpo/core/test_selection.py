@@ -12,12 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from exgrpo.core.records import Group, Trajectory
+from exgrpo.core.records import Group, TrainBatch, Trajectory
 from exgrpo.core.selection import (
     allocate,
     bucket_weights,
     draw_plan,
-    fill_replay_slots,
+    fill_slots,
+    place_picks,
+    replay_picks,
     select_trajectory,
     split_over_shards,
 )
@@ -220,30 +222,64 @@ def _replay_group(qid, rid, n_candidates):
     return Group(qid, (1,), fresh, kind="replay", request_id=rid, group_id=f"g{rid}", candidates=cands)
 
 
-def test_fill_replay_slots_puts_the_chosen_candidate_in_slot_0():
+def _batch(groups, select, **kw):
+    return TrainBatch(groups=tuple(groups), version=0, select=select, **kw)
+
+
+def test_fill_slots_puts_the_chosen_candidate_in_slot_0():
     fresh = Group("f", (1,), tuple(_traj("f", (i,), group_id="g1") for i in range(4)), request_id=1)
     a, b = _replay_group("a", 2, 2), _replay_group("b", 3, 3)
     # flat entropies: a's candidates [0.5, 0.2], b's [0.9, 0.1, 0.4] -> a picks 101, b picks 101
-    out = fill_replay_slots(
-        [fresh, a, b], [0.5, 0.2, 0.9, 0.1, 0.4], mode="lowest_entropy", rng=np.random.default_rng(0)
+    ent = [0.5, 0.2, 0.9, 0.1, 0.4]
+    asked = []
+    out, scores, picks = fill_slots(
+        _batch([fresh, a, b], "lowest_entropy"), lambda flat: asked.append(flat) or ent
     )
+    assert [c.trajectory.response_ids for c in asked[0]] == [(100,), (101,), (100,), (101,), (102,)]
+    assert scores == tuple(ent) and picks == (1, 1) and place_picks([fresh, a, b], picks) == out
     assert out[0] is fresh
     for g, src in zip(out[1:], (a, b), strict=True):
         assert g.kind == "replay" and g.candidates == () and g.request_id == src.request_id
         assert len(g.trajectories) == 4 and g.group_size == 4 and g.num_correct == 2  # slot + one fresh
         assert g.trajectories[0].replayed and g.trajectories[0].response_ids == (101,)
         assert g.trajectories[1:] == src.trajectories
-    out = fill_replay_slots(
-        [a, b], [0.5, 0.2, 0.9, 0.1, 0.4], mode="highest_entropy", rng=np.random.default_rng(0)
+    out, _, picks = fill_slots(_batch([a, b], "highest_entropy"), lambda flat: ent)
+    assert [g.trajectories[0].response_ids for g in out] == [(100,), (100,)] and picks == (0, 0)
+    # a learner rank whose share holds no replay group still scores (nothing): on a multi-rank engine scoring is
+    # a collective, and a rank that skipped it left the others waiting in it
+    asked.clear()
+    assert fill_slots(_batch([fresh], "lowest_entropy"), lambda flat: asked.append(flat) or []) == (
+        [fresh],
+        (),
+        (),
     )
-    assert [g.trajectories[0].response_ids for g in out] == [(100,), (100,)]
+    assert asked == [[]]
+    # no select: the groups as they are, nothing scored
+    assert fill_slots(_batch([fresh], None), lambda flat: 1 / 0) == ([fresh], (), ())
 
 
-def test_fill_replay_slots_rejects_mismatches():
+def test_random_picks_score_only_when_asked_and_depend_on_the_seed_and_request_only():
+    groups = [_replay_group(f"q{i}", i, 5) for i in range(12)]
+    _, scores, picks = fill_slots(_batch(groups, "random", select_seed=3), lambda flat: 1 / 0)
+    assert scores == () and len(picks) == 12 and all(0 <= p < 5 for p in picks)
+    assert fill_slots(_batch(groups[4:], "random", select_seed=3), lambda flat: 1 / 0)[2] == picks[4:]
+    assert fill_slots(_batch(groups, "random", select_seed=4), lambda flat: 1 / 0)[2] != picks
+    _, scores, again = fill_slots(
+        _batch(groups, "random", select_seed=3, score_candidates=True), lambda flat: [0.0] * len(flat)
+    )
+    assert scores == (0.0,) * 60 and again == picks  # scored for the log, picked as before
+
+
+def test_picks_reject_mismatches():
     a = _replay_group("a", 2, 2)
-    rng = np.random.default_rng(0)
     with pytest.raises(ValueError, match="entropies"):
-        fill_replay_slots([a], [0.1, 0.2, 0.3], mode="lowest_entropy", rng=rng)
+        replay_picks([a], [0.1, 0.2, 0.3], mode="lowest_entropy")
+    with pytest.raises(ValueError, match="random selection"):
+        replay_picks([a], [0.1, 0.2], mode="random")
     with pytest.raises(ValueError, match="no candidate"):
-        fill_replay_slots([_replay_group("b", 3, 0)], [], mode="lowest_entropy", rng=rng)
-    assert fill_replay_slots([], [], mode="random", rng=rng) == []
+        replay_picks([_replay_group("b", 3, 0)], [], mode="lowest_entropy")
+    with pytest.raises(ValueError, match="picks for"):
+        place_picks([a], [])
+    assert replay_picks([], [], mode="random") == ()
+    with pytest.raises(ValueError, match="select="):
+        _batch([a], "median")

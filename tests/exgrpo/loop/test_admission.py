@@ -58,7 +58,7 @@ def test_a_scale_change_reaches_the_jobs_output_with_its_step(caplog):
             return 3
 
     driver, rollouts, _, _ = build(config("trainer.steps=1"), lambda r, i, v: 0.0)
-    driver.scaling = Desired()
+    driver.fleet.scaling = Desired()  # the operator's count, as `Roles.scaling` gives it
     with caplog.at_level("WARNING", logger="exgrpo.loop.driver"):
         driver.train()
     assert "step 0: scaling samplers 1 -> 3" in [r.getMessage() for r in caplog.records]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import logging
 
-from exgrpo.core import metric_names as M
 from exgrpo.core.config import from_dict
 from exgrpo.loop.autoscale import HOLD_EVERY, Fleet, Policy, Settings, Signals, make_fleet
+from exgrpo.loop.steps import StepTimes
 
 
 def sig(step: int, *, wait: float = 0.0, idle: float = 0.0, in_flight: int = 100) -> Signals:
@@ -58,7 +58,7 @@ class Pool:
 
 def observe(fleet: Fleet, step: int, gap: float) -> None:
     fleet.observe(
-        {M.STEP: step, M.STEP_TIME: 10.0, M.UPDATE_GAP: gap}, step_s_key=M.STEP_TIME, wait_key=M.UPDATE_GAP
+        step=step, times=StepTimes(started_at=0.0, wait_s=0.0, issued_at=0.0, gap_s=gap, step_s=10.0)
     )
 
 

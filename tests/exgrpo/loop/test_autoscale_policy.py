@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import ConfigError, from_dict
 from exgrpo.loop.autoscale import Fleet, Policy, Settings, Signals
+from exgrpo.loop.steps import StepTimes
 
 
 def sig(step: int, *, wait: float = 0.0, idle: float = 0.0, in_flight: int = 100) -> Signals:
@@ -100,8 +102,12 @@ class FakeScaling:
         return self.n
 
 
-def record(step: int, gap: float) -> dict[str, float]:
-    return {M.STEP: step, M.STEP_TIME: 10.0, M.UPDATE_GAP: gap}
+def record(step: int, gap: float) -> dict[str, Any]:
+    """`Fleet.observe`'s arguments for a landed step of 10 s whose update waited `gap` s for its batch."""
+    return {
+        "step": step,
+        "times": StepTimes(started_at=0.0, wait_s=0.0, issued_at=0.0, gap_s=gap, step_s=10.0),
+    }
 
 
 def test_fleet_follows_the_policy_in_auto_mode_and_reports_metrics():
@@ -114,12 +120,12 @@ def test_fleet_follows_the_policy_in_auto_mode_and_reports_metrics():
         clock=lambda: now[0],
     )
     now[0] = 10.0
-    out = fleet.observe(record(0, gap=6.0), step_s_key=M.STEP_TIME, wait_key=M.UPDATE_GAP)
+    out = fleet.observe(**record(0, gap=6.0))
     assert out[M.SAMPLERS_TARGET] == 5 and out[M.SAMPLERS_LIVE] == 2  # ceil(2 / 0.4)
     fleet.apply(1)
     assert pool.scaled == [5] and fleet.decisions[0].new == 5
     now[0], pool.idle = 20.0, 0.5 * 5 * 10.0  # half the samplers' time blocked
-    out = fleet.observe(record(1, gap=0.0), step_s_key=M.STEP_TIME, wait_key=M.UPDATE_GAP)
+    out = fleet.observe(**record(1, gap=0.0))
     assert out[M.SAMPLERS_BLOCKED] == pytest.approx(0.5) and out[M.SAMPLERS_TARGET] == 3
 
 
@@ -135,9 +141,9 @@ def test_fleet_without_operator_nor_policy_leaves_the_pool_alone():
 
 def test_fleet_decides_nothing_in_the_runs_tail():
     fleet = Fleet(rollouts=FakePool(2), policy=Policy(Settings(max=8, hysteresis=1, cooldown=0)), last_step=5)
-    fleet.observe(record(6, gap=9.0), step_s_key=M.STEP_TIME, wait_key=M.UPDATE_GAP)
+    fleet.observe(**record(6, gap=9.0))
     assert not fleet.decisions
-    fleet.observe(record(5, gap=9.0), step_s_key=M.STEP_TIME, wait_key=M.UPDATE_GAP)
+    fleet.observe(**record(5, gap=9.0))
     assert fleet.decisions
 
 
@@ -147,10 +153,10 @@ def test_fleet_operator_count_overrides_the_policy():
     fleet = Fleet(rollouts=pool, scaling=scaling, policy=Policy(Settings(max=8, hysteresis=1, cooldown=0)))
     fleet.apply(0)
     assert pool.n == 6
-    fleet.observe(record(0, gap=9.0), step_s_key=M.STEP_TIME, wait_key=M.UPDATE_GAP)
+    fleet.observe(**record(0, gap=9.0))
     assert not fleet.decisions  # the policy is off until --auto
     scaling.auto = True
-    fleet.observe(record(1, gap=9.0), step_s_key=M.STEP_TIME, wait_key=M.UPDATE_GAP)
+    fleet.observe(**record(1, gap=9.0))
     assert fleet.decisions and fleet.target == 8
 
 
@@ -158,11 +164,9 @@ def test_fleet_reads_the_first_steps_wait_for_its_groups_as_the_learners_wait():
     # the run's first update has no gap (NaN): the learners, idle until it, waited the step's whole wait for
     # its groups, so a starved start grows after step 0 instead of a step later
     fleet = Fleet(rollouts=FakePool(1), policy=Policy(Settings(max=8, hysteresis=1, cooldown=0)))
-    first = {M.STEP: 0, M.STEP_TIME: 10.0, M.UPDATE_GAP: math.nan, M.WAIT_TIME: 8.5}
-    out = fleet.observe(first, step_s_key=M.STEP_TIME, wait_key=M.UPDATE_GAP)
+    first = StepTimes(started_at=0.0, wait_s=8.5, issued_at=8.5, step_s=10.0)  # gap_s: NaN
+    out = fleet.observe(step=0, times=first)
     assert out[M.SAMPLERS_TARGET] == 7 and fleet.decisions[0].step == 0  # ceil(1 / (1 - 0.85))
     fleet = Fleet(rollouts=FakePool(1), policy=Policy(Settings(max=8, hysteresis=1, cooldown=0)))
-    fleet.observe(
-        {M.STEP: 0, M.STEP_TIME: 10.0, M.UPDATE_GAP: math.nan}, step_s_key=M.STEP_TIME, wait_key=M.UPDATE_GAP
-    )
+    fleet.observe(step=0, times=StepTimes(started_at=0.0, wait_s=math.nan, issued_at=0.0, step_s=10.0))
     assert not fleet.decisions  # no wait recorded at all: no signal

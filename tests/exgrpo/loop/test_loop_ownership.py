@@ -1,7 +1,9 @@
 """Each line of the loop is a call on the object that owns what it changes (exgrpo/loop/driver.py): the driver
 writes no field of the Scheduler, and the broadcast is a step of landing an update, not a side effect of a wait.
+Wider: the loop, the samplers (actors/) and the transport write no field of an object they do not own (`OWNED`
+lists the exceptions, each with its reason), and the Driver keeps at most 15 attributes.
 
-The loop on in-process fakes (tests/exgrpo/loop/loop_harness.py) and the driver's source read as a tree.
+The loop on in-process fakes (tests/exgrpo/loop/loop_harness.py) and the sources read as trees.
 """
 
 from __future__ import annotations
@@ -104,3 +106,87 @@ def test_a_wait_broadcasts_nothing_and_the_mix_is_a_frozen_record():
     assert len(mixes) == 6 and all(dataclasses.is_dataclass(m) for m in mixes)
     with pytest.raises(dataclasses.FrozenInstanceError):
         mixes[0].select = None
+
+
+# Writes into another object's fields that the loop, the samplers and the transport may make, keyed by (file,
+# the object written through): each is an object the module made itself, or a library object it configures.
+OWNED = {
+    ("exgrpo/loop/pipeline.py", "update"): "the pipeline makes each Update (issue) and fills it as it lands",
+    ("exgrpo/loop/pipeline.py", "times"): "the pipeline makes each update's StepTimes and fills them",
+    ("exgrpo/loop/scheduler.py", "plan"): "the scheduler makes its StepPlans and fills them",
+    ("exgrpo/loop/scheduler.py", "first"): "one of the scheduler's StepPlans",
+    ("actors/continuous_engine.py", "params"): "the vLLM SamplingParams it builds",
+    ("actors/engines.py", "self.model"): "its own HF model's generation config",
+    ("actors/load_faults.py", "engine"): "a fault injected on purpose for the weight checks' tests",
+    ("actors/vllm_load.py", "module"): "vLLM's model modules it loads weights into",
+    ("actors/vllm_load.py", "param"): "vLLM's model parameters it loads weights into",
+    ("actors/vllm_load.py", "info"): "vLLM's per-layer load bookkeeping",
+    ("exgrpo/transport/gloo.py", "opts"): "torch's BroadcastOptions it builds",
+    ("exgrpo/transport/gloo.py", "engine"): "the weight-transfer engine it builds for vLLM's factory",
+}
+FOLDERS = ("exgrpo/loop", "actors", "exgrpo/transport")
+
+
+def foreign_writes(source: str) -> list[tuple[str, str]]:
+    """Assignments and deletions into a field of an object other than `self` (`x.field = ...`,
+    `self.member.field = ...`), as (the object written through, the target); restoring an own numpy
+    generator (`self.rng.bit_generator.state = ...`) is its own state."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign | ast.Delete):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        for target in targets:
+            for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                names = _chain(t) if isinstance(t, ast.Attribute) else []
+                if (
+                    not names
+                    or (names[0] == "self" and len(names) == 2)
+                    or names[-2:] == ["bit_generator", "state"]
+                ):
+                    continue
+                owner = "self." + names[1] if names[0] == "self" else names[0]
+                found.append((owner, ast.unparse(t)))
+    return found
+
+
+def test_the_loop_samplers_and_transport_write_only_what_they_own():
+    root = Path(driver_module.__file__).parents[2]
+    found = {}
+    for folder in FOLDERS:
+        for path in sorted((root / folder).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            for owner, target in foreign_writes(path.read_text()):
+                found.setdefault((rel, owner), []).append(target)
+    assert not {key: targets for key, targets in found.items() if key not in OWNED}
+    assert set(OWNED) <= set(found), "an OWNED entry no longer matches a write: drop it"
+    # the check sees what the sampler, the transport and the weight client used to do
+    planted = (
+        "self.gate.session_loaded = True\n"
+        "gate.on_busy = lender.mark\n"
+        "self._loads.failed_in_a_row = 0\n"
+        "self._engine.client.version = version\n"
+        "self.rng.bit_generator.state = state['rng']\n"  # its own generator: allowed
+        "self.version = 3\n"  # its own field: allowed
+    )
+    assert [t for _, t in foreign_writes(planted)] == [
+        "self.gate.session_loaded",
+        "gate.on_busy",
+        "self._loads.failed_in_a_row",
+        "self._engine.client.version",
+    ]
+
+
+def test_the_driver_keeps_at_most_15_attributes():
+    tree = ast.parse(Path(driver_module.__file__).read_text())
+    driver = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Driver")
+    fields = {
+        t.attr
+        for node in ast.walk(driver)
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+    }
+    assert len(fields) <= 15, sorted(fields)

@@ -70,30 +70,37 @@ def test_with_overlap_the_next_update_queues_behind_the_running_one(eta):
         in_flight += {"update": 1, "updated": -1}.get(e[0], 0)
         assert in_flight <= eta + 1
     # each export is queued right behind the update that makes it, before any later learner call
-    learner_calls = [e for e in events if e[0] in ("update", "entropies", "prepare")]
+    learner_calls = [e for e in events if e[0] in ("update", "prepare")]
     for t in range(6):
         i = learner_calls.index(("update", t))
         assert learner_calls[i + 1] == ("prepare", t + 1)
     # the learners score the candidates inside the update (under the weights of the updates queued before)
-    assert not [e for e in events if e[0] == "entropies"] and learners.scored
+    assert learners.scored
     assert sum(r[M.N_REPLAY] for r in records) > 0  # replay actually ran
-    assert all(r[M.UPDATE_TIME] > 0 and r[M.IDLE_TIME] >= 0 and r[M.ENTROPY_TIME] == 0 for r in records)
+    assert all(r[M.UPDATE_TIME] > 0 and r[M.IDLE_TIME] >= 0 for r in records)
 
 
-@pytest.mark.parametrize("eta", [1, 2])
-def test_the_learners_pick_the_trajectory_the_driver_would_pick(eta):
-    # the same run with the driver scoring (select_on_learners=false) and with the learners scoring
-    on, off = (
-        overlap_run(eta, overlap=True, overrides=(f"async.select_on_learners={x}",))
-        for x in ("true", "false")
-    )
-    assert [b.groups for b in on[2].batches] == [b.groups for b in off[2].batches]
+class Trained(Events):
+    def on_batch(self, *, batch) -> None:
+        self.events.append(("batch", batch))
 
-    def scored(learners):  # (the learners score in batch order, the driver in request order)
-        return [sorted((c.qid, c.trajectory.response_ids) for c in step) for step in learners.scored]
 
-    assert scored(on[2]) == scored(off[2])  # every candidate scored once, at the same step
-    assert [e for e in off[4] if e[0] == "entropies"] and not [e for e in on[4] if e[0] == "entropies"]
+@pytest.mark.parametrize("mode", ["lowest_entropy", "random"])
+def test_the_driver_reports_the_batch_the_learners_trained_from_their_picks(mode):
+    # the learners pick (by score, or at random by request id); the driver rebuilds each batch from the picks
+    # in the update's result, with no scoring of its own
+    runs = [
+        overlap_run(1, overlap=True, observer=Trained, overrides=(f"replay.trajectory_selection={mode}",))
+        for _ in range(2)
+    ]
+    _, _, learners, records, events = runs[0]
+    reported = [e[1] for e in events if e[0] == "batch"]
+    assert [b.groups for b in reported] == [b.groups for b in learners.batches]
+    assert sum(r[M.N_REPLAY] for r in records) > 0
+    scored = sum(len(step) for step in learners.scored)
+    assert (scored > 0) if mode == "lowest_entropy" else (scored == 0)  # "random" scores nothing
+    # the same seed picks the same trajectories
+    assert [b.groups for b in runs[1][2].batches] == [b.groups for b in learners.batches]
 
 
 HOLD_S = 0.05
@@ -106,20 +113,13 @@ def slow_trace_check(prompt, text) -> bool:
 
 
 def test_with_overlap_the_update_gap_counts_from_when_the_update_finished():
-    # with the driver scoring, update t finishes while step t + 1's scores are awaited (they wait behind it);
-    # the trace check then holds the batch at least HOLD_S before update t + 1 starts: the learners waited
-    records = overlap_run(
-        1, overlap=True, trace_check=slow_trace_check, overrides=("async.select_on_learners=false",)
-    )[3]
-    # (step 1 has no stored trajectory to score yet: update 0 is seen finished only as update 1 starts)
-    gaps = [r[M.UPDATE_GAP] for r in records]
-    assert math.isnan(gaps[0]) and all(g >= HOLD_S for g in gaps[2:]), gaps
-    # with the learners scoring, the trace check runs once the update finished, and an update queued before
-    # its predecessor finished has no gap
+    # the trace check runs once the update finished, and an update queued before its predecessor finished has
+    # no gap
     _, _, _, records, events = overlap_run(1, overlap=True, trace_check=slow_trace_check)
     at = {e: i for i, e in enumerate(events)}
     queued = [t for t in range(1, 6) if at[("update", t)] < at[("updated", t - 1)]]
     assert queued and all(records[t][M.UPDATE_GAP] == 0.0 for t in queued)
+    assert math.isnan(records[0][M.UPDATE_GAP])
 
 
 class Batches(Events):
@@ -127,10 +127,8 @@ class Batches(Events):
         self.events.append(("batch", batch.version))
 
 
-@pytest.mark.parametrize("select", ["true", "false"])
-def test_each_batch_is_reported_as_trained_right_before_its_record(select):
-    overrides = (f"async.select_on_learners={select}",)
-    _, _, learners, _, events = overlap_run(1, overlap=True, observer=Batches, overrides=overrides)
+def test_each_batch_is_reported_as_trained_right_before_its_record():
+    _, _, learners, _, events = overlap_run(1, overlap=True, observer=Batches)
     reported = [e for e in events if e[0] in ("batch", "record")]
     assert reported == [x for t in range(6) for x in (("batch", t), ("record", t))]
 

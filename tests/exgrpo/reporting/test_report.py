@@ -52,7 +52,6 @@ def fake_run(n: int = 12) -> tuple[list[dict], list[dict]]:
                 M.STALENESS_MAX: 1,
                 M.STEP_TIME: 1.0,
                 M.WAIT_TIME: 0.5,
-                M.ENTROPY_TIME: 0.1,
                 M.UPDATE_TIME: 0.3,
                 M.SYNC_TIME: 0.05,
                 M.IDLE_TIME: 0.05,
