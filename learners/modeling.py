@@ -213,12 +213,21 @@ def forget_deepspeed_groups(*, only_stale: bool = False) -> None:
     if groups is None:
         return
     if only_stale:
-        from torch.distributed.distributed_c10d import _world
-
         cached = getattr(groups, "_WORLD_GROUP", None)
-        if cached is None or cached in _world.pg_group_ranks:
+        if cached is None or in_current_world(cached):
             return
     groups._release_process_group_references(None)
+
+
+def in_current_world(group: Any) -> bool:
+    """Whether ``group`` belongs to the current torch.distributed world: torch keeps the ranks of every group
+    of its world and forgets them all when the world is destroyed, so a group of an earlier world has none
+    (`torch.distributed.get_process_group_ranks` raises KeyError for it)."""
+    try:
+        dist.get_process_group_ranks(group)
+    except KeyError:
+        return False
+    return True
 
 
 def deepspeed_world_group(timeout_s: float) -> None:
