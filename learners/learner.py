@@ -201,7 +201,9 @@ class Learner:
         update): by entropy under the current weights, or at random from ``batch.select_seed``
         (``exgrpo.core.selection.replay_picks``). The result holds the picks and every scored candidate's entropy
         (group order, then candidate order). ``select=None``: slot 0 is already filled."""
-        groups, entropies, picks, t0 = batch.groups, [], (), time.perf_counter()
+        groups: Sequence[Group] = batch.groups
+        picks: tuple[int, ...] = ()
+        entropies, t0 = [], time.perf_counter()
         if batch.select is not None:
             if batch.select != "random":
                 entropies = self.entropies(candidates=replay_candidates(groups))
