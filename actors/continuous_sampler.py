@@ -197,7 +197,7 @@ class ContinuousSampler:
         """Rewards of n samples per prompt (Avg@n / Pass@n), generated alongside any training requests;
         prompt i's sample j has seed run seed + i * n + j (as `VLLMEngine.generate`). Nothing is pushed."""
         temp = self.temperature if temperature is None else temperature
-        check_scoring(self.verifier, n=n, temperature=temp, template=self.template)  # type: ignore[arg-type]
+        check_scoring(self.verifier, n=n, temperature=temp, template=self.template)
         drawn = 1 if temp == 0 else n  # greedy: one decode, repeated n times
         stamp = time.monotonic_ns()
 

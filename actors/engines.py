@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ import torch
 from exgrpo.core.config import Dtype
 from exgrpo.transport.checksums import grouped_sums
 
-WeightValue = torch.Tensor | np.ndarray
+WeightValue: TypeAlias = torch.Tensor | np.ndarray
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,13 @@ class GenerationEngine(Protocol):
     def load_weights(self, weights: Mapping[str, WeightValue], *, version: int) -> None: ...
 
     def checksum(self) -> float: ...
+
+
+class TokenizingEngine(GenerationEngine, Protocol):
+    """A `GenerationEngine` that also holds its model's HF tokenizer (both of ours: `make_engine`'s); a sampler
+    renders chat templates with it."""
+
+    tokenizer: Any
 
 
 # --------------------------------------------------------------------------- shared helpers

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from actors.engines import GenerationEngine, HFEngine
+from actors.engines import HFEngine, TokenizingEngine
 from exgrpo.core.config import EngineKind
 
 
-def make_engine(kind: EngineKind, model_path: str | Path, **kwargs: Any) -> GenerationEngine:
+def make_engine(kind: EngineKind, model_path: str | Path, **kwargs: Any) -> TokenizingEngine:
     """Build an engine by kind; keyword arguments go to its constructor."""
     if kind == "hf":
         return HFEngine(model_path, **kwargs)

@@ -18,7 +18,7 @@ import ray
 import torch
 
 from actors.engine_gate import EngineGate, LateWeightUpdate, WeightsFailed
-from actors.engines import GenerationEngine
+from actors.engines import TokenizingEngine
 from actors.factory import make_engine
 from actors.load_faults import load_fault
 from actors.sampler_common import (
@@ -77,7 +77,7 @@ class Sampler:
         self.name = sampler_name(index)
         check_positions(engine)  # before minutes of engine start-up
         self.tp = engine.tensor_parallel_size
-        self.engine: GenerationEngine = make_engine(
+        self.engine: TokenizingEngine = make_engine(
             engine.kind, engine.model_path, dtype=engine.dtype, seed=s.seed, **engine_kwargs(engine)
         )
         self.template = s.template

@@ -101,10 +101,11 @@ def check_scoring(verifier: Scorer, *, n: int, temperature: float, template: Tem
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
     mode = reward_mode(template)
-    if getattr(verifier, "mode", mode) not in (mode, None):  # None: a reward that reads no answer region
+    extracts = getattr(verifier, "mode", mode)  # a reward without one reads what the template asks
+    if extracts not in (mode, None):  # None: a reward that reads no answer region
         raise ValueError(
             f"template {template!r} puts the final answer in {mode!r} mode but the verifier extracts "
-            f"in {verifier.mode!r} mode; make it with Verifier(mode=reward_mode(template))"
+            f"in {extracts!r} mode; make it with Verifier(mode=reward_mode(template))"
         )
 
 

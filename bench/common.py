@@ -1,5 +1,5 @@
-"""What the bench scripts share: environment defaults, a free port, where output goes and how it is written,
-timing helpers and running a function in a fresh process.
+"""What the bench scripts share: environment defaults, where output goes and how it is written, timing helpers
+and running a function in a fresh process (a free port is `exgrpo.transport.ranks.free_port`).
 
 Imports nothing heavy (no torch, Ray or vLLM), so a script can call `env_defaults` before it imports them.
 """
@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from exgrpo.core import metric_names as M
-from exgrpo.transport.ranks import free_port  # noqa: F401  (the benches' rendezvous ports: one helper)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT_DIR = ROOT / "bench" / "out"  # ignored by git (.gitignore)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +32,7 @@ class StoredTrajectory:
     text: str
     group_id: str
 
-    def fields(self) -> dict[str, object]:
+    def fields(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}
 
     def key(self) -> tuple:

@@ -60,7 +60,7 @@ def _lists(rows: Sequence[Sequence | None], dtype: type, value_type: pa.DataType
     lengths = np.fromiter((0 if r is None else len(r) for r in rows), np.int32, len(rows))
     offsets = np.zeros(len(rows) + 1, np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    flat = np.fromiter(chain.from_iterable(r for r in rows if r), dtype, int(offsets[-1]))
+    flat: np.ndarray = np.fromiter(chain.from_iterable(r for r in rows if r), dtype, int(offsets[-1]))
     mask = None if all(r is not None for r in rows) else pa.array([r is None for r in rows])
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, value_type), mask=mask)
 
@@ -266,7 +266,9 @@ class GroupRows:
 
     def select(self, groups: Sequence[int]) -> pa.Table:
         """The rows of the named groups, in that order."""
-        idx = np.concatenate([np.arange(self.starts[j], self.stops[j]) for j in groups]) if groups else []
+        idx: np.ndarray | list[int] = (
+            np.concatenate([np.arange(self.starts[j], self.stops[j]) for j in groups]) if groups else []
+        )
         return self.table.take(pa.array(idx, pa.int64()))
 
 
@@ -320,7 +322,7 @@ def groups_from_arrow(table: pa.Table) -> list[Group]:
             group_id=col["traj_group_id"][i],
             version_spans=tuple(zip(sv[so[i] : so[i + 1]], vv[vo[i] : vo[i + 1]], strict=True)),
         )
-        entry[1 if role == "trajectory" else 2].append(t)
+        (entry[1] if role == "trajectory" else entry[2]).append(t)
     return [
         Group(
             qid=col["qid"][i],

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +126,9 @@ class ReplayShard:
         rows = GroupRows(table.replace_schema_metadata(None))
         with self.order.lock:
             new = self._new_groups(rows)
+            write: Callable[[], Ticket | None]
             if len(new) == len(rows) and self.wal is not None:
-                write = lambda: self.wal.write(payload)  # noqa: E731
+                write = partial(self.wal.write, payload)
             elif new:
                 write = lambda: self._log(rows.select(new), op="push")  # noqa: E731
             else:  # nothing new, but a copy may still be syncing: answer once it is durable

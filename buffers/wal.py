@@ -17,7 +17,7 @@ import threading
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 
@@ -73,7 +73,7 @@ class WriteAheadLog:
         sync fails its frames atomically with respect to the shard's calls."""
         self.dir = Path(directory)
         self.gen = 0
-        self._file = None
+        self._file: BinaryIO | None = None  # the current log, open for appends (`open`)
         self.bytes = 0  # size of the current log (the end of the frames written)
         self.durable = 0  # the end of the frames fdatasync'd
         self.appends = 0  # frames made durable since the process started
@@ -117,6 +117,12 @@ class WriteAheadLog:
         it: once this returns, a restarted shard replays it. `sync(write(payload))`."""
         self.sync(self.write(payload))
 
+    @property
+    def _out(self) -> BinaryIO:
+        if self._file is None:
+            raise RuntimeError(f"the write-ahead log in {self.dir} is not open (open() opens it)")
+        return self._file
+
     def write(self, payload: bytes) -> Ticket:
         """Write one frame, not yet durable; `sync(ticket)` makes it so. Frames follow each other in the order
         of these calls (the shard makes them under its lock, in the order it applies the calls).
@@ -128,9 +134,9 @@ class WriteAheadLog:
                 raise OSError(f"write-ahead log {self.log_path(self.gen)} refuses appends: {self.broken}")
             header = HEADER.pack(MAGIC, zlib.crc32(payload), len(payload))
             try:
-                self._file.write(header)
-                self._file.write(payload)
-                self._file.flush()
+                self._out.write(header)
+                self._out.write(payload)
+                self._out.flush()
             except OSError as err:
                 self._undo_partial(err, self.bytes)
                 raise self._failure(err) from err
@@ -156,7 +162,7 @@ class WriteAheadLog:
         with self._sync_lock:
             if not ticket.done:
                 with self._lock:
-                    batch, self._unsynced, end, fd = self._unsynced, [], self.bytes, self._file.fileno()
+                    batch, self._unsynced, end, fd = self._unsynced, [], self.bytes, self._out.fileno()
                 try:
                     os.fdatasync(fd)
                 except OSError as err:
@@ -189,7 +195,7 @@ class WriteAheadLog:
         with contextlib.suppress(
             OSError
         ):  # flushing the partial bytes may fail again; the truncate drops them
-            self._file.close()
+            self._out.close()
         try:
             with open(path, "r+b") as f:
                 f.truncate(end)
@@ -215,7 +221,7 @@ class WriteAheadLog:
         new_log.write_bytes(b"")
         tmp.rename(self.snap_dir(gen))
         fsync_one(self.dir)
-        self._file.close()
+        self._out.close()
         self._file = open(new_log, "ab")  # noqa: SIM115
         self.gen, self.bytes, self.durable = gen, 0, 0
         self._drop_older()

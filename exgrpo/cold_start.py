@@ -4,7 +4,7 @@
     python -m exgrpo.run --config configs/smollm2-135m-cpu.yaml model.path=runs/smollm2-cold
 
 It reads the same config and overrides as the run, resolves `model.path`, fine-tunes it on worked solutions
-(`learners/cold_start.py`: the run's prompt template, the loss on the solution tokens only) and writes an HF model
+(`exgrpo/models/cold_start.py`: the run's prompt template, the loss on the solution tokens only) and writes an HF model
 directory that `model.path` accepts. The solutions come from (`SOURCES`): a builtin `data.train`'s own worked
 solutions (the run's train prompts only, never its held-out or validation questions), or the rows of a data file
 (`data.train`, or `--data`) with a solution column. `read_solutions` reads such a file as a run reads it
@@ -12,8 +12,8 @@ solutions (the run's train prompts only, never its held-out or validation questi
 each prompt with its row's solution: the column named, else the first of `SOLUTION_COLUMNS` the file has (an error
 naming the columns found when none); a string, or chat messages (openr1's `target`: the last assistant message).
 Rows without one are counted and skipped, or refused with `data.on_bad_row=error`. Measured: docs/smollm2.md; the
-file source: docs/data.md ("Worked solutions for the cold start"); tests: tests/learners/test_cold_start.py,
-tests/learners/test_cold_start_rows.py.
+file source: docs/data.md ("Worked solutions for the cold start"); tests: tests/exgrpo/models/test_cold_start.py,
+tests/exgrpo/models/test_cold_start_rows.py.
 """
 
 from __future__ import annotations
@@ -252,8 +252,8 @@ def _solutions(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from exgrpo.models.cold_start import ColdStartSpec, cold_start
     from exgrpo.models.resolve import resolve_model
-    from learners.cold_start import ColdStartSpec, cold_start
 
     args = _parser().parse_intermixed_args(argv)
     out = Path(args.out)

@@ -76,7 +76,8 @@ class RankEngine:
     ) -> None:
         self.module, self.optimizer, self.device, self.world_size = engine, optimizer, device, world_size
         self.pack, self._resize = pack, resize
-        self.cfg, self.chunk_tokens, self._reference = cfg, cfg.logits_chunk_tokens, reference
+        self.cfg, self._reference = cfg, reference
+        self.chunk_tokens: int | None = cfg.logits_chunk_tokens
         self.has_reference = reference is not None
 
     def micro_batches(self, rows: Sequence[Row]) -> list[slice]:

@@ -135,6 +135,17 @@ class Learner:
             )
         self.plan = compute_plan(self.cfg, device=self.device, dtype=self.dtype, model=model)
         self.compute = self.plan.sentence
+        # this rank's ``UpdateEngine``, built once: its DeepSpeed engine, micro-batches and KL reference
+        self.rank_engine = RankEngine(
+            self.engine,
+            self.optimizer,
+            cfg=self.cfg,
+            device=self.device,
+            world_size=self.world_size,
+            reference=self._reference_logprobs if self._reference is not None else None,
+            pack=self.plan.pack,
+            resize=self.plan.threads.resize if self.plan.threads is not None else None,
+        )
         return self.compute
 
     def _autocasting(self) -> contextlib.AbstractContextManager:
@@ -161,7 +172,7 @@ class Learner:
                 rows,
                 r_max,
                 what,
-                slices=self._engine().micro_batches(rows),
+                slices=self.rank_engine.micro_batches(rows),
                 device=self.device,
                 chunk_tokens=self._chunk_tokens,
                 pack=self.plan.pack,
@@ -236,7 +247,7 @@ class Learner:
                 chunk_tokens=self._chunk_tokens,
             )
         out = U.update(
-            self._engine(),
+            self.rank_engine,
             groups,
             loss=self.loss_cfg,
             minibatches=self.cfg.minibatches,
@@ -251,19 +262,6 @@ class Learner:
         fault_point("learner.update")
         self._version = version + 1
         return {**out, **shares}
-
-    def _engine(self) -> RankEngine:
-        """This rank's ``UpdateEngine``: its DeepSpeed engine, micro-batches and KL reference."""
-        return RankEngine(
-            self.engine,
-            self.optimizer,
-            cfg=self.cfg,
-            device=self.device,
-            world_size=self.world_size,
-            reference=self._reference_logprobs if self._reference is not None else None,
-            pack=self.plan.pack,
-            resize=self.plan.threads.resize if self.plan.threads is not None else None,
-        )
 
     def _reference_logprobs(self, enc: batches.Encoded) -> Tensor:
         assert self._reference is not None

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from exgrpo.core.config import LearnerConfig
 from exgrpo.core.cores import Borrower, job_ledger
+from exgrpo.core.precision import autocast_choice
 
 DEFAULT_TORCH_EXTENSIONS_DIR = "~/.cache/exgrpo/torch_extensions"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,41 +59,6 @@ def clear_stale_build_lock(lock: str, *, stale_s: float = STALE_LOCK_S) -> bool:
         flush=True,
     )
     return True
-
-
-BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs with bfloat16 matmul instructions
-
-
-def cpu_bf16_flags(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
-    """The ``BF16_CPU_FLAGS`` this CPU reports ([] where /proc/cpuinfo is missing: not Linux)."""
-    try:
-        with open(cpuinfo) as f:
-            flags = {word for line in f if line.startswith("flags") for word in line.split()}
-    except OSError:
-        return []
-    return [flag for flag in BF16_CPU_FLAGS if flag in flags]
-
-
-def autocast_choice(
-    setting: str, *, device: torch.device, dtype: str, chunked: bool = True
-) -> tuple[bool, str]:
-    """(whether the learner runs under CPU bfloat16 autocast, the sentence that says so and why) for
-    ``learners.autocast`` on this rank's device with ``model.dtype`` weights. ``bfloat16`` on a CPU without the
-    instructions still runs (slowly: emulated), which the sentence says."""
-    if setting == "off":
-        return False, "float32 (learners.autocast=off)" if dtype == "float32" else dtype
-    if device.type != "cpu" or dtype != "float32":
-        return False, f"{dtype} on {device.type} (learners.autocast applies to float32 CPU learners only)"
-    flags = cpu_bf16_flags()
-    if setting == "auto" and not flags:
-        return False, "float32 (learners.autocast=auto: this CPU has no avx512_bf16 or amx_bf16)"
-    why = (
-        f"this CPU has {' and '.join(flags)}" if flags else "this CPU has no bfloat16 instructions: emulated"
-    )
-    # the chunked log-prob path runs lm_head outside the autocast; the full-logits path (logits_chunk_tokens null)
-    # runs it inside the model's forward, under it
-    head = "lm_head and loss in float32" if chunked else "loss in float32, lm_head in bfloat16"
-    return True, f"bfloat16 autocast, {head} ({why})"
 
 
 def packing_choice(setting: str, *, device: torch.device, model: torch.nn.Module) -> tuple[bool, str]:
@@ -213,12 +179,21 @@ def forget_deepspeed_groups(*, only_stale: bool = False) -> None:
     if groups is None:
         return
     if only_stale:
-        from torch.distributed.distributed_c10d import _world
-
         cached = getattr(groups, "_WORLD_GROUP", None)
-        if cached is None or cached in _world.pg_group_ranks:
+        if cached is None or in_current_world(cached):
             return
     groups._release_process_group_references(None)
+
+
+def in_current_world(group: Any) -> bool:
+    """Whether ``group`` belongs to the current torch.distributed world: torch keeps the ranks of every group
+    of its world and forgets them all when the world is destroyed, so a group of an earlier world has none
+    (`torch.distributed.get_process_group_ranks` raises KeyError for it)."""
+    try:
+        dist.get_process_group_ranks(group)
+    except KeyError:
+        return False
+    return True
 
 
 def deepspeed_world_group(timeout_s: float) -> None:

@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -30,7 +31,13 @@ from learners.batches import PADDING_ROW, Row, build_rows, encode, pad
 from learners.engine import UpdateEngine
 from learners.logits import per_token, response_stats
 
-Part = tuple[dict[str, float], int, int]  # one micro-batch: exgrpo_loss metrics, rows, response tokens
+
+class Part(NamedTuple):
+    """One non-empty micro-batch of an optimiser step: what its metrics are weighted by."""
+
+    metrics: dict[str, float]  # exgrpo_loss's (and "kl" with the KL penalty)
+    rows: int
+    tokens: int  # response tokens
 
 
 def weighted(pairs: Sequence[tuple[float, float]]) -> float:
@@ -156,7 +163,7 @@ def minibatch_backward(
             metrics = {**metrics, "kl": float(kl.detach())}
         engine.backward(objective)
         if n_j:
-            parts.append((metrics, n_j, t_j))
+            parts.append(Part(metrics, rows=n_j, tokens=t_j))
     return parts
 
 
@@ -172,12 +179,13 @@ def minibatch_metrics(
 ) -> dict[str, float]:
     """``learner/*`` metrics of one optimiser step from its micro-batches' (``constant``: the constant
     normaliser, so the policy loss and the KL are row means; else token means)."""
-    pg = weighted([(m["pg_loss"], n if constant else t) for m, n, t in parts])
-    ent = weighted([(m["entropy"], t) for m, _, t in parts])
-    fresh = [(m, m["num_fresh_tokens"]) for m, _, _ in parts]
+    by = [p.rows if constant else p.tokens for p in parts]  # the policy loss's and the KL's weights
+    pg = weighted([(p.metrics["pg_loss"], w) for p, w in zip(parts, by, strict=True)])
+    ent = weighted([(p.metrics["entropy"], p.tokens) for p in parts])
+    fresh = [(p.metrics, p.metrics["num_fresh_tokens"]) for p in parts]
     kl = {}
-    if any("kl" in m for m, _, _ in parts):
-        kl = {M.KL: weighted([(m["kl"], n if constant else t) for m, n, t in parts])}
+    if any("kl" in p.metrics for p in parts):
+        kl = {M.KL: weighted([(p.metrics["kl"], w) for p, w in zip(parts, by, strict=True)])}
     return {
         **kl,
         M.LOSS: pg - entropy_coef * ent + kl_coef * kl.get(M.KL, 0.0),
@@ -185,12 +193,14 @@ def minibatch_metrics(
         M.ENTROPY: ent,
         M.CLIP_FRAC: weighted([(m["clip_frac"], f) for m, f in fresh]),
         M.RATIO_FRESH: weighted([(m["ratio_fresh_mean"], f) for m, f in fresh]),
-        M.RATIO_REPLAY: weighted([(m["ratio_replay_mean"], m["num_replay_tokens"]) for m, _, _ in parts]),
+        M.RATIO_REPLAY: weighted(
+            [(p.metrics["ratio_replay_mean"], p.metrics["num_replay_tokens"]) for p in parts]
+        ),
         M.APPROX_KL: weighted([(m["approx_kl"], f) for m, f in fresh]),
         M.GRAD_NORM: grad_norm,
         M.SKIPPED_STEPS: float(skipped),
         M.CLIPPED_STEPS: float(grad_clip is not None and not skipped and grad_norm > grad_clip),
-        M.LEARNER_TOKENS: float(sum(t for _, _, t in parts)),
+        M.LEARNER_TOKENS: float(sum(p.tokens for p in parts)),
     }
 
 

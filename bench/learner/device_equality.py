@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.common import free_port
 from bench.learner.gpu_learner import Shape, build_model, synthetic_groups
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import LearnerConfig, LossConfig
 from exgrpo.core.records import TrainBatch
+from exgrpo.transport.ranks import free_port
 
 # the equality shape on a GPU: big enough that the chunks split every row, small enough for 12 cells in a minute
 GPU_EQ_SHAPE = Shape(256, 4, 4, 2, 512, 4096, 4, 4, 32, 96, 4, 4, 8, 8)

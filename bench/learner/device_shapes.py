@@ -65,7 +65,7 @@ def build_model(sizes: Sizes, *, dtype: torch.dtype, device: torch.device) -> to
 
 def start_learner(cfg: Config, model_dir: str, *, max_response_len: int) -> Any:
     """The project's `Learner` over ``model_dir`` under ``cfg``'s learner section, set up (world size 1)."""
-    from bench.common import free_port
+    from exgrpo.transport.ranks import free_port
     from learners.learner import Learner
 
     learner = Learner(

@@ -31,10 +31,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.common import free_port, synchronize
+from bench.common import synchronize
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import LearnerConfig, LossConfig
 from exgrpo.core.records import Group, TrainBatch, Trajectory
+from exgrpo.transport.ranks import free_port
 
 GIB = 2**30
 

@@ -96,7 +96,7 @@ def matmul_rate(m: int, shape: Shape, dtype: Any, *, min_s: float, least: int = 
 def floor(shapes: list[Shape], *, tokens: int, bf16_tokens: int, cap_s: float, min_s: float = 1.0) -> dict:
     """One-thread matmul GFLOP/s per shape: float32 at `tokens` rows; bfloat16 at `tokens` where the CPU has
     bf16 units, else (emulated) at `bf16_tokens`, each shape skipped (None) once one call would pass `cap_s`."""
-    from learners.modeling import cpu_bf16_flags
+    from exgrpo.core.precision import cpu_bf16_flags
 
     torch.set_num_threads(1)
     native = bool(cpu_bf16_flags())

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.common import env_defaults, free_port, in_child, stopwatch
+from bench.common import env_defaults, in_child, stopwatch
 
 env_defaults(vllm_cpu=True, tokenizers=True, torch_extensions=True)
 
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from learners.learner import Learner
 from exgrpo.data.sources import read_source  # noqa: E402
 from exgrpo.models.resolve import resolve_model  # noqa: E402
+from exgrpo.transport.ranks import free_port  # noqa: E402
 from exgrpo.verify.answers import BOX_COMMAND  # noqa: E402
 
 torch.set_num_threads(1)

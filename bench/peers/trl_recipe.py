@@ -120,10 +120,10 @@ def project_side(model: str | None, overrides: list[str], steps: int, run_dir: s
     import ray
     import torch
 
+    from exgrpo.core.precision import autocast_choice
     from exgrpo.core.records import TrainBatch
     from exgrpo.loop.observer import Observer
     from exgrpo.runtime.recipe import train
-    from learners.modeling import autocast_choice
 
     cfg = train_config(model, overrides, steps, run_dir)
     ends: list[float] = []

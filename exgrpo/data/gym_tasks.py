@@ -102,7 +102,7 @@ class GymTask:
         return prompts
 
     def solution_text(self, prompt: Prompt) -> str:
-        """A worked solution in the requested format, the cold start's target (learners/cold_start.py):
+        """A worked solution in the requested format, the cold start's target (exgrpo/models/cold_start.py):
         `0 - 4 = -4.\nThe answer is \\boxed{-4}.` (the expression line only where the item has one)."""
         from exgrpo.verify.answers import boxed
 

@@ -23,15 +23,9 @@ from exgrpo.core.config import TemplateName
 from exgrpo.core.records import Prompt
 from exgrpo.data.scratchpad import ScratchpadTask
 from exgrpo.data.templates import render_prompt
+from exgrpo.models.sft import cosine_lr, encode_row, epoch_batches, fit, pad_rows
 from exgrpo.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from exgrpo.models.warmup import (
-    WarmupResult,
-    batch_order,
-    check_spec,
-    fit_and_record,
-    learning_rate,
-    spec_fingerprint,
-)
+from exgrpo.models.warmup import WarmupResult, check_spec, fit_and_record, spec_fingerprint
 
 _TRACE_WARMUP_FORMAT = 1  # bump when the training procedure changes, so cached models are rebuilt
 RECORD_NAME = "trace_warmup.json"
@@ -121,42 +115,32 @@ def read_trace_warmup(model_dir: Path) -> WarmupResult:
 # --------------------------------------------------------------------------------------- internals
 
 
-def _encode_batch(
-    prompts: Sequence[Prompt], responses: Sequence[str], *, template: TemplateName, tokenizer
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded (input_ids, labels), labels = response tokens and eos, -100 elsewhere."""
-    rows = []
-    for prompt, response in zip(prompts, responses, strict=True):
-        head = tokenizer.encode(render_prompt(prompt.question, template=template), add_special_tokens=False)
-        tail = [*tokenizer.encode(response, add_special_tokens=False), tokenizer.eos_token_id]
-        rows.append((head, tail))
-    width = max(len(h) + len(t) for h, t in rows)
-    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)  # (B, T)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)  # (B, T)
-    for i, (head, tail) in enumerate(rows):
-        input_ids[i, : len(head) + len(tail)] = torch.tensor(head + tail)
-        labels[i, len(head) : len(head) + len(tail)] = torch.tensor(tail)
-    return input_ids, labels
-
-
 def _train(model: torch.nn.Module, prompts: Sequence[Prompt], *, spec: TraceWarmupSpec) -> list[float]:
+    """spec.steps AdamW updates (`fit`) on the warm-ups' batch order; each step draws fresh noisy traces of its
+    questions."""
     tokenizer = build_char_tokenizer()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
-    batches = batch_order(len(prompts), spec=spec)
+    batches = epoch_batches(len(prompts), spec=spec)
     noise_rng = np.random.default_rng([spec.seed, 3])  # its own stream: noise never shifts the data order
+
+    def batch_at(step: int) -> dict[str, torch.Tensor]:
+        rows = []
+        for i in batches[step]:
+            prompt = prompts[int(i)]
+            response = spec.task.noisy_solution(prompt, noise_rng, spec.p_propagating, spec.p_silent)
+            rows.append(
+                encode_row(tokenizer, render_prompt(prompt.question, template=spec.template), response)
+            )
+        padded = pad_rows(rows, tokenizer.pad_token_id)
+        return {"input_ids": padded.input_ids, "labels": padded.labels}  # mean cross-entropy of the responses
+
     model.train()
-    losses = []
-    for step in range(spec.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, spec=spec)
-        batch = [prompts[int(i)] for i in batches[step]]
-        responses = [spec.task.noisy_solution(p, noise_rng, spec.p_propagating, spec.p_silent) for p in batch]
-        ids, target = _encode_batch(batch, responses, template=spec.template, tokenizer=tokenizer)
-        out = model(input_ids=ids, labels=target)  # mean cross-entropy over the response tokens
-        optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(float(out.loss.detach()))
+    losses = fit(
+        model,
+        steps=spec.steps,
+        lr_at=lambda step: cosine_lr(step, spec=spec),
+        batch_at=batch_at,
+        weight_decay=spec.weight_decay,
+        what="trace warm-up",
+    )
     model.eval()
     return losses

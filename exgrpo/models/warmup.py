@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +28,7 @@ from exgrpo.core.fileio import atomic_write_text
 from exgrpo.core.records import Prompt
 from exgrpo.data.tasks import Task, builtin_task
 from exgrpo.data.templates import render_prompt
+from exgrpo.models.sft import Padded, cosine_lr, encode_row, epoch_batches, fit, pad_rows
 from exgrpo.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from exgrpo.verify.answers import BOX_OPEN
 
@@ -227,17 +227,8 @@ def _task(spec: WarmupSpec) -> Task:
     return builtin_task(spec.task)
 
 
-@dataclass(frozen=True)
-class _Sequences:
-    """Right-padded prompt + response + eos sequences, one row per training question."""
-
-    input_ids: torch.Tensor  # (N, T)
-    labels: torch.Tensor  # (N, T): the response tokens and eos, -100 elsewhere
-    lengths: torch.Tensor  # (N,)
-
-
-def _encode(prompts: Sequence[Prompt], *, spec: WarmupSpec, misspelled: bool, width: int) -> _Sequences:
-    """The training sequences, padded to at least `width` tokens; `misspelled` writes the
+def _encode(prompts: Sequence[Prompt], *, spec: WarmupSpec, misspelled: bool, width: int) -> Padded:
+    """The training sequences, one row per question, padded to at least `width` tokens; `misspelled` writes the
     response with `MISSPELLED_BOX` in place of `BOX`."""
     tokenizer = build_char_tokenizer()
     task = _task(spec)
@@ -246,18 +237,8 @@ def _encode(prompts: Sequence[Prompt], *, spec: WarmupSpec, misspelled: bool, wi
         response = task.solution_text(prompt)
         if misspelled:
             response = response.replace(BOX, MISSPELLED_BOX)
-        head = tokenizer.encode(
-            render_prompt(prompt.question, template=spec.template), add_special_tokens=False
-        )
-        tail = [*tokenizer.encode(response, add_special_tokens=False), tokenizer.eos_token_id]
-        rows.append((head, tail))
-    width = max(width, *(len(h) + len(t) for h, t in rows))
-    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)  # (N, T)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)  # (N, T)
-    for i, (head, tail) in enumerate(rows):
-        input_ids[i, : len(head) + len(tail)] = torch.tensor(head + tail)
-        labels[i, len(head) : len(head) + len(tail)] = torch.tensor(tail)
-    return _Sequences(input_ids, labels, torch.tensor([len(h) + len(t) for h, t in rows]))
+        rows.append(encode_row(tokenizer, render_prompt(prompt.question, template=spec.template), response))
+    return pad_rows(rows, tokenizer.pad_token_id, width=width)
 
 
 def _add_label_noise(
@@ -285,40 +266,14 @@ def _digit_ids() -> list[int]:
     return build_char_tokenizer().encode("0123456789", add_special_tokens=False)
 
 
-def learning_rate(step: int, *, spec: Any) -> float:
-    """Linear warm-up to spec.lr over warmup_steps, then cosine decay to min_lr_ratio * lr (step from 0)."""
-    if step < spec.warmup_steps:
-        return spec.lr * (step + 1) / spec.warmup_steps
-    progress = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
-    return spec.lr * (spec.min_lr_ratio + (1 - spec.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def batch_order(n: int, *, spec: Any) -> list[torch.Tensor]:
-    """The row indices of every update's batch: slices of one seeded permutation per epoch
-    (batches are min(batch_size, n) rows; an epoch's remainder rows are dropped)."""
-    rng = np.random.default_rng([spec.seed, 2])
-    size = min(spec.batch_size, n)
-    batches: list[torch.Tensor] = []
-    while len(batches) < spec.steps:
-        order = torch.from_numpy(rng.permutation(n))
-        batches.extend(order[i : i + size] for i in range(0, n - size + 1, size))
-    return batches[: spec.steps]
-
-
-def _train(
-    model: torch.nn.Module, boxed: _Sequences, misspelled: _Sequences, *, spec: WarmupSpec
-) -> list[float]:
-    """spec.steps AdamW updates on consecutive slices of seeded permutations of the questions
+def _train(model: torch.nn.Module, boxed: Padded, misspelled: Padded, *, spec: WarmupSpec) -> list[float]:
+    """spec.steps AdamW updates (`fit`) on consecutive slices of seeded permutations of the questions
     (a fresh permutation each epoch); each row is the misspelled variant with probability
     spec.format_noise and gets a changed digit with probability spec.label_noise."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
-    batches = batch_order(len(boxed.lengths), spec=spec)
+    batches = epoch_batches(len(boxed.lengths), spec=spec)
     noise_rng = np.random.default_rng([spec.seed, 3])  # its own stream: noise never shifts the data order
-    model.train()
-    losses = []
-    for step in range(spec.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, spec=spec)
+
+    def batch_at(step: int) -> dict[str, torch.Tensor]:
         index = batches[step]  # (B,)
         swap = torch.from_numpy(noise_rng.random(len(index)) < spec.format_noise)  # (B,)
         ids = torch.where(swap[:, None], misspelled.input_ids[index], boxed.input_ids[index])  # (B, T)
@@ -327,11 +282,16 @@ def _train(
         ids, target = ids[:, :width].contiguous(), target[:, :width].contiguous()  # (B, T')
         if spec.label_noise > 0:
             _add_label_noise(ids, target, share=spec.label_noise, rng=noise_rng)
-        out = model(input_ids=ids, labels=target)  # mean cross-entropy over the response tokens
-        optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(float(out.loss.detach()))
+        return {"input_ids": ids, "labels": target}  # the loss: mean cross-entropy over the response tokens
+
+    model.train()
+    losses = fit(
+        model,
+        steps=spec.steps,
+        lr_at=lambda step: cosine_lr(step, spec=spec),
+        batch_at=batch_at,
+        weight_decay=spec.weight_decay,
+        what="warm-up",
+    )
     model.eval()
     return losses

@@ -1,5 +1,6 @@
 """The code's shape, kept: every module of the packages, bench/ and deploy/ is at most 400 lines, every function
-at most 100 lines besides its docstring, and no module imports another module's private (underscore) name.
+at most 100 lines besides its docstring and at most 12 parameters (besides self or cls; *args and **kwargs count
+one each: more travel together as a record), and no module imports another module's private (underscore) name.
 A file or function that outgrows the limit is split along a role, not mechanically (docs/architecture.md)."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("exgrpo", "actors", "learners", "buffers", "bench", "deploy")
 PROJECT = ("exgrpo", "actors", "learners", "buffers", "bench")  # import roots whose private names are private
-MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 100
+MAX_FILE_LINES, MAX_FUNCTION_LINES, MAX_PARAMETERS = 400, 100, 12
 
 
 def _modules() -> list[Path]:
@@ -32,6 +33,14 @@ def _function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
     return lines
 
 
+def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Parameters a caller passes: every named one and *args and **kwargs, less a method's self or cls."""
+    a = node.args
+    named = [*a.posonlyargs, *a.args]
+    own = 1 if named and named[0].arg in ("self", "cls") else 0
+    return len(named) - own + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
+
+
 def test_the_folders_hold_modules():
     assert len(_modules()) > 100  # the walk found the tree: the checks below can fail
 
@@ -48,6 +57,8 @@ def test_files_and_functions_stay_within_their_limits():
                 continue
             if (n := _function_lines(node)) > MAX_FUNCTION_LINES:
                 too_long.append(f"{rel}:{node.lineno} {node.name}: {n} lines (at most {MAX_FUNCTION_LINES})")
+            if (n := _parameters(node)) > MAX_PARAMETERS:
+                too_long.append(f"{rel}:{node.lineno} {node.name}: {n} parameters (at most {MAX_PARAMETERS})")
     assert not too_long, "\n".join(too_long)
 
 
@@ -63,11 +74,16 @@ def test_no_module_imports_another_modules_private_name():
     assert not private, "\n".join(private)
 
 
-def test_the_check_sees_a_long_function_and_a_private_import():
+def test_the_check_sees_a_long_function_many_parameters_and_a_private_import():
     long_fn = "def f():\n    '''doc\n    more'''\n" + "    x = 1\n" * (MAX_FUNCTION_LINES - 1)
     node = ast.parse(long_fn).body[0]
     assert (
         isinstance(node, ast.FunctionDef) and _function_lines(node) == MAX_FUNCTION_LINES
     )  # docstring excluded
+    many = ast.parse("class C:\n    def m(self, a, b, /, c, *args, d, e, f, g, h, i, j, k, **kw): ...").body[
+        0
+    ]
+    assert isinstance(many, ast.ClassDef) and isinstance(method := many.body[0], ast.FunctionDef)
+    assert _parameters(method) == MAX_PARAMETERS + 1  # a..k, *args, **kw; not self
     imp = ast.parse("from exgrpo.models.resolve import _known").body[0]
     assert isinstance(imp, ast.ImportFrom) and imp.names[0].name.startswith("_")

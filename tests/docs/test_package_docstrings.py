@@ -2,7 +2,8 @@
 and `pkg/module.py` in an `__init__.py` docstring resolves to a file of the project (and the name to a
 top-level definition of that module). A name alone in backticks counts as a module where a list item
 starts with it or a colon follows it ("- `pool`: the sampler pool"); elsewhere it may be a class or a
-setting. Read from the source, nothing imported but the settings' names."""
+setting. Read from the source, nothing imported but the settings' names; names resolve as the pointers'
+check resolves them (tests/docs/pointers.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import ast
 import re
 import sys
 from pathlib import Path
+
+from pointers import unresolved
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP_PACKAGES = ("exgrpo", "actors", "buffers", "learners")  # pyproject.toml, [tool.setuptools.packages.find]
@@ -28,38 +31,6 @@ def module_positions(doc: str) -> set[str]:
     return first | set(BEFORE_COLON.findall(doc))
 
 
-def defined(module: Path) -> set[str]:
-    """The names a module defines or imports at its top level."""
-    names: set[str] = set()
-    for node in ast.parse(module.read_text()).body:
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.Assign):
-            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
-    return names
-
-
-def unresolved(folder: Path, parts: list[str]) -> str | None:
-    """Why `parts` (a dotted name read from `folder`) names no module or definition; None when it does."""
-    for i, part in enumerate(parts):
-        if (folder / part / "__init__.py").is_file():
-            folder = folder / part
-        elif (folder / f"{part}.py").is_file():
-            rest = parts[i + 1 :]
-            if rest and rest[0] not in defined(folder / f"{part}.py"):
-                return f"{part}.py defines no {rest[0]}"
-            return None
-        elif part not in defined(folder / "__init__.py"):
-            return f"{folder.relative_to(ROOT).as_posix()}/ has no module {part}"
-        else:
-            return None
-    return None
-
-
 def docstring_problems(init: Path, config_keys: set[str]) -> list[str]:
     doc = ast.get_docstring(ast.parse(init.read_text())) or ""
     folder = init.parent
@@ -72,9 +43,9 @@ def docstring_problems(init: Path, config_keys: set[str]) -> list[str]:
             continue
         parts = name.split(".")
         if parts[0] in TOP_PACKAGES:
-            why = unresolved(ROOT, parts)
+            why = unresolved(parts, ROOT, root=ROOT)
         elif (folder / f"{parts[0]}.py").is_file() or (folder / parts[0] / "__init__.py").is_file():
-            why = unresolved(folder, parts)
+            why = unresolved(parts, folder, root=ROOT)
         elif token in modules:
             why = f"{where.rsplit('/', 1)[0]}/ has no module {parts[0]}"
         else:

@@ -3,7 +3,8 @@
 A pointer is a path (`exgrpo/runtime/parts.py`, `configs/default.yaml`, `exgrpo/runtime/parts`), a path with a
 symbol (`exgrpo/runtime/env.py::remote_actor`, `Class.method` after the `::`), or a dotted name
 (`exgrpo.transport.staged`, `actors.sampler.Sampler.generate`). Paths must exist; a symbol must be defined at
-the top level of its module (a function, class or assignment), and a dotted rest inside that class.
+the top level of its module (a function, class or assignment), and a dotted rest inside that class: names are
+resolved by tests/docs/pointers.py, as the package docstrings' check resolves them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import re
 from functools import cache
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from pointers import ROOT, has_symbol, tree, unresolved
+
 PACKAGES = ("exgrpo", "actors", "learners", "buffers", "bench")
 TOP = (*PACKAGES, "tests", "configs", "docs", "deploy", "scripts", "constraints")
 CODE = ("exgrpo", "actors", "learners", "buffers", "bench", "deploy", "scripts")
@@ -35,52 +37,6 @@ def _config_keys() -> frozenset[str]:
     return frozenset(f"learners.{f.name}" for f in fields(LearnerConfig))
 
 
-@cache
-def _tree(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(encoding="utf-8"))
-
-
-def _defined(body: list[ast.stmt]) -> dict[str, ast.stmt]:
-    names: dict[str, ast.stmt] = {}
-    for node in body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names[node.name] = node
-        elif isinstance(node, ast.Assign):
-            for t in node.targets:
-                if isinstance(t, ast.Name):
-                    names[t.id] = node
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names[node.target.id] = node
-        elif isinstance(node, ast.ImportFrom | ast.Import):
-            for a in node.names:
-                names[(a.asname or a.name).split(".")[0]] = node
-        elif isinstance(node, ast.If | ast.Try):  # names defined under a guard
-            names.update(_defined(node.body))
-    return names
-
-
-def _has_symbol(module: Path, symbol: str) -> bool:
-    parts = symbol.split(".")
-    names = _defined(_tree(module).body)
-    node = names.get(parts[0])
-    for part in parts[1:]:
-        if not isinstance(node, ast.ClassDef):
-            return node is not None  # an attribute of an instance or import: not checked further
-        inner = _defined(node.body)
-        # attributes set in methods (self.x = ...) count too
-        attrs = {
-            t.attr
-            for n in ast.walk(node)
-            if isinstance(n, ast.Assign)
-            for t in n.targets
-            if isinstance(t, ast.Attribute)
-        }
-        if part not in inner and part not in attrs:
-            return False
-        node = inner.get(part)
-    return node is not None
-
-
 def _check_path(text: str, symbol: str | None, after: str = "") -> str | None:
     generated = text.startswith(GENERATED) or f"{text}/" in GENERATED
     if _PATTERN.search(text) or set(after) & {"*", "<", "{"} or generated:
@@ -89,7 +45,7 @@ def _check_path(text: str, symbol: str | None, after: str = "") -> str | None:
     module = path if path.suffix == ".py" else path.with_suffix(".py")
     if not (path.exists() or module.exists()):
         return f"{text}: no such file or directory"
-    if symbol and module.exists() and not _has_symbol(module, symbol):
+    if symbol and module.exists() and not has_symbol(module, symbol):
         return f"{text}::{symbol}: not defined there"
     return None
 
@@ -97,23 +53,13 @@ def _check_path(text: str, symbol: str | None, after: str = "") -> str | None:
 def _check_dotted(name: str) -> str | None:
     if ".".join(name.split(".")[:2]) in _config_keys():
         return None
-    parts = name.split(".")
-    for cut in range(len(parts), 0, -1):
-        base = ROOT.joinpath(*parts[:cut])
-        module = base.with_suffix(".py") if not (base / "__init__.py").exists() else base / "__init__.py"
-        if cut == len(parts) and base.is_dir():
-            return None
-        if module.exists():
-            rest = ".".join(parts[cut:])
-            return (
-                None if not rest or _has_symbol(module, rest) else f"{name}: {rest} is not in {module.name}"
-            )
-    return f"{name}: no such module"
+    why = unresolved(name.split("."))
+    return f"{name}: {why}" if why else None
 
 
 def _docstrings(path: Path) -> list[str]:
     out = []
-    for node in ast.walk(_tree(path)):
+    for node in ast.walk(tree(path)):
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
             doc = ast.get_docstring(node, clean=False)
             if doc:
@@ -145,6 +91,9 @@ def test_the_checker_finds_what_it_should() -> None:
         "exgrpo/transport/broadcast.py::pack_weights: not defined there"
     ]
     assert _broken("exgrpo.transport.broadcast.pack_weights") == [
-        "exgrpo.transport.broadcast.pack_weights: pack_weights is not in broadcast.py"
+        "exgrpo.transport.broadcast.pack_weights: broadcast.py defines no pack_weights"
+    ]
+    assert _broken("exgrpo.runtime.nowhere and bench.sim.cluster and exgrpo.models.weights") == [
+        "exgrpo.runtime.nowhere: exgrpo/runtime/ has no module nowhere"
     ]
     assert _broken("runs/<id>/config.yaml and bench/out/ and configs/X.yaml") == []

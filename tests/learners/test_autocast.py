@@ -8,9 +8,9 @@ import torch
 from test_learner import MAX_LEN, _groups, model_path  # noqa: F401  (the module-scoped model fixture)
 
 from exgrpo.core import metric_names as M
+from exgrpo.core import precision
 from exgrpo.core.config import LearnerConfig, LossConfig
 from exgrpo.core.records import TrainBatch
-from learners import modeling
 from learners.learner import Learner
 
 CPU = torch.device("cpu")
@@ -19,25 +19,25 @@ CPU = torch.device("cpu")
 def test_the_choice_follows_the_cpu_flags_device_and_dtype(monkeypatch, tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx512f avx512_bf16\n")
-    assert modeling.cpu_bf16_flags(str(cpuinfo)) == ["avx512_bf16"]
-    assert modeling.cpu_bf16_flags(str(tmp_path / "missing")) == []
-    monkeypatch.setattr(modeling, "cpu_bf16_flags", lambda: ["avx512_bf16"])
-    on, why = modeling.autocast_choice("auto", device=CPU, dtype="float32")
+    assert precision.cpu_bf16_flags(str(cpuinfo)) == ["avx512_bf16"]
+    assert precision.cpu_bf16_flags(str(tmp_path / "missing")) == []
+    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: ["avx512_bf16"])
+    on, why = precision.autocast_choice("auto", device=CPU, dtype="float32")
     assert on and "bfloat16 autocast" in why and "avx512_bf16" in why
-    assert modeling.autocast_choice("off", device=CPU, dtype="float32") == (
+    assert precision.autocast_choice("off", device=CPU, dtype="float32") == (
         False,
         "float32 (learners.autocast=off)",
     )
-    assert not modeling.autocast_choice("auto", device=CPU, dtype="bfloat16")[
+    assert not precision.autocast_choice("auto", device=CPU, dtype="bfloat16")[
         0
     ]  # bf16 weights: nothing to cast
-    assert not modeling.autocast_choice("bfloat16", device=torch.device("cuda", 0), dtype="float32")[0]
-    monkeypatch.setattr(modeling, "cpu_bf16_flags", lambda: [])
-    on, why = modeling.autocast_choice("auto", device=CPU, dtype="float32")
+    assert not precision.autocast_choice("bfloat16", device=torch.device("cuda", 0), dtype="float32")[0]
+    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: [])
+    on, why = precision.autocast_choice("auto", device=CPU, dtype="float32")
     assert not on and "no avx512_bf16" in why
-    on, why = modeling.autocast_choice("bfloat16", device=CPU, dtype="float32")  # asked for: runs, emulated
+    on, why = precision.autocast_choice("bfloat16", device=CPU, dtype="float32")  # asked for: runs, emulated
     assert on and "emulated" in why
-    full = modeling.autocast_choice("bfloat16", device=CPU, dtype="float32", chunked=False)[1]
+    full = precision.autocast_choice("bfloat16", device=CPU, dtype="float32", chunked=False)[1]
     assert "lm_head in bfloat16" in full  # the full-logits path computes lm_head inside the model's forward
 
 

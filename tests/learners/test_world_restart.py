@@ -20,6 +20,7 @@ from exgrpo.core.config import LearnerConfig, LossConfig  # noqa: E402
 from exgrpo.core.records import TrainBatch  # noqa: E402
 from exgrpo.transport.ranks import free_port  # noqa: E402
 from learners.learner import Learner  # noqa: E402
+from learners.modeling import in_current_world  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -46,3 +47,20 @@ def test_a_learner_after_another_library_destroyed_the_world_trains(tmp_path_fac
     second = _learner(path)
     metrics = second.update(TrainBatch(groups=tiny_groups(0, stale=False), version=0, clip=True)).metrics
     assert dist.is_initialized() and torch.isfinite(torch.tensor(metrics[M.LOSS]))
+
+
+def _start_world() -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+
+
+def test_a_group_of_a_destroyed_world_is_not_in_the_next_one():
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _start_world()
+    old = dist.new_group(ranks=[0])
+    assert in_current_world(old)
+    dist.destroy_process_group()
+    _start_world()
+    assert not in_current_world(old)
+    assert in_current_world(dist.new_group(ranks=[0]))
+    dist.destroy_process_group()

@@ -26,7 +26,6 @@ from exgrpo.models.warmup import (
     WarmupSpec,
     _add_label_noise,
     _encode,
-    learning_rate,
     questions_sha256,
     read_warmup,
     training_prompts,
@@ -90,17 +89,6 @@ def test_invalid_spec_names_every_problem() -> None:
 def test_arith_weak_is_arith_base_stopped_early() -> None:
     assert dataclasses.replace(ARITH_WEAK, steps=ARITH_BASE.steps) == ARITH_BASE
     assert ARITH_WEAK.steps < ARITH_BASE.steps
-
-
-def test_learning_rate_schedule_by_hand() -> None:
-    spec = WarmupSpec(steps=110, lr=1e-3, warmup_steps=10, min_lr_ratio=0.1)
-    # warm-up: (step + 1) / 10 * lr
-    assert learning_rate(0, spec=spec) == pytest.approx(1e-4)
-    assert learning_rate(9, spec=spec) == pytest.approx(1e-3)
-    # cosine over the remaining 100 steps: step 60 is half-way -> lr * (0.1 + 0.9 * 0.5) = 5.5e-4
-    assert learning_rate(10, spec=spec) == pytest.approx(1e-3)
-    assert learning_rate(60, spec=spec) == pytest.approx(5.5e-4)
-    assert learning_rate(110, spec=spec) == pytest.approx(1e-4)
 
 
 # ---------------------------------------------------------------------------------- the data

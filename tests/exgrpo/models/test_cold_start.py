@@ -1,4 +1,4 @@
-"""The supervised cold start (learners/cold_start.py) and its command line (exgrpo/cold_start.py): prompt tokens are
+"""The supervised cold start (exgrpo/models/cold_start.py) and its command line (exgrpo/cold_start.py): prompt tokens are
 never trained on, the builtin tiny model learns its worked solutions, the model directory it writes loads, and bad
 input is refused before any work."""
 
@@ -13,17 +13,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from exgrpo.cold_start import main
 from exgrpo.data.tasks import ArithTask
+from exgrpo.models.cold_start import ColdStartSpec, cold_start, training_rows
 from exgrpo.models.resolve import resolve_model
-from learners.cold_start import ColdStartSpec, batch_tensors, cold_start, training_rows
+from exgrpo.models.sft import pad_rows
 
 torch.set_num_threads(1)
-
-
-def test_labels_cover_the_response_and_eos_only() -> None:
-    batch = batch_tensors([([5, 6, 7], [8, 1]), ([5], [9, 9, 1])], pad_id=0)
-    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 1], [5, 9, 9, 1, 0]]
-    assert batch["labels"].tolist() == [[-100, -100, -100, 8, 1], [-100, 9, 9, 1, -100]]
-    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
 
 
 def test_spec_errors_are_listed_together() -> None:
@@ -52,7 +46,9 @@ def test_the_tiny_model_learns_its_worked_solutions(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "cold" / "cold_start.json").read_text())["losses"] == record["losses"]
     # the written directory is a complete model: its loss on the same solutions is the trained one, not the base's
     tok = AutoTokenizer.from_pretrained(tmp_path / "cold")
-    batch = batch_tensors(training_rows(tok, prompts, task.solution_text, "plain"), pad_id=tok.pad_token_id)
+    batch = pad_rows(
+        training_rows(tok, prompts, task.solution_text, "plain"), tok.pad_token_id
+    ).model_inputs()
     with torch.no_grad():
         trained = AutoModelForCausalLM.from_pretrained(tmp_path / "cold")(**batch).loss.item()
         untrained = AutoModelForCausalLM.from_pretrained(base)(**batch).loss.item()
@@ -68,7 +64,7 @@ def test_the_command_refuses_bad_input_before_any_work(tmp_path: Path, capsys) -
     assert main(["--out", str(tmp_path / "new"), f"data.train={rows}"]) == 2
     err = (
         capsys.readouterr().err
-    )  # a file's rows need a solution column (tests/learners/test_cold_start_rows.py)
+    )  # a file's rows need a solution column (tests/exgrpo/models/test_cold_start_rows.py)
     assert "has no solution column: its columns are ['answer', 'question']" in err
     assert main(["--out", str(tmp_path / "new"), "--steps", "0"]) == 2
     assert "steps=0 must be >= 1" in capsys.readouterr().err

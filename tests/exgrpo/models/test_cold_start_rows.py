@@ -17,7 +17,8 @@ from transformers import AutoTokenizer
 from exgrpo.cold_start import main, read_solutions, solution_text
 from exgrpo.data.errors import DataError
 from exgrpo.data.tasks import builtin_task
-from learners.cold_start import batch_tensors, training_rows
+from exgrpo.models.cold_start import training_rows
+from exgrpo.models.sft import pad_rows
 
 torch.set_num_threads(1)
 
@@ -94,7 +95,7 @@ def test_the_command_fine_tunes_the_tiny_model_on_a_files_solutions(tmp_path: Pa
     found = read_solutions(str(path))
     by_qid = {p.qid: t for p, t in found.pairs}
     rows = training_rows(tok, [p for p, _ in found.pairs], lambda p: by_qid[p.qid], "plain")
-    labels = batch_tensors(rows, pad_id=tok.pad_token_id)["labels"]
+    labels = pad_rows(rows, tok.pad_token_id).labels
     for (head, tail), lab in zip(rows, labels.tolist(), strict=True):
         assert lab[: len(head)] == [-100] * len(head) and lab[len(head) : len(head) + len(tail)] == tail
 

@@ -4,15 +4,13 @@
 the CPU has the instructions) on teacher-forced worked solutions of the run's own train prompts: the loss covers
 the response tokens and the end-of-text token, never the prompt. It writes a complete HF model directory (weights,
 tokenizer, chat template) with `cold_start.json`. The CLI is `exgrpo/cold_start.py`; measured with and without in
-docs/smollm2.md; tests: tests/learners/test_cold_start.py.
+docs/smollm2.md; tests: tests/exgrpo/models/test_cold_start.py. The loop is `exgrpo/models/sft.py`'s, the warm-ups'.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,8 +21,10 @@ import torch
 
 from exgrpo.core.config import TemplateName
 from exgrpo.core.fileio import atomic_path, atomic_write_text
+from exgrpo.core.precision import autocast_choice
 from exgrpo.core.records import Prompt
 from exgrpo.data.templates import render_prompt
+from exgrpo.models.sft import Row, carried_batches, encode_row, fit, pad_rows, warm_then_constant_lr
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class ColdStartSpec:
     lr: float = 2.0e-5
     warmup_steps: int = 3  # linear warm-up, then constant
     seed: int = 0
-    autocast: str = "auto"  # off | auto | bfloat16, as learners.autocast
+    autocast: str = "auto"  # off | auto | bfloat16, as learners.autocast (exgrpo.core.precision)
 
     def check(self) -> None:
         errors = [
@@ -59,32 +59,14 @@ class ColdStartSpec:
 
 def training_rows(
     tokenizer: Any, prompts: Sequence[Prompt], solution: Callable[[Prompt], str], template: TemplateName
-) -> list[tuple[list[int], list[int]]]:
+) -> list[Row]:
     """(prompt token ids, response token ids + end-of-text) per prompt, as the samplers would see the prompt."""
     if tokenizer.eos_token_id is None:
         raise ValueError("the cold start needs a tokenizer with an end-of-text token (eos_token_id is None)")
-    rows = []
-    for p in prompts:
-        head = tokenizer.encode(
-            render_prompt(p.question, template=template, tokenizer=tokenizer), add_special_tokens=False
-        )
-        tail = [*tokenizer.encode(solution(p), add_special_tokens=False), tokenizer.eos_token_id]
-        rows.append((head, tail))
-    return rows
-
-
-def batch_tensors(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded input ids, attention mask and labels (-100 on prompt and padding tokens)."""
-    width = max(len(h) + len(t) for h, t in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (head, tail) in enumerate(rows):
-        n = len(head) + len(tail)
-        ids[i, :n] = torch.tensor(head + tail)
-        labels[i, len(head) : n] = torch.tensor(tail)
-        mask[i, :n] = 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    return [
+        encode_row(tokenizer, render_prompt(p.question, template=template, tokenizer=tokenizer), solution(p))
+        for p in prompts
+    ]
 
 
 def cold_start(
@@ -103,8 +85,6 @@ def cold_start(
     prompts, the loss per step, the compute dtype and the seconds taken."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from learners.modeling import autocast_choice
-
     spec.check()
     if not prompts:
         raise ValueError("the cold start needs at least one train prompt")
@@ -121,33 +101,23 @@ def cold_start(
         f"[exgrpo] cold start: {len(rows)} train prompts, {spec.steps} steps of {spec.batch_size}, "
         f"lr {spec.lr:g}, computing in {compute}"
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
-    order: list[int] = []
-    rng = random.Random(spec.seed)
-    losses: list[float] = []
-    start = time.monotonic()
-    for step in range(spec.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = spec.lr * min(1.0, (step + 1) / (spec.warmup_steps + 1))
-        if len(order) < spec.batch_size:  # epochs in a seeded order
-            epoch = list(range(len(rows)))
-            rng.shuffle(epoch)
-            order.extend(epoch)
-        picked, order = order[: spec.batch_size], order[spec.batch_size :]
-        batch = batch_tensors([rows[i] for i in picked], pad_id)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
-            loss = model(**batch).loss
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(
-                f"cold start step {step}: loss is {loss.item()}; lower the learning rate"
-            )
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(round(loss.item(), 4))
+    batches = carried_batches(len(rows), batch_size=spec.batch_size, steps=spec.steps, seed=spec.seed)
+
+    def logged(step: int, loss: float) -> None:
         if step == 0 or (step + 1) % 10 == 0 or step + 1 == spec.steps:
-            log(f"[exgrpo] cold start step {step + 1}/{spec.steps}: loss {losses[-1]:.4f}")
+            log(f"[exgrpo] cold start step {step + 1}/{spec.steps}: loss {round(loss, 4):.4f}")
+
+    start = time.monotonic()
+    losses = fit(
+        model,
+        steps=spec.steps,
+        lr_at=lambda step: warm_then_constant_lr(step, lr=spec.lr, warmup_steps=spec.warmup_steps),
+        batch_at=lambda step: pad_rows([rows[i] for i in batches[step]], pad_id).model_inputs(),
+        weight_decay=0.0,
+        bf16=use_bf16,
+        what="cold start",
+        on_loss=logged,
+    )
     seconds = round(time.monotonic() - start, 1)
     record = {
         "spec": dataclasses.asdict(spec),
@@ -155,7 +125,7 @@ def cold_start(
         "template": template,
         "train_prompts": len(rows),
         "compute": compute,
-        "losses": losses,
+        "losses": [round(loss, 4) for loss in losses],
         "seconds": seconds,
     }
     with atomic_path(Path(out_dir), directory=True) as tmp:
