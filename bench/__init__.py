@@ -10,6 +10,7 @@
   simulated cluster);
 - `models/`: what a base model can do (solve rates, learnability, a pretrained model's step on CPU);
 - `peers/`: the project against other trainers on the same work.
+- `analysis/`: the tables and figures of docs/results.md, read from finished compare sweeps.
 
 `common.py` holds what they share (environment defaults, a free port, output and JSON, timing). Results go
 to `bench/out/` (ignored by git); docs/benchmarks.md records the figures.

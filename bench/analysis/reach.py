@@ -1,6 +1,6 @@
 """What replay did in each run of a sweep: its reach, read from the run directories.
 
-    python -m exgrpo.experiments.reach runs/sweeps/e1-2ep [more sweep dirs] [--json reach.json]
+    python -m bench.analysis.reach runs/sweeps/e1-2ep [more sweep dirs] [--json reach.json]
 
 Per variant (mean over its seeds): the replay groups trained, the distinct questions replayed and the replays
 per question (from `candidates.jsonl`, one row per candidate of each replay group), the age of the trajectory
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.analysis.sweeps import refuse_missing, sweeps_parser
 from exgrpo.core import metric_names as M
-from exgrpo.experiments.tables import refuse_missing, sweeps_parser
 
 SNAPSHOTS = (25, 50, 75)  # steps whose bucket histogram is shown (and the last one)
 
@@ -131,7 +131,7 @@ def format_reach(name: str, reach: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = sweeps_parser("python -m exgrpo.experiments.reach", __doc__)
+    parser = sweeps_parser("python -m bench.analysis.reach", __doc__)
     parser.add_argument("--json", type=Path, help="also write every run's reach here")
     args = parser.parse_args(argv)
     if refuse_missing(args.sweeps):
