@@ -20,7 +20,7 @@ The parts that already passed on an H200 (docs/benchmarks.md, "GPU device check"
 Part ``learner``: the project's own ``learners.learner.Learner`` (DeepSpeed ZeRO-2 at world size 1, the
     1.5B recipe's learner section, gradient checkpointing on unless ``--no-checkpointing``) on a
     Qwen2.5-1.5B-shaped random model, bf16, 2 groups x 8 rollouts of 8192 tokens per update: tokens/s,
-    MFU against 790 TFLOP/s, peak memory against the memory plan (``bench/learner/device_learner.py``).
+    MFU against 790 TFLOP/s, peak memory against the memory plan (``bench/learner/gpu_learner.py``).
 Part ``equality`` (``bench/learner/device_equality.py``): three updates of a small random Qwen2 model under
     ZeRO 0-3, chunked and whole lm_head log-probs, float32 and bfloat16, against float32 ZeRO-0.
 Part ``broadcast`` (``bench/learner/device_broadcast.py``): packed bf16 parameters between two processes on
@@ -44,7 +44,6 @@ import torch
 
 from bench.learner.device_broadcast import check_broadcast
 from bench.learner.device_equality import GPU_EQ_SHAPE, check_equality
-from bench.learner.device_learner import GPU_SHAPE, PEAK_TFLOPS, SMOKE_SHAPE, check_learner
 from bench.learner.device_procs import run_processes
 from bench.learner.device_questions import (
     LIMITS_S,
@@ -53,6 +52,7 @@ from bench.learner.device_questions import (
     add_arguments,
     run_question_part,
 )
+from bench.learner.gpu_learner import GPU_SHAPE, PEAK_TFLOPS, SMOKE_SHAPE, check_learner
 
 
 def _nccl_version() -> str | None:

@@ -4,7 +4,7 @@
     export   (a) the learner's ZeRO-2 and ZeRO-3 weight export through vLLM 0.32's packed-broadcast
              producer and consumer, into receive buffers on the same device (``device_export.py``)
     memory   (b) a learner of Qwen2.5-Math-7B's layer shapes under the 7B recipe: peaks at setup,
-             forward/backward and step beside the memory plan's terms (``device_memory.py``)
+             forward/backward and step beside the memory plan's terms (``bench_learner_memory.py``)
     slicing  (c) long-tailed lengths in the recipe's micro-batches, sorted or not, with and without the
              token budget: non-pad tokens/s (``device_slicing.py``)
     sdpa     (d) a padded, masked SDPA call against per-row causal calls on a 7B attention layer, and the
@@ -118,7 +118,7 @@ def run_question_part(
     if part == "export":
         return _export(args, device, limit, ctx)
     if part == "memory":
-        from bench.learner.device_memory import check_memory
+        from bench.learner.bench_learner_memory import check_memory
 
         kw: dict[str, Any] = dict(
             sizes=_sizes(args, memory=True), device=device, updates=args.memory_updates, deadline=deadline
