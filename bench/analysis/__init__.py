@@ -1,5 +1,5 @@
-"""Analyses of finished compare sweeps, the tables and figures of docs/results.md; each reads run or sweep
-directories that `python -m exgrpo.experiments.compare` wrote and runs as `python -m bench.analysis.<name>`:
+"""Analyses of finished compare sweeps (`python -m exgrpo.experiments.compare`), the tables and figures of
+docs/results.md, each run as `python -m bench.analysis.<name>`:
 
 - `regimes`: the regime table, one row per sweep cell (an arm against GRPO);
 - `reach`: what replay did in each run (replays per question, trajectory ages, w*, buckets);

@@ -2,16 +2,8 @@
 
     python -m bench.analysis.figure1 runs/compare/exgrpo-seed0 runs/compare/exgrpo-seed1 ... [--bins 5]
 
-Reads the `candidates.jsonl` that a run on a task with a process check writes (`builtin:scratchpad`):
-one row per stored correct trajectory offered for a replayed question, with its mean token entropy
-under the learner's weights at that step and whether every step of its trace is right (measurement
-only; the reward never sees it). Prints and returns:
-
-1. among those correct candidates, the share with a fully valid trace per entropy bin (quantile bins
-   over all rows), the paper's Figure 1 question;
-2. over the replay groups whose candidates include both a valid and a flawed trace (the only groups
-   where the choice matters), the validity of the candidate each rule picks: lowest entropy (ExGRPO),
-   highest entropy, and random (its expectation: the group's valid share), on the same groups.
+Reads the runs' `candidates.jsonl` (a task with a process check: `builtin:scratchpad`); what it prints:
+docs/benchmarks.md, "Sweep analyses".
 """
 
 from __future__ import annotations

@@ -3,9 +3,7 @@ accuracy on the questions ExGRPO replayed (is replay memorising its questions?).
 
     python -m bench.analysis.probe runs/compare --n 4 --temperatures 1.0 0.6
 
-Scores each run's `final/` model on its own eval questions per temperature (`eval@T`), on the questions the
-`exgrpo` run of the same seed replayed (`replayed`) and on as many it never replayed (`fresh_seen`); writes
-`probe.json` and `probe.md` into the sweep directory. More: docs/results.md (7.4, "the probe").
+Writes `probe.json` and `probe.md` into the sweep directory. More: docs/results.md (7.4, "the probe").
 """
 
 from __future__ import annotations

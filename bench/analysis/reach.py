@@ -2,15 +2,8 @@
 
     python -m bench.analysis.reach runs/sweeps/e1-2ep [more sweep dirs] [--json reach.json]
 
-Per variant (mean over its seeds): the replay groups trained, the distinct questions replayed and the replays
-per question (from `candidates.jsonl`, one row per candidate of each replay group), the age of the trajectory
-each replay group trained on (the candidate marked `chosen`, or in older logs the lowest-entropy one: the
-learner version of its step minus the version that sampled it; p50 / p90 / max), the importance ratio w* of replayed tokens to their stored behaviour
-(`learner/ratio_replay`, a per-step mean: p10 / p50 / p90 over steps), and the bucket histogram (questions per
-bucket k of K, `replay/bucket_k`) at steps 25, 50, 75 and the last. Runs that revisit questions with K fresh
-rollouts (`questions-only`) log no candidates, so their reach shows only the groups. Runs of a task without a
-process check made before every run logged its candidates have none either: their distinct questions and replays
-per question come from the replay WAL (no ages).
+Per variant: replay groups, distinct questions replayed, replays per question, trajectory ages, w* and the
+bucket histogram; where each comes from: docs/benchmarks.md, "Sweep analyses".
 """
 
 from __future__ import annotations

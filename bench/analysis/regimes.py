@@ -2,10 +2,7 @@
 
     python -m bench.analysis.regimes runs/sweeps/e1-2ep runs/sweeps/e1-1ep ... [--arm exgrpo] [--base grpo]
 
-Per cell (a compare sweep directory): the epochs its runs drew (steps x B / training questions), B, optimiser
-steps per training step, eta, GRPO's share of fresh groups with all-equal rewards (no signal), the paired
-difference arm - base at the last evaluated step, ID and OOD (mean +- standard error over the seeds both ran),
-the seeds, and the mean wall time of a run.
+The columns: docs/benchmarks.md, "Sweep analyses".
 """
 
 from __future__ import annotations

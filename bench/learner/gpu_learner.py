@@ -5,7 +5,7 @@
     .venv/bin/python -m bench.learner.gpu_learner --tiny  # tiny shape on CPU (gloo, float32): checks the logic
 
 ``check_learner`` is also the device check's learner part; ``Shape``, ``build_model`` and ``synthetic_groups``
-are the model and workload its other parts share. docs/benchmarks.md says what each figure counts.
+are the model and workload its other parts share (docs/benchmarks.md: what each figure counts).
 """
 
 from __future__ import annotations

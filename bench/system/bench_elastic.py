@@ -4,38 +4,8 @@
         [--no-autoscaler] [--counts 2 4 6 8] [--steps 80] [--preempt-every 6] [--repeats 1] [--node-probe-s S]
         [--json out.json]
 
-The simulated cluster (`bench/sim`): the real driver, replay shards, sampler pool, object-store transport and
-the autoscale policy (`exgrpo/loop/autoscale.py`), with sleeping samplers and one sleeping learner on the cost
-model (`CostModel`). By default on Ray's real autoscaler (`bench/sim/autoscaler.py`: the fake multi-node
-provider, every node a raylet on this one machine): a head of 1 CPU holds the driver's shards and learner
-(0 CPUs) and the first sampler; every further sampler (1 CPU) needs a `sampler` node of `--node-cpus` (2) CPUs
-that the autoscaler launches (the pool asks for the target's bundles, `samplers.autoscale_request_resources`).
-A preemption SIGKILLs a node's raylet, and the time to replace it is a node launch (measured and printed).
-`--no-autoscaler`: the earlier plain local Ray cluster, where a "node" is one sampler actor (`ray.kill`).
-
-Workload: B = 16 questions x K = 4 rollouts per step; one sampler generates a step's 64 rollouts in `gen` real
-seconds, the learner updates in `upd` (defaults 2.4 s and 0.4 s: generation-bound below 6 samplers, learner-bound
-from 6 on). Runs, in one process over one set of actors:
-
-1. a sweep of fixed counts (`--counts`), `samplers.autoscale=false`;
-2. elastic: `samplers.autoscale=true`, min 1, max = the largest count, starting from 1 sampler;
-3. with preemption: the best fixed count and elastic again, a quarter of the live nodes (at least one) killed
-   every `--preempt-every` steps (a vanished spot node and its samplers).
-`--repeats N` runs 2 and 3 N times (later rounds also rerun the best count), each preempted run compared with its
-own round's unpreempted run, and prints the rounds' mean and standard error of the loss over the budget.
-A killed node is gone for the autoscaler too (`bench/sim/fake_provider.py`, as a cloud stops listing a reclaimed
-instance): Ray's own fake provider kept listing it, so the autoscaler counted it as capacity, and with
-`--counts 2 --steps 8 --repeats 2` a later run waited 300 s for a sampler that had no node (TimeoutError).
-
-Every run starts from the same state: one started sampler (on the head) and, on the autoscaler, no worker node
-(before each run the bench waits for the autoscaler to terminate the idle nodes of the run before, 6 s idle
-timeout): no arm inherits a warm node, and each pays its own node launches inside its timed window. A fixed
-count first scales to its count and waits for its samplers (`start s`: node launches and sampler starts),
-elastic grows as its policy decides. Throughput is trained groups per second of the whole run. Lost groups:
-questions per step x steps - groups trained, over every run (0: every admitted request came back once).
-Preemption's budget: the sum over kills of the preempted share of the samplers times the time until the pool
-was back at its count, over the run's wall time. The last line:
-`elastic: throughput R of the best fixed count (F samplers), preempted P nodes, lost L groups`.
+The simulated cluster on Ray's real autoscaler (fake nodes on this machine); the runs, what is timed and the
+budget: docs/benchmarks.md, "Elastic samplers".
 """
 
 from __future__ import annotations
