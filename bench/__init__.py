@@ -1,16 +1,7 @@
-"""The benchmarks: scripts that measure the project, each run as a module from the repository root
-(`python -m bench.<kind>.<script> --help`), grouped by what they measure:
-
-- `sampling/`: a sampler's generation throughput and the verifier's;
-- `weights/`: moving the learner's weights into the samplers;
-- `replay/`: the experience pool and the replay shards;
-- `learner/`: the learner's memory and, on a GPU, its speed, equality across ZeRO stages and dtypes (the device
-  check);
-- `system/`: whole runs (steps/s, driver round trips, a soak under kills, the fault matrix's table, the
-  simulated cluster);
-- `models/`: what a base model can do (solve rates, learnability, a pretrained model's step on CPU);
-- `peers/`: the project against other trainers on the same work.
-
-`common.py` holds what they share (environment defaults, a free port, output and JSON, timing). Results go
-to `bench/out/` (ignored by git); docs/benchmarks.md records the figures.
+"""The benchmarks: scripts that measure the project, each run from the repository root as
+`python -m bench.<kind>.<script>`: `sampling/` (samplers, the verifier), `weights/` (weights into the samplers),
+`replay/` (the pool, the shards), `learner/` (memory; on a GPU the device check), `system/` (whole runs, the
+soak, the fault table, the simulated and elastic clusters), `models/` (base models and tasks), `peers/` (other
+trainers), `analysis/` (finished compare sweeps), `sim/` (the simulated cluster). `common.py` holds what they
+share; results go to `bench/out/` (git-ignored) and the figures to docs/benchmarks.md.
 """

@@ -1,8 +1,7 @@
-"""Peak memory of one learner update, full logits + no checkpointing ("before") vs chunked logits +
-gradient checkpointing ("after"), each configuration in a fresh subprocess (ru_maxrss, CPU), the max
-abs diff of the loss and the gradients between them, and the memory plan's prediction of the same growth
-(``exgrpo.runtime.memory_plan.learner_terms``: gradients + activations + logits; the weights and inputs are
-in the baseline, and one backward makes no optimiser state).
+"""Peak memory of learner updates beside the memory plan (``exgrpo.runtime.memory_plan.learner_terms``). On CPU,
+one update's backward with whole logits and no checkpointing ("before") against chunked logits and checkpointing
+("after"), each in a fresh process (peak RSS; ``--tensors``: the tensors' own peak), with their loss and gradients'
+max abs difference; ``check_memory`` is the device check's memory part (7B layer shapes, the 7B recipe, peaks).
 
     python -m bench.learner.bench_learner_memory [--vocab 32000 --hidden 256 --layers 2 --rows 4 --response 1024] [--tensors]
     python -m bench.learner.bench_learner_memory --slope   # bytes per position x vocabulary entry of a logits chunk
@@ -16,9 +15,30 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
+
+from bench.common import synchronize
+from bench.learner.device_shapes import (
+    GIB,
+    Sizes,
+    allocated,
+    gib,
+    long_tail_groups,
+    peak,
+    recipe_config,
+    reset_peak,
+    save_model,
+    setup_device,
+    start_learner,
+)
+from exgrpo.core import metric_names as M
+from exgrpo.core.records import TrainBatch
+from exgrpo.runtime.memory_plan import learner_peak, learner_terms, read_shape
 
 CONFIGS = {"before": (None, False), "after": (1024, True)}  # (logits_chunk_tokens, checkpointing)
 
@@ -34,7 +54,6 @@ def workload(
     """A random Qwen2 of these sizes and ``rows`` random rows of 16 + ``response`` tokens; returns the model
     and ``backward(chunk_tokens, losses)``, one mini-batch's backward as the learner runs it (one micro-batch,
     clipping on, entropy bonus on), appending its objective to ``losses``."""
-    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     import learners.update as U
@@ -86,8 +105,6 @@ def workload(
 
 
 def one(args: argparse.Namespace, name: str, out: str) -> None:
-    import torch
-
     torch.set_num_threads(2)
     chunk, ckpt = CONFIGS[name]
     model, backward = workload(
@@ -110,14 +127,14 @@ def one(args: argparse.Namespace, name: str, out: str) -> None:
         tensor_peak = tensor_peak_bytes(update)
     else:
         update()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     torch.save(
         {
             "loss": sum(total),
             "grads": grads,
             "base_mb": base / 1024,
-            "peak_mb": peak / 1024,
+            "peak_mb": peak_rss / 1024,
             "tensor_peak_mb": None if tensor_peak is None else tensor_peak / 2**20,
         },
         out,
@@ -132,11 +149,11 @@ def tensor_peak_bytes(fn) -> int:  # noqa: ANN001
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    live = peak = 0
+    live = top = 0
     for event in sorted(prof.events(), key=lambda e: e.time_range.start):
         live += event.self_cpu_memory_usage
-        peak = max(peak, live)
-    return peak
+        top = max(top, live)
+    return top
 
 
 def predicted_mb(args: argparse.Namespace, name: str) -> float:
@@ -177,8 +194,6 @@ def predicted_mb(args: argparse.Namespace, name: str) -> float:
 def chunk_slope(dtype_name: str, *, vocab: int = 32000, hidden: int = 256, response: int = 512) -> None:
     """The tensors' peak of a checkpointed update of 2 rows at logits chunks of 128, 256 and 512 positions, and
     its slope in bytes per position and vocabulary entry: what ``memory_plan.CHUNK_BYTES`` models."""
-    import torch
-
     torch.set_num_threads(1)
     _, backward = workload(
         vocab=vocab, hidden=hidden, layers=2, rows=2, response=response, dtype=dtype_name, checkpointing=True
@@ -190,6 +205,134 @@ def chunk_slope(dtype_name: str, *, vocab: int = 32000, hidden: int = 256, respo
     slopes = [(peaks[b] - peaks[a]) / ((b - a) * vocab) for a, b in ((128, 256), (256, 512))]
     mb = ", ".join(f"{c}: +{p / 2**20:.1f} MB" for c, p in peaks.items())
     print(f"{dtype_name}: tensors' peak by chunk size {mb}; slope {slopes[0]:.1f}, {slopes[1]:.1f} bytes")
+
+
+# ---------------------------------------------------------------------- the device check's memory part
+REPORTED = "zero_stage micro_batch_size max_tokens_per_micro_batch logits_chunk_tokens gradient_checkpointing minibatches"
+
+
+def _watch_steps(dev: torch.device, rec: dict[str, int]) -> Any:
+    """Wrap ``learners.engine.RankEngine.step`` (this process only): the peak before each step goes to
+    ``rec["forward_backward"]``, the peak during it to ``rec["step"]`` (maxima); returns the original."""
+    from learners.engine import RankEngine
+
+    original = RankEngine.step
+
+    def step(self: Any) -> tuple[float, bool]:
+        rec["forward_backward"] = max(rec["forward_backward"], peak(dev))
+        reset_peak(dev)
+        try:
+            return original(self)
+        finally:
+            rec["step"] = max(rec["step"], peak(dev))
+            reset_peak(dev)
+
+    RankEngine.step = step  # type: ignore[method-assign]
+    return original
+
+
+def check_memory(*, sizes: Sizes, device: str, updates: int, deadline: float) -> dict[str, Any]:
+    """The device check's memory part: the learner of ``sizes`` under the 7B recipe's learner section at world
+    size 1, set up, then ``updates`` updates (the first allocates the optimiser's moments), with the peaks of
+    set-up, forward/backward and optimiser step beside the plan's terms (docs/benchmarks.md, "memory")."""
+
+    dev = setup_device(device)
+    cuda = dev.type == "cuda"
+    cfg = recipe_config(sizes, cuda=cuda)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="exgrpo-device-memory-") as model_dir:
+        params = save_model(sizes, model_dir, dtype=cfg.model.dtype, device=dev)
+        terms = learner_terms(cfg, read_shape(model_dir), on_gpu=cuda)
+        before = allocated(dev)
+        reset_peak(dev)
+        learner = start_learner(cfg, model_dir, max_response_len=sizes.max_response_len)
+    synchronize(dev)
+    setup = {
+        "seconds": time.perf_counter() - t0,
+        "before_bytes": before,
+        "resident_bytes": allocated(dev),
+        "peak_bytes": peak(dev),
+    }
+    print(
+        f"[memory] 7B-shaped learner, {sizes.layers} layers, {params / 1e9:.3f} B params, ZeRO-"
+        f"{cfg.learners.zero_stage}, setup {setup['seconds']:.1f} s",
+        flush=True,
+    )
+    rec = {"forward_backward": 0, "step": 0}
+    original = _watch_steps(dev, rec)
+    rows: list[dict[str, Any]] = []
+    try:
+        for step in range(updates):
+            if rows and time.monotonic() > deadline:
+                break
+            groups = long_tail_groups(sizes, groups=2, rollouts=8, seed=step, full_first=True)
+            rec.update(forward_backward=0, step=0)
+            reset_peak(dev)
+            synchronize(dev)
+            s0 = time.perf_counter()
+            m = learner.update(TrainBatch(groups=tuple(groups), version=step, clip=False)).metrics
+            synchronize(dev)
+            rows.append(
+                {
+                    "seconds": time.perf_counter() - s0,
+                    "response_tokens": int(m[M.LEARNER_TOKENS]),
+                    "sequence_tokens": sum(len(g.prompt_ids) * len(g.trajectories) for g in groups)
+                    + sum(len(t.response_ids) for g in groups for t in g.trajectories),
+                    "longest": max(
+                        len(g.prompt_ids) + len(t.response_ids) for g in groups for t in g.trajectories
+                    ),
+                    "grad_norm": float(m[M.GRAD_NORM]),
+                    "forward_backward_peak_bytes": rec["forward_backward"],
+                    "step_peak_bytes": rec["step"],
+                }
+            )
+    finally:
+        from learners.engine import RankEngine
+
+        RankEngine.step = original  # type: ignore[method-assign]
+    return _report(cfg, sizes, params, setup, rows, terms, cuda)
+
+
+def _report(
+    cfg: Any,
+    sizes: Sizes,
+    params: int,
+    setup: dict[str, Any],
+    rows: list[dict[str, Any]],
+    terms: dict[str, int],
+    cuda: bool,
+) -> dict[str, Any]:
+    plan_total = learner_peak(terms)  # persistent terms + the largest phase, as the plan counts it
+    fb = max((r["forward_backward_peak_bytes"] for r in rows), default=0)
+    st = max((r["step_peak_bytes"] for r in rows), default=0)
+    out = {
+        "sizes": dict(sizes.__dict__),
+        "params": params,
+        "learner_config": {k: getattr(cfg.learners, k) for k in REPORTED.split()},
+        "setup": setup,
+        "updates": rows,
+        "plan_terms_bytes": terms,
+        "plan_total_bytes": plan_total,
+        "peak_bytes": max(fb, st, setup["peak_bytes"]) if cuda else None,
+    }
+    line = ", ".join(f"{k} {v / GIB:.2f}" for k, v in terms.items())
+    print(f"[memory] plan (GiB): {line}; peak {plan_total / GIB:.2f}", flush=True)
+    if cuda:
+        print(
+            f"[memory] measured (GiB): setup peak {gib(setup['peak_bytes']):.2f} (resident after "
+            f"{gib(setup['resident_bytes']):.2f}), forward/backward peak {gib(fb):.2f}, step peak "
+            f"{gib(st):.2f}; largest over the plan's total {max(fb, st) / plan_total:.2f}",
+            flush=True,
+        )
+    else:
+        print("[memory] measured: n/a on CPU (no allocator statistics)", flush=True)
+    for i, r in enumerate(rows):
+        print(
+            f"[memory] update {i}: {r['seconds']:.2f} s, {r['sequence_tokens']} tokens (longest "
+            f"{r['longest']}), grad norm {r['grad_norm']:.4g}",
+            flush=True,
+        )
+    return out
 
 
 def main() -> None:
@@ -216,22 +359,13 @@ def main() -> None:
         for dtype_name in ("float32", "bfloat16"):
             chunk_slope(dtype_name, vocab=args.vocab, hidden=args.hidden)
         return
-    import torch
-
     root = Path(__file__).resolve().parents[2]
     res = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in CONFIGS:
             out = f"{tmp}/{name}.pt"
-            cmd = [
-                sys.executable,
-                "-m",
-                "bench.learner.bench_learner_memory",
-                "--one",
-                name,
-                "--out",
-                out,
-            ] + sys.argv[1:]
+            cmd = [sys.executable, "-m", "bench.learner.bench_learner_memory", "--one", name, "--out", out]
+            cmd += sys.argv[1:]
             subprocess.run(
                 cmd, check=True, cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)}
             )

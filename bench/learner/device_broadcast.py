@@ -1,15 +1,6 @@
-"""The device check's broadcast part: a model's packed weights from one process to another on the one device.
-
-Part ``broadcast``: the model's bf16 parameters (random values, tied embedding once) from rank 0 to
-    rank 1, two processes on the one device, packed into uint8 chunks by vLLM's rule
-    (`exgrpo.transport.packed.chunk_cuts`: a chunk closes once it exceeds ``--buffer-mb``, default 1 GiB as
-    in vLLM), through torch.distributed over a
-    TCPStore on 127.0.0.1 (NCCL on CUDA, gloo on CPU). NCCL normally refuses two ranks on one GPU;
-    then that is printed loudly and the fallback figure is CUDA IPC (torch.multiprocessing hands rank 1
-    the packed chunks; it copies them into its own buffers). The IPC pair always runs, so both figures
-    appear when NCCL works. A device-to-device memcpy floor (one ``copy_`` of the whole state) is
-    measured in the same run. GB/s count each byte once (a copy reads and writes it: the traffic is
-    twice that). Every chunk is checksummed on both sides (int16 words: sum and position-weighted sum).
+"""The device check's broadcast part: a model's packed weights from one process to another on the one device
+(torch NCCL, or CUDA IPC where NCCL refuses two ranks on one GPU), beside a memcpy floor; every chunk checksummed
+on both sides. How it measures: docs/benchmarks.md, "GPU device check".
 """
 
 from __future__ import annotations

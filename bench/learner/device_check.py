@@ -3,31 +3,9 @@
     python3 -m bench.learner.device_check --out $OUT                            # on the H200
     .venv/bin/python -m bench.learner.device_check --cpu-smoke --out /tmp/dc   # tiny, CPU (gloo): the logic
 
-The default parts answer issue 41's open GPU questions (``bench/learner/device_questions.py`` has them):
-``export`` (the learner's ZeRO-2 and ZeRO-3 weight export through vLLM 0.32's packed-broadcast producer and
-consumer, the vLLM files carried by ``bench/learner/carry_vllm.py``), ``memory`` (a learner of
-Qwen2.5-Math-7B's layer shapes under the 7B recipe, peaks beside the memory plan), ``slicing`` (long-tailed
-lengths in the recipe's micro-batches) and ``sdpa`` (padded masked attention against per-row calls, and the
-backend that ran): 140 + 110 + 50 + 40 s at most, ``--budget-s`` 340. Part ``stream``
-(``bench/learner/device_stream.py``, 60 s, named in ``--parts``): whether the collective push reads the weights
-only after the optimiser step's kernels (``WeightPusher.wait_for_step``). The device has no DeepSpeed, hjson or
-pydantic: ``bench/learner/device_prepare.py`` makes their wheels and vLLM's files (``carry_vllm``) for its
-Python; the command to run is in docs/benchmarks.md ("GPU device check"). Each part's process prints its
-``max_memory_allocated`` beside ``max_memory_reserved`` and ``memory_reserved`` as it ends (``device_procs``).
-
-The parts that already passed on an H200 (docs/benchmarks.md, "GPU device check") still run when named in
-``--parts``:
-Part ``learner``: the project's own ``learners.learner.Learner`` (DeepSpeed ZeRO-2 at world size 1, the
-    1.5B recipe's learner section, gradient checkpointing on unless ``--no-checkpointing``) on a
-    Qwen2.5-1.5B-shaped random model, bf16, 2 groups x 8 rollouts of 8192 tokens per update: tokens/s,
-    MFU against 790 TFLOP/s, peak memory against the memory plan (``bench/learner/device_learner.py``).
-Part ``equality`` (``bench/learner/device_equality.py``): three updates of a small random Qwen2 model under
-    ZeRO 0-3, chunked and whole lm_head log-probs, float32 and bfloat16, against float32 ZeRO-0.
-Part ``broadcast`` (``bench/learner/device_broadcast.py``): packed bf16 parameters between two processes on
-    the one device (NCCL, or CUDA IPC where NCCL refuses two ranks on one GPU), beside a memcpy floor.
-Each part runs in its own spawned process(es) under a hard time limit (killed past it, the part recorded
-as failed, the others still run); the whole run stays under ``--budget-s``. The JSON goes to ``--out`` (a
-``.json`` path, or a folder that gets ``device_check.json``). Exit status 1 when a part failed, else 0.
+Parts (``--parts``): export, memory, slicing, sdpa (the default), stream, learner, equality, broadcast, each in
+its own process under a hard limit; exit status 1 when a part failed. The parts, the budget and what travels to
+the device: docs/benchmarks.md, "GPU device check".
 """
 
 from __future__ import annotations
@@ -44,7 +22,6 @@ import torch
 
 from bench.learner.device_broadcast import check_broadcast
 from bench.learner.device_equality import GPU_EQ_SHAPE, check_equality
-from bench.learner.device_learner import GPU_SHAPE, PEAK_TFLOPS, SMOKE_SHAPE, check_learner
 from bench.learner.device_procs import run_processes
 from bench.learner.device_questions import (
     LIMITS_S,
@@ -53,6 +30,7 @@ from bench.learner.device_questions import (
     add_arguments,
     run_question_part,
 )
+from bench.learner.gpu_learner import GPU_SHAPE, PEAK_TFLOPS, SMOKE_SHAPE, check_learner
 
 
 def _nccl_version() -> str | None:

@@ -1,20 +1,6 @@
 """The device check's equality part: the same three updates under every ZeRO stage, chunked and whole logits,
-float32 and bfloat16, against one float32 ZeRO-0 learner with whole logits.
-
-``check_equality`` saves one randomly initialised Qwen2 model of ``shape`` (float32, no download) and starts the
-project's ``learners.learner.Learner`` on it once per cell, at world size 1 on the one device (NCCL on CUDA,
-gloo on CPU): the cells are ``(dtype, zero_stage, logits)`` with logits ``whole`` (one lm_head pass over the
-response) or ``chunked`` (``CHUNK`` response positions per lm_head pass). Each cell trains the same three
-updates (``synthetic_groups`` of steps 0-2, PPO clipping on, ``lr`` 1e-3) and reports, per update, the loss
-and the gradient norm, and after the third the largest absolute weight difference from the reference.
-
-Tolerances (what ``ok`` means; the CPU tests, tests/learners/test_learner.py and test_bf16.py, use the same):
-    float32: loss and grad norm within rel 1e-4 of the reference, weights within 1e-4 (the reduction order of
-             a chunked pass and, on a GPU, of cuBLAS differs; one Adam step moves a weight by up to lr = 1e-3)
-    bfloat16: grad norm within rel 1e-2 (8 bits of mantissa: a relative step of 2^-8 = 0.4%), weights within
-              1e-2 (ten Adam steps of lr 1e-3: bfloat16 rounds the weights themselves)
-bfloat16 at ZeRO-0 is refused by the config (DeepSpeed's loss-scaled bf16 optimiser drifts), so it is no cell.
-Two ranks cannot share one GPU under NCCL: the two-rank equality runs on CPU (gloo) in the test suite.
+float32 and bfloat16, against one float32 ZeRO-0 learner with whole logits (``check_equality``). The cells and
+the tolerances: docs/benchmarks.md, "GPU device check".
 """
 
 from __future__ import annotations

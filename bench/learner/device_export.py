@@ -1,26 +1,8 @@
 """The device check's export part: the learner's weights through vLLM 0.32's own packed-broadcast code.
 
-One ``learners.learner.Learner`` (DeepSpeed ZeRO-2 or ZeRO-3 at world size 1, the 7B recipe's learner
-section) on a random model of Qwen2.5-Math-7B's layer shapes with few layers. Its weights leave as a run's
-collective transport sends them: ``exgrpo.transport.vllm_api.LearnerSource`` over the DeepSpeed module
-(under ZeRO-3 it gathers one decoder layer at a time and yields copies) iterated by vLLM's
-``packed_nccl_broadcast_producer`` (2 buffers of 1 GiB, vLLM's defaults), exactly as vLLM's
-``NCCLTrainerWeightTransferEngine._broadcast`` calls it. No NCCL peer exists on one GPU, so the ``group``
-is ours:
-
-* producer only (``_Sink``): the producer packs and hands each chunk to a broadcast that returns at
-  once. Figures: seconds per push (export + gather + pack, no wire) and rank 0's extra peak memory,
-  ``max_memory_allocated`` during the push minus ``memory_allocated`` before it (the packed buffers
-  and, under ZeRO-3, the gathered layer and its copies).
-* loopback (``_Loopback``): the producer in this thread, vLLM's ``packed_nccl_broadcast_consumer`` in a
-  second one; each chunk's broadcast copies the producer's packed buffer into the consumer's receive
-  buffer (allocated by the consumer, as vLLM's worker does) and the consumer unpacks it with vLLM's
-  ``unpack_tensor`` into receiver tensors allocated up front (what a worker's ``load_weights`` copies
-  into). Then every receiver tensor is compared byte for byte with the learner's state dict (gathered
-  under ZeRO-3), and the names must be the same set.
-
-vLLM comes from ``bench.learner.carry_vllm.ensure_vllm`` (the installed package, else the carried files).
-On CPU (``--cpu-smoke``) the producer's CUDA streams are replaced by no-op ones in this process only.
+``check_export`` runs the learner (ZeRO-2 or ZeRO-3, 7B layer shapes) into vLLM's packed producer, with no peer
+(seconds per push and extra peak memory) and with vLLM's consumer in a second thread (the received bytes against
+the state dict). How: docs/benchmarks.md, "GPU device check".
 """
 
 from __future__ import annotations

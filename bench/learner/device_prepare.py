@@ -2,21 +2,9 @@
 
     .venv/bin/python -m bench.learner.device_prepare --python-version 3.12   # the GPU machine's Python
 
-The device has torch (and what it requires) and transformers, but no DeepSpeed, Ray or vLLM, and no network.
-This writes, into git-ignored folders at the repository's root:
-
-* ``.whl/``: DeepSpeed's wheel (pure Python: built here from its sdist, or taken from pip's cache) and a wheel
-  for every package DeepSpeed needs at import time that torch does not bring (einops, hjson, msgpack, ninja,
-  psutil, py-cpuinfo, pydantic and its own, packaging, tqdm), at the versions installed here, for
-  ``--python-version`` on x86-64 Linux (``pip download --only-binary=:all:``). typing-extensions travels
-  too: pydantic needs a newer one than torch does.
-* ``.vllm_carry/``: vLLM 0.32's packed-broadcast files (``bench.learner.carry_vllm``); the export path is then
-  imported from them alone, as the device will, before anything is said to be ready.
-
-Then it sums what travels: the carried folders and the working tree (tracked files and untracked ones git does
-not ignore), against the device tool's limit (64 MiB in all); over it, the exit status is 1. Ray (75.6 MiB as
-a cp312 wheel) and vLLM (311.4 MiB) cannot travel, and the device check needs neither. The command to run
-on the device is printed last (docs/benchmarks.md, "GPU device check").
+Writes DeepSpeed's wheels (``.whl/``) and vLLM's carried files (``.vllm_carry/``), sums what travels against the
+device tool's limit (exit status 1 over it) and prints the command to run there (docs/benchmarks.md, "GPU device
+check").
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The device check's parts for issue 41's open GPU questions, each in its own process under a hard limit
-(``bench/learner/device_procs.py``), dispatched from ``bench/learner/device_check.py``:
-
-    export   (a) the learner's ZeRO-2 and ZeRO-3 weight export through vLLM 0.32's packed-broadcast
-             producer and consumer, into receive buffers on the same device (``device_export.py``)
-    memory   (b) a learner of Qwen2.5-Math-7B's layer shapes under the 7B recipe: peaks at setup,
-             forward/backward and step beside the memory plan's terms (``device_memory.py``)
-    slicing  (c) long-tailed lengths in the recipe's micro-batches, sorted or not, with and without the
-             token budget: non-pad tokens/s (``device_slicing.py``)
-    sdpa     (d) a padded, masked SDPA call against per-row causal calls on a 7B attention layer, and the
-             backend that ran (``device_sdpa.py``)
-
-Sizes: ``device_shapes.QWEN7B`` on the GPU (``--layers-7b`` layers, 4 for the memory part), ``SMOKE``
-with ``--cpu-smoke``.
+(``bench/learner/device_procs.py``), dispatched from ``bench/learner/device_check.py``: export
+(``device_export.py``), memory (``bench_learner_memory.py``), slicing (``device_slicing.py``) and sdpa
+(``device_sdpa.py``). Sizes: ``device_shapes.QWEN7B`` on the GPU (``--layers-7b`` layers, 4 for the memory part),
+``SMOKE`` with ``--cpu-smoke``.
 """
 
 from __future__ import annotations
@@ -118,7 +109,7 @@ def run_question_part(
     if part == "export":
         return _export(args, device, limit, ctx)
     if part == "memory":
-        from bench.learner.device_memory import check_memory
+        from bench.learner.bench_learner_memory import check_memory
 
         kw: dict[str, Any] = dict(
             sizes=_sizes(args, memory=True), device=device, updates=args.memory_updates, deadline=deadline

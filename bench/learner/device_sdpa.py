@@ -1,18 +1,6 @@
-"""The device check's SDPA part: a padded micro-batch with a mask against per-row causal calls.
-
-One attention call of a Qwen2.5-Math-7B layer (28 query heads, 4 KV heads, head dim 128, bf16) on a
-micro-batch of ``rows`` sequences with long-tailed lengths (``bench.learner.device_shapes``), forward and
-backward, each the way transformers' ``sdpa_attention_forward`` makes it:
-
-    padded     the rows right-padded to the longest, K/V repeated to 28 heads (``repeat_kv``: transformers
-               does not pass ``enable_gqa`` with a mask on CUDA), a boolean (B, 1, S, S) mask = causal and
-               the key is not padding, ``is_causal=False``: what the learner's padded micro-batches run
-    per_row    one call per row on its own length, ``is_causal=True``, ``enable_gqa=True``, no mask
-
-Which backend ran: ``torch._fused_sdp_choice`` on the same arguments (the dispatcher's own choice; on CPU
-"cpu flash" or "math"), the global switches (``torch.backends.cuda.*_sdp_enabled``) and, per call,
-which single backends accept it (``torch.nn.attention.sdpa_kernel`` with one backend, a forward). Figures:
-seconds (best of ``reps`` after a warm-up), non-pad query tokens/s, and the extra peak memory.
+"""The device check's SDPA part: a padded micro-batch with a mask against per-row causal calls on one
+Qwen2.5-Math-7B attention layer, forward and backward, and which backend ran (``check_sdpa``). The two ways and
+the figures: docs/benchmarks.md, "GPU device check".
 """
 
 from __future__ import annotations

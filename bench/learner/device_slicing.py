@@ -1,22 +1,6 @@
-"""The device check's slicing part: long-tailed response lengths in the recipe's micro-batches.
-
-One mini-batch of ``groups`` x ``rollouts`` rows (``learners.batches.build_rows``, group order) with prompt
-lengths uniform in [max_prompt_len / 8, max_prompt_len / 2] and lognormal response lengths (median 1200,
-log-spread 0.9, capped at the recipe's max_response_len: ``bench.learner.device_shapes``), on a random
-model of Qwen2.5-Math-7B's layer shapes with few layers (bf16, gradient checkpointing as the recipe's
-"auto"). Each slicing is timed over the whole mini-batch: per micro-batch ``batches.encode`` (right padding
-to its longest row), the project's chunked log-probs and entropies (``learners.logits.response_stats``,
-chunks of ``logits_chunk_tokens``) and a backward (no optimiser step: the same for every slicing):
-
-    count           ``batches.chunks(n, micro_batch_size)``: ``Learner._micro_slices`` / ``ModelEngine``
-                    without a token budget
-    count_sorted    the same on the rows sorted by length (longest first)
-    budget          ``batches.budget_slices(seq, max_tokens_per_micro_batch, max_rows=micro_batch_size)``:
-                    ``Learner._token_slices``, the 7B recipe's setting (9216 tokens)
-    budget_sorted   the same on the sorted rows
-
-Figures per slicing: micro-batches, padded and non-pad tokens, seconds, non-pad tokens/s. (The recipe keeps
-row order: its gradient accumulation weights are per row, so a sorted order trains the same update.)
+"""The device check's slicing part: long-tailed response lengths in the recipe's micro-batches, sliced by count
+or by token budget, in group order or sorted (``check_slicing``: non-pad tokens/s each). The workload and the
+four slicings: docs/benchmarks.md, "GPU device check".
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
-"""The device check's stream part: does the collective push wait for the optimiser step?
-
-vLLM's NCCL producer (``packed_nccl_broadcast_producer``) packs the weights on CUDA streams of its own and
-does not wait for the default stream, where the step's kernels may still be queued when the step returns.
-Here the weight of a square linear layer (``--stream-size``, fp32) is zeroed, an SGD step (lr 1) is queued
-behind a gradient made by a chain of large matmuls, and the push reads the weight at once: vLLM's own
-producer over the transport's ``LearnerSource``, its broadcast replaced by a capture of each packed chunk
-on the producer's stream. Each rep compares the captured bytes with the weight after a full synchronise,
-twice: ``wait`` calls ``WeightPusher.wait_for_step`` first (what ``push`` does), ``no_wait`` does not.
-
-The part fails when a ``wait`` rep differs (the push can read stale weights). A ``no_wait`` rep that differs
-shows the race is real on this device, so the check can catch a missing wait (``race_seen``); none differing
-means the race did not show at this size and the check proves less. On CPU (``--cpu-smoke``) everything runs
-in order and both modes are equal: the logic only.
+"""The device check's stream part: does the collective push wait for the optimiser step? (``check_stream``:
+vLLM's producer over the transport's ``LearnerSource`` reads a weight right after a queued step, with and without
+``WeightPusher.wait_for_step``.) How it decides: docs/benchmarks.md, "GPU device check".
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
-"""GPU benchmark: DeepSpeed learner update throughput and HF ``generate`` throughput on one device.
+"""Learner throughput on one device: the project's ``learners.learner.Learner`` (DeepSpeed at world size 1, the
+1.5B recipe's learner section) timed on synthetic groups of a random Qwen2 model, beside HF ``generate``.
 
-    python -m bench.learner.gpu_learner                  # Qwen2.5-1.5B-shaped random model, on the GPU
-    .venv/bin/python -m bench.learner.gpu_learner --tiny # tiny shape on CPU (gloo, float32): checks the logic
+    python -m bench.learner.gpu_learner                   # Qwen2.5-1.5B shape on the GPU, bf16
+    .venv/bin/python -m bench.learner.gpu_learner --tiny  # tiny shape on CPU (gloo, float32): checks the logic
 
-Steps:
-    1. a randomly initialised Qwen2 model (1.5B shape: hidden 1536, 28 layers, 12 heads, 2 KV heads,
-       intermediate 8960, vocabulary 151936, tied embeddings) is saved as safetensors to a temp dir;
-    2. HF ``generate`` with sampling on a batch of random prompts, every row forced to the full
-       ``--gen-new`` tokens: generated tokens/s = batch * new tokens / wall time of one call;
-    3. ``learners.learner.Learner`` (DeepSpeed ZeRO, world size 1) runs ``--warm`` + ``--timed`` updates on
-       synthetic groups (half of them replay groups with slot 0 replayed): update tokens/s = response
-       tokens trained / wall time of ``update`` (which includes the no-grad proximal log-prob pass);
-    4. a JSON summary is printed and written to ``$OUT/gpu_learner.json`` (or ``--out``).
-
-Peak memory is ``torch.cuda.max_memory_allocated`` since the stage's start (weights included).
+``check_learner`` is also the device check's learner part; ``Shape``, ``build_model`` and ``synthetic_groups``
+are the model and workload its other parts share (docs/benchmarks.md: what each figure counts).
 """
 
 from __future__ import annotations
@@ -25,19 +17,19 @@ import math
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from bench.common import synchronize
+from bench.learner.device_shapes import peak, reset_peak, setup_device, start_learner
 from exgrpo.core import metric_names as M
-from exgrpo.core.config import LearnerConfig, LossConfig
+from exgrpo.core.config import Config, from_dict
 from exgrpo.core.records import Group, TrainBatch, Trajectory
-from exgrpo.transport.ranks import free_port
-
-GIB = 2**30
+from exgrpo.runtime.memory_plan import GIB, learner_peak, learner_terms, read_shape
 
 
 @dataclass(frozen=True)
@@ -74,42 +66,9 @@ class GenerateResult:
     peak_mem_gib: float | None  # None on CPU
 
 
-@dataclass(frozen=True)
-class LearnerResult:
-    zero_stage: int
-    micro_batch: int
-    rows_per_update: int
-    response_tokens_per_update: int
-    setup_s: float
-    step_seconds: list[float]  # the timed steps
-    tokens_per_s: float  # response tokens of the timed steps / their total wall time
-    seq_tokens_per_s: float  # prompt + response tokens of the timed steps / their total wall time
-    grad_norms: list[float]  # every step, warm-up included
-    grad_norm_finite: bool
-    skipped_steps: int
-    peak_mem_gib: float | None  # over the timed steps; None on CPU
-
-
-@dataclass(frozen=True)
-class Summary:
-    device: str
-    torch: str
-    transformers: str
-    deepspeed: str
-    dtype: str
-    params: int
-    shape: Shape
-    generate: GenerateResult
-    learner: LearnerResult
-
-
 def peak_gib(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
-
-
-def reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    """``max_memory_allocated`` in GiB since the last ``reset_peak``; None on CPU (no allocator statistics)."""
+    return peak(device) / GIB if device.type == "cuda" else None
 
 
 def build_model(
@@ -219,7 +178,7 @@ def timed_updates(
     """``warm`` + ``timed`` ``learner.update`` calls on ``synthetic_groups`` (no clipping: replay has started),
     each between device synchronisations: the timed ones' seconds, every update's grad norm and loss, and the
     skipped optimiser steps; stops timing at ``deadline`` (time.monotonic) once one was timed. The one update
-    loop of this script and of the device check's learner part (``bench.learner.device_learner``)."""
+    loop of this module's learner timing (``check_learner``) and of the device check's other learner parts."""
     times: list[float] = []
     norms: list[float] = []
     losses: list[float] = []
@@ -251,72 +210,150 @@ def timed_updates(
     return times, norms, losses, skipped
 
 
-def bench_learner(
-    model_path: str, shape: Shape, *, zero_stage: int, dtype: str, device: torch.device, warm: int, timed: int
-) -> LearnerResult:
-    """``warm`` + ``timed`` updates of the DeepSpeed learner at world size 1 (no clipping: replay has started)."""
-    # imported here, not at the top: bench/learner/device_check.py imports this module where Ray and DeepSpeed
-    # are missing
-    from learners.learner import Learner
+PEAK_TFLOPS = 790.0  # bf16 dense, 8192^3 matmul measured on an H200
+# the 1.5B shape at 8k tokens per sequence: 2 groups x 8 rollouts of 512 prompt + 7680 response tokens
+GPU_SHAPE = replace(FULL, groups=2, rollouts=8, prompt_len=512, response_len=7680, micro_batch=8)
+SMOKE_SHAPE = TINY
+RECIPE = Path(__file__).resolve().parents[2] / "configs" / "qwen2.5-math-1.5b.yaml"
 
-    cfg = LearnerConfig(
-        zero_stage=zero_stage,
-        backend="nccl" if device.type == "cuda" else "gloo",
-        micro_batch_size=shape.micro_batch,
-        num_gpus=1.0 if device.type == "cuda" else 0.0,
-    )
-    learner = Learner(
-        model_path=model_path,
-        learner=cfg,
-        loss=LossConfig(),
-        max_response_len=shape.response_len,
-        master_port=free_port(),
-        dtype=dtype,
-    )
-    start = time.perf_counter()
-    learner.setup()
-    setup_s = time.perf_counter() - start
+
+def learner_config(
+    shape: Shape, *, dtype: str, cuda: bool, checkpointing: bool, zero_stage: int | None = None
+) -> Config:
+    """The 1.5B recipe's learner and loss sections at one rank, with ``shape``'s sequence lengths (and
+    ``zero_stage`` in place of the recipe's, when given)."""
+    import yaml
+
+    recipe = yaml.safe_load(RECIPE.read_text())
+    learners = {
+        **recipe["learners"],
+        "num": 1,
+        "num_cpus": 1,
+        "num_gpus": 1 if cuda else 0,
+        "backend": "nccl" if cuda else "gloo",
+        "micro_batch_size": shape.micro_batch,
+        "gradient_checkpointing": "on" if checkpointing else "off",
+    }
+    if zero_stage is not None:
+        learners["zero_stage"] = zero_stage
+    model = {"dtype": dtype, "max_prompt_len": shape.prompt_len, "max_response_len": shape.response_len}
+    return from_dict({"model": model, "learners": learners, "loss": recipe["loss"]})
+
+
+def check_learner(
+    *,
+    shape: Shape,
+    device: str,
+    dtype: str,
+    warm: int,
+    timed: int,
+    checkpointing: bool,
+    peak_flops: float,
+    deadline: float,
+    zero_stage: int | None = None,
+) -> dict[str, Any]:
+    """``warm`` + ``timed`` ``Learner.update`` calls; stops timing early at ``deadline`` (time.monotonic)."""
+
+    dev = setup_device(device)
+    cuda = dev.type == "cuda"
+    cfg = learner_config(shape, dtype=dtype, cuda=cuda, checkpointing=checkpointing, zero_stage=zero_stage)
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    seq = shape.prompt_len + shape.response_len
+    with tempfile.TemporaryDirectory(prefix="exgrpo-device-model-") as model_dir:
+        model = build_model(shape, dtype=getattr(torch, dtype), device=torch.device("cpu"), max_positions=seq)
+        params = sum(p.numel() for p in model.parameters())  # the tied embedding once
+        model.save_pretrained(model_dir)
+        del model
+        plan = learner_terms(cfg, read_shape(model_dir), on_gpu=cuda)
+        learner = start_learner(cfg, model_dir, max_response_len=shape.response_len)  # in cfg.model.dtype
+    setup_s = time.perf_counter() - t0
+    engine_model = learner.engine.module
     rows = shape.groups * shape.rollouts
-    tokens = rows * shape.response_len
-    times, norms, _, skipped = timed_updates(
-        learner, shape, device, warm=warm, timed=timed, response_tokens=tokens
+    tokens, response_tokens = rows * seq, rows * shape.response_len
+    print(
+        f"[learner] project Learner (DeepSpeed ZeRO-{cfg.learners.zero_stage}, {dtype}), "
+        f"{params / 1e9:.3f} B params, {rows} x {seq} tokens per update, setup {setup_s:.1f} s",
+        flush=True,
     )
-    peak = peak_gib(device)
-    total = sum(times)
-    result = LearnerResult(
-        zero_stage=zero_stage,
-        micro_batch=shape.micro_batch,
-        rows_per_update=rows,
-        response_tokens_per_update=tokens,
-        setup_s=setup_s,
-        step_seconds=times,
-        tokens_per_s=timed * tokens / total,
-        seq_tokens_per_s=timed * rows * (shape.prompt_len + shape.response_len) / total,
-        grad_norms=norms,
-        grad_norm_finite=all(math.isfinite(n) for n in norms),
-        skipped_steps=skipped,
-        peak_mem_gib=peak,
+    times, norms, losses, skipped = timed_updates(
+        learner, shape, dev, warm=warm, timed=timed, deadline=deadline, response_tokens=response_tokens
     )
-    del learner
-    return result
+    if not times:
+        raise RuntimeError("no timed update finished")
+    t = sum(times) / len(times)
+    model_flops = 6 * params * tokens
+    attn_flops = 6 * shape.layers * shape.hidden * rows * seq * seq  # 3 (fwd+bwd) x 2 matmuls x 2 S^2 d / 2
+    hw_flops = (8 + 2 * int(checkpointing)) * params * tokens
+    peak = peak_gib(dev)
+    predicted = learner_peak(plan) / GIB  # persistent terms + the largest phase
+    out = {
+        "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
+        "learner": f"learners.learner.Learner, DeepSpeed ZeRO-{cfg.learners.zero_stage}, world size 1",
+        "dtype": dtype,
+        "params": params,
+        "shape": asdict(shape),
+        "learner_config": asdict(cfg.learners),
+        "rows_per_update": rows,
+        "tokens_per_update": tokens,
+        "response_tokens_per_update": response_tokens,
+        "gradient_checkpointing": bool(engine_model.is_gradient_checkpointing and engine_model.training),
+        "setup_s": setup_s,
+        "step_seconds": times,
+        "mean_step_s": t,
+        "tokens_per_s": tokens / t,
+        "response_tokens_per_s": response_tokens / t,
+        "peak_flops": peak_flops,
+        "model_flops_per_update": model_flops,
+        "attention_flops_per_update": attn_flops,
+        "mfu": model_flops / t / peak_flops,
+        "mfu_with_attention": (model_flops + attn_flops) / t / peak_flops,
+        "hfu": hw_flops / t / peak_flops,
+        "grad_norms": norms,
+        "losses": losses,
+        "grad_norm_finite": all(math.isfinite(n) for n in norms),
+        "skipped_steps": skipped,
+        "peak_mem_gib": peak,
+        "predicted_gib": predicted,
+        "plan_terms_gib": {k: v / GIB for k, v in plan.items()},
+        "peak_over_predicted": None if peak is None else peak / predicted,
+    }
+    print(
+        f"[learner] {out['tokens_per_s']:.0f} tokens/s, MFU {out['mfu']:.3f} "
+        f"(with attention {out['mfu_with_attention']:.3f}, HFU {out['hfu']:.3f}), {t:.3f} s per update, "
+        f"peak memory {'n/a' if peak is None else format(peak, '.1f') + ' GiB'} "
+        f"(the memory plan predicts {predicted:.1f} GiB)",
+        flush=True,
+    )
+    os.environ.pop("MASTER_PORT", None)
+    return out
 
 
-def main(argv: list[str] | None = None) -> Summary:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--tiny", action="store_true", help="tiny shape on CPU, float32 (logic check)")
-    parser.add_argument("--zero", type=int, default=2, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage")
+    parser.add_argument(
+        "--zero",
+        type=int,
+        default=None,
+        choices=[0, 1, 2, 3],
+        help="DeepSpeed ZeRO stage (default: the recipe's, 2)",
+    )
     parser.add_argument("--warm", type=int, default=3, help="untimed warm-up updates")
     parser.add_argument("--timed", type=int, default=5, help="timed updates")
     parser.add_argument("--micro-batch", type=int, default=None, help="sequences per forward/backward")
+    parser.add_argument(
+        "--no-checkpointing", action="store_true", help="gradient checkpointing off (the recipe has it on)"
+    )
     parser.add_argument("--out", default=None, help="JSON path (default $OUT/gpu_learner.json)")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
     shape = TINY if args.tiny else FULL
     if args.micro_batch is not None:
-        shape = Shape(**{**asdict(shape), "micro_batch": args.micro_batch})
+        shape = replace(shape, micro_batch=args.micro_batch)
     device = torch.device("cpu") if args.tiny or not torch.cuda.is_available() else torch.device("cuda", 0)
     dtype = "float32" if device.type == "cpu" else "bfloat16"
     torch.manual_seed(0)
@@ -324,38 +361,32 @@ def main(argv: list[str] | None = None) -> Summary:
     import deepspeed
     import transformers
 
-    with tempfile.TemporaryDirectory(prefix="exgrpo-gpu-bench-") as tmp:
-        t0 = time.perf_counter()
-        model = build_model(shape, dtype=getattr(torch, dtype), device=device)
-        params = sum(p.numel() for p in model.parameters())  # tied embedding counted once
-        model.save_pretrained(tmp)
-        print(
-            f"model: {params / 1e9:.3f} B params, built and saved in {time.perf_counter() - t0:.1f} s",
-            flush=True,
-        )
-        gen = bench_generate(model, shape, device=device)
-        print(f"generate: {gen}", flush=True)
-        del model
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        learn = bench_learner(
-            tmp, shape, zero_stage=args.zero, dtype=dtype, device=device, warm=args.warm, timed=args.timed
-        )
+    t0 = time.perf_counter()
+    model = build_model(shape, dtype=getattr(torch, dtype), device=device)
+    print(f"model built in {time.perf_counter() - t0:.1f} s", flush=True)
+    gen = bench_generate(model, shape, device=device)
+    print(f"generate: {gen}", flush=True)
+    del model
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    learn = check_learner(
+        shape=shape,
+        device=str(device),
+        dtype=dtype,
+        warm=args.warm,
+        timed=args.timed,
+        checkpointing=not args.no_checkpointing,
+        peak_flops=PEAK_TFLOPS * 1e12,
+        deadline=math.inf,
+        zero_stage=args.zero,
+    )
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-    summary = Summary(
-        device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        torch=torch.__version__,
-        transformers=transformers.__version__,
-        deepspeed=deepspeed.__version__,
-        dtype=dtype,
-        params=params,
-        shape=shape,
-        generate=gen,
-        learner=learn,
-    )
-    text = json.dumps(asdict(summary), indent=1)
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    summary = {"device": learn["device"], **versions, "deepspeed": deepspeed.__version__, "dtype": dtype}
+    summary |= {"params": learn["params"], "shape": asdict(shape), "generate": asdict(gen), "learner": learn}
+    text = json.dumps(summary, indent=1)
     print(text, flush=True)
     out = args.out or os.path.join(os.environ.get("OUT", "."), "gpu_learner.json")
     with open(out, "w") as f:

@@ -1,19 +1,10 @@
-"""Is the warmed base model's RL signal learnable? A minimal on-policy Dr.GRPO loop, in-process.
-
-For each learning rate: B train questions per step (a fixed seeded order), K rollouts each
-(HFEngine, temperature 1.0, plain template, `--max-tokens`), rewards from the project's Verifier,
-advantages A_i = r_i - mean_group(r) (Dr.GRPO: no std division), and one AdamW step
-(betas 0.9/0.999, weight decay 0.01, grad-norm clip 1.0) on
-
-    L = mean_i [ -A_i * sum_t log pi(y_it | prompt, y_i<t) / max_tokens ]
-
-(one on-policy update per batch, so the PPO ratio is 1 and this is its gradient). The engine gets
-the new weights after every step. Held-out accuracy (eval split, `--eval-n` samples per question
-at temperature 1.0, a fixed sampling seed) is measured before, every `--eval-every` steps and at
-the end; "no answer" is the share of rollouts in which the verifier finds no final answer.
-This is what configs/default.yaml's learners.lr, B, K and steps are chosen from.
+"""Is the warmed base model's RL signal learnable? A minimal on-policy Dr.GRPO loop, in-process, per learning
+rate: held-out accuracy before, during and after (what configs/default.yaml's learners.lr, B, K and steps are
+chosen from).
 
     .venv/bin/python -m bench.models.bench_learnability --model builtin:arith-base --lrs 3e-5,1e-4,2e-4
+
+The loop and its loss: docs/benchmarks.md, "Base models and tasks".
 """
 
 from __future__ import annotations

@@ -2,11 +2,7 @@
 
     .venv/bin/python -m bench.models.bench_scratchpad_base [--model builtin:scratchpad-base] [--n 200] [--k 8]
 
-Builds (or reuses) the model, samples K responses per question at temperature 1.0 with the HF engine
-(as the RL samplers do), scores them with the project's Verifier and checks every trace step by step.
-Prints per split (train, val, eval, ood-eval): the solve rate, by operand length, the histogram of k
-(correct out of K per question, k = 0..K), the share of correct samples whose trace has a wrong step
-(right answer by luck or a compensating error), and the share of samples with no parsable answer.
+What it samples and prints per split: docs/benchmarks.md, "Base models and tasks".
 """
 
 from __future__ import annotations

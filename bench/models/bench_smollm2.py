@@ -3,21 +3,8 @@
     .venv/bin/python -m bench.models.bench_smollm2 [--config configs/smollm2-135m-cpu.yaml] [--engines hf,vllm]
         [--variants "learners.autocast=off;learners.autocast=auto"] [section.key=value ...]
 
-Takes B, K, max_response_len, template, temperature and the learner settings from the config.
-Converts the model once into the cache path that `builtin:smollm2-135m` resolves to
-(`<model.cache_dir>/models/smollm2-135m-<fingerprint>`), then, in one run:
-
-1. for each engine: a `Sampler` (the production path: template, engine, verifier) generates K
-   rollouts of each of the first B gsm train questions after a short warm-up call, and reports
-   generation time, generated tokens (tokens/s = tokens / generation time) and verification time;
-2. `Learner.update` (DeepSpeed, world size 1, the config's ZeRO stage and micro-batch size) on the groups the
-   first engine produced, after a timed `setup`, twice (the second is timed), once per `--variants` entry
-   (learner settings such as bfloat16 autocast or LoRA, compared on the same groups).
-
-Each part runs in its own spawned process, so memory and thread settings do not leak between
-them (vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for the whole process once it
-starts; `VLLMEngine` sets one thread before that). Prints one line per engine, with the torch
-threads it ran on, and the step split generation / verification / update.
+Each part (a `Sampler` per engine, `Learner.update` per variant) in its own spawned process; how it runs:
+docs/benchmarks.md, "SmolLM2-135M-Instruct on CPU".
 """
 
 from __future__ import annotations

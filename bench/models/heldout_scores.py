@@ -3,13 +3,8 @@
     .venv/bin/python -m bench.models.heldout_scores --base base.jsonl RUN_A.jsonl RUN_B.jsonl ...
         [--task builtin:sum-1digit] [--num 27]
 
-Each file is what `python -m exgrpo.evaluate ... --save-completions FILE` wrote (one line per sampled completion:
-qid, completion, sample). Every completion is scored twice against the task's held-out gold by qid
-(`exgrpo.verify.number_scores`: strict = the last `\\boxed{}` holds the gold, lenient = the last number is the
-gold), so one generation gives both scores. Prints per file: Avg@n strict and lenient with the standard error over
-questions, and the per-question histogram (questions solved k of n times, k = 0..n); then, for each run prefix
-(`exgrpo-seed0` -> `exgrpo`), the mean gain over the base with its standard error (the seeds' spread over sqrt of
-their count, combined with the base's own standard error over questions).
+Reads what `python -m exgrpo.evaluate ... --save-completions FILE` wrote; the scores and the errors:
+docs/benchmarks.md, "Base models and tasks".
 """
 
 from __future__ import annotations

@@ -3,11 +3,8 @@
     .venv/bin/python -m bench.models.validation_split [--task builtin:sum-1digit] [--train 146] [--num 27]
         [--out runs/sum-1digit-validation.parquet]
 
-A builtin task's train split is deterministic and prefix-stable (`GymTask.make_split`): its first `--train`
-questions are what a run with `data.num_train=<train>` trains on, and the next `--num` are written to `--out`
-(parquet, the columns a data file needs) for `data.eval=<out>`. So a run tunes and compares on questions it never
-trains on, and the task's held-out split (`data.eval` unset, or `python -m exgrpo.evaluate --data builtin:<task>`)
-stays untouched until the end. sum-1digit has 173 train questions: 146 + 27.
+Writes the `--num` questions after the first `--train` (parquet) for `data.eval=<out>` (docs/benchmarks.md,
+"Base models and tasks").
 """
 
 from __future__ import annotations

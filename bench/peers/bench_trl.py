@@ -5,43 +5,7 @@
     .venv/bin/python -m bench.peers.bench_trl --smollm2              # SmolLM2-135M on gsm (~15 min)
     .venv/bin/python -m bench.peers.bench_trl --recipe               # the SmolLM2 recipe, 30 steps, scored
 
-Workloads (`--recipe`: a mode of its own, bench/peers/trl_recipe.py's docstring):
-- default: the embedded default config (builtin:scratchpad-base, the scratchpad task, plain template);
-- `--smollm2`: configs/smollm2-135m-cpu.yaml (SmolLM2-135M-Instruct converted once into the project's
-  model cache by `resolve_model`, gsm, chat template). Kept to 1 warm-up + 1 timed step per run by
-  default: at 110-170 s per step on 2 quiet cores the three runs take ~15 minutes (twice that when
-  other processes load the machine); the one timed step is a single sample, read it as such.
-
-Every run gets the same model directory, the same training questions rendered by the project's own
-template (`render_prompt` with the model's tokenizer), the same B (questions per step), K (rollouts
-per question), T (max response tokens), learning rate, AdamW betas / weight decay, grad clip,
-micro-batch size (TRL: per-device batch with gradient accumulation up to one optimiser step per
-generation), Dr.GRPO loss (constant normaliser T, no std scaling, no KL), PPO clip eps, entropy
-coefficient, sampling temperature and top-p, and one torch thread per process. TRL's reward function
-is the project's `Verifier` (same extraction, math-verify, deadlines).
-
-Runs, alternated round by round, each in a fresh spawned process:
-- `project eta=0`: `exgrpo.runtime.recipe.train` with async.max_staleness=0 (synchronous, like-for-like with TRL);
-- `project eta=1`: the default asynchronous admission (generation overlaps the update);
-- `trl`: `GRPOTrainer` (on-policy, one optimiser step per generation batch).
-
-Per-step time is the median interval between consecutive step ends over the timed steps (after
-`--warmup` steps; the mean is printed too); tokens/s is generated tokens over the timed steps divided by
-their total time, so a single slow step moves it and the mean but not the median. The project
-also prints its per-step split (generation wait, entropy scoring, update, weight sync, idle).
-
-Differences that remain by construction (documented, not removable):
-- TRL generates with HF `generate` inside the trainer process, on one core, then trains; the project
-  generates in its sampler actors (2 on the default, 1 on SmolLM2) and trains in its learner actor, so
-  it can use both cores and, at eta=1, overlap generation with the update.
-- The project runs ExGRPO as configured: after the delayed start (default: fresh solve ratio > 0.35;
-  SmolLM2: from step 0) half of each batch's questions are replayed (K - 1 fresh rollouts plus one
-  stored trajectory, chosen by an extra entropy pass); TRL runs plain GRPO (K fresh rollouts per
-  question). `--no-replay` runs the project as plain GRPO too (replay.enabled=false).
-- Question order differs (the project's seeded stream vs TRL's seeded sampler), so response lengths
-  differ somewhat; tokens/s accounts for that, the step time does not.
-- The project also scores every response's log-probs on the sampler (behaviour log-probs, needed for
-  replay); TRL does not.
+What both sides share, what stays different, and the figures: docs/benchmarks.md, "Against TRL".
 """
 
 from __future__ import annotations

@@ -1,30 +1,7 @@
 """`python -m bench.peers.bench_trl --recipe`: TRL's GRPOTrainer and the project on the SmolLM2 recipe's work
-(configs/smollm2-135m-cpu.yaml, 30 steps each by default), both scored by the project's evaluator.
-
-Both sides get the recipe's model directory (`resolve_model(model.path)`), its train questions rendered by the
-project's template (the prompt token ids are checked equal on both sides before TRL trains; it fails otherwise),
-its reward (`reward.fn` through the project's `make_scorer`, as the samplers score), LoRA (`learners.lora_rank`,
-`lora_alpha`, `lora_target_modules`: every attention and MLP projection, what PEFT's "all-linear" picks on a Llama),
-lr, B x K, response length, temperature, top-p, Dr.GRPO (constant normaliser T, no std scaling, no KL), the entropy
-coefficient, AdamW betas / weight decay / grad clip and micro-batch. `TRL_OVERRIDES`: the TRL defaults that differ.
-
-Sides, one after the other, each in a fresh spawned process:
-- project: `exgrpo.runtime.recipe.train` on the recipe as it is (1 vLLM sampler + 1 learner, ExGRPO with replay from
-  step 0, eta = 1) but with no in-run evaluation, plots, report or checkpoints; its model: the run's `final/`;
-- TRL: `GRPOTrainer` with `peft_config`, HF `generate`, 2 torch threads; the adapter merged (`merge_and_unload`).
-`python -m exgrpo.evaluate` then scores the base and both final models alike, with the recipe's own evaluation
-settings (the keys `--like-run` reads: held-out split, data.num_eval questions, Avg@trainer.eval_samples at
-samplers.temperature, model.max_response_len tokens, reward, seed).
-
-Per side: median step time (interval between step ends) and its split (TRL: time inside
-`_generate_and_score_completions`, and the rest; the project: its `system/wait_s` and `system/update_s`), wall time
-from the spawn of its process to its last step's end (startup included), held-out before (the base) and after with
-the standard error over questions; the project/TRL ratios of step time and wall time; all in bench/out/trl-recipe.json.
-
-Different by construction: the project runs ExGRPO (half of each batch replayed, an entropy pass picking the stored
-trajectory) asynchronously with a vLLM sampler and a learner process; TRL runs on-policy GRPO, generation then update,
-in one process. The project skips an update whose grad norm passes learners.skip_grad_norm (500); TRL does not.
-Question order differs (the project's seeded stream, TRL's seeded sampler).
+(configs/smollm2-135m-cpu.yaml, 30 steps each by default), both scored by the project's evaluator; the figures go
+to bench/out/trl-recipe.json. What both sides share (`TRL_OVERRIDES`: the TRL defaults that differ) and what
+stays different: docs/benchmarks.md, "Against TRL".
 """
 
 from __future__ import annotations

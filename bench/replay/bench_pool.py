@@ -3,9 +3,7 @@
     .venv/bin/python -m bench.replay.bench_pool [--questions 50000] [--repeats 2000] [--memory-questions 200]
         [--length 1000]
 
-Prints the time of drawing 64 questions (`draw_plan` + `sample_from_buckets`, one shard's draw) on a pool of
-50,000 sampleable questions (K = 8), and the bytes per stored trajectory of 1,000 tokens, in memory (tracemalloc, numpy buffers included) and
-in a parquet snapshot (pyarrow defaults: snappy; random token ids and log-probs barely compress).
+What it draws and how it counts bytes: docs/benchmarks.md, "Experience pool".
 """
 
 from __future__ import annotations

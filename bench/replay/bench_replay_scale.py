@@ -1,44 +1,11 @@
 """The replay service at scale: push throughput, sampling latency, snapshot and restore, shard memory, over R
-real `ReplayShard` Ray actors driven through `ShardedReplay`. The defaults are the goal case (8 shards, 16-48
-tokens per trajectory, the write-ahead log on, 4 pushing samplers of 32 groups per call); the before/after
-figures of docs/benchmarks.md come from
+real `ReplayShard` Ray actors driven through `ShardedReplay` (defaults: the goal case, 8 shards).
 
     RAY_AUTH_MODE=disabled OMP_NUM_THREADS=1 .venv/bin/python -m bench.replay.bench_replay_scale \
         --questions 200000 --checkpoints 0.25,1 --no-snapshot --recovery 2000 --profile --baseline 0e32440
 
-The shards are started by the run's own builder part (`exgrpo.runtime.parts.make_replay`, from a config of
-this script's options: named `exgrpo-replay-<i>`, num_cpus=0, with a write-ahead log:
-`max_restarts=replay.shard_max_restarts` and `compact_bytes=replay.wal_compact_mb`), as an instrumented shard
-with call counters and a profiler (`bench/replay/replay_workload.py`; the actors and the floor:
-`bench/replay/replay_fleet.py`, the measurements: `bench/replay/replay_modes.py`).
-Collection is on. Each question is pushed once, as one fresh group of K=8 trajectories (response lengths
-uniform in [--min-len, --max-len] tokens, a 128-token prompt) with k correct drawn over 0..K (every bucket
-populated, a few questions retired at K/K, a few k=0 ignored). `--pushers` actors play the samplers: each
-pushes `--push-batch` groups per `ShardedReplay.push` call (a sampler pushes the groups of one engine call,
-`samplers.requests_per_call`: 32 in the GPU recipes, 4 in the CPU ones; routed by hash(qid), so 32 groups
-make ~4 per shard call), and pulls its finished groups back with `pull_batch` every `--take-every` groups
-(the driver's role; it keeps the shards' ready queues short, as in a run). Token ids come from a bank of
-distinct random sequences (vocabulary 50k); every stored trajectory is still a copy in its shard.
-
-At each checkpoint (a fraction of --questions pushed) it prints: questions, buckets, stored trajectories,
-push throughput since the last checkpoint (wall, with the load average), the CPU per group of the shard
-processes and of the pushers, the shard calls and fsync'd log frames per group, the shards' resident memory
-(RSS), `sample_questions(n=64)` p50/p99 (sizes cached, as the driver has them after `pull_batch`: one
-parallel round trip; the round trip of a bare `ping` to all shards is printed beside it), snapshot time and
-size on disk, then restore time into new shards (as a resumed run does; the fill then goes on in those).
-With the log, a shard is finally SIGKILLed and its restart (snapshot + log replay) timed. `--profile`
-cProfiles the push and take verbs of shard 0 over the last fill by CPU time, beside its process's CPU time (the
-rest is Ray's task handling and (de)serialisation).
-
-`--in-process N` first times one shard without Ray (push + take per group, compactions, snapshot, restore,
-restart from the log). `--baseline REV` runs everything twice, one after the other: on a git worktree of REV
-(its own copy of this script, buffers/ and the rest), then on this tree; REV must have this script at
-bench/replay/ and `exgrpo.runtime.parts.make_replay` (the shards' builder part). Figures on the shared
-2-core machine move with its load: compare the CPU per group more than wall times.
-
-Memory: a stored trajectory of ~290 tokens costs ~2.5 KB in a shard (int32 ids + float32 log-probs + object
-overhead) and mixed k stores ~3.8 per question, so 1M questions at 64-512 tokens need ~12 GB of shard memory;
-at 16-48 tokens (~3.9 KB per question) 1M questions fit a small machine.
+The workload, what each checkpoint prints, `--in-process`, `--baseline` and the memory per question:
+docs/benchmarks.md, "Replay service at scale".
 """
 
 from __future__ import annotations

@@ -3,21 +3,7 @@
     .venv/bin/python -m bench.sampling.bench_continuous [--requests 32] [--k 4] [--max-tokens 128] [--rounds 2]
                                                         [--updates 0]
 
-Both samplers are real Ray actors on the same tiny random model (TinyModelSpec(init_std=0.3): the
-end-of-sequence token is sampled about once in a hundred tokens, so response lengths are mixed, roughly
-geometric, capped at --max-tokens) and are fed by the real `SamplerPool` with the same requests (same
-seeds, so the same responses up to batch numerics) and the same reward (math-verify):
-
-- "sync rpc=4": today's `Sampler`, the pool sending chunks of `samplers.requests_per_call`=4 (default),
-  two chunks in flight; each call holds the actor until its longest response is done;
-- "sync rpc=N": the same, the whole workload in one call (the best case of the synchronous actor: one
-  batch, but it still waits for the longest response before it can report anything);
-- "continuous": `ContinuousSampler`, one request per call, all of them in flight at once.
-
-Wall time runs from `submit` to the last result; throughput = generated tokens / wall. With
-`--updates U`, U weight loads (the same weights, so the responses do not change) are sent evenly while
-the workload runs: the synchronous sampler applies each between two calls, the continuous one in flight.
-The cases alternate for --rounds rounds, one sampler alive at a time; every figure printed is measured.
+The cases (sync rpc=4, sync rpc=N, continuous) and what is timed: docs/benchmarks.md, "Continuous sampler".
 """
 
 from __future__ import annotations

@@ -2,19 +2,8 @@
 
 Run: .venv/bin/python -m bench.sampling.bench_rewards [--workers 1 2] [--quick] [--timeout-s 5]
 
-Only `Verifier`, its `score`/`score_many`/`start`/`stats`, and `boxed` are used, so the same file
-measures an older package too: `cd /tmp/before && PYTHONPATH=<this checkout> python -m bench.sampling.bench_rewards`
-imports /tmp/before's `exgrpo` (the working directory comes first on sys.path) and this checkout's bench
-(the first line printed is the `exgrpo.verify.verifier` file that was imported).
-
-Workloads: 1,000 boxed integers (half right, half off by one), scored with the integer fast path
-and with it off (every answer through a math-verify worker); 100 expanded quadratics
-`\\boxed{x^2+2ax+a^2}` against the gold `(x+a)^2` (all right, symbolic simplification); the same
-polynomials scored one score() call each from 1 thread and from 3 threads at once; the issue's two
-concurrency cases (3 threads: 2 pathological answers then an easy one, the easy one's latency; a
-score_many of 10 pathological + 10 normal answers, total seconds), each with a pathological answer
-that reaches the deadline (a power tower against a tower gold) and one the verifier may settle early
-(a power tower against `1`); the adversarial table (case, seconds, reward).
+It uses only `Verifier`'s public verbs and `boxed`, so it also measures an older checkout (run from there with
+this one on PYTHONPATH). The workloads: docs/benchmarks.md, "Rewards".
 """
 
 from __future__ import annotations

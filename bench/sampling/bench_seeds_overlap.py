@@ -5,24 +5,7 @@ against verification overlapped with it, side by side in one run.
                                                           [--rounds 3] [--verify-workers 1] [--reward-ms 0]
                                                           [--quick]
 
-One in-process `actors.sampler.Sampler` on a tiny random model (TinyModelSpec(init_std=0.3), as
-bench_continuous: eos is sampled about once in a hundred tokens, so response lengths are mixed, capped at
---max-tokens), its real math-verify reward (`template=plain`: the model's text has no box, so every
-completion goes to a verifier worker process, math-verify's own answer extraction on the text; about a
-millisecond each). `--reward-ms M` scores with `cpu_reward` instead, a `reward.fn` that burns M ms of CPU per
-completion in the same worker processes (math-verify on a symbolic answer costs ~20 ms: bench_rewards), or,
-with `--reward-sleep`, sleeps that long (verification on CPUs that generation does not use, as on a GPU
-sampler with spare CPUs; on vLLM-CPU generation and a spinning verifier share the cores). Four cases,
-alternating in every round, each one `generate` call of all the requests:
-
-- seeded, verify after: today's call (every request carries its seed; all completions scored after the call);
-- seeded, overlapped: each request scored while the others still generate (`actors.sampling.generate_scored`);
-- unseeded, verify after / unseeded, overlapped: the same with no seed (`samplers.seeded: false`).
-
-Every call asks with fresh request ids (fresh seeds): the verifier's worker processes cache the texts they
-parsed, so scoring the same completions twice would cost next to nothing. Figures: generated tokens, generation seconds (`RolloutResult.gen_time_s`) and generation tokens/s, the
-seconds verification added after generation (`verify_time_s`), the call's wall seconds and tokens/s
-(tokens / wall); token counts differ a little between calls (different draws). `--quick`: 8 requests x 2 completions, 32 tokens, one round.
+The four cases and the figures: docs/benchmarks.md, "Sampler: seeds and overlapped verification".
 """
 
 from __future__ import annotations

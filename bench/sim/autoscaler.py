@@ -1,15 +1,9 @@
 """Ray's real autoscaler on one machine (the fake multi-node provider): a head and `sampler` worker nodes that
 are raylets on this host, for the elastic tests and `bench/system/bench_elastic.py --autoscaler`.
 
-`FakeAutoscaler.start()` writes the cluster config (a head of `head_cpus`, `sampler` nodes of `node_cpus` and
-the resource `sampler_node`; Ray's fake multi-node provider as `bench.sim.fake_provider.KillAwareProvider`,
-which stops listing a node whose raylet died; the provider's `use_node_id_as_ip`, `disable_node_updaters` and
-`disable_launch_config_check`: without them the autoscaler sees no heartbeat from its nodes, runs an updater
-that fails and terminates busy nodes) and starts the head on a free port with its own temp dir. Invariant: it
-ends only its own processes (`stop()`: those naming its port or temp dir), never `ray stop` nor
-`AutoscalingCluster.start()` (which runs `ray stop --force`): either would stop every Ray cluster on the
-machine. `kill_node` SIGKILLs a node's raylet (a node gone without notice); `drain_node` drains one through the
-GCS with a deadline, reason preemption (a spot notice). Tests: tests/integration/test_elastic_autoscaler.py.
+`FakeAutoscaler` starts and stops only its own processes (never `ray stop`); `kill_node` SIGKILLs a node's raylet,
+`drain_node` drains one as a spot notice does. Its settings: docs/benchmarks.md, "Simulated cluster".
+Tests: tests/integration/test_elastic_autoscaler.py.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Runs of the simulated cluster (`bench/sim/roles.py`) under the real driver, with what they measured.
 
-`sim_system` builds one system from the builder parts of `exgrpo.runtime.parts` (real replay shards, sampler pool,
-object-store transport and controller; `SimSampler`s and a `SimLearnerGroup` in place of the engines and DeepSpeed
-ranks); `SimCluster` keeps it
-and runs a fresh real `exgrpo.loop.driver.Driver` over it per configuration (eta, replay on/off), resetting the
-shards and versions in between. A run reports its steady-state step time against the cost model's ideal,
-the learners' idle share, the staleness of every trained group, the seconds the driver spent inside each
-role verb, and the CPU seconds per step of every process (driver, shards, samplers, learners, Ray's own).
+`sim_system` builds one system from the builder parts of `exgrpo.runtime.parts` with `SimSampler`s and a
+`SimLearnerGroup` in place of the engines and DeepSpeed ranks; `SimCluster` keeps it and runs a fresh real
+`exgrpo.loop.driver.Driver` over it per configuration. What a run reports: docs/benchmarks.md, "Simulated
+cluster".
 """
 
 from __future__ import annotations

@@ -4,43 +4,14 @@
         [--no-autoscaler] [--counts 2 4 6 8] [--steps 80] [--preempt-every 6] [--repeats 1] [--node-probe-s S]
         [--json out.json]
 
-The simulated cluster (`bench/sim`): the real driver, replay shards, sampler pool, object-store transport and
-the autoscale policy (`exgrpo/loop/autoscale.py`), with sleeping samplers and one sleeping learner on the cost
-model (`CostModel`). By default on Ray's real autoscaler (`bench/sim/autoscaler.py`: the fake multi-node
-provider, every node a raylet on this one machine): a head of 1 CPU holds the driver's shards and learner
-(0 CPUs) and the first sampler; every further sampler (1 CPU) needs a `sampler` node of `--node-cpus` (2) CPUs
-that the autoscaler launches (the pool asks for the target's bundles, `samplers.autoscale_request_resources`).
-A preemption SIGKILLs a node's raylet, and the time to replace it is a node launch (measured and printed).
-`--no-autoscaler`: the earlier plain local Ray cluster, where a "node" is one sampler actor (`ray.kill`).
-
-Workload: B = 16 questions x K = 4 rollouts per step; one sampler generates a step's 64 rollouts in `gen` real
-seconds, the learner updates in `upd` (defaults 2.4 s and 0.4 s: generation-bound below 6 samplers, learner-bound
-from 6 on). Runs, in one process over one set of actors:
-
-1. a sweep of fixed counts (`--counts`), `samplers.autoscale=false`;
-2. elastic: `samplers.autoscale=true`, min 1, max = the largest count, starting from 1 sampler;
-3. with preemption: the best fixed count and elastic again, a quarter of the live nodes (at least one) killed
-   every `--preempt-every` steps (a vanished spot node and its samplers).
-`--repeats N` runs 2 and 3 N times (later rounds also rerun the best count), each preempted run compared with its
-own round's unpreempted run, and prints the rounds' mean and standard error of the loss over the budget.
-A killed node is gone for the autoscaler too (`bench/sim/fake_provider.py`, as a cloud stops listing a reclaimed
-instance): Ray's own fake provider kept listing it, so the autoscaler counted it as capacity, and with
-`--counts 2 --steps 8 --repeats 2` a later run waited 300 s for a sampler that had no node (TimeoutError).
-
-Every run starts from the same state: one started sampler (on the head) and, on the autoscaler, no worker node
-(before each run the bench waits for the autoscaler to terminate the idle nodes of the run before, 6 s idle
-timeout): no arm inherits a warm node, and each pays its own node launches inside its timed window. A fixed
-count first scales to its count and waits for its samplers (`start s`: node launches and sampler starts),
-elastic grows as its policy decides. Throughput is trained groups per second of the whole run. Lost groups:
-questions per step x steps - groups trained, over every run (0: every admitted request came back once).
-Preemption's budget: the sum over kills of the preempted share of the samplers times the time until the pool
-was back at its count, over the run's wall time. The last line:
-`elastic: throughput R of the best fixed count (F samplers), preempted P nodes, lost L groups`.
+The simulated cluster on Ray's real autoscaler (fake nodes on this machine); the runs, what is timed and the
+budget: docs/benchmarks.md, "Elastic samplers".
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -49,9 +20,12 @@ import time
 from typing import Any
 
 from bench.system.elastic_watch import (
+    Chaos,
+    ElasticRun,
     NodeCpu,
     NodeWatch,
-    Preempt,
+    StepTrace,
+    at_target,
     detections,
     preemption_lines,
     recoveries,
@@ -108,7 +82,7 @@ def one_run(
     fa: Any = None,
     nodes: NodeWatch | None = None,
     cpu: NodeCpu | None = None,
-) -> dict[str, Any]:
+) -> ElasticRun:
     """One run from one started sampler (and, on the autoscaler, no worker node): a fixed count starts its
     other samplers first (and waits for them), elastic grows as its policy decides; both pay their samplers'
     starts (and node launches) inside the timed window."""
@@ -133,12 +107,13 @@ def one_run(
         ],
     )
     s = sim.system
-    watch = Preempt(s.samplers, preempt_every, fa)
+    trace = StepTrace(s.samplers)
+    chaos = Chaos(trace, s.samplers, preempt_every, fa)
     driver = Driver(
         cfg=cfg,
         roles=Roles(rollouts=s.samplers, replay=s.replay, learners=s.learners, weights=s.weights),
         train=sim.prompts,
-        observer=watch,
+        observer=trace,
         stall_timeout_s=300.0,
     )
     t0 = time.perf_counter()
@@ -147,66 +122,59 @@ def one_run(
         sim.scale(samplers)
         sim.system.samplers.wait_started(timeout_s=300)
     start_s = time.perf_counter() - t0
-    records = driver.train()
+    chaos.start()
+    try:
+        records = driver.train()
+    finally:
+        chaos.stop.set()
+        chaos.join()
     wall = time.perf_counter() - t0  # includes start_s
     end = time.monotonic()
     trained = int(sum(r[M.N_FRESH] + r[M.N_REPLAY] for r in records))
     # growth: when the target first rose (elastic: the decision; fixed: the ask at t0), and the node joins
     # that followed before the first kill
-    first_kill = watch.kills[0]["t"] if watch.kills else end
+    kills = chaos.kills
+    first_kill = kills[0]["t"] if kills else end
     asked = m0
     if autoscale:
-        asked = next((t for t, tgt in zip(watch.times, watch.targets, strict=True) if tgt > 1), m0)
+        asked = next((t for t, tgt in zip(trace.times, trace.targets, strict=True) if tgt > 1), m0)
     growth = [j - asked for j in nodes.joins(m0, first_kill)] if nodes is not None else []
-    at_target = next(
-        (
-            t - m0
-            for t, live, tgt in zip(watch.times, watch.samplers, watch.targets, strict=True)
-            if live >= tgt and tgt > 1
-        ),
-        None,
-    )
-    steps_before = next((i for i, tgt in enumerate(watch.targets) if tgt > 1), None)
-    return {
-        "samplers": "elastic" if autoscale else samplers,
-        "settle_s": round(settle_s, 1),  # waiting for the idle nodes of the run before to go (not timed)
-        "start_s": round(start_s, 2),  # a fixed count's samplers starting (from one) before its first step
-        "preempt": bool(preempt_every),
-        "steps": len(records),
-        "wall_s": round(wall, 2),
-        "groups_per_s": round(trained / wall, 3),
-        "lost": B * steps - trained,
-        "preempted": watch.killed,
-        "preempted_samplers": sum(k["samplers"] for k in watch.kills),
-        "samplers_over_time": watch.samplers,
-        "step_times": [round(t - m0, 2) for t in watch.times],
-        "decisions": [(d.step, d.old, d.new, d.reason) for d in driver.fleet.decisions],
-        "first_growth_step": steps_before,  # elastic: the step whose record first raised the target
-        "growth_node_joins_s": [
-            round(g, 1) for g in growth
-        ],  # after the ask (fixed) or the decision (elastic)
-        "at_target_s": None if at_target is None else round(at_target, 1),
-        "kills": [
+    return ElasticRun(
+        arm="elastic" if autoscale else "fixed",
+        samplers=max_samplers if autoscale else samplers,
+        settle_s=round(settle_s, 1),
+        start_s=round(start_s, 2),
+        preempt=bool(preempt_every),
+        steps=len(records),
+        wall_s=round(wall, 2),
+        groups_per_s=round(trained / wall, 3),
+        lost=B * steps - trained,
+        preempted=chaos.killed,
+        preempted_samplers=sum(k["samplers"] for k in kills),
+        samplers_over_time=tuple(trace.samplers),
+        step_times=tuple(round(t - m0, 2) for t in trace.times),
+        decisions=tuple((d.step, d.old, d.new, d.reason) for d in driver.fleet.decisions),
+        first_growth_step=next((i for i, tgt in enumerate(trace.targets) if tgt > 1), None),
+        growth_node_joins_s=tuple(round(g, 1) for g in growth),
+        at_target_s=at_target(trace, m0),
+        kills=tuple(
             {"at_s": round(k["t"] - m0, 1), "nodes": k["nodes"], "samplers": k["samplers"], "live": k["live"]}
-            for k in watch.kills
-        ],
-        "replace_node_s": [round(r, 1) for r in replacements(nodes, watch, end)],
-        # launch CPU seconds of the node processes started during the run / after its first kill (replacements)
-        "node_cpu_s": round(cpu.cpu_s(m0, end), 1) if cpu is not None else None,
-        "replacement_cpu_s": round(cpu.cpu_s(first_kill, end), 1)
-        if cpu is not None and watch.kills
-        else None,
-        "recover_s": [round(r, 1) for r in recoveries(watch, end)],
-        "seen_lost_s": [round(d, 2) for d in detections(s.samplers.lost_at, watch)],  # kill -> pool saw it
-    }
+            for k in kills
+        ),
+        replace_node_s=tuple(round(r, 1) for r in replacements(nodes, kills, end)),
+        node_cpu_s=round(cpu.cpu_s(m0, end), 1) if cpu is not None else None,
+        replacement_cpu_s=round(cpu.cpu_s(first_kill, end), 1) if cpu is not None and kills else None,
+        recover_s=tuple(round(r, 1) for r in recoveries(trace, kills, end)),
+        seen_lost_s=tuple(round(d, 2) for d in detections(s.samplers.lost_at, kills)),
+    )
 
 
-def row(run: dict[str, Any]) -> str:
-    over = run["samplers_over_time"]
+def row(run: ElasticRun) -> str:
+    over = run.samplers_over_time
     trace = " ".join(str(n) for n in over[:: max(1, len(over) // 12)])
     return (
-        f"{run['samplers']!s:>8} {'yes' if run['preempt'] else 'no':>8} {run['groups_per_s']:>9.2f} "
-        f"{run['wall_s']:>7.1f} {run['start_s']:>7.1f} {run['preempted']:>9} {run['lost']:>5}  {trace}"
+        f"{run.name:>8} {'yes' if run.preempt else 'no':>8} {run.groups_per_s:>9.2f} "
+        f"{run.wall_s:>7.1f} {run.start_s:>7.1f} {run.preempted:>9} {run.lost:>5}  {trace}"
     )
 
 
@@ -276,7 +244,7 @@ def main() -> None:
         )
     scale = args.gen_s / 800.0  # real s per simulated s: one sampler, one step's batch = 800 simulated s
     cost = CostModel(gen_s=800.0, update_s=args.update_s / scale, time_scale=scale, batch_rollouts=B * K)
-    runs: list[dict[str, Any]] = []
+    runs: list[ElasticRun] = []
     try:
         sim = SimCluster(
             samplers=1 if fa is not None else top,
@@ -297,14 +265,14 @@ def main() -> None:
             for n in counts:
                 runs.append(one_run(sim, samplers=n, steps=steps, autoscale=False, preempt_every=0, **kw))
                 print(row(runs[-1]), flush=True)
-            best = max(runs, key=lambda r: r["groups_per_s"])
-            fixed, every = int(best["samplers"]), args.preempt_every
+            best = max(runs, key=lambda r: r.groups_per_s)
+            fixed, every = best.samplers, args.preempt_every
             for rnd in range(args.repeats):  # round 0 reuses the sweep's run of the best count
                 arms = [(fixed, False, 0)] if rnd else []
                 arms += [(1, True, 0), (fixed, False, every), (1, True, every)]
                 for n, auto, pre in arms:
                     run = one_run(sim, samplers=n, steps=steps, autoscale=auto, preempt_every=pre, **kw)
-                    runs.append({**run, "round": rnd})
+                    runs.append(dataclasses.replace(run, round=rnd))
                     print(row(runs[-1]), flush=True)
         finally:
             sim.shutdown()
@@ -318,49 +286,45 @@ def main() -> None:
     report(runs, best, args)
 
 
-def report(runs: list[dict[str, Any]], best: dict[str, Any], args: argparse.Namespace) -> None:
+def report(runs: list[ElasticRun], best: ElasticRun, args: argparse.Namespace) -> None:
     print()
     head = f"{'samplers':>8} {'preempt':>8} {'groups/s':>9} {'wall s':>7} {'start s':>7} {'preempted':>9} {'lost':>5}"
     print(head + "  samplers over time")
     for r in runs:
         print(row(r))
     for r in runs:
-        for d in r["decisions"][:6]:
-            print(
-                f"# {'preempted' if r['preempt'] else 'elastic'} run, step {d[0]}: {d[1]} -> {d[2]} ({d[3]})"
-            )
-    elastic = next(r for r in runs if r["samplers"] == "elastic" and not r["preempt"])
-    elastic_pre = [r for r in runs if r["samplers"] == "elastic" and r["preempt"]]
+        for d in r.decisions[:6]:
+            print(f"# {'preempted' if r.preempt else 'elastic'} run, step {d[0]}: {d[1]} -> {d[2]} ({d[3]})")
+    elastic = next(r for r in runs if r.arm == "elastic" and not r.preempt)
+    elastic_pre = [r for r in runs if r.arm == "elastic" and r.preempt]
     for r in runs:
-        name = f"{'elastic' if r['samplers'] == 'elastic' else 'fixed ' + str(r['samplers'])}"
-        name += ", preempted" if r["preempt"] else ""
-        if r["growth_node_joins_s"]:
-            whence = "the policy's first growth" if r["samplers"] == "elastic" else "the ask"
-            print(f"# {name}: nodes joined {r['growth_node_joins_s']} s after {whence}", end="")
-            print(f"; all samplers serving {r['at_target_s']} s into the run" if r["at_target_s"] else "")
-    launches = [g for r in runs if r["samplers"] != "elastic" for g in r["growth_node_joins_s"]]
-    replaced = [x for r in runs for x in r["replace_node_s"]]
-    recovered = [x for r in runs for x in r["recover_s"]]
+        name = "elastic" if r.arm == "elastic" else f"fixed {r.samplers}"
+        name += ", preempted" if r.preempt else ""
+        if r.growth_node_joins_s:
+            whence = "the policy's first growth" if r.arm == "elastic" else "the ask"
+            print(f"# {name}: nodes joined {r.growth_node_joins_s} s after {whence}", end="")
+            print(f"; all samplers serving {r.at_target_s} s into the run" if r.at_target_s else "")
+    launches = [g for r in runs if r.arm != "elastic" for g in r.growth_node_joins_s]
+    replaced = [x for r in runs for x in r.replace_node_s]
+    recovered = [x for r in runs for x in r.recover_s]
     if launches:
         print(f"# node launch (fixed counts, ask -> node alive): {span(launches)}")
     if replaced:
         print(f"# node replacement (raylet killed -> a new node alive): {span(replaced)}")
-    seen = [x for r in runs for x in r["seen_lost_s"]]
+    seen = [x for r in runs for x in r.seen_lost_s]
     if seen:
         print(f"# a kill seen by the pool (raylet killed -> its samplers lost): {span(seen, 2)}")
     if recovered:
         print(f"# pool back at its count after a kill (at step ends): {span(recovered)}")
-    if elastic["first_growth_step"] is not None:
+    if elastic.first_growth_step is not None:
         fixed_best = best
         print(
-            f"# elastic: steps 0..{elastic['first_growth_step']} decided on 1 sampler; its steps landed at "
-            f"{elastic['step_times'][:8]} s; all samplers serving at {elastic['at_target_s']} s "
-            f"(best fixed: {fixed_best['start_s']:.1f} s of start, then {fixed_best['wall_s'] - fixed_best['start_s']:.1f} s of steps)"
+            f"# elastic: steps 0..{elastic.first_growth_step} decided on 1 sampler; its steps landed at "
+            f"{elastic.step_times[:8]} s; all samplers serving at {elastic.at_target_s} s "
+            f"(best fixed: {fixed_best.start_s:.1f} s of start, then {fixed_best.wall_s - fixed_best.start_s:.1f} s of steps)"
         )
     cores = os.cpu_count() or 1
-    launched = [
-        (r["node_cpu_s"], len(r["growth_node_joins_s"])) for r in runs if r["node_cpu_s"] and not r["preempt"]
-    ]
+    launched = [(r.node_cpu_s, len(r.growth_node_joins_s)) for r in runs if r.node_cpu_s and not r.preempt]
     if launched:
         per = sum(c for c, _ in launched) / max(1, sum(n for _, n in launched))
         print(
@@ -369,12 +333,12 @@ def report(runs: list[dict[str, Any]], best: dict[str, Any], args: argparse.Name
     preemption_lines(runs, cores)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(runs, f, indent=1)
-    ratio = elastic["groups_per_s"] / best["groups_per_s"]
-    preempted = sum(r["preempted"] for r in elastic_pre)
-    lost = sum(r["lost"] for r in runs)
+            json.dump([dataclasses.asdict(r) for r in runs], f, indent=1)
+    ratio = elastic.groups_per_s / best.groups_per_s
+    preempted = sum(r.preempted for r in elastic_pre)
+    lost = sum(r.lost for r in runs)
     print(
-        f"elastic: throughput {ratio:.2f} of the best fixed count ({best['samplers']} samplers), "
+        f"elastic: throughput {ratio:.2f} of the best fixed count ({best.samplers} samplers), "
         f"preempted {preempted} nodes, lost {lost} groups"
     )
 

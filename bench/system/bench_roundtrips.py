@@ -2,14 +2,8 @@
 
     .venv/bin/python -m bench.system.bench_roundtrips [--config default] [--steps 20 40] [overrides ...]
 
-Counts `ray.get` calls made in the driver process while `python -m exgrpo.run` trains (a list
-counts once), and among them the blocking ones (some object not ready when the call starts: the
-driver waits for remote work, one round trip), for two step counts; the difference divided by the
-difference in steps is the per-step figure (start-up, the first and last evaluation and shutdown
-cancel out). To measure another checkout, run it from that checkout's root with this one on PYTHONPATH
-(`cd OTHER && PYTHONPATH=<this checkout> python -m bench.system.bench_roundtrips`: the working directory
-comes first on sys.path, so its `exgrpo.run.main` is the one timed). Prints one JSON line per run and the
-per-step result.
+Counts the driver's `ray.get` calls (and the blocking ones) for two step counts; the difference per step is the
+figure. How, and how to measure another checkout: docs/benchmarks.md, "Driver round trips".
 """
 
 from __future__ import annotations

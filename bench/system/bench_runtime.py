@@ -1,10 +1,7 @@
-"""Runtime figures for issue 3, measured side by side in one local Ray cluster.
+"""Runtime figures for issue 3, measured side by side in one local Ray cluster: steps/s and generated tokens/s of
+the tiny config per engine (hf, vllm), the per-step split, and the wall time at eta = 0 against eta = 1.
 
     .venv/bin/python -m bench.system.bench_runtime [--steps 8] [--out bench/out/runtime.json]
-
-1. steps/s and generated tokens/s of the tiny config with each engine (hf, vllm);
-2. per-step time split (generation wait, entropy scoring, update, sync, idle);
-3. wall time for the same number of steps with eta = 0 vs eta = 1.
 
 Weight-sync time per transport against the memory floor: bench/weights/bench_weight_sync.py.
 """

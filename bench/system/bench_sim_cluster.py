@@ -5,28 +5,7 @@ and learners (`bench/sim/roles.py`), measured against the cost model's ideal ste
         [--update-real-s 1.0] [--steps 8] [--warmup 2] [--full] [--json out.jsonl]
         [--samplers 64 16] [--learners 8] [--etas 0 1] [--replay on off] [--requests-per-call 2] [--shards 2]
         [--overlap on off] [--repeat 1]
-
-Cost model (`CostModel`, from the paper's 155 s 7B step on 8 GPUs, split 100 s generation / 55 s update, an
-assumption): one sampler takes 800 s for a step's batch (B = 128 questions x K = 8), one learner 440 s for
-the update; S samplers and L learners take 800/S and 440/L. Time is scaled per learner count so one update
-takes `--update-real-s` real seconds (the `scale` column: real seconds per simulated second).
-
-Grid (default; about 9 min here with other users' jobs on the 2 cores, `--diagnostics` about 6 min more): L = 8 with S = 64 and 16 over eta {0, 1, 2} x replay {on, off}, S = 4 with
-eta {0, 1} and replay on; L = 1 with S = 64, 16, 4, eta {0, 1}, replay on. `--full`: all 36 combinations.
-Ideal: max(gen/S, update/L) at eta >= 1, gen/S + update/L at eta = 0. `step` is the learners' cadence: the mean
-period between the starts of two updates on rank 0 over the steady-state steps; `ratio` = step / ideal, `over ms`
-= step - ideal; `rec` is the same ratio from the driver's step records, which lag the updates by a varying amount.
-The second table splits each step into the driver's time inside each role verb and the CPU seconds of each
-process (`foreign`: CPU on this machine used by processes outside this run, i.e. other users' load).
-
-`--overlap on off` runs every combination twice, side by side: with `async.overlap_update` (variant `ovl`) and
-without (`ser`, the default, as in the config: the driver finishes each update before its next pull).
-The learners score and pick the replayed trajectories inside the update (the next update queues behind the
-running one); the driver-side scoring that earlier figures compare against (`+drv`) is gone from the loop.
-
-Settings: samplers.requests_per_call = 2 (64 chunks per step: one per sampler at S = 64), 2 replay shards,
-32-token responses. `--diagnostics` then changes one knob at L = 8: requests_per_call = B/S (one chunk per
-sampler per step) at S = 16 and 4, 8 shards at S = 64, and a 4x longer step (update 4 s) at S = 64.
+The cost model, the grid and the columns: docs/benchmarks.md, "Simulated cluster".
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""What `bench_elastic` watches and measures: the nodes the autoscaler launches (`NodeWatch`), the CPU their
-processes take from this machine (`NodeCpu`), the preemptions it makes (`Preempt`, an observer of the driver), and
-from them the time until the pool was back at its count, a killed node's replacement and preemption's throughput
-budget. Used by bench/system/bench_elastic.py only.
+"""What `bench_elastic` watches, does and measures: the nodes the autoscaler launches (`NodeWatch`), the CPU their
+processes take from this machine (`NodeCpu`), each step's live samplers (`StepTrace`, an observer of the driver),
+the preemptions (`Chaos`, a thread of its own that kills nodes from `pool.nodes()`), a run's figures
+(`ElasticRun`), and from them the time until the pool was back at its count, a killed node's replacement and
+preemption's throughput budget. Used by bench/system/bench_elastic.py only.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from exgrpo.loop.observer import Observer
 
@@ -75,64 +78,131 @@ class NodeCpu(threading.Thread):
         return sum(cpu for start, cpu in self.procs.values() if t0 <= start <= t1)
 
 
-class Preempt(Observer):
-    """An observer: after every `every` steps, kill a quarter (at least one) of the live nodes, that is of
-    the worker nodes that run a live sampler (`fa`), or of the live sampler actors (no `fa`)."""
+Arm = Literal["fixed", "elastic"]
 
-    def __init__(self, pool: Any, every: int, fa: Any = None) -> None:
-        self.pool, self.every, self.fa, self.killed = pool, every, fa, 0
-        self.samplers: list[int] = []  # live samplers after each step
-        self.times: list[float] = []  # monotonic time of each step's record
+
+@dataclass(frozen=True)
+class ElasticRun:
+    """One run of `bench_elastic`: a row of its table; `dataclasses.asdict` is its JSON."""
+
+    arm: Arm
+    samplers: int  # fixed: the count; elastic: the most it may grow to
+    settle_s: float  # waiting for the idle nodes of the run before to go (not timed)
+    start_s: float  # a fixed count's samplers starting (from one) before its first step
+    preempt: bool
+    steps: int
+    wall_s: float  # start_s included
+    groups_per_s: float  # trained groups per second of wall_s
+    lost: int  # questions per step x steps - groups trained
+    preempted: int  # nodes killed
+    preempted_samplers: int
+    samplers_over_time: tuple[int, ...]  # live samplers after each step
+    step_times: tuple[float, ...]  # s into the run of each step record
+    decisions: tuple[tuple[int, int, int, str], ...]  # the fleet's (step, old, new, reason)
+    first_growth_step: int | None  # elastic: the step whose record first raised the target
+    growth_node_joins_s: tuple[float, ...]  # node joins after the ask (fixed) or the decision (elastic)
+    at_target_s: float | None  # s into the run when as many samplers served as the target
+    kills: tuple[dict[str, float], ...]  # {at_s, nodes, samplers, live}
+    replace_node_s: tuple[float, ...]  # a killed node -> a new worker node alive
+    node_cpu_s: float | None  # launch CPU seconds of the node processes started during the run
+    replacement_cpu_s: float | None  # ... of those started after the first kill (the replacements)
+    recover_s: tuple[float, ...]  # a kill -> the pool back at its count
+    seen_lost_s: tuple[float, ...]  # a kill -> the pool saw its samplers lost
+    round: int = 0  # the repeat (--repeats) it belongs to; the sweep's runs are round 0
+
+    @property
+    def name(self) -> str:
+        return "elastic" if self.arm == "elastic" else str(self.samplers)
+
+
+class StepTrace(Observer):
+    """An observer of the driver that only watches: after each step record, its step, the live samplers, the
+    target and the monotonic time (`changed` is notified, for `Chaos`)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.steps: list[int] = []
+        self.samplers: list[int] = []
+        self.times: list[float] = []
         self.targets: list[float] = []
-        self.kills: list[dict[str, Any]] = []  # {t, nodes, samplers, live}
+        self.changed = threading.Condition()
 
     def on_step(self, *, record: dict[str, Any]) -> None:
-        import ray
-
         from exgrpo.core import metric_names as M
 
-        self.times.append(time.monotonic())
         live = len(self.pool.members())
-        self.samplers.append(live)
-        self.targets.append(float(record.get(M.SAMPLERS_TARGET, live)))
-        step = int(record[M.STEP])
-        if not (self.every and step > 0 and step % self.every == 0):
-            return
+        with self.changed:
+            self.times.append(time.monotonic())
+            self.samplers.append(live)
+            self.targets.append(float(record.get(M.SAMPLERS_TARGET, live)))
+            self.steps.append(int(record[M.STEP]))
+            self.changed.notify_all()
+
+
+class Chaos(threading.Thread):
+    """Preemption, a driver of its own beside the run's observers: after every `every`-th step that `trace`
+    records (step > 0), it kills a quarter (at least one) of the live nodes: the worker nodes of `fa` that run a
+    live sampler (`pool.nodes()`), or, without an autoscaler, the live sampler actors. `stop` ends it."""
+
+    def __init__(self, trace: StepTrace, pool: Any, every: int, fa: Any = None) -> None:
+        super().__init__(daemon=True)
+        self.trace, self.pool, self.every, self.fa = trace, pool, every, fa
+        self.kills: list[dict[str, Any]] = []  # {t, nodes, samplers, live}
+        self.stop = threading.Event()
+
+    @property
+    def killed(self) -> int:
+        return sum(k["nodes"] for k in self.kills)
+
+    def run(self) -> None:
+        seen, trace = 0, self.trace
+        while not self.stop.is_set():
+            with trace.changed:
+                if len(trace.steps) <= seen:
+                    trace.changed.wait(timeout=0.25)
+                new = list(zip(trace.steps[seen:], trace.samplers[seen:], strict=True))
+            seen += len(new)
+            for step, live in new:
+                if self.every and step > 0 and step % self.every == 0:
+                    self.strike(live)
+
+    def strike(self, live: int) -> None:
+        """Kill a quarter (at least one) of the live nodes now; `live`: the samplers at the step that asked."""
+        t = time.monotonic()
         if self.fa is None:
+            import ray
+
             members = list(self.pool.members().values())
             victims = members[: max(1, math.ceil(len(members) / 4))]
             for handle in victims:
                 ray.kill(handle, no_restart=True)
-            self.killed += len(victims)
-            self.kills.append(
-                {"t": time.monotonic(), "nodes": len(victims), "samplers": len(victims), "live": live}
-            )
+            self.kills.append({"t": t, "nodes": len(victims), "samplers": len(victims), "live": live})
             return
         workers = {n["NodeID"] for n in self.fa.worker_nodes()}
-        per_node: dict[str, int] = {}
-        for aid in self.pool._live():  # the pool's own map: sampler -> node
-            node = self.pool._nodes.get(aid)
-            if node in workers:
-                per_node[node] = per_node.get(node, 0) + 1
+        per_node = Counter(node for node in self.pool.nodes().values() if node in workers)
         if not per_node:
             return
-        victims = sorted(per_node)[: max(1, math.ceil(len(per_node) / 4))]
-        t = time.monotonic()
-        for node in victims:
+        nodes = sorted(per_node)[: max(1, math.ceil(len(per_node) / 4))]
+        for node in nodes:
             self.fa.kill_node(node)
-        self.killed += len(victims)
         self.kills.append(
-            {"t": t, "nodes": len(victims), "samplers": sum(per_node[n] for n in victims), "live": live}
+            {"t": t, "nodes": len(nodes), "samplers": sum(per_node[n] for n in nodes), "live": live}
         )
 
 
-def recoveries(watch: Preempt, end: float) -> list[float]:
+def at_target(trace: StepTrace, m0: float) -> float | None:
+    """Seconds after m0 of the first step record with as many live samplers as a target above one; None if never."""
+    rows = zip(trace.times, trace.samplers, trace.targets, strict=True)
+    return next((round(t - m0, 1) for t, live, tgt in rows if live >= tgt and tgt > 1), None)
+
+
+def recoveries(trace: StepTrace, kills: list[dict[str, Any]], end: float) -> list[float]:
     """For each kill, the seconds until the pool was back at its count: the first step record, after the one
     where the pool had noticed the deaths (fewer live samplers), with as many live samplers as before the kill
     (or the target, if it shrank since); the run's end if never."""
     out = []
-    rows = list(zip(watch.times, watch.samplers, watch.targets, strict=True))
-    for k in watch.kills:
+    rows = list(zip(trace.times, trace.samplers, trace.targets, strict=True))
+    for k in kills:
         after = [(t, live, tgt) for t, live, tgt in rows if t > k["t"]]
         noticed = next((i for i, (_, live, _) in enumerate(after) if live < k["live"]), 0)
         back = next((t for t, live, tgt in after[noticed:] if live >= min(k["live"], tgt)), end)
@@ -140,23 +210,23 @@ def recoveries(watch: Preempt, end: float) -> list[float]:
     return out
 
 
-def detections(lost_at: list[float], watch: Preempt) -> list[float]:
+def detections(lost_at: list[float], kills: list[dict[str, Any]]) -> list[float]:
     """For each kill, the seconds until the pool saw a sampler of it lost (its first loss after the kill)."""
     out = []
-    for k in watch.kills:
+    for k in kills:
         seen = [t for t in lost_at if t >= k["t"]]
         if seen:
             out.append(min(seen) - k["t"])
     return out
 
 
-def replacements(nodes: NodeWatch | None, watch: Preempt, end: float) -> list[float]:
+def replacements(nodes: NodeWatch | None, kills: list[dict[str, Any]], end: float) -> list[float]:
     """For each killed node, the seconds until a new worker node joined (first kill first)."""
     if nodes is None:
         return []
-    kills = sorted(k["t"] for k in watch.kills for _ in range(k["nodes"]))
-    out, joins = [], nodes.joins(kills[0] if kills else end, end)
-    for t in kills:
+    times = sorted(k["t"] for k in kills for _ in range(k["nodes"]))
+    out, joins = [], nodes.joins(times[0] if times else end, end)
+    for t in times:
         later = [j for j in joins if j > t]
         if later:
             out.append(later[0] - t)
@@ -164,14 +234,10 @@ def replacements(nodes: NodeWatch | None, watch: Preempt, end: float) -> list[fl
     return out
 
 
-def budget(run: dict[str, Any]) -> float:
+def budget(run: ElasticRun) -> float:
     """Preemption's budget: sum over kills of (samplers killed / live before) x (s until back), over the wall."""
-    return (
-        sum(
-            k["samplers"] / max(1, k["live"]) * r for k, r in zip(run["kills"], run["recover_s"], strict=True)
-        )
-        / run["wall_s"]
-    )
+    pairs = zip(run.kills, run.recover_s, strict=True)
+    return sum(k["samplers"] / max(1, k["live"]) * r for k, r in pairs) / run.wall_s
 
 
 def span(xs: list[float], digits: int = 1) -> str:
@@ -181,37 +247,37 @@ def span(xs: list[float], digits: int = 1) -> str:
     return f"mean {sum(xs) / len(xs):{f}} s (min {min(xs):{f}}, max {max(xs):{f}}, n {len(xs)})"
 
 
-def preemption_lines(runs: list[dict[str, Any]], cores: int) -> None:
+def preemption_lines(runs: list[ElasticRun], cores: int) -> None:
     """Each round's preempted runs against the same round's unpreempted run of the same arm: the throughput
     lost, its budget and, where measured, the loss with the replacement nodes' launch CPU taken off; with
     several rounds, their mean and standard error."""
     over: dict[str, list[tuple[float, float, float | None]]] = {}
-    for pre in (r for r in runs if r["preempt"]):
-        if not pre["kills"]:  # e.g. elastic never grew past the head's sampler: nothing to compare
-            print(f"# with preemption (round {pre['round']}): {pre['samplers']}: no node was preempted")
+    for pre in (r for r in runs if r.preempt):
+        if not pre.kills:  # e.g. elastic never grew past the head's sampler: nothing to compare
+            print(f"# with preemption (round {pre.round}): {pre.name}: no node was preempted")
             continue
         base = next(
             r
             for r in runs
-            if not r["preempt"] and r["samplers"] == pre["samplers"] and r.get("round", 0) == pre["round"]
+            if not r.preempt and r.arm == pre.arm and r.samplers == pre.samplers and r.round == pre.round
         )
-        lost, b = 1 - pre["groups_per_s"] / base["groups_per_s"], budget(pre)
+        lost, b = 1 - pre.groups_per_s / base.groups_per_s, budget(pre)
         print(
-            f"# with preemption (round {pre['round']}): {pre['samplers']} at {pre['groups_per_s']:.2f} groups/s, lost "
+            f"# with preemption (round {pre.round}): {pre.name} at {pre.groups_per_s:.2f} groups/s, lost "
             f"{lost:.0%} of its unpreempted throughput; budget (preempted share x time back, over the wall) "
             f"{b:.0%}: {'within' if lost <= b else 'OVER'}"
         )
         net = None
-        if pre["replacement_cpu_s"] is not None:
+        if pre.replacement_cpu_s is not None:
             # an estimate: the run is CPU-bound on this machine, so CPU the new nodes took is time it lost
-            share = pre["replacement_cpu_s"] / cores / pre["wall_s"]
+            share = pre.replacement_cpu_s / cores / pre.wall_s
             net = lost - share
             print(
-                f"#   its replacement nodes' processes took {pre['replacement_cpu_s']:.1f} CPU-s of the {cores} cores "
+                f"#   its replacement nodes' processes took {pre.replacement_cpu_s:.1f} CPU-s of the {cores} cores "
                 f"({share:.0%} of the wall); lost without them (on a cluster a node boots on its own host; "
                 f"an estimate) {net:.0%}: {'within' if net <= b else 'OVER'}"
             )
-        over.setdefault(str(pre["samplers"]), []).append((lost, b, net))
+        over.setdefault(pre.name, []).append((lost, b, net))
     for arm, xs in over.items():
         if len(xs) > 1:
             d = [lost - b for lost, b, _ in xs]

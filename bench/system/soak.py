@@ -3,24 +3,8 @@ random (seeded) intervals, and account for every request.
 
     python -m bench.system.soak --minutes 20 --out soak-results.json [--seed 0] [--kill-every 20 40] [--kill-learners]
 
-What it records (and prints as a summary; the JSON holds every kill):
-  - steps trained, and every step's group count (each must be B = trainer.questions_per_step);
-  - requests: issued (the driver's request ids), trained, re-issued as fresh (`replay/replaced`), open (admitted
-    for steps not trained yet), pushed (the request ids the shards hold in their pushed sets), and
-    `groups_lost` = issued - trained - replaced - open, which must be 0; a trained id pushed nowhere, a pushed
-    id never issued, or an id trained twice are listed too;
-  - kills by kind (sampler, shard; learner with --kill-learners) and for each kill the seconds until it was
-    recovered from: a new process of that kind runs and a step finished after the kill;
-  - wall time and the set-up's share of it (the deadline counts from the start), the sampler replacements the
-    pool counted.
-
-The run uses configs/tiny-cpu.yaml (2 HF samplers, 2 shards with the write-ahead log, 1 learner) with enough
-steps never to finish; at the deadline the observer stops it (`SoakDone`). With --kill-learners the run heals
-itself (`trainer.max_failures` 1000 unless --set says otherwise): a learner kill restores the latest checkpoint
-inside the job, and the soak rewinds its own accounting to that checkpoint's step (the steps after it are
-trained again, under the same request ids); `recoveries` counts them.
-Kills wait for the previous one's recovery, so at most one actor is down at a time, and none starts in the
-last --quiet-s seconds (a replacement sampler can take minutes to start on a loaded machine).
+What it records (`groups_lost` must be 0) and how kills are spaced: docs/benchmarks.md, "Soak under random
+kills".
 """
 
 from __future__ import annotations

@@ -2,10 +2,8 @@
 
     .venv/bin/python -m bench.weights.bench_7b_shapes [--layers 1] [--samplers 4] [--max-gb 8] [--quick]
 
-Prints the full 7B layout's chunks (`packed.chunk_cuts`, bf16, at the gloo and vLLM NCCL buffer sizes), then
-serves a bf16 model of 7B's shapes with `--layers` layers (`VLLMEngine(engine_process="child")`, one process per
-sampler) and measures `load_weights` (staging write and map+load GB/s, peak RSS of sampler, core and worker,
-staging size), `--samplers` loading at once if `--max-gb` allows, and the gloo collective route.
+The chunks of the 7B layout, then `load_weights` of a few-layer model of 7B's shapes per sampler; the figures:
+docs/benchmarks.md, "7B-shaped weight loads".
 """
 
 from __future__ import annotations

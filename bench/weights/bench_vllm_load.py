@@ -2,12 +2,8 @@
 
     .venv/bin/python -m bench.weights.bench_vllm_load [--repeats 9]
 
-No Ray: one `VLLMEngine` in this process loads the packed weights (`Packer` -> a read-only buffer ->
-`unpack_weights`, what a sampler gets from the object store), its broadcasts alternating between the direct
-load (`actors/vllm_load.py`) and vLLM's layerwise reload (`weight_path="reload"`), so both see the same
-machine load. The reference is one memcpy of the packed buffer (numpy copy into a warm buffer), measured
-between the loads: a sampler's share of the object-store floor. Medians; the first two loads of each path
-are warm-up and not counted.
+No Ray; the two paths alternate so both see the same load. How: docs/benchmarks.md, "Weight sync against the
+memory floor".
 """
 
 from __future__ import annotations

@@ -3,19 +3,8 @@
     .venv/bin/python -m bench.weights.bench_weight_sync [--repeats 7] [--warmup 5] [--samplers 2] [--skip-vllm]
         [--only "HF" "vLLM samplers" "child process" "gloo"]
 
-The vLLM object-store case compares the samplers' direct load (`actors/vllm_load.py`) with vLLM's own
-layerwise reload (the path before it, `VLLMEngine.weight_path="reload"`) on the same engines: one system
-whose broadcasts alternate between the two, so both see the same machine load.
-
-Each case builds the real system (`exgrpo.runtime.assembly.build_system`), then times `system.weights.broadcast(version=v)`
-until every sampler reports version v (object-store loads are asynchronous; the vLLM API blocks). The
-first `--warmup` broadcasts (default 5) are reported apart: the object store's shared memory is touched for
-the first time by the first few 386 MB objects (a one-time cost of a run's first versions), the gloo world
-and vLLM's reload path are set up.
-
-The floor: one write of the packed weights plus one copy per sampler, each at the memcpy bandwidth
-measured here (numpy copy of a buffer of the same size: median of 5 after each case, the best case kept),
-i.e. (1 + S) * t_memcpy. Sync times are medians over the repeats; the best repeat is printed too.
+The cases, the warm-up and the floor ((1 + S) memcpy): docs/benchmarks.md, "Weight sync against the memory
+floor".
 """
 
 from __future__ import annotations

@@ -6,9 +6,7 @@ mechanism.png. `python -m exgrpo.experiments.compare --report DIR` rewrites them
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -75,24 +73,6 @@ def backfill_series(results: list[dict[str, Any]]) -> None:
         if not r.get("series") and path.is_file():
             records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
             r["series"] = series_of(records)
-
-
-# -- the command lines over sweep directories (regimes.py, reach.py) -------------------------------------------
-def sweeps_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
-    """A parser taking one or more compare sweep directories (each holding results.json)."""
-    parser = argparse.ArgumentParser(prog=prog, description=(doc or "").split("\n")[0])
-    parser.add_argument(
-        "sweeps", nargs="+", type=Path, help="compare sweep directories (holding results.json)"
-    )
-    return parser
-
-
-def refuse_missing(sweeps: list[Path]) -> bool:
-    """Print an error and return True when a sweep directory holds no results.json."""
-    missing = [str(s) for s in sweeps if not (s / "results.json").is_file()]
-    if missing:
-        print(f"error: no results.json in {', '.join(missing)}", file=sys.stderr)
-    return bool(missing)
 
 
 # -- aggregation ----------------------------------------------------------------------------------------

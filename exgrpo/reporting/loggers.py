@@ -255,7 +255,7 @@ class RayGaugeBackend:
 
 class CandidateLog(Observer):
     """Appends the driver's scored replay candidates (entropy, trace validity) to a JSONL file: the data
-    behind the Figure 1 miniature (`exgrpo.experiments.figure1`)."""
+    behind the Figure 1 miniature (`bench.analysis.figure1`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

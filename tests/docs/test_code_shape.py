@@ -1,7 +1,9 @@
 """The code's shape, kept: every module of the packages, bench/ and deploy/ is at most 400 lines, every function
 at most 100 lines besides its docstring and at most 12 parameters (besides self or cls; *args and **kwargs count
 one each: more travel together as a record), and no module imports another module's private (underscore) name.
-A file or function that outgrows the limit is split along a role, not mechanically (docs/architecture.md)."""
+A file or function that outgrows the limit is split along a role, not mechanically (docs/architecture.md).
+A benchmark's module docstring says its role and use in at most 8 lines; how it measures and what it measured
+go to docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("exgrpo", "actors", "learners", "buffers", "bench", "deploy")
 PROJECT = ("exgrpo", "actors", "learners", "buffers", "bench")  # import roots whose private names are private
 MAX_FILE_LINES, MAX_FUNCTION_LINES, MAX_PARAMETERS = 400, 100, 12
+MAX_BENCH_DOCSTRING_LINES = 8
 
 
 def _modules() -> list[Path]:
@@ -62,6 +65,22 @@ def test_files_and_functions_stay_within_their_limits():
     assert not too_long, "\n".join(too_long)
 
 
+def docstring_lines(source: str) -> int | None:
+    """Lines of a module's docstring as `ast.get_docstring` cleans it (the quotes' own lines not counted); None
+    when it has none."""
+    doc = ast.get_docstring(ast.parse(source))
+    return None if doc is None else len(doc.splitlines())
+
+
+def test_bench_docstrings_say_role_and_use_within_their_budget():
+    over = []
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        n = docstring_lines(path.read_text())
+        if n is None or n > MAX_BENCH_DOCSTRING_LINES:
+            over.append(f"{path.relative_to(ROOT)}: {'no docstring' if n is None else f'{n} lines'}")
+    assert not over, f"bench docstrings over {MAX_BENCH_DOCSTRING_LINES} lines:\n" + "\n".join(over)
+
+
 def test_no_module_imports_another_modules_private_name():
     private = []
     for path in _modules():
@@ -85,5 +104,7 @@ def test_the_check_sees_a_long_function_many_parameters_and_a_private_import():
     ]
     assert isinstance(many, ast.ClassDef) and isinstance(method := many.body[0], ast.FunctionDef)
     assert _parameters(method) == MAX_PARAMETERS + 1  # a..k, *args, **kw; not self
+    assert docstring_lines('"""Role.\n\n    python -m bench.x\n"""\nx = 1\n') == 3
+    assert docstring_lines("x = 1\n") is None
     imp = ast.parse("from exgrpo.models.resolve import _known").body[0]
     assert isinstance(imp, ast.ImportFrom) and imp.names[0].name.startswith("_")

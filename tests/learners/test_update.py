@@ -231,10 +231,11 @@ def test_old_logprobs_follows_the_reuse_rule():
 
 
 def test_device_check_runs_the_projects_learner():
-    """The device check's learner part (bench/learner/device_learner.py, its update loop in gpu_learner.py) trains
-    through learners.learner.Learner and defines or calls no loss of its own."""
+    """The device check's learner part (`check_learner` and its update loop in bench/learner/gpu_learner.py, the
+    learner started by device_shapes.py's `start_learner`) trains through learners.learner.Learner and defines or
+    calls no loss of its own."""
     files = [
-        ROOT / "bench" / "learner" / f for f in ("device_check.py", "device_learner.py", "gpu_learner.py")
+        ROOT / "bench" / "learner" / f for f in ("device_check.py", "gpu_learner.py", "device_shapes.py")
     ]
     trees = [ast.parse(f.read_text()) for f in files]
     imported = {
@@ -245,7 +246,8 @@ def test_device_check_runs_the_projects_learner():
         for a in node.names
     }
     assert ("learners.learner", "Learner") in imported
-    assert ("bench.learner.device_learner", "check_learner") in imported
+    assert ("bench.learner.gpu_learner", "check_learner") in imported
+    assert ("bench.learner.device_shapes", "start_learner") in imported
     assert not any(m in ("exgrpo.core.algorithm", "learners.update") for m, _ in imported)
     called = {
         node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exgrpo import evaluate, run, scale
-from exgrpo.experiments import compare, figure1
+from exgrpo.experiments import compare
 
 SECTIONS = [
     "model",
@@ -107,12 +107,6 @@ def test_evaluate(empty_cwd, args, model):
     code = _exit_code(evaluate.main, [*args, "--model", f"./missing/{model}", "--data", "builtin:arith"])
     assert code == (0 if "-h" in args else 2)
     _nothing_written(empty_cwd)
-
-
-@FUZZ
-@given(args=st.lists(st.sampled_from(["--bins", "--out", "3", "0", "-1", "x"]) | word, max_size=5))
-def test_figure1(empty_cwd, args):
-    assert _exit_code(figure1.main, args) in (0, 2)
 
 
 @FUZZ

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from exgrpo import evaluate
-from exgrpo.experiments import compare, figure1
+from exgrpo.experiments import compare
 
 
 def _help(main, capsys) -> str:
@@ -32,8 +32,3 @@ def test_compare_help_lists_the_variants_and_defaults(capsys):
         assert f" {name} {' '.join(what.split())}" in text, name
     assert "(default: 0 1 2)" in text and "(default: runs/compare)" in text
     assert "--variants NAME [NAME ...] variants to run, listed below (default: all of them)" in text
-
-
-def test_figure1_help_shows_the_defaults(capsys):
-    text = _help(figure1.main, capsys)
-    assert "(default: 5)" in text and "(default: print only)" in text

@@ -1,11 +1,9 @@
 """Probe the final models of a compare sweep: held-out accuracy at the paper's T = 0.6 beside T = 1.0, and
 accuracy on the questions ExGRPO replayed (is replay memorising its questions?).
 
-    python -m exgrpo.experiments.probe runs/compare --n 4 --temperatures 1.0 0.6
+    python -m bench.analysis.probe runs/compare --n 4 --temperatures 1.0 0.6
 
-Scores each run's `final/` model on its own eval questions per temperature (`eval@T`), on the questions the
-`exgrpo` run of the same seed replayed (`replayed`) and on as many it never replayed (`fresh_seen`); writes
-`probe.json` and `probe.md` into the sweep directory. More: docs/results.md (7.4, "the probe").
+Writes `probe.json` and `probe.md` into the sweep directory. More: docs/results.md (7.4, "the probe").
 """
 
 from __future__ import annotations
@@ -117,7 +115,7 @@ def format_probe(records: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m exgrpo.experiments.probe", description=__doc__.split("\n")[0]
+        prog="python -m bench.analysis.probe", description=__doc__.split("\n")[0]
     )
     parser.add_argument("sweep", type=Path, help="a compare --out directory (holds results.json)")
     parser.add_argument("--variants", nargs="*", help="only these variants (default: all)")

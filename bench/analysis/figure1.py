@@ -1,17 +1,9 @@
 """The paper's Figure 1 in miniature: is a low-entropy correct trajectory more often a valid reasoning trace?
 
-    python -m exgrpo.experiments.figure1 runs/compare/exgrpo-seed0 runs/compare/exgrpo-seed1 ... [--bins 5]
+    python -m bench.analysis.figure1 runs/compare/exgrpo-seed0 runs/compare/exgrpo-seed1 ... [--bins 5]
 
-Reads the `candidates.jsonl` that a run on a task with a process check writes (`builtin:scratchpad`):
-one row per stored correct trajectory offered for a replayed question, with its mean token entropy
-under the learner's weights at that step and whether every step of its trace is right (measurement
-only; the reward never sees it). Prints and returns:
-
-1. among those correct candidates, the share with a fully valid trace per entropy bin (quantile bins
-   over all rows), the paper's Figure 1 question;
-2. over the replay groups whose candidates include both a valid and a flawed trace (the only groups
-   where the choice matters), the validity of the candidate each rule picks: lowest entropy (ExGRPO),
-   highest entropy, and random (its expectation: the group's valid share), on the same groups.
+Reads the runs' `candidates.jsonl` (a task with a process check: `builtin:scratchpad`); what it prints:
+docs/benchmarks.md, "Sweep analyses".
 """
 
 from __future__ import annotations
@@ -92,7 +84,7 @@ def selection_rules(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m exgrpo.experiments.figure1", description=__doc__.split("\n")[0]
+        prog="python -m bench.analysis.figure1", description=__doc__.split("\n")[0]
     )
     parser.add_argument("runs", nargs="+", type=Path, help="run directories holding candidates.jsonl")
     parser.add_argument(
@@ -112,17 +104,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    result = {
-        "candidates": len(rows),
-        "valid_share": float(np.mean([r["valid"] for r in rows])) if rows else None,
-        "bins": entropy_bins(rows, args.bins) if rows else [],
-        "rules": selection_rules(rows),
-    }
-    print(f"{len(rows)} correct candidates scored, {result['valid_share']:.3f} with a fully valid trace")
+    valid_share = float(np.mean([r["valid"] for r in rows]))
+    bins, r = entropy_bins(rows, args.bins), selection_rules(rows)
+    result = {"candidates": len(rows), "valid_share": valid_share, "bins": bins, "rules": r}
+    print(f"{len(rows)} correct candidates scored, {valid_share:.3f} with a fully valid trace")
     print("| mean token entropy | candidates | valid trace share |\n|---|---|---|")
-    for b in result["bins"]:
+    for b in bins:
         print(f"| {b['lo']:.3f} - {b['hi']:.3f} | {b['n']} | {b['valid']:.3f} ± {b['se']:.3f} |")
-    r = result["rules"]
     print(f"\nreplay groups with both valid and flawed candidates: {r['informative']} of {r['groups']}")
     if r["informative"]:
         print("| rule | chosen trace valid |\n|---|---|")

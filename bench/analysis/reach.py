@@ -1,16 +1,9 @@
 """What replay did in each run of a sweep: its reach, read from the run directories.
 
-    python -m exgrpo.experiments.reach runs/sweeps/e1-2ep [more sweep dirs] [--json reach.json]
+    python -m bench.analysis.reach runs/sweeps/e1-2ep [more sweep dirs] [--json reach.json]
 
-Per variant (mean over its seeds): the replay groups trained, the distinct questions replayed and the replays
-per question (from `candidates.jsonl`, one row per candidate of each replay group), the age of the trajectory
-each replay group trained on (the candidate marked `chosen`, or in older logs the lowest-entropy one: the
-learner version of its step minus the version that sampled it; p50 / p90 / max), the importance ratio w* of replayed tokens to their stored behaviour
-(`learner/ratio_replay`, a per-step mean: p10 / p50 / p90 over steps), and the bucket histogram (questions per
-bucket k of K, `replay/bucket_k`) at steps 25, 50, 75 and the last. Runs that revisit questions with K fresh
-rollouts (`questions-only`) log no candidates, so their reach shows only the groups. Runs of a task without a
-process check made before every run logged its candidates have none either: their distinct questions and replays
-per question come from the replay WAL (no ages).
+Per variant: replay groups, distinct questions replayed, replays per question, trajectory ages, w* and the
+bucket histogram; where each comes from: docs/benchmarks.md, "Sweep analyses".
 """
 
 from __future__ import annotations
@@ -23,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.analysis.sweeps import refuse_missing, sweeps_parser
 from exgrpo.core import metric_names as M
-from exgrpo.experiments.tables import refuse_missing, sweeps_parser
 
 SNAPSHOTS = (25, 50, 75)  # steps whose bucket histogram is shown (and the last one)
 
@@ -131,7 +124,7 @@ def format_reach(name: str, reach: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = sweeps_parser("python -m exgrpo.experiments.reach", __doc__)
+    parser = sweeps_parser("python -m bench.analysis.reach", __doc__)
     parser.add_argument("--json", type=Path, help="also write every run's reach here")
     args = parser.parse_args(argv)
     if refuse_missing(args.sweeps):

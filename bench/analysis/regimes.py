@@ -1,11 +1,8 @@
 """The regime table of docs/results.md: one row per sweep cell, ExGRPO (or another arm) against GRPO.
 
-    python -m exgrpo.experiments.regimes runs/sweeps/e1-2ep runs/sweeps/e1-1ep ... [--arm exgrpo] [--base grpo]
+    python -m bench.analysis.regimes runs/sweeps/e1-2ep runs/sweeps/e1-1ep ... [--arm exgrpo] [--base grpo]
 
-Per cell (a compare sweep directory): the epochs its runs drew (steps x B / training questions), B, optimiser
-steps per training step, eta, GRPO's share of fresh groups with all-equal rewards (no signal), the paired
-difference arm - base at the last evaluated step, ID and OOD (mean +- standard error over the seeds both ran),
-the seeds, and the mean wall time of a run.
+The columns: docs/benchmarks.md, "Sweep analyses".
 """
 
 from __future__ import annotations
@@ -17,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from exgrpo.experiments.tables import by_variant, paired, refuse_missing, series_mean, sweeps_parser
+from bench.analysis.sweeps import refuse_missing, sweeps_parser
+from exgrpo.experiments.tables import by_variant, paired, series_mean
 
 
 def cell_row(sweep: Path, *, arm: str, base: str) -> dict[str, Any] | None:
@@ -75,7 +73,7 @@ def format_rows(rows: list[dict[str, Any]], *, arm: str, base: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = sweeps_parser("python -m exgrpo.experiments.regimes", __doc__)
+    parser = sweeps_parser("python -m bench.analysis.regimes", __doc__)
     parser.add_argument("--arm", default="exgrpo", help="the variant compared (default: %(default)s)")
     parser.add_argument("--base", default="grpo", help="the variant it is paired with (default: %(default)s)")
     args = parser.parse_args(argv)

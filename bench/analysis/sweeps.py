@@ -1,0 +1,25 @@
+"""The command line the sweep analyses share: a parser over compare sweep directories (each holding the
+results.json that `python -m exgrpo.experiments.compare` writes) and the refusal of one that holds none."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def sweeps_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """A parser taking one or more compare sweep directories (each holding results.json)."""
+    parser = argparse.ArgumentParser(prog=prog, description=(doc or "").split("\n")[0])
+    parser.add_argument(
+        "sweeps", nargs="+", type=Path, help="compare sweep directories (holding results.json)"
+    )
+    return parser
+
+
+def refuse_missing(sweeps: list[Path]) -> bool:
+    """Print an error and return True when a sweep directory holds no results.json."""
+    missing = [str(s) for s in sweeps if not (s / "results.json").is_file()]
+    if missing:
+        print(f"error: no results.json in {', '.join(missing)}", file=sys.stderr)
+    return bool(missing)
