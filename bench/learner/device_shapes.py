@@ -92,22 +92,25 @@ def save_model(sizes: Sizes, path: str, *, dtype: str, device: torch.device) -> 
     return params
 
 
+def one_rank(learners: dict[str, Any], *, cuda: bool, **settings: Any) -> dict[str, Any]:
+    """A recipe's learners section at one rank on this device (NCCL on a GPU, gloo on a CPU), with `settings`."""
+    device = {"num_gpus": 1 if cuda else 0, "backend": "nccl" if cuda else "gloo"}
+    return {**learners, "num": 1, "num_cpus": 1, **device, **settings}
+
+
 def recipe_config(sizes: Sizes, *, cuda: bool, zero_stage: int | None = None) -> Config:
     """The 7B recipe's model, learner and loss sections at one rank (``learners.num: 1``), with ``sizes``'
     lengths and micro-batching (the recipe's own on the GPU shape), and ``zero_stage`` when given."""
     import yaml
 
     recipe = yaml.safe_load(RECIPE_7B.read_text())
-    learners = {
-        **recipe["learners"],
-        "num": 1,
-        "num_cpus": 1,
-        "num_gpus": 1 if cuda else 0,
-        "backend": "nccl" if cuda else "gloo",
-        "micro_batch_size": sizes.micro_batch,
-        "max_tokens_per_micro_batch": sizes.token_budget,
-        "logits_chunk_tokens": sizes.chunk_tokens,
-    }
+    learners = one_rank(
+        recipe["learners"],
+        cuda=cuda,
+        micro_batch_size=sizes.micro_batch,
+        max_tokens_per_micro_batch=sizes.token_budget,
+        logits_chunk_tokens=sizes.chunk_tokens,
+    )
     if zero_stage is not None:
         learners["zero_stage"] = zero_stage
     model = {

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from bench.common import synchronize
-from bench.learner.device_shapes import peak, reset_peak, setup_device, start_learner
+from bench.learner.device_shapes import one_rank, peak, reset_peak, setup_device, start_learner
 from exgrpo.core import metric_names as M
 from exgrpo.core.config import Config, from_dict
 from exgrpo.core.records import Group, TrainBatch, Trajectory
@@ -225,15 +225,12 @@ def learner_config(
     import yaml
 
     recipe = yaml.safe_load(RECIPE.read_text())
-    learners = {
-        **recipe["learners"],
-        "num": 1,
-        "num_cpus": 1,
-        "num_gpus": 1 if cuda else 0,
-        "backend": "nccl" if cuda else "gloo",
-        "micro_batch_size": shape.micro_batch,
-        "gradient_checkpointing": "on" if checkpointing else "off",
-    }
+    learners = one_rank(
+        recipe["learners"],
+        cuda=cuda,
+        micro_batch_size=shape.micro_batch,
+        gradient_checkpointing="on" if checkpointing else "off",
+    )
     if zero_stage is not None:
         learners["zero_stage"] = zero_stage
     model = {"dtype": dtype, "max_prompt_len": shape.prompt_len, "max_response_len": shape.response_len}

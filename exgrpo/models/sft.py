@@ -135,3 +135,21 @@ def fit(
         losses.append(value)
         on_loss(step, value)
     return losses
+
+
+def fit_warm_up(
+    model: torch.nn.Module, *, spec: Any, batch_at: Callable[[int], Mapping[str, torch.Tensor]], what: str
+) -> list[float]:
+    """A warm-up's `fit` in train mode: `spec.steps` updates on the cosine schedule (`cosine_lr`) with
+    `spec.weight_decay`; the model is left in eval mode. Each update's loss."""
+    model.train()
+    losses = fit(
+        model,
+        steps=spec.steps,
+        lr_at=lambda step: cosine_lr(step, spec=spec),
+        batch_at=batch_at,
+        weight_decay=spec.weight_decay,
+        what=what,
+    )
+    model.eval()
+    return losses

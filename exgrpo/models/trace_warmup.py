@@ -23,7 +23,7 @@ from exgrpo.core.config import TemplateName
 from exgrpo.core.records import Prompt
 from exgrpo.data.scratchpad import ScratchpadTask
 from exgrpo.data.templates import render_prompt
-from exgrpo.models.sft import cosine_lr, encode_row, epoch_batches, fit, pad_rows
+from exgrpo.models.sft import encode_row, epoch_batches, fit_warm_up, pad_rows
 from exgrpo.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from exgrpo.models.warmup import WarmupResult, check_spec, fit_and_record, spec_fingerprint
 
@@ -133,14 +133,4 @@ def _train(model: torch.nn.Module, prompts: Sequence[Prompt], *, spec: TraceWarm
         padded = pad_rows(rows, tokenizer.pad_token_id)
         return {"input_ids": padded.input_ids, "labels": padded.labels}  # mean cross-entropy of the responses
 
-    model.train()
-    losses = fit(
-        model,
-        steps=spec.steps,
-        lr_at=lambda step: cosine_lr(step, spec=spec),
-        batch_at=batch_at,
-        weight_decay=spec.weight_decay,
-        what="trace warm-up",
-    )
-    model.eval()
-    return losses
+    return fit_warm_up(model, spec=spec, batch_at=batch_at, what="trace warm-up")

@@ -28,7 +28,7 @@ from exgrpo.core.fileio import atomic_write_text
 from exgrpo.core.records import Prompt
 from exgrpo.data.tasks import Task, builtin_task
 from exgrpo.data.templates import render_prompt
-from exgrpo.models.sft import Padded, cosine_lr, encode_row, epoch_batches, fit, pad_rows
+from exgrpo.models.sft import Padded, encode_row, epoch_batches, fit_warm_up, pad_rows
 from exgrpo.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from exgrpo.verify.answers import BOX_OPEN
 
@@ -284,14 +284,4 @@ def _train(model: torch.nn.Module, boxed: Padded, misspelled: Padded, *, spec: W
             _add_label_noise(ids, target, share=spec.label_noise, rng=noise_rng)
         return {"input_ids": ids, "labels": target}  # the loss: mean cross-entropy over the response tokens
 
-    model.train()
-    losses = fit(
-        model,
-        steps=spec.steps,
-        lr_at=lambda step: cosine_lr(step, spec=spec),
-        batch_at=batch_at,
-        weight_decay=spec.weight_decay,
-        what="warm-up",
-    )
-    model.eval()
-    return losses
+    return fit_warm_up(model, spec=spec, batch_at=batch_at, what="warm-up")

@@ -32,6 +32,17 @@ def _chain(node: ast.expr) -> list[str]:
     return names[::-1]
 
 
+def _targets(node: ast.AST) -> list[ast.expr]:
+    """What an assignment or deletion writes (each element of a tuple target on its own); [] for other nodes."""
+    if isinstance(node, ast.Assign | ast.Delete):
+        targets = list(node.targets)
+    elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+        targets = [node.target]
+    else:
+        return []
+    return [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+
+
 def _through_scheduler(node: ast.expr) -> bool:
     return any(name in SCHEDULER for name in _chain(node))
 
@@ -41,11 +52,7 @@ def scheduler_writes(source: str) -> list[str]:
     `self.scheduler.plans.get()`) rather than on the scheduler itself."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign | ast.Delete):
-            targets = list(node.targets)
-        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
-            targets = [node.target]
+        targets = _targets(node)
         found += [ast.unparse(t) for t in targets if _through_scheduler(t) and _chain(t)[-1] not in SCHEDULER]
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             owner = node.func.value
@@ -133,22 +140,16 @@ def foreign_writes(source: str) -> list[tuple[str, str]]:
     generator (`self.rng.bit_generator.state = ...`) is its own state."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign | ast.Delete):
-            targets = list(node.targets)
-        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
-            targets = [node.target]
-        for target in targets:
-            for t in target.elts if isinstance(target, ast.Tuple) else [target]:
-                names = _chain(t) if isinstance(t, ast.Attribute) else []
-                if (
-                    not names
-                    or (names[0] == "self" and len(names) == 2)
-                    or names[-2:] == ["bit_generator", "state"]
-                ):
-                    continue
-                owner = "self." + names[1] if names[0] == "self" else names[0]
-                found.append((owner, ast.unparse(t)))
+        for t in _targets(node):
+            names = _chain(t) if isinstance(t, ast.Attribute) else []
+            if (
+                not names
+                or (names[0] == "self" and len(names) == 2)
+                or names[-2:] == ["bit_generator", "state"]
+            ):
+                continue
+            owner = "self." + names[1] if names[0] == "self" else names[0]
+            found.append((owner, ast.unparse(t)))
     return found
 
 
@@ -185,8 +186,7 @@ def test_the_driver_keeps_at_most_15_attributes():
     fields = {
         t.attr
         for node in ast.walk(driver)
-        if isinstance(node, ast.Assign | ast.AnnAssign)
-        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        for t in _targets(node)
         if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
     }
     assert len(fields) <= 15, sorted(fields)
