@@ -29,7 +29,7 @@ from exgrpo.core.selection import fill_slots
 from exgrpo.transport.checksums import grouped_sums
 from exgrpo.transport.packed import PackedWeights, Packer
 from exgrpo.transport.ranks import free_port
-from learners import batches, logits, lora
+from learners import batches, logits
 from learners import update as U
 from learners.diagnostics import gradient_shares
 from learners.engine import RankEngine
@@ -44,6 +44,7 @@ from learners.modeling import (
 )
 from learners.optim import deepspeed_config, make_optimizer
 from learners.reference import Reference, checksum, restore_initial
+from learners.weights import trained_weights
 
 
 class Learner:
@@ -73,9 +74,8 @@ class Learner:
         self.reuse_proximal = True
         self._packer = Packer()
         self._pusher: Any = None  # exgrpo.transport.vllm_api.WeightPusher, built at the first push
-        self._merged_view: lora.MergedView | None = None  # what the pusher sends under LoRA
         self.engine: Any = None
-        self.lora = learner.lora_rank > 0
+        self.weights = trained_weights(learner)  # full fine-tuning or LoRA (``learners/weights.py``)
         self._reference: Reference | None = None  # the KL penalty's reference policy (loss.kl_coef > 0)
         self._initial_path = model_path  # where the initial policy's weights came from (see ``load``)
         self.plan = ComputePlan(False, False, None, dtype)  # how the rank computes (``compute_plan``), set up
@@ -118,10 +118,9 @@ class Learner:
         model.config.use_cache = False
         model.eval()
         self._num_parameters = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
-        if self.lora:
-            model = lora.wrap(model, self.cfg)
+        model = self.weights.wrap(model)
         if self.loss_cfg.kl_coef > 0:
-            self._reference = Reference(model, lora=self.lora)
+            self._reference = Reference(model, lora=self.weights.lora)
         # after the LoRA wrap (which sets eval mode) and the reference's frozen copy (kept in eval mode)
         set_checkpointing(model, checkpointing_on(self.cfg.gradient_checkpointing, self.device))
         self.optimizer = make_optimizer(model, self.cfg)  # the parameters that require grad: the adapters
@@ -224,7 +223,7 @@ class Learner:
         with self._full_params(), torch.no_grad():
             if self.rank != 0:
                 return ()
-            return grouped_sums(self._state().items(), with_abs=True)
+            return grouped_sums(self.served().items(), with_abs=True)
 
     def _train(
         self,
@@ -268,10 +267,10 @@ class Learner:
         return self._reference.logprobs(self.engine.module, enc, chunk_tokens=self._chunk_tokens)
 
     # ---------------------------------------------------------------- weights
-    def _state(self) -> dict[str, Tensor]:
-        """The HF-named state dict samplers serve: merged W + s B A under LoRA (``lora.merged_state``)."""
-        module = self.engine.module
-        return lora.merged_state(module) if self.lora else module.state_dict()
+    def served(self) -> dict[str, Tensor]:
+        """The HF-named state dict the samplers serve (merged W + s B A under LoRA); full parameters only inside
+        a ZeRO-3 gather."""
+        return self.weights.served(self.engine.module)
 
     @contextlib.contextmanager
     def _full_params(self) -> Iterator[None]:
@@ -287,9 +286,7 @@ class Learner:
     def checksum(self) -> float:
         """float64 sum of all (full) parameters, merged under LoRA (what samplers serve); equal across ranks."""
         with self._full_params():
-            if self.lora:
-                return checksum(lora.merged_parameters(self.engine.module))
-            return float(sum(p.detach().double().sum() for p in self.engine.module.parameters()))
+            return self.weights.served_checksum(self.engine.module)
 
     def get_weights(self) -> PackedWeights | None:
         """The full HF-named state dict packed in one byte buffer (rank 0; None elsewhere; collective under
@@ -298,13 +295,13 @@ class Learner:
         if self.device.type == "cuda":  # the step's queued kernels first (`WeightPusher.wait_for_step`)
             torch.cuda.current_stream(self.device).synchronize()
         with self._full_params():
-            return self._packer.pack(self._state()) if self.rank == 0 else None
+            return self._packer.pack(self.served()) if self.rank == 0 else None
 
     def num_parameters(self) -> int:
         return self._num_parameters  # distinct parameters of the full model (a tied embedding counts once)
 
     def num_trainable(self) -> int:  # the optimiser's parameters: the adapters' under LoRA
-        return lora.trainable_count(self.engine.module) if self.lora else self._num_parameters
+        return self.weights.trainable(self.engine.module, total=self._num_parameters)
 
     def push_weights(
         self, *, version: int, members: Mapping[str, Any] | None, timeout_s: float | None = None
@@ -316,11 +313,10 @@ class Learner:
         the next push builds a new one."""
         from exgrpo.transport.vllm_api import WeightPusher, backend_for
 
+        source = self.weights.push_source(self.engine.module)  # under LoRA, the merged weights refreshed
         if self._pusher is None:
-            if self.lora:
-                self._merged_view = lora.MergedView(self.engine.module)
             self._pusher = WeightPusher(
-                module=self._merged_view or self.engine.module,
+                module=source,
                 backend=backend_for(self.device.type),
                 host=self.master_addr,
                 zero3=self.cfg.zero_stage == 3,
@@ -328,8 +324,6 @@ class Learner:
             )
         if timeout_s is not None:
             self._pusher.timeout_s = timeout_s  # async.weight_timeout_s
-        if self._merged_view is not None:
-            self._merged_view.refresh()
         fault_point("learner.broadcast")
         try:
             return self._pusher.push(version=version, members=members)
@@ -341,8 +335,8 @@ class Learner:
     def _initial(self) -> dict[str, Tensor] | None:
         """The frozen tensors of the initial policy, HF-named: LoRA's base or the KL reference's copy (None:
         neither, the initial weights are gone after the first step)."""
-        if self.lora:
-            return lora.base_parameters(self.engine.module)
+        if (frozen := self.weights.frozen_initial(self.engine.module)) is not None:
+            return frozen
         if self._reference is not None and self._reference.frozen is not None:
             return dict(self._reference.frozen.named_parameters())
         return None
@@ -354,18 +348,15 @@ class Learner:
         out = Path(path)
         with self._full_params():
             if self.rank == 0:
-                hf = self.engine.module.get_base_model() if self.lora else self.engine.module
-                hf.save_pretrained(out, state_dict=self._state())
-                if self.lora:
-                    self.engine.module.save_pretrained(out / "adapter")
+                self.weights.save(self.engine.module, out)
         fault_point("learner.save")
         client: dict[str, Any] = {"version": self._version}
         if (initial := self._initial()) is not None:
             client["initial"] = {"path": self._initial_path, "checksum": checksum(initial)}
-        if self.lora:
-            client["adapters"] = checksum(self._adapters())
+        client.update(self.weights.client_state(self.engine.module))
+        partial = self.weights.partial_checkpoint  # LoRA: the adapters and their moments only
         self.engine.save_checkpoint(
-            str(out / "deepspeed"), tag="state", client_state=client, exclude_frozen_parameters=self.lora
+            str(out / "deepspeed"), tag="state", client_state=client, exclude_frozen_parameters=partial
         )
 
     def load(self, *, path: str) -> None:
@@ -378,17 +369,13 @@ class Learner:
             str(Path(path) / "deepspeed"),
             tag="state",
             load_lr_scheduler_states=False,
-            load_module_strict=not self.lora,  # a LoRA checkpoint holds the adapters only
+            load_module_strict=not self.weights.partial_checkpoint,  # a LoRA checkpoint holds the adapters only
         )
         if client is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {path}/deepspeed")
-        if self.lora and client.get("adapters") != checksum(self._adapters()):
-            raise ValueError(f"{path} holds no adapters of learners.lora_rank={self.cfg.lora_rank}")
+        self.weights.check_loaded(self.engine.module, client, path=path)
         if (initial := self._initial()) is not None:
             if "initial" not in client:
                 raise ValueError(f"{path} does not record its initial model (written without LoRA or KL)")
             self._initial_path = restore_initial(initial, client["initial"], dtype=DTYPES[self.dtype])
         self._version = int(client["version"])
-
-    def _adapters(self) -> dict[str, Tensor]:
-        return {n: p for n, p in self.engine.module.named_parameters() if p.requires_grad}

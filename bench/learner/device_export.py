@@ -143,7 +143,7 @@ def _loopback_push(
 def _compare(learner: Any, received: dict[str, torch.Tensor]) -> dict[str, Any]:
     """The receiver's tensors against the learner's state dict (full under ZeRO-3), byte for byte."""
     with learner._full_params():
-        state = {k: v.detach() for k, v in learner._state().items()}
+        state = {k: v.detach() for k, v in learner.served().items()}
         differ = [
             n
             for n in sorted(set(state) & set(received))

@@ -139,7 +139,7 @@ def test_checkpoint_round_trip_and_resume_from_merged_weights(model_path, tmp_pa
         learner.load(path=str(tmp_path / "ckpt"))
         assert learner.version() == 2
         assert all(
-            torch.equal(x, y) for x, y in zip(learner._state().values(), a._state().values(), strict=True)
+            torch.equal(x, y) for x, y in zip(learner.served().values(), a.served().values(), strict=True)
         )
     assert c._initial_path == model_path  # the base came back from where the run started
     # equal next steps need equal moments, bases and KL references
