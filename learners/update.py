@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -21,6 +21,7 @@ from torch import Tensor
 
 from exgrpo.core import metric_names as M
 from exgrpo.core.algorithm import (
+    LossStats,
     exgrpo_loss,
     kl_k3,
     masked_mean,
@@ -35,7 +36,7 @@ from learners.logits import per_token, response_stats
 class Part(NamedTuple):
     """One non-empty micro-batch of an optimiser step: what its metrics are weighted by."""
 
-    metrics: dict[str, float]  # exgrpo_loss's (and "kl" with the KL penalty)
+    stats: LossStats  # exgrpo_loss's (with the KL penalty's k3 in `kl`)
     rows: int
     tokens: int  # response tokens
 
@@ -142,7 +143,7 @@ def minibatch_backward(
             old = torch.where(replayed.unsqueeze(1), old_logp[sl].to(device), old)  # (n, R)
         elif n_j:
             old = old_logp[sl].to(device)  # (n, R)
-        value, metrics = exgrpo_loss(
+        value, stats = exgrpo_loss(
             logp=logp,
             old_logp=old,
             advantages=torch.tensor([r.advantage for r in chunk] or [0.0], device=device),  # (n,)
@@ -160,10 +161,10 @@ def minibatch_backward(
         if engine.has_reference:
             kl = kl_k3(logp, engine.reference_logprobs(enc), enc.mask, norm_len=norm_len)  # ()
             objective = objective + loss.kl_coef * w_pg * kl
-            metrics = {**metrics, "kl": float(kl.detach())}
+            stats = replace(stats, kl=float(kl.detach()))
         engine.backward(objective)
         if n_j:
-            parts.append(Part(metrics, rows=n_j, tokens=t_j))
+            parts.append(Part(stats, rows=n_j, tokens=t_j))
     return parts
 
 
@@ -180,23 +181,23 @@ def minibatch_metrics(
     """``learner/*`` metrics of one optimiser step from its micro-batches' (``constant``: the constant
     normaliser, so the policy loss and the KL are row means; else token means)."""
     by = [p.rows if constant else p.tokens for p in parts]  # the policy loss's and the KL's weights
-    pg = weighted([(p.metrics["pg_loss"], w) for p, w in zip(parts, by, strict=True)])
-    ent = weighted([(p.metrics["entropy"], p.tokens) for p in parts])
-    fresh = [(p.metrics, p.metrics["num_fresh_tokens"]) for p in parts]
+    pg = weighted([(p.stats.pg_loss, w) for p, w in zip(parts, by, strict=True)])
+    ent = weighted([(p.stats.entropy, p.tokens) for p in parts])
+    fresh = [(p.stats, float(p.stats.num_fresh_tokens)) for p in parts]
     kl = {}
-    if any("kl" in p.metrics for p in parts):
-        kl = {M.KL: weighted([(p.metrics["kl"], w) for p, w in zip(parts, by, strict=True)])}
+    if any(p.stats.kl is not None for p in parts):
+        kl = {M.KL: weighted([(p.stats.kl or 0.0, w) for p, w in zip(parts, by, strict=True)])}
     return {
         **kl,
         M.LOSS: pg - entropy_coef * ent + kl_coef * kl.get(M.KL, 0.0),
         M.PG_LOSS: pg,
         M.ENTROPY: ent,
-        M.CLIP_FRAC: weighted([(m["clip_frac"], f) for m, f in fresh]),
-        M.RATIO_FRESH: weighted([(m["ratio_fresh_mean"], f) for m, f in fresh]),
+        M.CLIP_FRAC: weighted([(s.clip_frac, f) for s, f in fresh]),
+        M.RATIO_FRESH: weighted([(s.ratio_fresh_mean, f) for s, f in fresh]),
         M.RATIO_REPLAY: weighted(
-            [(p.metrics["ratio_replay_mean"], p.metrics["num_replay_tokens"]) for p in parts]
+            [(p.stats.ratio_replay_mean, float(p.stats.num_replay_tokens)) for p in parts]
         ),
-        M.APPROX_KL: weighted([(m["approx_kl"], f) for m, f in fresh]),
+        M.APPROX_KL: weighted([(s.approx_kl, f) for s, f in fresh]),
         M.GRAD_NORM: grad_norm,
         M.SKIPPED_STEPS: float(skipped),
         M.CLIPPED_STEPS: float(grad_clip is not None and not skipped and grad_norm > grad_clip),

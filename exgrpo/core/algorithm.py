@@ -67,6 +67,7 @@ garbage there (e.g. logp = 1e4) can neither overflow nor leak NaN into values or
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -76,6 +77,7 @@ from exgrpo.core.config import LossConfig
 
 __all__ = [
     "DelayedStart",
+    "LossStats",
     "exgrpo_loss",
     "group_advantages",
     "kl_k3",
@@ -165,6 +167,25 @@ def _mean_or_nan(x: Tensor, mask: Tensor) -> float:
     return float(torch.where(mask, x, 0.0).sum()) / n if n else math.nan
 
 
+@dataclass(frozen=True)
+class LossStats:
+    """What `exgrpo_loss` measured on one micro-batch (token means over the masks named; NaN where a mask is
+    empty), read by the learner's per-step metrics (`learners.update.minibatch_metrics`)."""
+
+    loss: float  # the returned loss: pg_loss minus the entropy bonus
+    pg_loss: float
+    clip_frac: float  # fresh tokens whose clipped term was active
+    ratio_fresh_mean: float
+    ratio_replay_mean: float
+    shaped_replay_mean: float  # f(w*) on replayed tokens
+    approx_kl: float  # (w - 1) - log w over fresh tokens
+    num_tokens: int
+    num_fresh_tokens: int
+    num_replay_tokens: int
+    entropy: float = math.nan  # mean token entropy, when the entropies were given
+    kl: float | None = None  # the k3 KL to the reference, when the learner adds the penalty
+
+
 def exgrpo_loss(
     *,
     logp: Tensor,
@@ -177,7 +198,7 @@ def exgrpo_loss(
     cfg: LossConfig,
     entropy: Tensor | None = None,
     tis_weight: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, LossStats]:
     """ExGRPO token loss over a batch of fresh and replayed rows (maths in the module docstring).
 
     Args:
@@ -198,7 +219,7 @@ def exgrpo_loss(
         tis_weight: (N, T) multiplier on fresh tokens' loss, already truncated by the caller.
 
     Returns:
-        (loss, metrics). Metrics are detached python floats: ``loss``, ``pg_loss``, ``entropy`` (if
+        (loss, stats): ``LossStats`` of detached python numbers: ``loss``, ``pg_loss``, ``entropy`` (if
         given), ``clip_frac`` (share of fresh tokens whose clipped branch was taken, i.e. its gradient
         was zeroed), ``ratio_fresh_mean``, ``ratio_replay_mean`` (w*, before shaping),
         ``shaped_replay_mean``, ``approx_kl`` (k3 estimator (w - 1) - log w over fresh tokens),
@@ -246,15 +267,15 @@ def exgrpo_loss(
         pg_loss = token_loss.sum() / max(n_tokens, 1)  # () mean over response tokens
 
     loss = pg_loss
-    metrics: dict[str, float] = {}
+    mean_entropy = math.nan
     if entropy is not None:
-        mean_entropy = masked_mean(entropy.float(), mask)  # ()
-        loss = loss - cfg.entropy_coef * mean_entropy
-        metrics["entropy"] = float(mean_entropy.detach())
+        entropy_term = masked_mean(entropy.float(), mask)  # ()
+        loss = loss - cfg.entropy_coef * entropy_term
+        mean_entropy = float(entropy_term.detach())
 
     with torch.no_grad():
         r = ratio.detach()  # (N, T)
-        metrics.update(
+        stats = LossStats(
             loss=float(loss.detach()),
             pg_loss=float(pg_loss.detach()),
             clip_frac=_mean_or_nan(clip_active.float(), fresh),
@@ -262,11 +283,12 @@ def exgrpo_loss(
             ratio_replay_mean=_mean_or_nan(r, rep),
             shaped_replay_mean=_mean_or_nan(shaped.detach(), rep),
             approx_kl=_mean_or_nan((r - 1.0) - log_ratio.detach(), fresh),
-            num_tokens=float(n_tokens),
-            num_fresh_tokens=float(fresh.sum()),
-            num_replay_tokens=float(rep.sum()),
+            num_tokens=n_tokens,
+            num_fresh_tokens=int(fresh.sum()),
+            num_replay_tokens=int(rep.sum()),
+            entropy=mean_entropy,
         )
-    return loss, metrics
+    return loss, stats
 
 
 def kl_k3(logp: Tensor, ref_logp: Tensor, mask: Tensor, *, norm_len: int | None) -> Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -106,16 +107,16 @@ def test_loss_hand_values(clip, norm_len):
     hand = {(True, 4): -0.262748, (False, 4): -0.318838, (True, None): -0.420397, (False, None): -0.510141}
     assert want == pytest.approx(hand[clip, norm_len], abs=1e-6)
     assert loss.item() == pytest.approx(want, rel=1e-5)
-    assert m["loss"] == m["pg_loss"] == pytest.approx(want, rel=1e-5)
-    assert m["num_tokens"] == 5 and m["num_fresh_tokens"] == 3 and m["num_replay_tokens"] == 2
+    assert m.loss == m.pg_loss == pytest.approx(want, rel=1e-5)
+    assert m.num_tokens == 5 and m.num_fresh_tokens == 3 and m.num_replay_tokens == 2
     # Only token 0 of the fresh row takes the clipped branch (token 2 is below 0.8 but A > 0 keeps w).
-    assert m["clip_frac"] == pytest.approx(1 / 3 if clip else 0.0)
-    assert m["ratio_fresh_mean"] == pytest.approx((E_HALF + 1 + E_MHALF) / 3)  # 1.085084
-    assert m["ratio_replay_mean"] == pytest.approx(0.55)  # (1 + 0.1) / 2
-    assert m["shaped_replay_mean"] == pytest.approx(ROW1)  # (0.909091 + 0.5) / 2 = 0.704545
+    assert m.clip_frac == pytest.approx(1 / 3 if clip else 0.0)
+    assert m.ratio_fresh_mean == pytest.approx((E_HALF + 1 + E_MHALF) / 3)  # 1.085084
+    assert m.ratio_replay_mean == pytest.approx(0.55)  # (1 + 0.1) / 2
+    assert m.shaped_replay_mean == pytest.approx(ROW1)  # (0.909091 + 0.5) / 2 = 0.704545
     # k3 per fresh token (w - 1) - log w: 0.148721, 0, 0.106531 -> mean 0.085084.
-    assert m["approx_kl"] == pytest.approx((E_HALF - 1.5 + E_MHALF - 0.5) / 3)
-    assert "entropy" not in m
+    assert m.approx_kl == pytest.approx((E_HALF - 1.5 + E_MHALF - 0.5) / 3)
+    assert math.isnan(m.entropy) and m.kl is None  # no entropies given; the KL is the learner's
 
 
 def test_loss_gradients_clip_on_constant_normaliser():
@@ -144,7 +145,7 @@ def test_padded_garbage_changes_nothing():
     assert l1.item() == l0.item()
     assert torch.equal(dirty["logp"].grad, clean["logp"].grad)
     assert dirty["logp"].grad[1, 2] == 0.0
-    assert all(math.isfinite(v) for v in m1.values())
+    assert all(math.isfinite(v) for v in dataclasses.astuple(m1) if v is not None)
     assert m1 == m0
 
 
@@ -165,7 +166,7 @@ def test_replayed_rows_never_clipped():
     loss.backward()
     assert loss.item() == pytest.approx(w / (w + 0.1), rel=1e-6)
     assert logp.grad.item() == pytest.approx(w * 0.1 / (w + 0.1) ** 2, rel=1e-5)
-    assert math.isnan(m["clip_frac"]) and math.isnan(m["approx_kl"])  # no fresh tokens
+    assert math.isnan(m.clip_frac) and math.isnan(m.approx_kl)  # no fresh tokens
     # The no-shaping ablation: -A w* = 20.0855, gradient 20.0855, still unclipped.
     logp.grad = None
     loss, _ = exgrpo_loss(logp=logp, **kw, clip=True, cfg=LossConfig(policy_shaping=False))
@@ -192,9 +193,9 @@ def test_clip_frac_counts_taken_clipped_branch_only():
         norm_len=None,
         cfg=LOSS,
     )
-    assert m["clip_frac"] == pytest.approx(0.5)
-    assert m["ratio_replay_mean"] == pytest.approx(5.0)
-    assert m["shaped_replay_mean"] == pytest.approx(5.0 / 5.1)
+    assert m.clip_frac == pytest.approx(0.5)
+    assert m.ratio_replay_mean == pytest.approx(5.0)
+    assert m.shaped_replay_mean == pytest.approx(5.0 / 5.1)
 
 
 def test_entropy_bonus_lowers_loss_with_more_entropy():
@@ -204,9 +205,9 @@ def test_entropy_bonus_lowers_loss_with_more_entropy():
     ent = torch.tensor([[0.7, 0.7, 0.7], [0.7, 0.7, 100.0]], requires_grad=True)
     base, _ = exgrpo_loss(**_batch(), clip=True, norm_len=4, cfg=LOSS)
     loss, m = exgrpo_loss(**b, clip=True, norm_len=4, cfg=BONUS, entropy=ent)
-    assert m["entropy"] == pytest.approx(0.7)
+    assert m.entropy == pytest.approx(0.7)
     assert loss.item() == pytest.approx(base.item() - 0.007, rel=1e-6)
-    assert m["pg_loss"] == pytest.approx(base.item())
+    assert m.pg_loss == pytest.approx(base.item())
     loss.backward()
     torch.testing.assert_close(ent.grad, torch.tensor([[-0.002, -0.002, -0.002], [-0.002, -0.002, 0.0]]))
     higher, _ = exgrpo_loss(**_batch(), clip=True, norm_len=4, cfg=BONUS, entropy=ent.detach() + 1)
