@@ -41,7 +41,7 @@ def test_get_weights_synchronises_before_the_pack_on_a_gpu(
         device=torch.device(device),
         rank=0,
         _full_params=contextlib.nullcontext,
-        _state=lambda: {"w": torch.zeros(2)},
+        served=lambda: {"w": torch.zeros(2)},
         _packer=_Packer(calls),
     )
     assert Learner.get_weights(learner) == "packed"  # type: ignore[arg-type]
