@@ -132,11 +132,16 @@ def wandb_log_records(path) -> list[bytes]:
 
 
 def wandb_records(path) -> tuple[list[dict], dict, dict]:
-    """History rows, summary and config of an offline .wandb file (its records are W&B's protobufs)."""
+    """History rows, summary and config of an offline .wandb file (its records are W&B's protobufs). Under a
+    load of ~24 on 2 cores (CI, 2026-12-07) the file held no record right after finish(): W&B's service may
+    still be writing it, so an empty file is read again for up to 30 s."""
     from wandb.proto import wandb_internal_pb2
 
+    deadline = time.monotonic() + 30.0
+    while not (records := wandb_log_records(path)) and time.monotonic() < deadline:
+        time.sleep(0.5)
     history, summary, config = [], {}, {}
-    for data in wandb_log_records(path):
+    for data in records:
         rec = wandb_internal_pb2.Record()
         rec.ParseFromString(data)
         kind = rec.WhichOneof("record_type")
