@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.analysis.sweeps import run_dir_of
 from exgrpo.core.records import Prompt
 from exgrpo.experiments.tables import mean_std, paired
 
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     results = json.loads((args.sweep / "results.json").read_text())
+    results = [{**r, "run_dir": str(run_dir_of(args.sweep, r))} for r in results]
     path = args.sweep / f"{args.name}.json"
     records: list[dict[str, Any]] = json.loads(path.read_text()) if path.exists() else []
     done = {(r["variant"], r["seed"]) for r in records}

@@ -2,8 +2,9 @@
 
     python -m bench.analysis.reach runs/sweeps/e1-2ep [more sweep dirs] [--json reach.json]
 
-Per variant: replay groups, distinct questions replayed, replays per question, trajectory ages, w* and the
-bucket histogram; where each comes from: docs/benchmarks.md, "Sweep analyses".
+Per variant: replay groups, distinct questions replayed, replays per question, trajectory ages, w*, token entropy,
+the fresh zero-variance share, the rare-success questions (k = 1..2 at first sight) and how many were revisited and
+later solved, and the bucket histogram; where each comes from: docs/benchmarks.md, "Sweep analyses".
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from bench.analysis.sweeps import refuse_missing, sweeps_parser
+from bench.analysis.sweeps import refuse_missing, run_dir_of, sweeps_parser
 from exgrpo.core import metric_names as M
 
 SNAPSHOTS = (25, 50, 75)  # steps whose bucket histogram is shown (and the last one)
+RARE = (1, 2)  # a rare success: this many of the first group's rollouts correct
+CORRECT_ABOVE = 0.5  # a rollout is correct when its reward is above this (the runs' rule)
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -47,6 +50,45 @@ def replayed_from_wal(run_dir: Path) -> Counter[str]:
             rows = zip(*(table.column(c).to_pylist() for c in ("request_id", "qid", "kind")), strict=True)
             requests.update((rid, qid) for rid, qid, kind in rows if kind == "replay")
     return Counter(requests.values())
+
+
+def groups_from_wal(run_dir: Path) -> dict[str, list[tuple[str, int, int]]]:
+    """qid -> its groups in request order, each (kind, correct rollouts, rollouts), counting the rollouts sampled
+    for the group (role `trajectory`), not a replayed stored trajectory. Empty for logs without rewards."""
+    from buffers.wal import read_frames
+
+    groups: dict[int, tuple[str, str, list[float]]] = {}
+    for path in sorted((run_dir / "replay-wal").rglob("log-*.wal")):
+        for table in read_frames(path)[0]:
+            if (table.schema.metadata or {}).get(b"exgrpo.op") != b"push":
+                continue
+            if not {"reward", "role", "kind"} <= set(table.column_names):
+                return {}
+            cols = (table.column(c).to_pylist() for c in ("request_id", "qid", "kind", "role", "reward"))
+            for rid, qid, kind, role, reward in zip(*cols, strict=True):
+                if role == "trajectory":
+                    groups.setdefault(rid, (qid, kind, []))[2].append(reward)
+    out: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
+    for rid in sorted(groups):
+        qid, kind, rewards = groups[rid]
+        out[qid].append((kind, sum(r > CORRECT_ABOVE for r in rewards), len(rewards)))
+    return dict(out)
+
+
+def rare_successes(groups: dict[str, list[tuple[str, int, int]]]) -> dict[str, int | None]:
+    """Questions whose first group had a rare success (`RARE`), how many were asked again, and how many of those
+    had at least half of their last group's rollouts correct."""
+    if not groups:
+        return {"rare": None, "rare_revisited": None, "rare_later_solved": None}
+    rare = [g for g in groups.values() if g[0][1] in RARE]
+    again = [g for g in rare if len(g) > 1]
+    solved = [g for g in again if 2 * g[-1][1] >= g[-1][2]]
+    return {"rare": len(rare), "rare_revisited": len(again), "rare_later_solved": len(solved)}
+
+
+def _series_mean(records: list[dict[str, Any]], key: str) -> float | None:
+    vals = [r[key] for r in records if r.get(key) is not None]
+    return float(np.mean(vals)) if vals else None
 
 
 def run_reach(run_dir: Path, k_rollouts: int) -> dict[str, Any]:
@@ -80,6 +122,9 @@ def run_reach(run_dir: Path, k_rollouts: int) -> dict[str, Any]:
         "ratio_p50": float(np.percentile(ratios, 50)) if ratios.size else None,
         "ratio_p90": float(np.percentile(ratios, 90)) if ratios.size else None,
         "retired": records[-1].get(M.RETIRED) if records else None,
+        "entropy": _series_mean(records, M.ENTROPY),
+        "fresh_zero_var": _series_mean(records, M.FRESH_ZERO_VARIANCE_FRAC),
+        **rare_successes(groups_from_wal(run_dir)),
         "buckets": {
             str(s): buckets_at(by_step[s], k_rollouts)
             for s in (*SNAPSHOTS, last)
@@ -89,25 +134,30 @@ def run_reach(run_dir: Path, k_rollouts: int) -> dict[str, Any]:
 
 
 def sweep_reach(sweep: Path) -> dict[str, list[dict[str, Any]]]:
-    """variant -> the reach of each of its runs, from a compare sweep's results.json."""
+    """variant -> the reach of each of its runs, from a compare sweep's results.json (a run directory that is
+    missing raises)."""
     from exgrpo.core.config_files import load_config
 
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in json.loads((sweep / "results.json").read_text()):
         overrides = [o for o in r["overrides"] if not o.startswith("logging.run_dir=")]
         k = load_config(r.get("config"), overrides).trainer.rollouts_per_question
-        out[r["variant"]].append({"seed": r["seed"], **run_reach(Path(r["run_dir"]), k)})
+        out[r["variant"]].append({"seed": r["seed"], **run_reach(run_dir_of(sweep, r), k)})
     return dict(out)
 
 
 def _mean(runs: list[dict[str, Any]], key: str) -> str:
     vals = [r[key] for r in runs if r.get(key) is not None]
-    return f"{np.mean(vals):.2f}" if vals else "-"
+    if not vals:
+        return "-"
+    mean = float(np.mean(vals))
+    return f"{mean:.0f}" if abs(mean) >= 100 else f"{mean:.3g}"
 
 
 def format_reach(name: str, reach: dict[str, list[dict[str, Any]]]) -> str:
     cols = ("replay_groups", "distinct_replayed", "replays_per_question", "max_replays_of_a_question",
-            "age_p50", "age_p90", "age_max", "ratio_p10", "ratio_p50", "ratio_p90", "retired")  # fmt: skip
+            "age_p50", "age_p90", "age_max", "ratio_p10", "ratio_p50", "ratio_p90", "retired", "entropy",
+            "fresh_zero_var", "rare", "rare_revisited", "rare_later_solved")  # fmt: skip
     lines = [
         f"### {name}",
         "",

@@ -100,3 +100,48 @@ def test_reach_without_candidates_counts_replay_requests_from_the_replay_wal(tmp
     wal.append(pa.table({"request_id": [2]}).replace_schema_metadata({b"exgrpo.op": b"take"}))
     wal.append(push([(3, "q2", "replay"), (4, "q3", "replay")]))
     assert replayed_from_wal(tmp_path) == {"q2": 2, "q3": 1}
+
+
+def test_rare_successes_follow_each_question_from_its_first_group_to_its_last(tmp_path):
+    import pyarrow as pa
+
+    from bench.analysis.reach import groups_from_wal, rare_successes
+    from buffers.wal import WriteAheadLog
+
+    wal = WriteAheadLog(tmp_path / "replay-wal" / "0")
+    wal.open()
+    rows: list[tuple[int, str, str, str, float]] = []  # request, qid, kind, role, reward
+    rows += [(1, "q1", "fresh", "trajectory", r) for r in (1.0, 0.0, 0.0, 0.0)]  # rare: 1 of 4
+    rows += [(2, "q2", "fresh", "trajectory", r) for r in (1.0, 1.0, 0.0, 0.0)]  # rare: 2 of 4
+    rows += [(3, "q3", "fresh", "trajectory", r) for r in (1.0, 1.0, 1.0, 0.0)]  # not rare
+    rows += [(4, "q4", "fresh", "trajectory", 0.0) for _ in range(4)]  # never solved: not rare
+    # q1 asked again twice: the last group (request 6) solves 2 of 3; the stored candidate's reward is not counted
+    rows += [(5, "q1", "replay", "candidate", 1.0)] + [
+        (5, "q1", "replay", "trajectory", 0.0) for _ in range(3)
+    ]
+    rows += [(6, "q1", "replay", "candidate", 1.0)] + [
+        (6, "q1", "replay", "trajectory", r) for r in (1, 1, 0)
+    ]
+    rid, qid, kind, role, reward = zip(*rows, strict=True)
+    table = pa.table({"request_id": rid, "qid": qid, "kind": kind, "role": role, "reward": reward})
+    wal.append(table.replace_schema_metadata({b"exgrpo.op": b"push"}))
+    groups = groups_from_wal(tmp_path)
+    assert groups["q1"] == [("fresh", 1, 4), ("replay", 0, 3), ("replay", 2, 3)]
+    assert rare_successes(groups) == {"rare": 2, "rare_revisited": 1, "rare_later_solved": 1}
+    assert rare_successes({}) == {"rare": None, "rare_revisited": None, "rare_later_solved": None}
+
+
+def test_a_sweeps_run_directories_resolve_from_elsewhere_and_a_missing_one_raises(tmp_path):
+    from bench.analysis.sweeps import run_dir_of
+
+    sweep = tmp_path / "runs" / "sweeps" / "a"
+    (sweep / "grpo-seed0").mkdir(parents=True)
+    (tmp_path / "runs" / "sweeps" / "b" / "exgrpo-seed0").mkdir(parents=True)
+    # written relative to where compare ran (tmp_path), read from another directory
+    assert (
+        run_dir_of(sweep, {"run_dir": "runs/sweeps/b/exgrpo-seed0"})
+        == tmp_path / "runs/sweeps/b/exgrpo-seed0"
+    )
+    assert run_dir_of(sweep, {"run_dir": "/moved/away/grpo-seed0"}) == sweep / "grpo-seed0"  # a moved sweep
+    with pytest.raises(FileNotFoundError, match="exgrpo seed 3"):
+        run_dir_of(sweep, {"run_dir": "runs/sweeps/a/exgrpo-seed3", "variant": "exgrpo", "seed": 3})
