@@ -104,6 +104,21 @@ def run_overrides(name: str, seed: int, overrides: list[str], out: Path) -> list
     ]
 
 
+def set_aside(run_dir: Path) -> Path | None:
+    """Move the directory of a run that an earlier invocation started and did not finish (no result in
+    results.json; its runs keep no checkpoint to resume from) to `<run_dir>.interrupted[-N]`, kept and said, so
+    the run starts again in an empty directory. Returns where it went (None: there was none)."""
+    if not run_dir.exists():
+        return None
+    n, aside = 1, run_dir.with_name(run_dir.name + ".interrupted")
+    while aside.exists():
+        n += 1
+        aside = run_dir.with_name(f"{run_dir.name}.interrupted-{n}")
+    run_dir.rename(aside)
+    log.info("%s: an unfinished run of an earlier invocation, moved to %s; running it again", run_dir, aside)
+    return aside
+
+
 def run_one(
     name: str, seed: int, overrides: list[str], out: Path, *, config: str | None = None
 ) -> dict[str, Any]:
@@ -112,6 +127,7 @@ def run_one(
 
     every = run_overrides(name, seed, overrides, out)
     run_dir = out / f"{name}-seed{seed}"
+    set_aside(run_dir)
     result = train(load_config(config, every), checkpoints=False)
     records = result.records
     tokens = np.cumsum([0] + [r["rollout/tokens"] for r in records])  # tokens[v]: generated before version v

@@ -204,8 +204,11 @@ def rewind_metrics(run_dir: Path, step: int) -> int:
     return dropped
 
 
-def fresh_run_dir_check(cfg: Config) -> None:
-    """A fresh run must not write over another run's checkpoints (it would rotate them away)."""
+def fresh_run_dir_check(cfg: Config, *, recovery: bool = False) -> None:
+    """A fresh run must not write over another run's checkpoints (it would rotate them away), nor add its
+    records to the `metrics.jsonl` of an earlier run that left no checkpoint (stopped before its first one, or
+    run with checkpoints off): the two runs' steps would read as one run. `recovery`: a restart inside the same
+    job, which goes on with its own records."""
     if not cfg.logging.run_dir:
         return None
     run_dir = Path(cfg.logging.run_dir).expanduser()
@@ -214,6 +217,12 @@ def fresh_run_dir_check(cfg: Config) -> None:
         raise ResumeError(
             f"{str(run_dir)!r} already holds the checkpoint {old.name} of an earlier run; continue it "
             f"with python -m exgrpo.run --resume {run_dir}, or choose another logging.run_dir"
+        )
+    records = run_dir / "metrics.jsonl"
+    if not recovery and records.is_file() and records.stat().st_size > 0:
+        raise ResumeError(
+            f"{str(run_dir)!r} already holds the records of an earlier run ({records.name}) and no checkpoint "
+            "to continue it from; choose another logging.run_dir, or move that directory away"
         )
     return None
 

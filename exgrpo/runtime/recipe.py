@@ -144,7 +144,7 @@ class TrainingRecipe:
         if self.resume:
             self.ckpt = resume_checkpoint(Path(cfg.logging.run_dir).expanduser(), cfg)
         else:
-            fresh_run_dir_check(cfg)
+            fresh_run_dir_check(cfg, recovery=bool(self.attempt.recovery))
             self.ckpt = None
         check_reward(cfg)  # a reward.fn that cannot be imported fails before anything is written
         check_run_dir(cfg)  # before anything is written there

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from exgrpo.experiments.compare import VARIANTS
+from exgrpo.experiments.compare import VARIANTS, set_aside
 from exgrpo.experiments.tables import (
     format_report,
     mechanism_table,
@@ -90,3 +90,13 @@ def test_compare_config_is_the_base_of_every_run_and_a_bad_one_is_refused(tmp_pa
         ["--config", str(tmp_path / "missing.yaml"), "--variants", "grpo", "--out", str(tmp_path / "o")]
     )
     assert code == 2 and "missing.yaml" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_an_unfinished_runs_directory_is_moved_aside_before_its_run_starts_again(tmp_path):
+    run = tmp_path / "grpo-seed0"
+    assert set_aside(run) is None
+    for n, name in enumerate(("grpo-seed0.interrupted", "grpo-seed0.interrupted-2")):
+        run.mkdir()
+        (run / "metrics.jsonl").write_text(f'{{"step": {n}}}\n')
+        assert set_aside(run) == tmp_path / name and not run.exists()
+        assert (tmp_path / name / "metrics.jsonl").read_text() == f'{{"step": {n}}}\n'  # kept as it was

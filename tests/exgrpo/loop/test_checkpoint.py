@@ -120,6 +120,18 @@ def test_fresh_run_refuses_a_dir_with_checkpoints(tmp_path):
         fresh_run_dir_check(cfg)
 
 
+def test_fresh_run_refuses_an_earlier_runs_records_without_a_checkpoint(tmp_path):
+    """A run stopped before its first checkpoint (or run with checkpoints off) leaves metrics.jsonl: a fresh run
+    there would append its steps to that run's; a recovery inside the same job goes on with its own."""
+    cfg = load_config(None, [f"logging.run_dir={tmp_path}"])
+    (tmp_path / "metrics.jsonl").write_text("")
+    fresh_run_dir_check(cfg)  # an empty file holds no run
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n')
+    with pytest.raises(ResumeError, match="records of an earlier run"):
+        fresh_run_dir_check(cfg)
+    fresh_run_dir_check(cfg, recovery=True)
+
+
 def test_rewind_metrics_drops_steps_after_the_checkpoint(tmp_path):
     lines = [json.dumps({"step": i, "x": i}) for i in range(5)] + ['{"step": 5, "x"']  # torn last line
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
