@@ -123,7 +123,10 @@ def format_report(results: list[dict[str, Any]]) -> str:
     steps = sorted({p["step"] for r in results for p in r["curve"]})
     last = steps[-1] if steps else 0
     keys = split_keys(results)
-    lines = ["## Held-out accuracy (Avg@n), mean ± std over seeds, at equal learner steps", ""]
+    lines = [
+        "## Accuracy on data.eval (Avg@n: validation or held-out), mean ± std over seeds, at equal learner steps",
+        "",
+    ]
     for key, label in (("id", "ID"), ("ood", "OOD"), ("all", "all")):
         if not _has(results, key):
             continue
@@ -246,7 +249,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
             ax.plot(steps, mean, marker="o", ms=3, label=v)
             ax.fill_between(steps, mean - sd, mean + sd, alpha=0.1)
         ax.set_xlabel("learner step")
-        ax.set_ylabel(f"held-out {label} accuracy (mean ± std over seeds)")
+        ax.set_ylabel(f"{label} accuracy on data.eval (mean ± std over seeds)")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
