@@ -70,17 +70,19 @@ class Mixer:
             return batch, {}
         mixed = place_picks(batch.groups, result.picks)
         trained = TrainBatch(groups=tuple(mixed), version=batch.version, clip=batch.clip)
-        return trained, self._trace(step, batch.groups, result.entropies or None, mixed)
+        return trained, self._trace(step, batch.groups, result, mixed)
 
     def _trace(
-        self, step: int, groups: Sequence[Group], ent: Sequence[float] | None, mixed: Sequence[Group]
+        self, step: int, groups: Sequence[Group], result: UpdateResult, mixed: Sequence[Group]
     ) -> dict[str, float]:
-        """Every candidate's row to `observer.on_candidates` (by request id; `ent` None where nothing scored
+        """Every candidate's row to `observer.on_candidates` (by request id; entropies None where nothing scored
         them); with a trace check, also the shares of valid chosen and candidate traces."""
         check = self.trace_check
         flat = replay_candidates(groups)
         valid = None if check is None else [check(self.prompts[c.qid], c.trajectory.text) for c in flat]
-        self.observer.on_candidates(step=step, rows=candidate_rows(step, groups, mixed, ent, valid))
+        self.observer.on_candidates(
+            step=step, rows=candidate_rows(step, groups, result.picks, result.entropies or None, valid)
+        )
         if check is None or valid is None:
             return {}
         chosen = [check(self.prompts[g.qid], g.trajectories[0].text) for g in mixed if g.kind == "replay"]

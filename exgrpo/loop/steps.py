@@ -234,27 +234,19 @@ def eval_metrics(
 def candidate_rows(
     step: int,
     groups: Sequence[Group],
-    mixed: Sequence[Group],
+    picks: Sequence[int],
     entropies: Sequence[float] | None,
     valid: Sequence[bool] | None,
 ) -> list[dict[str, Any]]:
     """One row per candidate of the replay groups (`entropies` and `valid` in `replay_candidates` order, None
-    where not measured), sorted by request id then candidate: what `RunObserver.on_candidates` receives. `mixed`
-    is `groups` with slot 0 filled: the row of the candidate that went there has `chosen` true."""
-    picks = {g.request_id: g.trajectories[0] for g in mixed if g.kind == "replay"}
+    where not measured), sorted by request id then candidate: what `RunObserver.on_candidates` receives.
+    `picks[j]`: the candidate the learners put in slot 0 of the j-th replay group; its row has `chosen` true."""
+    replay = [g for g in groups if g.kind == "replay"]
+    if len(picks) != len(replay):
+        raise ValueError(f"{len(picks)} picks for {len(replay)} replay groups")
     rows, i = [], 0
-    for g in groups:
-        if g.kind != "replay":
-            continue
-        pick, found = picks.get(g.request_id), False
+    for g, pick in zip(replay, picks, strict=True):
         for j, c in enumerate(g.candidates):
-            chosen = (
-                not found
-                and pick is not None
-                and c.response_ids == pick.response_ids
-                and c.policy_version == pick.policy_version
-            )
-            found = found or chosen
             rows.append(
                 {
                     "step": step,
@@ -263,7 +255,7 @@ def candidate_rows(
                     "candidate": j,
                     "entropy": None if entropies is None else float(entropies[i]),
                     "valid": None if valid is None else bool(valid[i]),
-                    "chosen": chosen,
+                    "chosen": j == pick,
                     "tokens": len(c.response_ids),
                     "policy_version": c.policy_version,
                 }

@@ -68,6 +68,16 @@ def test_observers_see_every_batch_and_record_and_with_a_trace_check_every_candi
     ):
         picks = [g.trajectories[0] for g in batch.groups if g.kind == "replay"]  # each group's one chosen row
         assert sum(r["chosen"] for r in step_rows) == len(picks) and all(r["step"] == step for r in step_rows)
+        chosen = [r for r in step_rows if r["chosen"]]  # by request id, as the replay groups are
+        replay = sorted((g for g in batch.groups if g.kind == "replay"), key=lambda g: g.request_id)
+        for r, g in zip(
+            chosen, replay, strict=True
+        ):  # the row marked chosen is the trajectory trained in slot 0
+            assert (r["request_id"], r["qid"]) == (g.request_id, g.qid)
+            assert (r["tokens"], r["policy_version"]) == (
+                len(g.trajectories[0].response_ids),
+                g.trajectories[0].policy_version,
+            )
 
     # without a trace check, random selection scores nothing; the candidates are still reported, unscored
     c = Recorder()
