@@ -47,6 +47,13 @@ def rare_questions(base: dict[str, list[float]]) -> list[str]:
     return sorted(q for q, r in base.items() if sum(x > CORRECT_ABOVE for x in r) in RARE)
 
 
+def solve_histogram(rewards: dict[str, list[float]]) -> list[int]:
+    """Questions per count k = 0..n of correct samples (n: the most samples a question has)."""
+    n = max(len(r) for r in rewards.values())
+    counts = [sum(x > CORRECT_ABOVE for x in r) for r in rewards.values()]
+    return [counts.count(k) for k in range(n + 1)]
+
+
 def sweep_heldout(sweep: Path, base: dict[str, list[float]] | None = None) -> list[dict[str, Any]]:
     """One record per run: variant, seed, held-out Avg@n, questions, generated tokens, wall s, and with a base
     the Avg@n on the base's rare-success questions."""
@@ -105,7 +112,9 @@ def format_heldout(records: list[dict[str, Any]], base: dict[str, list[float]] |
         n_rare = len(rare_questions(base))
         lines += [
             "",
-            f"The base: Avg@n {avg_at_n(base):.3f}; rare successes (k in {RARE}): {n_rare} questions",
+            f"The base: Avg@n {avg_at_n(base):.3f}; questions solved k of n times, k = 0..n: "
+            + ", ".join(map(str, solve_histogram(base)))
+            + f"; rare successes (k in {RARE}): {n_rare} questions",
         ]
     lines += ["", "| a - b | on | seeds | mean ± standard error | per seed |", "|---|---|---|---|---|"]
     for key in ("heldout", "rare") if rare else ("heldout",):

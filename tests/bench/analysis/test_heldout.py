@@ -46,6 +46,7 @@ def test_paired_heldout_differences_and_the_base_rare_questions(tmp_path, capsys
     _completions(base_file, base)
     assert main([str(tmp_path / "sweep"), "--base", str(base_file), "--json", str(tmp_path / "h.json")]) == 0
     out = capsys.readouterr().out
+    assert "k = 0..n: 1, 1, 1, 0, 1; rare successes (k in (1, 2)): 2 questions" in out
     assert "| exgrpo - grpo | heldout | 2 | +0.062 ± 0.062 | +0.125 +0.000 |" in out
     assert "| exgrpo - grpo | rare | 2 | +0.125 ± 0.125 | +0.250 +0.000 |" in out
     assert (
