@@ -76,14 +76,19 @@ def groups_from_wal(run_dir: Path) -> dict[str, list[tuple[str, int, int]]]:
 
 
 def rare_successes(groups: dict[str, list[tuple[str, int, int]]]) -> dict[str, int | None]:
-    """Questions whose first group had a rare success (`RARE`), how many were asked again, and how many of those
-    had at least half of their last group's rollouts correct."""
+    """The questions asked more than once; those whose first group had a rare success (`RARE`), how many of them
+    were asked again, and how many of those had at least half of their last group's rollouts correct."""
     if not groups:
-        return {"rare": None, "rare_revisited": None, "rare_later_solved": None}
+        return {"asked_again": None, "rare": None, "rare_revisited": None, "rare_later_solved": None}
     rare = [g for g in groups.values() if g[0][1] in RARE]
     again = [g for g in rare if len(g) > 1]
     solved = [g for g in again if 2 * g[-1][1] >= g[-1][2]]
-    return {"rare": len(rare), "rare_revisited": len(again), "rare_later_solved": len(solved)}
+    return {
+        "asked_again": sum(len(g) > 1 for g in groups.values()),  # replayed, revisited, or a later epoch's
+        "rare": len(rare),
+        "rare_revisited": len(again),
+        "rare_later_solved": len(solved),
+    }
 
 
 def _series_mean(records: list[dict[str, Any]], key: str) -> float | None:
@@ -157,7 +162,7 @@ def _mean(runs: list[dict[str, Any]], key: str) -> str:
 def format_reach(name: str, reach: dict[str, list[dict[str, Any]]]) -> str:
     cols = ("replay_groups", "distinct_replayed", "replays_per_question", "max_replays_of_a_question",
             "age_p50", "age_p90", "age_max", "ratio_p10", "ratio_p50", "ratio_p90", "retired", "entropy",
-            "fresh_zero_var", "rare", "rare_revisited", "rare_later_solved")  # fmt: skip
+            "fresh_zero_var", "asked_again", "rare", "rare_revisited", "rare_later_solved")  # fmt: skip
     lines = [
         f"### {name}",
         "",
