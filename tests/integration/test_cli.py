@@ -79,11 +79,11 @@ def test_compare_experiment_small(tmp_path):
         "trainer.eval_samples=2",
     ]
     (tmp_path / "cmp" / "grpo-seed1").mkdir(parents=True)  # an earlier invocation's unfinished run
-    (tmp_path / "cmp" / "grpo-seed1" / "metrics.jsonl").write_text('{"step": 0, "stale": true}\n')
+    (tmp_path / "cmp" / "grpo-seed1" / "metrics.jsonl").write_text('{"step": 0, "left_over": true}\n')
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "stale" in (tmp_path / "cmp" / "grpo-seed1.interrupted" / "metrics.jsonl").read_text()
-    assert "stale" not in (tmp_path / "cmp" / "grpo-seed1" / "metrics.jsonl").read_text()
+    assert "left_over" in (tmp_path / "cmp" / "grpo-seed1.interrupted" / "metrics.jsonl").read_text()
+    assert "left_over" not in (tmp_path / "cmp" / "grpo-seed1" / "metrics.jsonl").read_text()
     results = json.loads((tmp_path / "cmp" / "results.json").read_text())
     assert {(r["variant"], r["seed"]) for r in results} == {
         ("exgrpo", 0),
