@@ -17,11 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from bench.analysis.reach import CORRECT_ABOVE, RARE  # the same rule for a rare success as the reach's
 from bench.analysis.sweeps import refuse_missing, run_dir_of, sweeps_parser
 from exgrpo.experiments.tables import PAIRS, paired
-
-RARE = (1, 2)  # a rare success of the base: this many of its n samples correct
-CORRECT_ABOVE = 0.5  # a sample counts as correct above this reward (the runs' rule)
 
 
 def question_rewards(path: Path) -> dict[str, list[float]]:
